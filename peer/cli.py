@@ -1,0 +1,62 @@
+"""The ``hivemesh`` command line.
+
+Each subcommand lives in its own ``peer/cmd_*.py`` module exposing
+``register(subparsers)``; registration must stay light (no torch import), so
+that ``hivemesh --help`` and ``hivemesh topology show`` start fast. Errors a
+user can fix (:class:`HivemeshError`) are printed as one line, never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+
+from topology.errors import HivemeshError
+
+# Order here is the order in `hivemesh --help`.
+COMMAND_MODULES = (
+    "peer.cmd_demo",
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("hivemesh")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hivemesh",
+        description="Decentralized peer-to-peer and federated training for PyTorch.",
+    )
+    parser.add_argument("--version", action="version", version=f"hivemesh {_version()}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HivemeshError as error:
+        print(f"hivemesh: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hivemesh: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""TOML configuration, parsed and validated once at the edge into frozen dataclasses.
+
+``load(cls, data, source)`` walks the dataclass's type hints and checks every key:
+an unknown key, a missing key or a wrong type raises :class:`ConfigError`
+naming the source file, the dotted key and what was expected. Defaults come
+from the dataclass fields, so each component owns its own config class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from topology.errors import HivemeshError
+
+T = TypeVar("T")
+
+
+class ConfigError(HivemeshError, ValueError):
+    """A config file (or mapping) that does not match its schema."""
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning I/O and syntax errors into ConfigError."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+
+
+def load_file(cls: type[T], path: str | Path, section: str | None = None) -> T:
+    """Read ``path`` (optionally one ``[section]`` of it) into dataclass ``cls``."""
+    data: Any = read_toml(path)
+    if section is not None:
+        if section not in data:
+            raise ConfigError(f"{path}: missing section [{section}]")
+        data = data[section]
+    return load(cls, data, source=str(path), prefix=section or "")
+
+
+def load(cls: type[T], data: Any, *, source: str = "<config>", prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a plain mapping, validating every key."""
+    return typing.cast(T, _convert(cls, data, source, prefix))
+
+
+def _where(source: str, key: str) -> str:
+    return f"{source}: key '{key}'" if key else f"{source}"
+
+
+def _describe(value: Any) -> str:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"{type(value).__name__} {shown}"
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(get_args(tp)[0])}"
+    if origin in (dict, Mapping):
+        return f"a table of {_type_name(get_args(tp)[1])}"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    if tp is type(None):
+        return "nothing"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, value: Any, source: str, key: str) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _convert_dataclass(tp, value, source, key)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value in get_args(tp) and type(value) in {type(a) for a in get_args(tp)}:
+            return value
+        raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}")
+    if origin in (Union, types.UnionType):
+        for option in get_args(tp):
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, source, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}")
+        item_type = get_args(tp)[0]
+        return tuple(_convert(item_type, v, source, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}")
+        value_type = get_args(tp)[1]
+        return {str(k): _convert(value_type, v, source, f"{key}.{k}" if key else str(k))
+                for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is bool or tp is str:
+        if isinstance(value, tp):
+            return value
+    else:
+        raise TypeError(f"config schema uses unsupported type {tp!r} at {key}")
+    raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def _convert_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{_where(source, key)}: expected a table, got {_describe(value)}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        bad = f"{key}.{unknown[0]}" if key else unknown[0]
+        raise ConfigError(
+            f"{source}: unknown key '{bad}' (known keys here: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, field in fields.items():
+        sub = f"{key}.{name}" if key else name
+        if name in value:
+            kwargs[name] = _convert(hints[name], value[name], source, sub)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing key '{sub}' (expected {_type_name(hints[name])})")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as error:
+        # __post_init__ validation: the message says which value is wrong.
+        raise ConfigError(f"{_where(source, key) if key else source}: {error}") from None

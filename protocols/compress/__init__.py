@@ -1,0 +1,1 @@
+"""Compression operators (pure functions over flat tensors) and error feedback."""

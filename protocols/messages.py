@@ -1,0 +1,141 @@
+"""Every message kind hivemesh speaks, as frozen dataclasses (the body only).
+
+A message says *what* is sent; the envelope (sender, recipients, run id,
+epoch, sequence number, signature) is added by :mod:`protocols.codec` and is
+invisible to the algorithms. Tensors travel as raw frames; ``meta`` carries
+small scalars such as a compressor's name and parameters. Field names are the
+wire names, so renaming a field is a protocol change (bump PROTOCOL_VERSION).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+PROTOCOL_VERSION = 1
+
+Scalar = int | float | str | bool
+TensorMap = Mapping[str, torch.Tensor]
+Meta = Mapping[str, Scalar]
+
+
+def _no_tensors() -> dict[str, torch.Tensor]:
+    return {}
+
+
+def _no_meta() -> dict[str, Scalar]:
+    return {}
+
+
+@dataclass(frozen=True)
+class ParamPush:
+    """Gossip: the sender's (possibly compressed) parameters or update for ``round``.
+
+    ``want_reply`` asks the receiver to answer with its own ParamPush for the
+    same round (push-pull pairwise gossip).
+    """
+
+    KIND: ClassVar[str] = "param_push"
+    round: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+    want_reply: bool = False
+
+
+@dataclass(frozen=True)
+class ParamPull:
+    """Gossip: ask a neighbour for its parameters of ``round`` (answered by ParamPush)."""
+
+    KIND: ClassVar[str] = "param_pull"
+    round: int
+
+
+@dataclass(frozen=True)
+class StateSyncRequest:
+    """A joiner (or a restarted peer) asks a neighbour for its current state."""
+
+    KIND: ClassVar[str] = "state_sync_request"
+    reason: str = "join"
+
+
+@dataclass(frozen=True)
+class StateSyncResponse:
+    """The current parameters plus what the algorithm needs (e.g. CHOCO's public copies)."""
+
+    KIND: ClassVar[str] = "state_sync_response"
+    round: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness plus a little progress, so neighbours can show last-seen and latency."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    step: int
+    loss: float = float("nan")
+    sent_at_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    """FedAvg: the gateway's global model and the work asked of a sampled client."""
+
+    KIND: ClassVar[str] = "round_start"
+    round: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+    deadline_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``."""
+
+    KIND: ClassVar[str] = "client_update"
+    round: int
+    num_samples: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """FedAvg: the aggregated model of a finished round."""
+
+    KIND: ClassVar[str] = "round_result"
+    round: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A refusal the receiver tells the sender about (e.g. ``config_mismatch``)."""
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    detail: str = ""
+
+
+Message = (
+    ParamPush
+    | ParamPull
+    | StateSyncRequest
+    | StateSyncResponse
+    | Heartbeat
+    | RoundStart
+    | ClientUpdate
+    | RoundResult
+    | ErrorReply
+)
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    ParamPush, ParamPull, StateSyncRequest, StateSyncResponse, Heartbeat,
+    RoundStart, ClientUpdate, RoundResult, ErrorReply,
+)
+KINDS: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Communication graphs, mixing weights, time-varying schedules and spectral analysis."""
