@@ -1,0 +1,235 @@
+"""A simulation scenario: graph, links, nodes, algorithm, task, faults, seed — one TOML file.
+
+Loaded once with :func:`peer.config.load_file`, so every bad key or value is
+reported with the file and the dotted key. The algorithm table holds
+:class:`protocols.gossip.GossipConfig` fields and the trainer table
+:class:`peer.trainer.TrainerConfig` fields; both are checked against those
+classes by :func:`load_scenario`, with the same file-and-key errors.
+
+A minimal scenario::
+
+    name = "ring-16"
+    seed = 1
+    duration_s = 60.0
+    target_accuracy = 0.9
+
+    [graph]
+    spec = "ring:16"
+
+    [links]
+    latency_ms = 50.0
+    bandwidth_mbps = 10.0
+
+    [nodes]
+    step_time_ms = 50.0
+
+    [algorithm]
+    algorithm = "dpsgd"
+
+    [task]
+    name = "digits-mlp"
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from peer.config import ConfigError, load, read_toml
+from sim.network import LinkSpec, PartitionSpec
+
+Behaviour = Literal[
+    "honest",            # follows the protocol
+    "crash",             # fail-stop at faults.crash_at_s, never comes back
+    "sign-flip",         # sends -attack.sign_flip_scale x its honest tensors (valid signature)
+    "noise",             # adds Gaussian noise of attack.noise_scale x the tensor's RMS (valid signature)
+    "stale-replay",      # re-sends the first frames it ever sealed (old sequence numbers)
+    "forged-key",        # signs with a key that is not on the roster
+    "forged-signature",  # a roster member's frames with a flipped signature bit
+]
+ATTACKS = ("sign-flip", "noise", "stale-replay", "forged-key", "forged-signature")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphConfig:
+    spec: str = "ring:8"         # a topology spec ("ring:16", "exponential:32", ...) or a graph file
+    weights: str = "metropolis"  # mixing weights; Metropolis-Hastings is safe on any undirected graph
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesConfig:
+    step_time_ms: float = 10.0   # one local SGD step; measure it with `hivemesh sim calibrate`
+    speed: dict[str, float] = field(default_factory=dict)  # per member; 0.25 = four times slower
+    behaviour: dict[str, Behaviour] = field(default_factory=dict)  # members not named are honest
+    straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
+    straggle_slowdown: float = 4.0     # how much slower such a unit of work is
+    failure_detect_ms: float = 500.0   # neighbours notice a crash after a few missed heartbeats
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.step_time_ms) and self.step_time_ms > 0):
+            raise ValueError(f"nodes.step_time_ms must be > 0, got {self.step_time_ms}")
+        for name, speed in sorted(self.speed.items()):
+            if not (math.isfinite(speed) and speed > 0):
+                raise ValueError(f"nodes.speed.{name} must be > 0, got {speed}")
+        if not 0.0 <= self.straggle_probability <= 1.0:
+            raise ValueError(f"straggle_probability must be in [0, 1], got {self.straggle_probability}")
+        if self.straggle_slowdown < 1.0:
+            raise ValueError(f"straggle_slowdown must be >= 1, got {self.straggle_slowdown}")
+        if self.failure_detect_ms < 0:
+            raise ValueError(f"failure_detect_ms must be >= 0, got {self.failure_detect_ms}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    name: str = "digits-mlp"  # small, real, ships with scikit-learn: no download
+    options: dict[str, Any] = field(default_factory=dict)  # keyword options of peer.tasks.get_task
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionConfig:
+    scheme: Literal["iid", "dirichlet", "shards", "file"] = "iid"
+    alpha: float = 0.5           # Dirichlet concentration: 0.5 is the usual "non-iid" setting
+    shards_per_member: int = 2   # the classic FedAvg pathological split
+    path: str = ""               # for scheme = "file"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChurnEvent:
+    node: str
+    kind: Literal["crash", "restart", "leave", "join"]
+    at_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.at_s) and self.at_s >= 0):
+            raise ValueError(f"churn at_s must be >= 0, got {self.at_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChurnRates:
+    """Random crashes: each member crashes at ``crash_rate_per_s`` and stays down ``mean_downtime_s``."""
+
+    crash_rate_per_s: float = 0.0  # 0 = no random churn
+    mean_downtime_s: float = 5.0   # exponential downtime, then a restart from the last checkpoint
+    nodes: tuple[str, ...] = ()    # members subject to it; empty = all
+
+    def __post_init__(self) -> None:
+        if self.crash_rate_per_s < 0 or self.mean_downtime_s <= 0:
+            raise ValueError("churn rates need crash_rate_per_s >= 0 and mean_downtime_s > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackConfig:
+    sign_flip_scale: float = 10.0  # large enough that a norm filter at a few x the median catches it
+    noise_scale: float = 10.0      # noise RMS as a multiple of the honest tensor's RMS
+    crash_at_s: float = 0.0        # when "crash" members stop; 0 = half the scenario's duration
+
+    def __post_init__(self) -> None:
+        if self.sign_flip_scale <= 0 or self.noise_scale <= 0 or self.crash_at_s < 0:
+            raise ValueError("attack scales must be > 0 and crash_at_s >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultsConfig:
+    churn: tuple[ChurnEvent, ...] = ()
+    rates: ChurnRates = field(default_factory=ChurnRates)
+    partitions: tuple[PartitionSpec, ...] = ()
+    attack: AttackConfig = field(default_factory=AttackConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineConfig:
+    kind: Literal["none", "allreduce", "parameter-server"] = "none"  # none: run the gossip algorithm
+    local_steps: int = 1               # steps between synchronisations (1 = plain synchronous SGD)
+    server_bandwidth_mbps: float = 0.0  # parameter server's link; 0 = the scenario's link default
+    server_latency_ms: float = -1.0     # parameter server's link; -1 = the scenario's link default
+
+    def __post_init__(self) -> None:
+        if self.local_steps < 1:
+            raise ValueError(f"baseline.local_steps must be >= 1, got {self.local_steps}")
+        if self.server_bandwidth_mbps < 0:
+            raise ValueError("baseline.server_bandwidth_mbps must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioConfig:
+    name: str = ""                 # defaults to the file name without .toml
+    seed: int = 0                  # the one root of all randomness in the run
+    duration_s: float = 60.0       # simulated seconds at most
+    steps: int = 0                 # local steps per peer at most (0: until duration_s)
+    eval_every_s: float = 1.0      # simulated seconds between evaluations of every peer
+    target_accuracy: float = 0.0   # for time-to-target; 0 = no target
+    stop_at_target: bool = False   # end the run once the honest peers' mean accuracy reaches the target
+    verify_fraction: float = 1.0   # scale runs only: verify a sample of messages (see sim/world.py)
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    links: LinkSpec = field(default_factory=LinkSpec)
+    nodes: NodesConfig = field(default_factory=NodesConfig)
+    algorithm: dict[str, Any] = field(default_factory=dict)   # protocols.gossip.GossipConfig fields
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)  # instead of gossip
+    task: TaskConfig = field(default_factory=TaskConfig)
+    trainer: dict[str, Any] = field(default_factory=dict)     # peer.trainer.TrainerConfig fields
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    source: str = "<scenario>"     # the file it came from, for error messages and the report
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if not (self.eval_every_s > 0):
+            raise ValueError(f"eval_every_s must be > 0, got {self.eval_every_s}")
+        if not 0.0 <= self.target_accuracy <= 1.0:
+            raise ValueError(f"target_accuracy must be in [0, 1], got {self.target_accuracy}")
+        if not 0.0 < self.verify_fraction <= 1.0:
+            raise ValueError(f"verify_fraction must be in (0, 1], got {self.verify_fraction}")
+        if self.baseline.kind != "none" and self.algorithm:
+            raise ValueError("give either [algorithm] (gossip) or [baseline], not both")
+
+    def behaviour(self, name: str) -> str:
+        return self.nodes.behaviour.get(name, "honest")
+
+    def check_names(self, names: tuple[str, ...]) -> None:
+        """Every member a scenario names must be in the graph; raise ConfigError naming the key."""
+        known = set(names)
+
+        def check(key: str, name: str) -> None:
+            if name not in known:
+                raise ConfigError(f"{self.source}: key '{key}': no member {name!r} in the graph "
+                                  f"(members: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})")
+
+        for name in sorted(self.nodes.speed):
+            check(f"nodes.speed.{name}", name)
+        for name in sorted(self.nodes.behaviour):
+            check(f"nodes.behaviour.{name}", name)
+        for index, event in enumerate(self.faults.churn):
+            check(f"faults.churn[{index}].node", event.node)
+        for name in self.faults.rates.nodes:
+            check("faults.rates.nodes", name)
+        for index, partition in enumerate(self.faults.partitions):
+            for name in partition.names():
+                check(f"faults.partitions[{index}]", name)
+
+
+def load_scenario(path: str | Path) -> ScenarioConfig:
+    """Read and validate a scenario file (errors name the file and the key)."""
+    path = Path(path)
+    data = read_toml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table")
+    data = dict(data)
+    data.setdefault("name", path.stem.removeprefix("scenario-"))
+    if "source" in data:
+        raise ConfigError(f"{path}: unknown key 'source'")
+    data["source"] = str(path)
+    scenario = load(ScenarioConfig, data, source=str(path))
+    return scenario
+
+
+def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> ScenarioConfig:
+    """Build a scenario from a mapping shaped like the TOML file (tests, calibrate)."""
+    data = dict(data)
+    data.setdefault("name", "scenario")
+    data["source"] = source
+    return load(ScenarioConfig, data, source=source)
