@@ -1,17 +1,31 @@
 """The one interface every compression operator implements.
 
 compress(x, key) -> Compressed (parts sent as raw frames + small scalar params)
-decompress(c, numel) -> tensor, or raises BadParts with a reason.
+decompress(c) -> tensor of ``c.numel`` float32, or raises BadParts with a reason.
+
+Operators never alias their input in ``parts`` (the caller may change ``x``
+in place while the parts are in flight) and never modify received parts
+(the codec may hand out read-only buffers). The helpers below are the shared
+validation every ``decompress`` runs before anything is applied.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from protocols.messages import Scalar
+
+# The largest flat vector a receiver agrees to allocate (8 GiB of float32):
+# a forged header must not make us allocate without bound.
+MAX_NUMEL = 2**31 - 1
+
+# Chunk length for the fused elementwise loops: 64 Ki float32 = 256 KiB stays
+# in L2, so a chain of five elementwise ops costs about one pass over memory.
+CHUNK = 1 << 16
 
 
 class BadParts(ValueError):
@@ -40,10 +54,88 @@ class Compressed:
     parts: dict[str, torch.Tensor]
     params: dict[str, Scalar] = field(default_factory=dict)
 
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of the raw frames (the header adds the rest: see ``packing.message_bytes``)."""
+        return sum(t.numel() * t.element_size() for t in self.parts.values())
+
 
 class Compressor(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def compress(self, x: torch.Tensor, key: RngKey) -> Compressed: ...
 
     def decompress(self, c: Compressed) -> torch.Tensor: ...
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def chunks(numel: int, size: int = CHUNK) -> Iterator[tuple[int, int]]:
+    """(start, stop) of consecutive cache-sized blocks covering ``range(numel)``."""
+    for start in range(0, numel, size):
+        yield start, min(start + size, numel)
+
+
+def check_input(x: torch.Tensor) -> torch.Tensor:
+    """The input contract: a 1-D floating tensor; returned as contiguous float32."""
+    if x.dim() != 1 or not x.is_floating_point():
+        raise ValueError(f"compress takes a 1-D float tensor, got {tuple(x.shape)} {x.dtype}")
+    return x.detach().to(torch.float32).contiguous()
+
+
+def check_header(c: Compressed, op: str, expected: set[str]) -> None:
+    """The op is ours, the element count is sane, and exactly the expected parts are present."""
+    if c.op != op:
+        raise BadParts("wrong_op", f"{c.op!r} given to {op!r}")
+    if not isinstance(c.numel, int) or isinstance(c.numel, bool) or not 0 <= c.numel <= MAX_NUMEL:
+        raise BadParts("bad_numel", repr(c.numel))
+    missing = expected - set(c.parts)
+    if missing:
+        raise BadParts("missing_part", ",".join(sorted(missing)))
+    extra = set(c.parts) - expected
+    if extra:
+        raise BadParts("unexpected_part", ",".join(sorted(extra)))
+
+
+def get_part(c: Compressed, name: str, dtype: torch.dtype, length: int | None = None) -> torch.Tensor:
+    """Part ``name`` as a 1-D tensor of ``dtype`` (and ``length`` elements when given)."""
+    t = c.parts[name]
+    if t.dtype != dtype:
+        raise BadParts("wrong_dtype", f"{name}: {t.dtype}, expected {dtype}")
+    if t.dim() != 1:
+        raise BadParts("wrong_shape", f"{name}: {tuple(t.shape)}")
+    if length is not None and t.numel() != length:
+        raise BadParts("wrong_length", f"{name}: {t.numel()} elements, expected {length}")
+    return t
+
+
+def get_float(c: Compressed, name: str, *, nonnegative: bool = True) -> float:
+    """A finite float parameter (ints are accepted: msgpack may send 0.0 as 0)."""
+    value = c.params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadParts("bad_param", f"{name}={value!r}")
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise BadParts("nonfinite_param", f"{name}={number}")
+    if nonnegative and number < 0:
+        raise BadParts("bad_param", f"{name}={number} < 0")
+    return number
+
+
+def get_int(c: Compressed, name: str, low: int, high: int) -> int:
+    """An integer parameter in ``[low, high]``."""
+    value = c.params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadParts("bad_param", f"{name}={value!r} not an int in [{low}, {high}]")
+    return value
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Reject NaN/Inf in one pass without allocating (min/max propagate NaN)."""
+    if t.numel() == 0:
+        return
+    low, high = torch.aminmax(t)
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        raise BadParts("nonfinite", name)

@@ -1,0 +1,77 @@
+"""Identity and the two 16-bit casts: one part ``values``, nothing in the header.
+
+fp16 saturates at +-65504 instead of overflowing to Inf (a receiver rejects
+Inf); with error feedback the clipped amount is carried to the next round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protocols.compress.base import Compressed, RngKey, check_finite, check_header, check_input, get_part
+
+FP16_MAX = 65504.0
+
+
+def _decode_values(c: Compressed, op: str, dtype: torch.dtype) -> torch.Tensor:
+    check_header(c, op, {"values"})
+    values = get_part(c, "values", dtype, c.numel)
+    check_finite(values, "values")
+    # A fresh float32 tensor: received buffers may be read-only, and the caller mixes in place.
+    return values.to(torch.float32, copy=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """Sends the float32 values as they are (a copy, so the caller may keep changing ``x``)."""
+
+    @property
+    def name(self) -> str:
+        return "identity"
+
+    def compress(self, x: torch.Tensor, key: RngKey) -> Compressed:
+        x = check_input(x)
+        return Compressed(op=self.name, numel=x.numel(), parts={"values": x.clone()})
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.float32)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Float16:
+    """IEEE half precision: 2 bytes per element, 10-bit mantissa, saturating at 65504."""
+
+    @property
+    def name(self) -> str:
+        return "fp16"
+
+    def compress(self, x: torch.Tensor, key: RngKey) -> Compressed:
+        x = check_input(x)
+        half = x.to(torch.float16)
+        if half.numel():
+            low, high = torch.aminmax(half)
+            if bool(torch.isinf(low) | torch.isinf(high)):
+                # Only inputs beyond the half range pay for the extra clamp pass.
+                half = x.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
+        return Compressed(op=self.name, numel=x.numel(), parts={"values": half})
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.float16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BFloat16:
+    """bfloat16: float32's range with an 8-bit mantissa (round to nearest even)."""
+
+    @property
+    def name(self) -> str:
+        return "bf16"
+
+    def compress(self, x: torch.Tensor, key: RngKey) -> Compressed:
+        x = check_input(x)
+        return Compressed(op=self.name, numel=x.numel(), parts={"values": x.to(torch.bfloat16)})
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.bfloat16)
