@@ -1,0 +1,246 @@
+"""Member identities: an Ed25519 signing key plus a CurveZMQ (X25519) key pair.
+
+The public id is the printable form of the 32-byte Ed25519 public key
+(lowercase base32 without padding, 52 characters). The Curve key pair rides
+along so that the daemon can switch on CurveZMQ transport encryption with the
+roster as its allowlist; it is stored and shown in Z85, the encoding ZeroMQ
+uses, and generated here with ``cryptography`` so this package never imports zmq.
+
+A key file is a small text file written with mode 0600 that is never
+overwritten; loading refuses a file that others may read or that is corrupt.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from topology.errors import HivemeshError
+
+KEY_FILE_MAGIC = "hivemesh-identity 1"
+PUBLIC_ID_CHARS = 52  # base32 of 32 bytes, padding dropped
+SIGNATURE_BYTES = 64
+
+
+class KeyFileError(HivemeshError):
+    """A key file that is missing, corrupt, already present, or readable by others."""
+
+
+# ------------------------------------------------------------ encodings
+
+
+def encode_public_id(public_key: bytes) -> str:
+    """The printable id of a raw 32-byte Ed25519 public key."""
+    if len(public_key) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, not {len(public_key)}")
+    return base64.b32encode(public_key).decode("ascii").rstrip("=").lower()
+
+
+def decode_public_id(public_id: str) -> bytes:
+    """The raw 32-byte key of a printable id; ValueError if it is not one."""
+    if not isinstance(public_id, str) or len(public_id) != PUBLIC_ID_CHARS:
+        raise ValueError(f"a public id has {PUBLIC_ID_CHARS} base32 characters")
+    try:
+        raw = base64.b32decode(public_id.upper() + "====", casefold=False)
+    except (binascii.Error, ValueError):
+        raise ValueError("a public id uses only the characters a-z and 2-7") from None
+    if encode_public_id(raw) != public_id:
+        raise ValueError("not a canonical public id (write it in lowercase)")
+    return raw
+
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_INDEX = {char: index for index, char in enumerate(_Z85)}
+
+
+def z85_encode(data: bytes) -> str:
+    """ZeroMQ's Z85 (RFC 32) of ``data``, whose length is a multiple of 4."""
+    if len(data) % 4:
+        raise ValueError("Z85 encodes whole 4-byte groups")
+    out: list[str] = []
+    for offset in range(0, len(data), 4):
+        value = int.from_bytes(data[offset:offset + 4], "big")
+        group = []
+        for _ in range(5):
+            value, digit = divmod(value, 85)
+            group.append(_Z85[digit])
+        out.extend(reversed(group))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    """Inverse of :func:`z85_encode`; ValueError on a bad length or character."""
+    if len(text) % 5:
+        raise ValueError("Z85 text comes in whole 5-character groups")
+    out = bytearray()
+    for offset in range(0, len(text), 5):
+        value = 0
+        for char in text[offset:offset + 5]:
+            if char not in _Z85_INDEX:
+                raise ValueError(f"{char!r} is not a Z85 character")
+            value = value * 85 + _Z85_INDEX[char]
+        if value >= 1 << 32:
+            raise ValueError("Z85 group out of range")
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def curve_public_from_secret(secret: bytes) -> bytes:
+    """The X25519 (CurveZMQ) public key of a raw 32-byte secret key."""
+    return X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes_raw()
+
+
+def verify_signature(public_key: Ed25519PublicKey, signature: bytes, data: bytes) -> bool:
+    """True if ``signature`` is ``public_key``'s Ed25519 signature of ``data``."""
+    try:
+        public_key.verify(signature, data)
+    except InvalidSignature:
+        return False
+    return True
+
+
+# ------------------------------------------------------------ the identity
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One member's secret keys. Never sent anywhere; only signatures and public keys are."""
+
+    signing_key: Ed25519PrivateKey = field(repr=False)
+    curve_secret: bytes = field(repr=False)  # raw 32-byte X25519 secret for CurveZMQ
+
+    def __post_init__(self) -> None:
+        if len(self.curve_secret) != 32:
+            raise ValueError("a Curve secret key has 32 bytes")
+
+    @classmethod
+    def generate(cls) -> Identity:
+        """A fresh identity from the operating system's randomness."""
+        curve = X25519PrivateKey.generate().private_bytes_raw()
+        return cls(Ed25519PrivateKey.generate(), curve)
+
+    @property
+    def public_key(self) -> bytes:
+        """The raw 32-byte Ed25519 public key (what the wire header carries)."""
+        return self.signing_key.public_key().public_bytes_raw()
+
+    @property
+    def public_id(self) -> str:
+        """The printable public id (what the roster lists)."""
+        return encode_public_id(self.public_key)
+
+    @property
+    def curve_public_key(self) -> str:
+        """The CurveZMQ public key in Z85 (40 characters), as the roster lists it."""
+        return z85_encode(curve_public_from_secret(self.curve_secret))
+
+    @property
+    def curve_secret_key(self) -> str:
+        """The CurveZMQ secret key in Z85, for ``socket.curve_secretkey``."""
+        return z85_encode(self.curve_secret)
+
+    def sign(self, data: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``data``."""
+        return self.signing_key.sign(data)
+
+    def __repr__(self) -> str:
+        return f"Identity(public_id={self.public_id!r})"
+
+    # ---------------------------------------------------------- key files
+
+    def to_text(self) -> str:
+        seed = base64.b64encode(self.signing_key.private_bytes_raw()).decode("ascii")
+        return (
+            "# hivemesh identity key: keep it secret (mode 0600); share only the public id\n"
+            f"{KEY_FILE_MAGIC}\n"
+            f"public-id {self.public_id}\n"
+            f"ed25519-seed {seed}\n"
+            f"curve-secret {self.curve_secret_key}\n"
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write a new key file with mode 0600; refuse to overwrite an existing file."""
+        path = Path(path)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise KeyFileError(f"{path}: already exists; refusing to overwrite a key file") from None
+        except OSError as error:
+            raise KeyFileError(f"{path}: cannot create: {error.strerror}") from None
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            os.fchmod(handle.fileno(), 0o600)  # whatever the umask said
+            handle.write(self.to_text())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Identity:
+        """Read a key file; KeyFileError if missing, readable by others, or corrupt."""
+        path = Path(path)
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise KeyFileError(f"{path}: no such key file (create one with `hivemesh keygen`)") from None
+        except OSError as error:
+            raise KeyFileError(f"{path}: cannot read: {error.strerror}") from None
+        with os.fdopen(descriptor, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise KeyFileError(f"{path}: not a regular file")
+            if mode & 0o077:
+                raise KeyFileError(
+                    f"{path}: key file is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
+                    f"run `chmod 600 {path}`")
+            data = handle.read(4096)
+        return cls.from_text(data, source=str(path))
+
+    @classmethod
+    def from_text(cls, data: bytes, *, source: str = "<key>") -> Identity:
+        """Parse key file contents; KeyFileError naming ``source`` if they are corrupt."""
+        def corrupt(why: str) -> KeyFileError:
+            return KeyFileError(f"{source}: not a valid hivemesh key file ({why})")
+
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            raise corrupt("not ASCII text") from None
+        lines = [line.strip() for line in text.splitlines()]
+        lines = [line for line in lines if line and not line.startswith("#")]
+        if not lines or lines[0] != KEY_FILE_MAGIC:
+            raise corrupt(f"first line is not {KEY_FILE_MAGIC!r}")
+        values: dict[str, str] = {}
+        for line in lines[1:]:
+            key, _, value = line.partition(" ")
+            if key in values:
+                raise corrupt(f"{key} given twice")
+            values[key] = value.strip()
+        missing = {"ed25519-seed", "curve-secret"} - values.keys()
+        if missing:
+            raise corrupt("missing " + ", ".join(sorted(missing)))
+        try:
+            seed = base64.b64decode(values["ed25519-seed"], validate=True)
+        except (binascii.Error, ValueError):
+            raise corrupt("ed25519-seed is not base64") from None
+        if len(seed) != 32:
+            raise corrupt("ed25519-seed is not 32 bytes")
+        try:
+            curve = z85_decode(values["curve-secret"])
+        except ValueError as error:
+            raise corrupt(f"curve-secret: {error}") from None
+        if len(curve) != 32:
+            raise corrupt("curve-secret is not 32 bytes")
+        identity = cls(Ed25519PrivateKey.from_private_bytes(seed), curve)
+        if "public-id" in values and values["public-id"] != identity.public_id:
+            raise corrupt("public-id does not match the secret key")
+        return identity
+
+
+def load_public_key(public_key: bytes) -> Ed25519PublicKey:
+    """An Ed25519 verifier for a raw 32-byte public key; ValueError if it is not one."""
+    return Ed25519PublicKey.from_public_bytes(public_key)

@@ -1,0 +1,122 @@
+"""One member's end of the wire: ``Endpoint.seal`` to send, ``Endpoint.open`` to receive.
+
+An Endpoint holds this member's identity, the roster, the run id, its own
+epoch and sequence counter, a replay window per sender, and counters of
+bytes and rejections. It does no I/O: drivers (the ZeroMQ daemon, the
+simulator) move the frames it returns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from protocols.codec import (
+    Decoded,
+    Frame,
+    Policy,
+    Rejection,
+    ReplayWindows,
+    Verifier,
+    decode,
+    encode,
+)
+from protocols.identity import Identity
+from protocols.messages import Message
+from protocols.roster import Roster
+from topology.errors import HivemeshError
+
+__all__ = ["Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_size"]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An accepted message from roster member ``sender`` (a name)."""
+
+    sender: str
+    message: Message
+    epoch: int
+    seq: int
+
+
+def wire_size(frames: Sequence[Frame]) -> int:
+    """Bytes these frames put on the wire (payload bytes; ZeroMQ adds a few per frame)."""
+    return sum(frame.nbytes if isinstance(frame, memoryview) else len(frame) for frame in frames)
+
+
+class Endpoint:
+    """Seal and open messages for one roster member.
+
+    ``epoch`` must grow at every start of this member (the daemon persists
+    it), so receivers never readmit an old boot's messages.
+    """
+
+    def __init__(self, identity: Identity, roster: Roster, run_id: bytes, epoch: int,
+                 policy: Policy = Policy()) -> None:  # noqa: B008 (Policy is frozen)
+        member = roster.by_public_key(identity.public_key)
+        if member is None:
+            raise HivemeshError(f"this key (public id {identity.public_id}) is not on the roster")
+        if not isinstance(epoch, int) or not 0 <= epoch < 1 << 63:
+            raise ValueError(f"epoch must be an integer in [0, 2**63), not {epoch!r}")
+        self.identity = identity
+        self.roster = roster
+        self.run_id = bytes(run_id)
+        self.epoch = epoch
+        self.policy = policy
+        self.name = member.name
+        self.seq = 0  # sequence number of the next sealed message
+        self.windows = ReplayWindows(policy.replay_window)
+        self.rejections: Counter[str] = Counter()
+        self.accepted = 0
+        self.bytes_sent = 0  # sealed bytes times recipients: each recipient gets its own copy
+        self.bytes_received = 0  # every frame handed to open, accepted or not
+        self._verifier = Verifier(roster, identity.public_key, self.run_id, policy)
+
+    def seal(self, recipients: Sequence[str], message: Message) -> list[Frame]:
+        """Signed frames of ``message`` for the roster members named in ``recipients``.
+
+        Tensor frames share the tensors' memory: do not modify them until sent.
+        """
+        if isinstance(recipients, str):
+            raise TypeError("recipients is a sequence of names, not one name")
+        if not recipients:
+            raise ValueError("a message needs at least one recipient")
+        keys = [self.roster.member(name).public_key for name in recipients]
+        frames = encode(message, identity=self.identity, recipients=keys, run_id=self.run_id,
+                        epoch=self.epoch, seq=self.seq, max_frame_bytes=self.policy.max_frame_bytes)
+        self.seq += 1
+        self.bytes_sent += wire_size(frames) * len(recipients)
+        return frames
+
+    def open(self, frames: Sequence[Frame]) -> Opened | Rejection:
+        """The verified message, or a counted Rejection; never raises."""
+        result = decode(frames, self._verifier, self.windows)
+        self.bytes_received += sum(
+            wire_size([frame]) for frame in frames if isinstance(frame, bytes | bytearray | memoryview))
+        if isinstance(result, Rejection):
+            self.rejections[result.reason] += 1
+            return result
+        self.accepted += 1
+        return _opened(result)
+
+    def set_roster(self, roster: Roster) -> None:
+        """Switch to an edited roster (members joined or left); replay windows are kept."""
+        if roster.by_public_key(self.identity.public_key) is None:
+            raise HivemeshError(f"this key (public id {self.identity.public_id}) is not on the new roster")
+        self.roster = roster
+        self.name = roster.by_public_key(self.identity.public_key).name  # type: ignore[union-attr]
+        self._verifier = Verifier(roster, self.identity.public_key, self.run_id, self.policy)
+
+    def export_state(self) -> dict[str, object]:
+        """Replay windows and counters, for a checkpoint (the epoch is the daemon's to persist)."""
+        return {"windows": self.windows.export_state(), "seq": self.seq}
+
+    def restore_state(self, state: Mapping[str, object]) -> None:
+        windows = state.get("windows", {})
+        if isinstance(windows, Mapping):
+            self.windows.restore_state(windows)
+
+
+def _opened(decoded: Decoded) -> Opened:
+    return Opened(decoded.sender.name, decoded.message, decoded.epoch, decoded.seq)
