@@ -1,0 +1,130 @@
+"""Training tasks by name: built-ins, or a user's ``module:function``.
+
+``get_task(name, **options)`` returns a :class:`Task`, cached per process (the
+simulator's hundreds of peers share one copy of the data):
+
+- ``digits-mlp``: 64-128-10 MLP on scikit-learn's digits; bar: test accuracy >= 0.95.
+- ``digits-cnn``: small CNN with BatchNorm on the same images; bar: >= 0.97.
+- ``logreg``: generated logistic regression (options ``n_samples``, ``n_features``,
+  ``n_classes``, ``binary``, ``test_samples``, ``data_seed``); bar: full training
+  loss within 1e-3 of the float64 optimum.
+- ``charlm``: tiny character-level transformer (options ``path`` to a UTF-8 text,
+  default the text shipped in ``peer/data/``, ``context``, ``width``, ``layers``,
+  ``heads``); bar: test loss at least 0.5 nats/char below the text's unigram entropy.
+- ``package.module:function`` or ``path/to/file.py:function``: a custom task. The
+  function is called with the options as keyword arguments and returns a Task, or
+  a mapping ``{"model": build(seed) -> nn.Module, "train": (x, y), "test": (x, y),
+  "loss": fn (optional, default cross-entropy), "evaluate": fn(model, x, y) -> dict
+  (optional)}``. See ``examples/custom_task.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from peer.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
+
+__all__ = ["BUILTIN_TASKS", "Task", "TaskError", "classification_metrics", "cross_entropy",
+           "get_task", "seeded"]
+
+BUILTIN_TASKS = ("digits-mlp", "digits-cnn", "logreg", "charlm")
+
+_CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], Task] = {}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """The task called ``name`` built with ``options``; the same object for the same arguments."""
+    key = (name, tuple(sorted((k, _freeze(v)) for k, v in options.items())))
+    if key not in _CACHE:
+        _CACHE[key] = _build(name, options)
+    return _CACHE[key]
+
+
+def _build(name: str, options: dict[str, Any]) -> Task:
+    builder = _builtin(name)
+    if builder is None:
+        if ":" not in name:
+            raise TaskError(f"unknown task {name!r}: expected one of {', '.join(BUILTIN_TASKS)} "
+                            "or 'module:function' / 'path/to/file.py:function'")
+        builder = _load_custom(name)
+    try:
+        made = builder(**options)
+    except TypeError as error:
+        raise TaskError(f"task {name!r}: bad options {sorted(options)}: {error}") from None
+    return _as_task(name, made)
+
+
+def _builtin(name: str) -> Callable[..., Any] | None:
+    if name == "digits-mlp":
+        from peer.tasks.digits import digits_mlp
+        return digits_mlp
+    if name == "digits-cnn":
+        from peer.tasks.digits import digits_cnn
+        return digits_cnn
+    if name == "logreg":
+        from peer.tasks.logreg import logreg
+        return logreg
+    if name == "charlm":
+        from peer.tasks.charlm import charlm
+        return charlm
+    return None
+
+
+def _load_custom(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` (module on sys.path) or ``file.py:function`` (by path)."""
+    module_part, _, function_name = spec.rpartition(":")
+    if not module_part or not function_name:
+        raise TaskError(f"custom task {spec!r}: expected 'module:function'")
+    try:
+        if module_part.endswith(".py") or "/" in module_part:
+            path = Path(module_part)
+            if not path.is_file():
+                raise TaskError(f"custom task {spec!r}: no such file {path}")
+            module_name = f"hivemesh_custom_task_{abs(hash(str(path.resolve())))}"
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
+            if module_spec is None or module_spec.loader is None:
+                raise TaskError(f"custom task {spec!r}: cannot load {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_part)
+    except ImportError as error:
+        raise TaskError(f"custom task {spec!r}: cannot import {module_part!r}: {error}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise TaskError(f"custom task {spec!r}: {module_part!r} has no function {function_name!r}")
+    return function
+
+
+def _as_task(name: str, made: Any) -> Task:
+    if isinstance(made, Task):
+        return made
+    if isinstance(made, Mapping):
+        missing = sorted({"model", "train", "test"} - set(made))
+        if missing:
+            raise TaskError(f"task {name!r}: the returned mapping lacks {', '.join(missing)}")
+        build = made["model"]
+        if isinstance(build, nn.Module):
+            raise TaskError(f"task {name!r}: 'model' must be a function seed -> nn.Module, not a module")
+        (train_x, train_y), (test_x, test_y) = made["train"], made["test"]
+        return Task(name=name, build_model=build, train_x=train_x, train_y=train_y,
+                    test_x=test_x, test_y=test_y, loss_fn=made.get("loss", cross_entropy),
+                    evaluate_fn=made.get("evaluate"), bar=dict(made.get("bar", {})))
+    raise TaskError(f"task {name!r}: the function returned {type(made).__name__}, "
+                    "expected a Task or a mapping with model, train, test")

@@ -1,0 +1,146 @@
+"""What a training task is: a seeded model builder, a fixed train/test split, a loss, an evaluation.
+
+A :class:`Task` holds its data once; every trainer in the process (the
+simulator runs hundreds) indexes into the same tensors, and casts to another
+dtype or device are cached on the task, so memory does not grow with peers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from topology.errors import HivemeshError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+EvaluateFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, float]]
+
+EVAL_BATCH = 1024  # test-set forward passes in chunks of this many samples: bounded memory
+
+
+class TaskError(HivemeshError, ValueError):
+    """An unknown task name, a bad task option, or a custom task that does not load."""
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed torch's global CPU generator inside the block only (module inits draw from it)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy; sequences (batch, time, vocab) are flattened to characters."""
+    if output.dim() == 3:
+        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return nn.functional.cross_entropy(output, target)
+
+
+def classification_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                           loss_fn: LossFn = cross_entropy) -> dict[str, float]:
+    """Mean loss and accuracy of ``model`` on ``(x, y)``, in chunks, in eval mode, without grad."""
+    was_training = model.training
+    model.eval()
+    total_loss = 0.0
+    correct = 0
+    count = 0
+    with torch.no_grad():
+        for start in range(0, len(x), EVAL_BATCH):
+            xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
+            out = model(xb)
+            items = yb.numel()
+            total_loss += float(loss_fn(out, yb)) * items
+            if out.dim() >= 2 and out.shape[-1] > 1:
+                correct += int((out.argmax(dim=-1) == yb).sum())
+            else:  # one logit: binary
+                correct += int(((out.reshape(yb.shape) > 0).to(yb.dtype) == yb).sum())
+            count += items
+    model.train(was_training)
+    return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Task:
+    """A named learning problem with a fixed train/test split.
+
+    ``build_model(seed)`` must return the same initial model for the same seed.
+    ``train_x/train_y/test_x/test_y`` are CPU tensors; floating inputs are cast to the
+    trainer's dtype (cached here). ``labels`` (int64 numpy, one per training sample)
+    drive label-skew partitioning. ``reference_loss`` (optional) gives the optimum
+    of the full training loss, for convex tasks.
+    """
+
+    name: str
+    build_model: Callable[[int], nn.Module]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    loss_fn: LossFn = cross_entropy
+    evaluate_fn: EvaluateFn | None = None  # None: loss and accuracy of classification_metrics
+    bar: Mapping[str, float] = field(default_factory=dict)  # the quality bar, e.g. {"accuracy": 0.95}
+    reference_loss: Callable[[], float] | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+    _cast_cache: dict[tuple[str, str, str], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.train_x) != len(self.train_y) or len(self.test_x) != len(self.test_y):
+            raise TaskError(f"task {self.name!r}: inputs and targets differ in length")
+        if len(self.train_x) == 0:
+            raise TaskError(f"task {self.name!r}: no training samples")
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train_x)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """One int label per training sample (the last target position for sequences)."""
+        y = self.train_y
+        if y.dim() > 1:
+            y = y[:, -1]
+        return y.to(torch.int64).numpy()
+
+    def data(self, split: str, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` of ``split`` ("train"/"test") with floating tensors in ``dtype``, on ``device``.
+
+        Cast copies are made once per process and shared by every trainer.
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+        return (self._cast(split, "x", dtype, device), self._cast(split, "y", dtype, device))
+
+    def _cast(self, split: str, part: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        tensor: torch.Tensor = getattr(self, f"{split}_{part}")
+        target_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+        if tensor.dtype == target_dtype and tensor.device == device:
+            return tensor
+        key = (f"{split}_{part}", str(target_dtype), str(device))
+        if key not in self._cast_cache:
+            self._cast_cache[key] = tensor.to(device=device, dtype=target_dtype).contiguous()
+        return self._cast_cache[key]
+
+    def evaluate(self, model: nn.Module, *, split: str = "test") -> dict[str, float]:
+        """Metrics of ``model`` on a split (loss always; accuracy for classifiers)."""
+        param = next(iter(model.parameters()))
+        x, y = self.data(split, param.dtype, param.device)
+        if self.evaluate_fn is not None:
+            return dict(self.evaluate_fn(model, x, y))
+        return classification_metrics(model, x, y, self.loss_fn)
+
+    def meets_bar(self, metrics: Mapping[str, float]) -> bool:
+        """True when every bar metric is reached ("...loss"/"...gap" keys: at most; others: at least)."""
+        for key, target in self.bar.items():
+            value = metrics.get(key, math.nan)
+            ok = value <= target if key.endswith(("loss", "gap")) else value >= target
+            if not ok:
+                return False
+        return True
