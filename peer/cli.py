@@ -20,6 +20,8 @@ from topology.errors import HivemeshError
 # Order here is the order in `hivemesh --help`.
 COMMAND_MODULES = (
     "peer.cmd_demo",
+    "peer.cmd_topology",
+    "peer.cmd_init",
 )
 
 

@@ -1,0 +1,95 @@
+"""Create a new network's files: one identity key per member, the roster, one config per peer.
+
+What ``hivemesh init``, ``hivemesh demo`` and the process tests start from.
+The layout of ``out``::
+
+    roster.toml          members: name, public id, role, address, curve key
+    keys/NAME.key        each member's secret key (mode 0600)
+    NAME.toml            each peer's config ([peer], [network], [transport], [checkpoint])
+    data/NAME/           each peer's data folder (created by the daemon)
+
+Only the key of a member ever needs to move to that member's machine; the
+roster and the [network] table are the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from peer import tomlout
+from peer.transport import free_tcp_addresses
+from protocols.identity import Identity
+from protocols.roster import Member, Roster
+from topology import default_names
+from topology.errors import HivemeshError
+
+
+@dataclass(frozen=True)
+class NetworkFiles:
+    out: Path
+    roster: Path
+    configs: dict[str, Path]   # member name -> its config file
+    keys: dict[str, Path]
+
+
+def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
+                   names: Sequence[str] | None = None, host: str = "127.0.0.1", base_port: int = 0,
+                   peer_options: Mapping[str, Any] | None = None,
+                   sections: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
+    """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
+
+    ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
+    ``base_port`` 0 asks the operating system for free ports on ``host``.
+    ``peer_options`` are extra [peer] keys for every peer; ``sections`` extra tables
+    (e.g. {"checkpoint": {"every_steps": 20}}).
+    """
+    if peers < 1:
+        raise HivemeshError("--peers must be at least 1")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise HivemeshError(f"{out}: not empty; choose a new folder for a new network")
+    member_names = tuple(names) if names is not None else default_names(peers)
+    if len(member_names) != peers:
+        raise HivemeshError(f"{peers} peers but {len(member_names)} names")
+    if base_port:
+        if not 1 <= base_port <= 65535 - peers:
+            raise HivemeshError(f"--base-port {base_port} leaves no room for {peers} ports")
+        addresses = [f"tcp://{host}:{base_port + i}" for i in range(peers)]
+    else:
+        addresses = free_tcp_addresses(peers, host)
+    (out / "keys").mkdir(parents=True, exist_ok=True)
+    (out / "data").mkdir(exist_ok=True)
+    members, keys = [], {}
+    for name, address in zip(member_names, addresses, strict=True):
+        identity = Identity.generate()
+        keys[name] = out / "keys" / f"{name}.key"
+        identity.save(keys[name])
+        members.append(Member(name=name, public_id=identity.public_id, role="peer", address=address,
+                              curve_key=identity.curve_public_key))
+    roster = Roster(tuple(members))
+    roster_path = out / "roster.toml"
+    roster_path.write_text("# hivemesh roster: the one source of membership\n"
+                           + tomlout.dumps(roster.to_dict()))
+    configs = {}
+    for name in roster.names:
+        table: dict[str, Any] = {
+            "peer": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
+                     "data_dir": f"data/{name}", **dict(peer_options or {})},
+            "network": dict(network),
+        }
+        for section, values in (sections or {}).items():
+            table[section] = dict(values)
+        configs[name] = out / f"{name}.toml"
+        configs[name].write_text(f"# hivemesh peer config for {name}: hivemesh peer --config {name}.toml\n"
+                                 + tomlout.dumps(table))
+    return NetworkFiles(out=out, roster=roster_path, configs=configs, keys=keys)
+
+
+def load_roster(path: str | Path) -> Roster:
+    """Read a roster TOML file; a HivemeshError names the file on any problem."""
+    from peer.config import read_toml
+
+    return Roster.from_dict(read_toml(path), source=str(path))

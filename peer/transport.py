@@ -1,0 +1,286 @@
+"""ZeroMQ transport for one peer: a ROUTER to receive, a DEALER per neighbour to send.
+
+Why this pattern: every message is one-way and self-describing (the signed
+envelope names its sender), so a peer needs one inbox that anybody may reach
+(ROUTER, bound at the member's address) and one outbox per neighbour whose
+queue and reconnect state are that neighbour's alone (DEALER, connected to the
+neighbour's address). A slow or dead neighbour fills only its own bounded
+queue; ``IMMEDIATE`` makes a send to a neighbour with no live connection fail
+at once (counted as ``unreachable``) instead of piling up.
+
+Memory bounds against a hostile or slow neighbour: ``MAXMSGSIZE`` (a frame
+larger than the wire's 16 MiB limit disconnects the sender before it is
+buffered), ``RCVHWM``/``SNDHWM`` (messages queued per connection) and a cap on
+the messages drained per poll.
+
+Zero-copy sends of tensors are *tracked*: ``wait_sent`` blocks until ZeroMQ
+has released every frame, and the driver calls it before anything may change
+a tensor in place (the torn-model trap in shared/ANCHORS.md). A send still
+pending after its timeout is abandoned by closing that neighbour's socket
+without lingering, which releases its frames.
+
+This is the only module that touches sockets; it knows nothing about
+messages, keys or algorithms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+
+from topology.errors import HivemeshError
+
+Frames = Sequence[bytes | bytearray | memoryview]
+
+WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportConfig:
+    """Socket limits and timings; the defaults suit a LAN or loopback."""
+
+    # messages queued per connection; a 25M-parameter push is ~7 frames, so this is ~10 pushes
+    high_water_mark: int = 64
+    # the wire's frame limit plus slack for a header; a larger frame disconnects its sender
+    max_frame_bytes: int = WIRE_FRAME_LIMIT_BYTES + 64 * 1024
+    # drain at most this many messages per poll so timers and work still run under a flood
+    max_messages_per_poll: int = 256
+    # first reconnect attempt after this long, doubling up to the maximum (ZeroMQ back-off)
+    reconnect_ms: int = 100
+    reconnect_max_ms: int = 5000
+    # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
+    zmtp_heartbeat_ms: int = 1000
+    zmtp_heartbeat_timeout_ms: int = 5000
+    # how long a zero-copy send may hold a tensor before it is abandoned
+    send_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("high_water_mark", "max_frame_bytes", "max_messages_per_poll", "reconnect_ms",
+                     "reconnect_max_ms", "zmtp_heartbeat_ms", "zmtp_heartbeat_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.reconnect_max_ms < self.reconnect_ms:
+            raise ValueError("reconnect_max_ms must be >= reconnect_ms")
+        if self.send_timeout_s <= 0:
+            raise ValueError(f"send_timeout_s must be positive, got {self.send_timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveKeys:
+    """CurveZMQ transport encryption: our key pair, the neighbours' server keys, the allowlist.
+
+    Keys are the Z85-encoded 40-byte strings ZeroMQ uses.
+    """
+
+    public_key: bytes
+    secret_key: bytes
+    server_keys: Mapping[str, bytes]                 # neighbour name -> its public key
+    allowed_client_keys: frozenset[bytes] = field(default_factory=frozenset)  # the roster
+
+
+@dataclass
+class _Outbox:
+    address: str
+    socket: zmq.Socket
+    pending: list[zmq.MessageTracker] = field(default_factory=list)
+
+
+class Transport:
+    """A peer's sockets. Single-threaded: call every method from the driver's thread."""
+
+    def __init__(self, *, listen: str, neighbours: Mapping[str, str],
+                 config: TransportConfig | None = None, curve: CurveKeys | None = None,
+                 context: zmq.Context | None = None) -> None:
+        self.config = config or TransportConfig()
+        self._context = context or zmq.Context()
+        self._own_context = context is None
+        self._curve = curve
+        self._authenticator: object | None = None
+        if curve is not None:
+            self._authenticator = _start_authenticator(self._context, curve.allowed_client_keys)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent: Counter[str] = Counter()
+        self.messages_received = 0
+        self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
+        self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
+        self._inbox = self._context.socket(zmq.ROUTER)
+        self._configure(self._inbox)
+        self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        self._inbox.setsockopt(zmq.RCVHWM, self.config.high_water_mark)
+        if curve is not None:
+            self._inbox.curve_server = True
+            self._inbox.curve_secretkey = curve.secret_key
+            self._inbox.curve_publickey = curve.public_key
+        try:
+            self._inbox.bind(listen)
+        except zmq.ZMQError as error:
+            self._inbox.close(linger=0)
+            raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
+        self.listen = listen
+        self._poller = zmq.Poller()
+        self._poller.register(self._inbox, zmq.POLLIN)
+        self._outboxes: dict[str, _Outbox] = {}
+        for name, address in sorted(neighbours.items()):
+            self._outboxes[name] = _Outbox(address, self._connect(name, address))
+
+    # ------------------------------------------------------------- sockets
+
+    def _configure(self, sock: zmq.Socket) -> None:
+        cfg = self.config
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+
+    def _connect(self, name: str, address: str) -> zmq.Socket:
+        sock = self._context.socket(zmq.DEALER)
+        self._configure(sock)
+        sock.setsockopt(zmq.SNDHWM, self.config.high_water_mark)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        if self._curve is not None:
+            server_key = self._curve.server_keys.get(name)
+            if server_key is None:
+                sock.close(linger=0)
+                raise TransportError(f"no CurveZMQ public key for neighbour {name!r}")
+            sock.curve_publickey = self._curve.public_key
+            sock.curve_secretkey = self._curve.secret_key
+            sock.curve_serverkey = server_key
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as error:
+            sock.close(linger=0)
+            raise TransportError(f"bad address {address!r} for {name!r}: {error.strerror}") from None
+        return sock
+
+    @property
+    def neighbours(self) -> tuple[str, ...]:
+        return tuple(self._outboxes)
+
+    # --------------------------------------------------------------- send
+
+    def send(self, name: str, frames: Frames) -> bool:
+        """Queue one multipart message to ``name`` without copying; False if it was dropped.
+
+        The frames' buffers must not change until :meth:`wait_sent` returns.
+        """
+        outbox = self._outboxes.get(name)
+        if outbox is None:
+            raise KeyError(f"{name!r} is not a neighbour of this peer")
+        try:
+            tracker = outbox.socket.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False, track=True)
+        except zmq.Again:
+            self.dropped[name] += 1
+            return False
+        if tracker is not None and not tracker.done:
+            outbox.pending.append(tracker)
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        self.messages_sent[name] += 1
+        return True
+
+    def pending_sends(self) -> int:
+        return sum(len(o.pending) for o in self._outboxes.values())
+
+    def wait_sent(self, timeout_s: float | None = None) -> None:
+        """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout."""
+        deadline = time.monotonic() + (self.config.send_timeout_s if timeout_s is None else timeout_s)
+        for name, outbox in self._outboxes.items():
+            while outbox.pending:
+                tracker = outbox.pending[-1]
+                try:
+                    tracker.wait(max(0.0, deadline - time.monotonic()))
+                except zmq.NotDone:
+                    self._abandon(name, outbox)
+                    break
+                outbox.pending.clear()   # messages on one socket complete in order
+
+    def _abandon(self, name: str, outbox: _Outbox) -> None:
+        self.abandoned[name] += len(outbox.pending)
+        trackers = outbox.pending
+        outbox.socket.close(linger=0)   # drops the queued messages and releases their frames
+        outbox.socket = self._connect(name, outbox.address)
+        outbox.pending = []
+        end = time.monotonic() + 1.0
+        for tracker in trackers:
+            try:
+                tracker.wait(max(0.0, end - time.monotonic()))
+            except zmq.NotDone:
+                # ZeroMQ's I/O thread still owns the frame; the caller must treat it as shared.
+                raise TransportError(f"send to {name!r} could not be abandoned") from None
+
+    # ------------------------------------------------------------ receive
+
+    def poll(self, timeout_s: float) -> list[list[zmq.Frame]]:
+        """Wait up to ``timeout_s`` for messages; return each one's frames (routing id removed)."""
+        received: list[list[zmq.Frame]] = []
+        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        if self._inbox not in events:
+            return received
+        while len(received) < self.config.max_messages_per_poll:
+            try:
+                parts = self._inbox.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            frames = parts[1:]
+            self.bytes_received += sum(len(f) for f in frames)
+            self.messages_received += 1
+            received.append(frames)
+        return received
+
+    # ------------------------------------------------------------- close
+
+    def close(self) -> None:
+        for outbox in self._outboxes.values():
+            outbox.socket.close(linger=0)
+        self._inbox.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()  # type: ignore[attr-defined]
+        if self._own_context:
+            self._context.term()
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TransportError(HivemeshError):
+    """A socket could not be set up (address in use, malformed address, missing key)."""
+
+
+def _start_authenticator(context: zmq.Context, allowed: frozenset[bytes]) -> object:
+    """A ZAP handler (its own thread, inside pyzmq) admitting only the roster's CURVE keys."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    class _Roster:
+        def callback(self, domain: str, key: bytes) -> bool:
+            return key in allowed
+
+    authenticator = ThreadAuthenticator(context)
+    authenticator.start()
+    authenticator.configure_curve_callback("*", credentials_provider=_Roster())
+    return authenticator
+
+
+def free_tcp_addresses(count: int, host: str = "127.0.0.1") -> list[str]:
+    """``count`` distinct ``tcp://host:port`` addresses whose ports were free a moment ago."""
+    import socket
+
+    holders = []
+    try:
+        for _ in range(count):
+            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            holder.bind((host, 0))
+            holders.append(holder)
+        return [f"tcp://{host}:{h.getsockname()[1]}" for h in holders]
+    finally:
+        for holder in holders:
+            holder.close()
+
