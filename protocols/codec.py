@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -132,6 +132,15 @@ class Verifier:
     receiver: bytes  # this member's raw Ed25519 public key
     run_id: bytes
     policy: Policy = field(default_factory=Policy)
+    # Where a tensor spread over several frames is gathered: (dtype, numel) -> 1-D contiguous tensor.
+    # Default torch.empty; a driver may hand out reused buffers (fresh memory page-faults: see the bench).
+    allocate: Callable[[torch.dtype, int], torch.Tensor] = field(default=lambda dtype, numel: fresh_tensor(
+        dtype, numel))
+
+
+def fresh_tensor(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The default ``allocate``: a new 1-D tensor."""
+    return torch.empty(numel, dtype=dtype)
 
 
 class _Reject(Exception):
@@ -351,7 +360,7 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
 
     payload = frames[1:-1]
     layout = _check_manifest(header, payload, policy)
-    message = _build(cls, kind, header, layout, payload)
+    message = _build(cls, kind, header, layout, payload, verifier.allocate)
     if windows is not None:
         windows.accept(sender.name, epoch, seq)
     return Decoded(sender, message, epoch, seq)
@@ -445,8 +454,9 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
     return entries
 
 
-def _tensor(entry: _Entry, frames: Sequence[Frame]) -> torch.Tensor:
-    """The tensor from its frames: zero-copy for one frame, one copy into a fresh tensor for several."""
+def _tensor(entry: _Entry, frames: Sequence[Frame], allocate: Callable[[torch.dtype, int], torch.Tensor],
+            ) -> torch.Tensor:
+    """The tensor from its frames: zero-copy for one frame, one copy into an allocated tensor for several."""
     if entry.nbytes == 0:
         return torch.empty(entry.shape, dtype=entry.dtype)
     if len(frames) == 1:
@@ -454,7 +464,10 @@ def _tensor(entry: _Entry, frames: Sequence[Frame]) -> torch.Tensor:
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(frames[0], dtype=entry.dtype)
     else:
-        flat = torch.empty(entry.numel, dtype=entry.dtype)
+        flat = allocate(entry.dtype, entry.numel)
+        if flat.dtype != entry.dtype or flat.shape != (entry.numel,) or not flat.is_contiguous():
+            raise TypeError(f"allocate gave {flat.dtype} {tuple(flat.shape)}, "
+                            f"not {entry.dtype} ({entry.numel},)")
         target = flat.view(torch.uint8)
         offset = 0
         with warnings.catch_warnings():
@@ -492,6 +505,7 @@ _HAS_TENSORS = {cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) f
 
 def _build(
     cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[_Entry], payload: Sequence[Frame],
+    allocate: Callable[[torch.dtype, int], torch.Tensor],
 ) -> Message:
     scalars = _need(header, "f", dict)
     meta = _need(header, "m", dict)
@@ -516,6 +530,6 @@ def _build(
                 raise _Reject("bad_field", f"meta {str(key)[:40]!r}: {type(value).__name__}")
         kwargs["meta"] = dict(meta)
         kwargs["tensors"] = {
-            entry.name: _tensor(entry, payload[entry.first_frame:entry.first_frame + entry.nframes])
+            entry.name: _tensor(entry, payload[entry.first_frame:entry.first_frame + entry.nframes], allocate)
             for entry in entries}
     return cls(**kwargs)
