@@ -1,5 +1,7 @@
 """Each built-in task, trained alone on all its data, reaches its stated bar."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -21,8 +23,70 @@ def train_alone(name: str, config: TrainerConfig, epochs: int, **options: object
 
 @pytest.mark.slow
 def test_digits_mlp_reaches_95_percent() -> None:
-    metrics = train_alone("digits-mlp", TrainerConfig(optimizer="momentum", lr=0.05, device="cpu"), 6)
+    config = TrainerConfig(optimizer="momentum", lr=0.05, lr_decay="cosine", total_steps=4 * 45, device="cpu")
+    metrics = train_alone("digits-mlp", config, 4)
     assert metrics["accuracy"] >= 0.95
+
+
+@pytest.mark.slow
+def test_digits_cnn_reaches_97_percent() -> None:
+    config = TrainerConfig(optimizer="momentum", lr=0.05, lr_decay="cosine", total_steps=6 * 45, device="cpu")
+    metrics = train_alone("digits-cnn", config, 6)
+    assert metrics["accuracy"] >= 0.97
+
+
+@pytest.mark.slow
+def test_charlm_beats_unigram_entropy_by_half_a_nat() -> None:
+    task = get_task("charlm")
+    trainer = Trainer(task, TrainerConfig(optimizer="adamw", lr=3e-3, device="cpu"), np.arange(task.n_train),
+                      seed=0, member_index=0)
+    trainer.run_steps(120)
+    metrics = trainer.evaluate()
+    assert metrics["loss"] <= task.info["unigram_entropy"] - 0.5
+    assert task.meets_bar(metrics)
+
+
+def test_charlm_on_a_user_text(tmp_path: Path) -> None:
+    text = tmp_path / "abc.txt"
+    text.write_text("abcabcabd" * 40)
+    task = get_task("charlm", path=str(text), context=8, width=16, heads=2, layers=1)
+    assert task.info["vocab"] == "abcd"
+    assert tuple(task.train_x.shape)[1] == 8 and torch.equal(task.train_x[0, 1:], task.train_y[0, :-1])
+    with pytest.raises(TaskError, match="no such text"):
+        get_task("charlm", path=str(tmp_path / "missing.txt"))
+    with pytest.raises(TaskError, match="too short"):
+        (tmp_path / "short.txt").write_text("tiny")
+        get_task("charlm", path=str(tmp_path / "short.txt"))
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_task.py"
+
+
+def test_custom_task_from_a_file_path_reaches_its_bar() -> None:
+    task = get_task(f"{EXAMPLE}:make_task", hidden=16)
+    assert task.name.endswith("custom_task.py:make_task") and task.n_train == 100
+    metrics = train_alone(f"{EXAMPLE}:make_task", TrainerConfig(lr=0.1, batch_size=10, device="cpu"), 30,
+                          hidden=16)
+    assert metrics["accuracy"] >= 0.9
+
+
+def test_custom_task_by_module_name_when_examples_is_on_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    task = get_task("custom_task:make_task", hidden=8)
+    trainer = Trainer(task, TrainerConfig(device="cpu"), np.arange(10), seed=3, member_index=0)
+    assert trainer.flat_params.numel() == 4 * 8 + 8 + 8 * 3 + 3
+    assert set(trainer.evaluate()) == {"loss", "accuracy"}
+
+
+def test_custom_task_returning_something_else_is_a_user_error(tmp_path: Path) -> None:
+    module = tmp_path / "broken_task.py"
+    module.write_text("def make():\n    return {'model': None}\n\ndef other():\n    return 3\n")
+    with pytest.raises(TaskError, match="lacks test, train"):
+        get_task(f"{module}:make")
+    with pytest.raises(TaskError, match="returned int"):
+        get_task(f"{module}:other")
+    with pytest.raises(TaskError, match="no such file"):
+        get_task(f"{tmp_path}/nothing.py:make")
 
 
 @pytest.mark.slow
@@ -30,7 +94,7 @@ def test_digits_mlp_reaches_95_percent() -> None:
                                              ({"binary": True, "n_samples": 5000}, 2.0)])
 def test_logreg_reaches_its_optimum_within_1e3(options: dict, lr: float) -> None:
     config = TrainerConfig(dtype="float64", lr=lr, batch_size=0, device="cpu")
-    metrics = train_alone("logreg", config, 300, **options)
+    metrics = train_alone("logreg", config, 100, **options)
     assert 0 <= metrics["optimality_gap"] <= 1e-3
 
 

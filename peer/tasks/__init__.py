@@ -20,6 +20,7 @@ simulator's hundreds of peers share one copy of the data):
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -95,7 +96,8 @@ def _load_custom(spec: str) -> Callable[..., Any]:
             path = Path(module_part)
             if not path.is_file():
                 raise TaskError(f"custom task {spec!r}: no such file {path}")
-            module_name = f"hivemesh_custom_task_{abs(hash(str(path.resolve())))}"
+            digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
+            module_name = f"hivemesh_custom_task_{digest}"
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             if module_spec is None or module_spec.loader is None:
                 raise TaskError(f"custom task {spec!r}: cannot load {path}")
