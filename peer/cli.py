@@ -22,9 +22,6 @@ COMMAND_MODULES = (
     "peer.cmd_demo",
     "peer.cmd_topology",
     "peer.cmd_init",
-    "peer.cmd_peer",
-    "peer.cmd_keygen",
-    "peer.cmd_roster",
 )
 
 
