@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "peer.cmd_demo",
     "peer.cmd_topology",
     "peer.cmd_init",
+    "peer.cmd_keygen",
+    "peer.cmd_roster",
 )
 
 
