@@ -10,8 +10,11 @@ from collections.abc import Callable, Sequence
 
 from protocols.compress.base import Compressor
 from protocols.compress.casts import BFloat16, Float16, Identity
+from protocols.compress.powersgd import PowerSGD
+from protocols.compress.qsgd import QSGD
+from protocols.compress.randomk import RandomK
 from protocols.compress.sign import ScaledSign
-from protocols.compress.spec import SpecError, SpecValue, parse_spec, take_float
+from protocols.compress.spec import SpecError, SpecValue, parse_spec, take_bool, take_float, take_int
 from protocols.compress.topk import TopK, TopKApprox
 
 Shapes = Sequence[tuple[int, ...]] | None
@@ -42,6 +45,20 @@ def _topk_approx(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
     return TopKApprox(fraction=take_float(options, "fraction", 0.01), slack=take_float(options, "slack", 0.1))
 
 
+def _qsgd(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
+    return QSGD(bits=take_int(options, "bits", 8))
+
+
+def _randomk(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
+    fraction = take_float(options, "fraction", 0.01)
+    return RandomK(fraction=fraction, unbiased=take_bool(options, "unbiased", False))
+
+
+def _powersgd(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
+    frozen = None if shapes is None else tuple(tuple(int(d) for d in shape) for shape in shapes)
+    return PowerSGD(rank=take_int(options, "rank", 4), shapes=frozen)
+
+
 REGISTRY: dict[str, Factory] = {
     "identity": _identity,
     "fp16": _fp16,
@@ -49,6 +66,9 @@ REGISTRY: dict[str, Factory] = {
     "topk": _topk,
     "topk-approx": _topk_approx,
     "sign": _sign,
+    "qsgd": _qsgd,
+    "randomk": _randomk,
+    "powersgd": _powersgd,
 }
 
 
