@@ -3,8 +3,11 @@
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from topology import GraphError, Topology, build
+from topology import GraphError, Topology, build, from_graph
+from topology.analysis import consensus_rate
 
 EVERY_SPEC = [
     "ring:16", "torus:4x4", "torus:3x5", "complete:8", "star:8", "hypercube:16", "exponential:32",
@@ -99,3 +102,19 @@ def test_mixing_matrices_are_read_only_and_unknown_members_are_named() -> None:
         topology.mixing(0)[0, 0] = 2.0
     with pytest.raises(GraphError, match="unknown member 'zed'"):
         topology.in_neighbours("zed")
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 24), probability=st.floats(0.05, 1.0), graph_seed=st.integers(0, 2**32 - 1),
+       x_seed=st.integers(0, 2**32 - 1), weights=st.sampled_from(["metropolis", "max-degree"]))
+def test_any_connected_graph_gives_a_contraction_towards_the_mean(
+        n: int, probability: float, graph_seed: int, x_seed: int, weights: str) -> None:
+    graph = nx.relabel_nodes(nx.gnp_random_graph(n, probability, seed=graph_seed), lambda i: f"m{i:02d}")
+    assume(nx.is_connected(graph))
+    topology = from_graph(graph, weights=weights)
+    _assert_valid(topology)
+    x = np.random.default_rng(x_seed).standard_normal(n)
+    mixed = topology.mixing(0) @ x
+    assert mixed.mean() == pytest.approx(x.mean(), abs=1e-12)
+    # One round shrinks disagreement by at least |lambda_2| (W - J/n has spectral norm |lambda_2|).
+    assert np.linalg.norm(mixed - x.mean()) <= consensus_rate(topology) * np.linalg.norm(x - x.mean()) + 1e-12

@@ -27,7 +27,7 @@ class Topology:
     family). ``graph`` is the union over the period, with node attributes
     (``speed``, ``role``) and edge attributes (``latency_ms``,
     ``bandwidth_mbps``, ``loss``) when the source gave them, and the mixing
-    ``weight`` on each edge.
+    ``weight`` on each edge. The graph is frozen (``graph.copy()`` to edit).
     """
 
     names: tuple[str, ...]
@@ -42,7 +42,11 @@ class Topology:
     def __post_init__(self) -> None:
         if list(self.names) != sorted(set(self.names)):
             raise GraphError("topology member names must be unique and sorted")
+        if set(self.graph.nodes) != set(self.names) or self.graph.is_directed() != self.directed:
+            raise GraphError("a topology's graph must have exactly the member names as nodes "
+                             "and the same directedness")
         validate_schedule(self.schedule, self.names, directed=self.directed)
+        nx.freeze(self.graph)  # shared by every reader; copy() it to change it
         frozen = []
         for matrix in self.schedule:
             copy = np.array(matrix, dtype=np.float64, copy=True)
