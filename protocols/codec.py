@@ -404,6 +404,8 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
             raise _Reject("bad_dtype", f"tensor {name[:40]!r}: dtype {dtype_name[:20]!r} not allowed")
         if len(shape) > 32 or not all(_is_count(dim) for dim in shape):
             raise _Reject("malformed_header", f"tensor {name[:40]!r}: bad shape")
+        if any(dim > policy.max_elements for dim in shape):  # even beside a 0, torch can't shape it
+            raise _Reject("too_many_elements", f"tensor {name[:40]!r}: a dimension > {policy.max_elements}")
         if not (_is_count(nbytes) and _is_count(nframes)):
             raise _Reject("malformed_header", f"tensor {name[:40]!r}: bad byte or frame count")
         if name in names:
