@@ -27,7 +27,7 @@ def test_show_prints_a_table_by_default(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_show_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "g.png"
-    assert main(["topology", "show", "torus:8x8", "--plot", str(path)]) == 0
+    assert main(["topology", "show", "torus:4x4", "--plot", str(path)]) == 0
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     assert f"plot written to {path}" in capsys.readouterr().out

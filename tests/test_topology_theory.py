@@ -1,9 +1,11 @@
 """The topology maths held to theory: convergence rates, closed-form gaps, exact one-peer averaging."""
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from topology import build
 from topology.analysis import (
@@ -15,6 +17,13 @@ from topology.analysis import (
     spectral_gap,
     summary,
 )
+
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    # Small matrix products with several BLAS threads on a shared 2-core machine spin for seconds.
+    with threadpool_limits(limits=1):
+        yield
 
 
 def _fitted_log_rate(w: np.ndarray, seed: int) -> float:
