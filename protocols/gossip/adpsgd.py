@@ -1,0 +1,270 @@
+"""Asynchronous pairwise gossip, AD-PSGD style (Lian et al. 2018): no global barrier.
+
+Iteration ``k`` of peer i: pick one neighbour j with the counter-based RNG
+(keyed by seed, i, k), send it ``x_i`` asking for a reply (push-pull), run H
+local steps, and when both the steps and j's reply are in, apply
+``x_i += (x_j - x_i_sent) / 2``. Peer j answers a request the moment it
+arrives, even in the middle of its own local steps, with its *public* value
+(its parameters at the start of its work, plus the pairwise averages done
+since), and applies its half ``(x_i - x_j_public) / 2`` to the public value at
+once and to its parameters when its work is done. Each pairwise average is
+thus atomic and conserves the pair's sum, and a slow peer never blocks the
+others: it only answers later *requests* of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from protocols.compress import BadParts
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    ProtocolState,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    StartWork,
+    TimerFired,
+    WorkDone,
+)
+from protocols.gossip.base import MachineBase
+from protocols.gossip.rounds import Phase
+from protocols.messages import ParamPush
+from protocols.rng import derive_seed
+
+
+class ADPSGD(MachineBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.topology.directed:
+            raise ValueError("algorithm 'adpsgd' averages pairs both ways: it needs an undirected graph")
+        self.phase = Phase.IDLE
+        self.round = 0  # iterations started
+        self.round_steps = 0
+        self.training_over = False
+        self.final_done = 0
+        self.start_s: float | None = None
+        self.timer_set = False
+        self.down: set[str] = set()
+        self.public: torch.Tensor | None = None  # while WORKING: our value for pairwise averages
+        self.correction: torch.Tensor | None = None  # while WORKING: averages to apply at WorkDone
+        self.request: tuple[str, int] | None = None  # (partner, iteration) awaiting a reply
+        self.sent: torch.Tensor | None = None  # what the outstanding request carried (decoded)
+        self.own_step_norm = 0.0
+
+    # ------------------------------------------------------------ events
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        match event:
+            case Start():
+                if self.phase is Phase.IDLE:
+                    self.start_s = now
+                    return self._begin(now)
+                if self.phase is Phase.FINISHED:
+                    return [Finished()]
+                # restarted mid-iteration: the partner may have averaged already, so
+                # re-sending would average twice; give the exchange up instead.
+                self.counters["restarted"] += 1
+                return self._give_up(now)
+            case WorkDone():
+                if self.phase is not Phase.WORKING:
+                    self.counters["unexpected_event"] += 1
+                    return []
+                return self._work_finished(now)
+            case Received(sender=sender, message=ParamPush() as message):
+                if sender == self.name or sender not in self._neighbours(message.round, live_only=False):
+                    self.counters["not_neighbour"] += 1
+                    return []
+                if message.want_reply:
+                    return self._on_request(sender, message)
+                return self._on_reply(sender, message, now)
+            case Received():
+                self.counters["unexpected_message"] += 1
+                return []
+            case TimerFired(key=key):
+                if self.phase is Phase.WAITING and key == self._timer_key():
+                    self.timer_set = False
+                    self.counters["missed_deadline"] += 1
+                    self.request, self.sent = None, None
+                    return self._end_iteration(now)
+                return []
+            case NeighbourDown(name=who):
+                self.down.add(who)
+                if self.request is not None and self.request[0] == who:
+                    return self._give_up(now)
+                return []
+            case NeighbourUp(name=who):
+                self.down.discard(who)
+                return []
+        raise TypeError(f"not an event: {event!r}")
+
+    def _give_up(self, now: float) -> list[Action]:
+        if self.request is None:
+            return []
+        self.counters["missed_deadline"] += 1
+        self.request, self.sent = None, None
+        if self.phase is Phase.WAITING:
+            return self._cancel_timer() + self._end_iteration(now)
+        return []
+
+    # ------------------------------------------------------------ iterations
+
+    def _neighbours(self, k: int, *, live_only: bool = True) -> list[str]:
+        names = {*self.topology.in_neighbours(self.name, k), *self.topology.out_neighbours(self.name, k)}
+        return sorted(j for j in names if not (live_only and j in self.down))
+
+    def _partner(self, k: int) -> str | None:
+        candidates = self._neighbours(k)
+        if not candidates:
+            return None
+        return candidates[derive_seed(self.seed, self.name, k, "adpsgd-partner") % len(candidates)]
+
+    def _begin(self, now: float) -> list[Action]:
+        if self.steps_done >= self.config.total_steps or (
+                self.config.duration_s > 0 and self.start_s is not None
+                and now - self.start_s >= self.config.duration_s):
+            self.training_over = True
+        if self.training_over:
+            if self.final_done >= self.config.final_gossip_rounds:
+                self.phase = Phase.FINISHED
+                return [Finished()]
+            self.final_done += 1
+            self.round_steps = 0
+        else:
+            self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
+        actions: list[Action] = []
+        partner = self._partner(self.round)
+        if partner is not None:
+            tensors, meta, self.sent = self.payload.encode(self.params, self.round)
+            self.request = (partner, self.round)
+            actions.append(Send((partner,), ParamPush(round=self.round, tensors=tensors, meta=meta,
+                                                      want_reply=True)))
+        if self.round_steps:
+            self.phase = Phase.WORKING
+            self.public = self.params.detach().clone()
+            self.correction = torch.zeros_like(self.params)
+            actions.append(StartWork(self.round_steps))
+            return actions
+        self.own_step_norm = 0.0
+        return actions + self._work_finished(now)
+
+    def _work_finished(self, now: float) -> list[Action]:
+        if self.public is not None and self.correction is not None:
+            start = self.public - self.correction  # our value when the work began
+            self.own_step_norm = float(torch.linalg.vector_norm(self.params - start))
+            self.params.add_(self.correction)
+            self.public, self.correction = None, None
+        self.phase = Phase.WAITING
+        if self.request is None:
+            return self._end_iteration(now)
+        self.timer_set = True
+        return [SetTimer(self._timer_key(), now + self.config.deadline_s)]
+
+    def _end_iteration(self, now: float) -> list[Action]:
+        self.steps_done += self.round_steps
+        self.round += 1
+        self._outer_step()
+        return [Metric("round", float(self.round)), *self._begin(now)]
+
+    def _timer_key(self) -> str:
+        return f"adpsgd-reply:{self.round}"
+
+    def _cancel_timer(self) -> list[Action]:
+        if not self.timer_set:
+            return []
+        self.timer_set = False
+        return [CancelTimer(self._timer_key())]
+
+    # ------------------------------------------------------------ pairwise averages
+
+    def _apply_half(self, theirs: torch.Tensor, mine: torch.Tensor) -> None:
+        change = (theirs - mine).mul_(0.5)
+        if self.phase is Phase.WORKING:
+            assert self.public is not None and self.correction is not None
+            self.public.add_(change)
+            self.correction.add_(change)
+        else:
+            self.params.add_(change)
+
+    def _screened(self, sender: str, message: ParamPush, mine: torch.Tensor) -> torch.Tensor | None:
+        try:
+            theirs = self.payload.decode(message.tensors, message.meta)
+        except BadParts as error:
+            self.counters["rejected_update"] += 1
+            self.counters[f"rejected_{error.reason}"] += 1
+            return None
+        norm = float(torch.linalg.vector_norm(theirs - mine))
+        return theirs if self._screen([norm], self.own_step_norm)[0] else None
+
+    def _on_request(self, sender: str, message: ParamPush) -> list[Action]:
+        mine = self.public if self.phase is Phase.WORKING else self.params
+        assert mine is not None
+        theirs = self._screened(sender, message, mine)
+        if theirs is None:
+            return []
+        tensors, meta, mine_sent = self.payload.encode(mine, message.round)
+        self._apply_half(theirs, mine_sent)
+        self.counters["requests_served"] += 1
+        return [Send((sender,), ParamPush(round=message.round, tensors=tensors, meta=meta))]
+
+    def _on_reply(self, sender: str, message: ParamPush, now: float) -> list[Action]:
+        if self.request != (sender, message.round) or self.sent is None:
+            self.counters["stale_message"] += 1
+            return []
+        theirs = self._screened(sender, message, self.sent)
+        if theirs is not None:
+            self._apply_half(theirs, self.sent)
+        self.request, self.sent = None, None
+        if self.phase is Phase.WAITING:
+            return self._cancel_timer() + self._end_iteration(now)
+        return []
+
+    # ------------------------------------------------------------ checkpoints
+
+    def export_state(self) -> ProtocolState:
+        tensors, meta = self._export_common()
+        for key, value in (("public", self.public), ("correction", self.correction), ("sent", self.sent)):
+            if value is not None:
+                tensors[f"adpsgd/{key}"] = value.clone()
+        meta.update({
+            "phase": self.phase.value,
+            "round": self.round,
+            "round_steps": self.round_steps,
+            "training_over": self.training_over,
+            "final_done": self.final_done,
+            "start_s": self.start_s,
+            "timer_set": self.timer_set,
+            "down": sorted(self.down),
+            "request": None if self.request is None else list(self.request),
+            "own_step_norm": self.own_step_norm,
+        })
+        return tensors, meta
+
+    def restore_state(self, state: ProtocolState) -> None:
+        tensors, meta = self._restore_common(state)
+
+        def optional(key: str) -> torch.Tensor | None:
+            value = tensors.get(f"adpsgd/{key}")
+            return None if value is None else value.clone()
+
+        self.public, self.correction, self.sent = optional("public"), optional("correction"), optional("sent")
+        self.phase = Phase(meta["phase"])
+        self.round = int(meta["round"])
+        self.round_steps = int(meta["round_steps"])
+        self.training_over = bool(meta["training_over"])
+        self.final_done = int(meta["final_done"])
+        self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
+        self.timer_set = bool(meta["timer_set"])
+        self.down = set(meta["down"])
+        request = meta["request"]
+        self.request = None if request is None else (str(request[0]), int(request[1]))
+        self.own_step_norm = float(meta["own_step_norm"])

@@ -1,0 +1,140 @@
+"""What every gossip machine shares: counters reported as metrics, the insider filter,
+the optional outer optimiser, buffered messages in checkpoints, and the Topology it reads.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from protocols.events import Action, Event, Metric, ProtocolState
+from protocols.gossip.config import GossipConfig
+from protocols.gossip.diloco import OuterNesterov
+from protocols.gossip.payload import Payload
+from protocols.gossip.robust import NormFilter
+from protocols.messages import ParamPush
+
+
+class GraphView(Protocol):
+    """The part of ``topology.Topology`` a machine reads (W_t rows and columns by name)."""
+
+    names: tuple[str, ...]
+    directed: bool
+    period: int
+
+    def in_neighbours(self, name: str, t: int) -> dict[str, float]: ...
+
+    def out_neighbours(self, name: str, t: int) -> dict[str, float]: ...
+
+    def self_weight(self, name: str, t: int) -> float: ...
+
+
+class MachineBase:
+    """Shared plumbing; subclasses implement ``_dispatch`` and their own state."""
+
+    def __init__(self, config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
+                 seed: int) -> None:
+        if name not in topology.names:
+            raise ValueError(f"{name!r} is not a member of the topology ({len(topology.names)} members)")
+        if params.dim() != 1 or not params.is_floating_point():
+            raise ValueError(f"params must be the trainer's flat 1-D float tensor, got {tuple(params.shape)}")
+        self.config = config
+        self.name = name
+        self.topology = topology
+        self.params = params
+        self.seed = seed
+        self.payload = Payload(config.compression, numel=params.numel(), dtype=params.dtype, seed=seed,
+                               name=name)
+        self.filter = NormFilter(config.norm_multiple)
+        self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
+                                    every=config.outer_every) if config.outer == "diloco" else None)
+        self.counters: Counter[str] = Counter()
+        self.steps_done = 0
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Feed one event; returns the actions to carry out, in order (counter changes last)."""
+        before = dict(self.counters)
+        actions = self._dispatch(event, now)
+        for key in sorted(self.counters):
+            if self.counters[key] != before.get(key, 0):
+                actions.append(Metric(key, float(self.counters[key])))
+        return actions
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ helpers
+
+    def _count(self, key: str, n: int = 1) -> None:
+        if n:
+            self.counters[key] += n
+
+    def _screen(self, norms: Sequence[float], own_norm: float) -> list[bool]:
+        verdict = self.filter.screen(norms, own_norm)
+        self._count("rejected_update", verdict.count(False))
+        return verdict
+
+    def _outer_step(self) -> bool:
+        """Run the outer optimiser after a round; True when it replaced the parameters."""
+        return self.outer is not None and self.outer.after_round(self.steps_done, self.params)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _export_common(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors: dict[str, torch.Tensor] = {}
+        meta: dict[str, Any] = {
+            "algorithm": self.config.algorithm,
+            "name": self.name,
+            "steps_done": self.steps_done,
+            "counters": dict(sorted(self.counters.items())),
+            "norm_history": self.filter.export(),
+        }
+        if self.outer is not None:
+            outer_tensors, outer_meta = self.outer.export()
+            tensors.update(outer_tensors)
+            meta.update(outer_meta)
+        return tensors, meta
+
+    def _restore_common(self, state: ProtocolState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, meta = state
+        if meta.get("algorithm") != self.config.algorithm or meta.get("name") != self.name:
+            raise ValueError(f"protocol state of {meta.get('algorithm')!r}/{meta.get('name')!r} cannot be "
+                             f"restored into {self.config.algorithm!r}/{self.name!r}")
+        self.steps_done = int(meta["steps_done"])
+        self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
+        self.filter.restore(meta["norm_history"])
+        if self.outer is not None:
+            self.outer.restore(dict(tensors), meta)
+        return dict(tensors), dict(meta)
+
+
+# ------------------------------------------------------------ messages in checkpoints
+
+
+def export_messages(prefix: str, entries: Sequence[tuple[str, ParamPush]],
+                    tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """Buffered (sender, message) pairs as JSON entries plus tensors named ``prefix/i/name``."""
+    out: list[dict[str, Any]] = []
+    for i, (sender, message) in enumerate(entries):
+        names = sorted(message.tensors)
+        for tname in names:
+            tensors[f"{prefix}/{i}/{tname}"] = message.tensors[tname].clone()
+        out.append({"sender": sender, "round": message.round, "meta": dict(message.meta),
+                    "want_reply": message.want_reply, "tensors": names})
+    return out
+
+
+def restore_messages(prefix: str, entries: Sequence[Mapping[str, Any]],
+                     tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, ParamPush]]:
+    out: list[tuple[str, ParamPush]] = []
+    for i, entry in enumerate(entries):
+        message = ParamPush(round=int(entry["round"]),
+                            tensors={t: tensors[f"{prefix}/{i}/{t}"].clone() for t in entry["tensors"]},
+                            meta=dict(entry["meta"]), want_reply=bool(entry["want_reply"]))
+        out.append((str(entry["sender"]), message))
+    return out

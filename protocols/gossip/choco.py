@@ -1,0 +1,68 @@
+"""CHOCO-SGD (Koloskova et al. 2019): compressed gossip through public copies.
+
+Every peer keeps ``x_hat_i``, the public copy of itself that its neighbours
+also hold, and ``s_i = sum_j W_ij x_hat_j`` (itself included), so memory is two
+vectors whatever the degree. Round ``t``:
+
+  q_i = C(x_i - x_hat_i)           sent to the neighbours; x_hat_i += q_i; s_i += W_ii q_i
+  H local steps                    x_i <- x_i - lr g
+  s_i += sum_j W_ij q_j            for every received q_j (sorted by sender)
+  x_i += gamma (s_i - x_hat_i)     the consensus step
+
+The compression error is not lost: it stays in ``x_i - x_hat_i`` and is sent
+in later rounds (error feedback by construction). A ``q_j`` that arrives after
+its round closed is still added at the next mix, so the neighbours' views of
+``x_hat_j`` never drift apart. The ``s_i`` form needs a static graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from protocols.events import Send
+from protocols.gossip.rounds import Candidate, RoundMachine
+from protocols.messages import ParamPush
+
+
+class Choco(RoundMachine):
+    KEEPS_LATE = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.topology.directed or self.topology.period != 1:
+            raise ValueError("algorithm 'choco' needs a static undirected graph (symmetric W, period 1)")
+        self.x_hat = torch.zeros_like(self.params)
+        self.neighbour_sum = torch.zeros_like(self.params)  # s_i = sum_j W_ij x_hat_j, self included
+        self.own_q_norm = 0.0
+
+    def _round_messages(self, t: int) -> list[Send]:
+        tensors, meta, q = self.payload.encode(self.params - self.x_hat, t)
+        self.x_hat.add_(q)
+        self.neighbour_sum.add_(q, alpha=self.topology.self_weight(self.name, t))
+        self.own_q_norm = float(torch.linalg.vector_norm(q))
+        recipients = tuple(sorted(self.topology.out_neighbours(self.name, t)))
+        return [Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta))] if recipients else []
+
+    def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
+        q_j = self.payload.decode(message.tensors, message.meta)
+        return q_j, float(torch.linalg.vector_norm(q_j))
+
+    def _own_norm(self) -> float:
+        return self.own_q_norm
+
+    def _mix(self, t: int, accepted: list[Candidate]) -> None:
+        for sender, r, q_j in accepted:
+            self.neighbour_sum.add_(q_j, alpha=self.topology.in_neighbours(self.name, r)[sender])
+        self.params.add_(self.neighbour_sum - self.x_hat, alpha=self.config.consensus_step)
+
+    def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        tensors["choco/x_hat"] = self.x_hat.clone()
+        tensors["choco/neighbour_sum"] = self.neighbour_sum.clone()
+        meta["choco_own_q_norm"] = self.own_q_norm
+
+    def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        self.x_hat.copy_(tensors["choco/x_hat"])
+        self.neighbour_sum.copy_(tensors["choco/neighbour_sum"])
+        self.own_q_norm = float(meta["choco_own_q_norm"])

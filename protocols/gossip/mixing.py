@@ -1,0 +1,64 @@
+"""The mixing maths as small pure functions over flat tensors.
+
+Neighbours are always summed in sorted name order (callers pass them sorted),
+never in arrival order, so two drivers produce the same floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def gossip_correction(x: torch.Tensor, sent: torch.Tensor,
+                      received: Sequence[tuple[float, torch.Tensor]]) -> None:
+    """D-PSGD in place: ``x += sum_j W_ij (x_j - sent)``, neighbours in the order given.
+
+    ``x`` holds the peer's parameters after its local steps and ``sent`` the
+    vector it sent at the start of the round, so with every neighbour present
+    this is ``x <- W x_sent - lr * g``. A neighbour left out keeps its weight
+    on ``sent``: the missing weight is renormalised into the self weight.
+    """
+    total = 0.0
+    for weight, x_j in received:
+        x.add_(x_j, alpha=weight)
+        total += weight
+    if total:
+        x.add_(sent, alpha=-total)
+
+
+def weighted_sum_into(out: torch.Tensor, terms: Sequence[tuple[float, torch.Tensor]]) -> None:
+    """``out += sum_k a_k t_k`` in the order given."""
+    for weight, t in terms:
+        out.add_(t, alpha=weight)
+
+
+def pairwise_half(target: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """AD-PSGD's share of a pairwise average: ``target += (theirs - mine) / 2``; returns the change."""
+    change = (theirs - mine).mul_(0.5)
+    target.add_(change)
+    return change
+
+
+def nesterov_outer_step(params: torch.Tensor, anchor: torch.Tensor, momentum_buffer: torch.Tensor, *,
+                        lr: float, momentum: float) -> None:
+    """DiLoCo's outer step, in place, as ``torch.optim.SGD(nesterov=True)`` does it.
+
+    pseudo-gradient ``d = anchor - params``; ``m <- momentum * m + d``;
+    ``anchor <- anchor - lr * (d + momentum * m)``; ``params <- anchor``.
+    """
+    delta = anchor - params
+    momentum_buffer.mul_(momentum).add_(delta)
+    anchor.sub_(delta.add_(momentum_buffer, alpha=momentum), alpha=lr)
+    params.copy_(anchor)
+
+
+def consensus_distance(vectors: Sequence[torch.Tensor]) -> float:
+    """``max_i ||x_i - mean|| / ||mean||``: how far the peers are from agreeing (0 = consensus)."""
+    if not vectors:
+        raise ValueError("consensus_distance of no vectors")
+    stacked = torch.stack([v.detach().to(torch.float64) for v in vectors])
+    mean = stacked.mean(dim=0)
+    spread = (stacked - mean).norm(dim=1).max()
+    return float(spread / mean.norm().clamp_min(torch.finfo(torch.float64).tiny))

@@ -1,0 +1,63 @@
+"""A flat parameter-like vector <-> the tensors/meta of a ParamPush, through the configured operator.
+
+``identity`` travels as the raw tensor in the parameters' own dtype (no copy
+through float32, so a float64 run stays exact); every other spec goes through
+``protocols.compress`` (``from_spec``, ``pack``/``unpack``). Decoding checks the
+length and rejects non-finite values with ``BadParts``, so nothing malformed
+reaches the mixing maths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from protocols.compress import BadParts, Compressor, RngKey, from_spec, pack, unpack
+from protocols.messages import Scalar
+
+RAW = "x"  # the tensor name of an uncompressed vector
+PREFIX = "q"  # the pack prefix of a compressed vector
+
+
+class Payload:
+    """Encoder/decoder for one peer's vectors of ``numel`` elements of ``dtype``."""
+
+    def __init__(self, spec: str, *, numel: int, dtype: torch.dtype, seed: int, name: str) -> None:
+        self.numel = numel
+        self.dtype = dtype
+        self._seed = seed
+        self._name = name
+        self._compressor: Compressor | None = None if spec.strip() == "identity" else from_spec(spec)
+
+    def encode(self, x: torch.Tensor, round_index: int) -> tuple[dict[str, torch.Tensor], dict[str, Scalar],
+                                                                   torch.Tensor]:
+        """(tensors, meta) for the message, and the vector the receivers will decode (a fresh tensor).
+
+        The returned tensors are never modified afterwards by the machine, so a
+        driver may send them without copying.
+        """
+        if self._compressor is None:
+            sent = x.detach().clone()
+            return {RAW: sent}, {}, sent
+        compressed = self._compressor.compress(x.detach(), RngKey(self._seed, self._name, round_index))
+        tensors, meta = pack(compressed, PREFIX)
+        decoded = self._compressor.decompress(compressed).to(self.dtype)
+        return tensors, meta, decoded
+
+    def decode(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar]) -> torch.Tensor:
+        """The received vector in our dtype; raises BadParts(reason) when it must not be applied."""
+        if self._compressor is None:
+            x = tensors.get(RAW)
+            if x is None:
+                raise BadParts("missing_part", RAW)
+            if x.dim() != 1 or x.numel() != self.numel:
+                raise BadParts("wrong_length", f"{tuple(x.shape)}, expected ({self.numel},)")
+            if not x.is_floating_point():
+                raise BadParts("wrong_dtype", str(x.dtype))
+            x = x.to(self.dtype)
+        else:
+            x = self._compressor.decompress(unpack(tensors, meta, PREFIX, self.numel)).to(self.dtype)
+        if not bool(torch.isfinite(x).all()):
+            raise BadParts("nonfinite", "NaN or Inf in a received vector")
+        return x

@@ -1,0 +1,304 @@
+"""Synchronous gossip rounds with deadlines: the skeleton D-PSGD, local SGD, CHOCO and push-sum share.
+
+A round ``t``:
+
+1. the machine sends its message for round ``t`` to its out-neighbours of
+   ``W_t`` (built from the parameters *before* the local steps, so sending
+   overlaps computing and D-PSGD is exactly ``x <- W x - lr g(x)``), then
+   asks for ``H`` local steps (``StartWork``);
+2. on ``WorkDone`` it waits for the round-``t`` message of every in-neighbour
+   of ``W_t``, with a deadline (``SetTimer``) of ``deadline_s``;
+3. with all of them (or when the deadline fires: the missing ones are left
+   out, their weight renormalised into the self weight, and
+   ``missed_deadline`` counted) it screens and mixes them, in sorted name
+   order, and starts round ``t + 1``.
+
+After ``total_steps`` local steps (or ``duration_s``), ``final_gossip_rounds``
+rounds without local work drive the peers to consensus; then ``Finished``.
+Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
+for rounds already closed are dropped (``stale_message``), except by
+algorithms whose sums stay right when a message is applied late (push-sum's
+mass, CHOCO's public copies), which apply them at their next mix
+(``late_message``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import torch
+
+from protocols.compress import BadParts
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    ProtocolState,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    StartWork,
+    TimerFired,
+    WorkDone,
+)
+from protocols.gossip.base import MachineBase, export_messages, restore_messages
+from protocols.messages import ParamPush
+
+
+class Phase(Enum):
+    IDLE = "idle"  # before Start
+    WORKING = "working"  # StartWork issued: the parameters belong to the trainer until WorkDone
+    WAITING = "waiting"  # work done, waiting for neighbours (a deadline timer is set)
+    FINISHED = "finished"
+
+
+Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
+
+
+class RoundMachine(MachineBase):
+    """The round/deadline/buffer state machine; subclasses supply the maths."""
+
+    KEEPS_LATE = False  # True: a message for a closed round is applied at the next mix
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.phase = Phase.IDLE
+        self.round = 0
+        self.round_steps = 0  # local steps of the current round (0 in a gossip-only round)
+        self.training_over = False
+        self.final_done = 0  # gossip-only rounds started
+        self.start_s: float | None = None
+        self.timer_set = False
+        self.down: set[str] = set()
+        self.inbox: dict[int, dict[str, ParamPush]] = {}
+        self.late: list[tuple[str, ParamPush]] = []
+        self.last_sends: list[Send] = []  # this round's messages, resent after a restart
+
+    # ------------------------------------------------------------ maths hooks
+
+    def _round_messages(self, t: int) -> list[Send]:
+        """Snapshot what round ``t`` needs and return the Send actions."""
+        raise NotImplementedError
+
+    def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
+        """(payload, norm for the insider filter); raises BadParts."""
+        raise NotImplementedError
+
+    def _own_norm(self) -> float:
+        raise NotImplementedError
+
+    def _mix(self, t: int, accepted: list[Candidate]) -> None:
+        """Mix the accepted candidates (sorted by round, then sender) into the parameters."""
+        raise NotImplementedError
+
+    def _params_replaced(self) -> None:
+        """The outer optimiser overwrote the parameters between rounds."""
+
+    def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        pass
+
+    def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        pass
+
+    # ------------------------------------------------------------ events
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        match event:
+            case Start():
+                return self._on_start(now)
+            case WorkDone():
+                if self.phase is not Phase.WORKING:
+                    self.counters["unexpected_event"] += 1
+                    return []
+                return self._work_finished(now)
+            case Received(sender=sender, message=ParamPush() as message):
+                return self._on_message(sender, message, now)
+            case Received():
+                self.counters["unexpected_message"] += 1
+                return []
+            case TimerFired(key=key):
+                if self.phase is Phase.WAITING and key == self._timer_key():
+                    self.timer_set = False
+                    return self._close_round(now)
+                return []
+            case NeighbourDown(name=who):
+                self.down.add(who)
+                return self._maybe_close(now)
+            case NeighbourUp(name=who):
+                self.down.discard(who)
+                return []
+        raise TypeError(f"not an event: {event!r}")
+
+    def _on_start(self, now: float) -> list[Action]:
+        match self.phase:
+            case Phase.IDLE:
+                self.start_s = now
+                return self._begin_round(now)
+            case Phase.FINISHED:
+                return [Finished()]
+            case _:
+                # restarted from a checkpoint mid-round: resend this round's message
+                # (neighbours that have it count a duplicate) and carry on waiting.
+                self.counters["restarted"] += 1
+                actions: list[Action] = list(self.last_sends)
+                if self.phase is Phase.WAITING:
+                    actions += self._arm_or_close(now)
+                return actions
+
+    def _time_up(self, now: float) -> bool:
+        limit = self.config.duration_s
+        return limit > 0 and self.start_s is not None and now - self.start_s >= limit
+
+    def _begin_round(self, now: float) -> list[Action]:
+        if self.steps_done >= self.config.total_steps or self._time_up(now):
+            self.training_over = True
+        if self.training_over:
+            if self.final_done >= self.config.final_gossip_rounds:
+                self.phase = Phase.FINISHED
+                return [Finished()]
+            self.final_done += 1
+            self.round_steps = 0
+        else:
+            self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
+        self.last_sends = self._round_messages(self.round)
+        actions: list[Action] = list(self.last_sends)
+        if self.round_steps:
+            self.phase = Phase.WORKING
+            actions.append(StartWork(self.round_steps))
+            return actions
+        return actions + self._work_finished(now)
+
+    def _work_finished(self, now: float) -> list[Action]:
+        self.phase = Phase.WAITING
+        return self._arm_or_close(now)
+
+    def _arm_or_close(self, now: float) -> list[Action]:
+        if self._complete():
+            return self._close_round(now)
+        self.timer_set = True
+        return [SetTimer(self._timer_key(), now + self.config.deadline_s)]
+
+    def _maybe_close(self, now: float) -> list[Action]:
+        if self.phase is Phase.WAITING and self._complete():
+            return self._close_round(now)
+        return []
+
+    def _timer_key(self) -> str:
+        return f"gossip-deadline:{self.round}"
+
+    def _expected(self, t: int) -> list[str]:
+        return [j for j in self.topology.in_neighbours(self.name, t) if j not in self.down]
+
+    def _complete(self) -> bool:
+        box = self.inbox.get(self.round, {})
+        return all(j in box for j in self._expected(self.round))
+
+    def _on_message(self, sender: str, message: ParamPush, now: float) -> list[Action]:
+        r = message.round
+        if self.phase is Phase.FINISHED:
+            return []
+        if r < 0 or sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
+            self.counters["not_neighbour"] += 1
+            return []
+        if r < self.round:
+            bound = self.config.max_rounds_ahead * max(1, len(self.topology.in_neighbours(self.name, r)))
+            if self.KEEPS_LATE and len(self.late) < bound:
+                self.late.append((sender, message))
+                self.counters["late_message"] += 1
+            else:
+                self.counters["stale_message"] += 1
+            return []
+        if r > self.round + self.config.max_rounds_ahead:
+            self.counters["dropped_future"] += 1
+            return []
+        box = self.inbox.setdefault(r, {})
+        if sender in box:
+            self.counters["duplicate_message"] += 1
+            return []
+        box[sender] = message
+        if r == self.round:
+            return self._maybe_close(now)
+        return []
+
+    def _close_round(self, now: float) -> list[Action]:
+        t = self.round
+        actions: list[Action] = []
+        if self.timer_set:
+            actions.append(CancelTimer(self._timer_key()))
+            self.timer_set = False
+        box = self.inbox.pop(t, {})
+        self._count("missed_deadline", sum(1 for j in self._expected(t) if j not in box))
+        arrivals = [(j, t, box[j]) for j in sorted(box)]
+        arrivals += sorted(((j, m.round, m) for j, m in self.late), key=lambda c: (c[1], c[0]))
+        self.late = []
+        decoded: list[Candidate] = []
+        norms: list[float] = []
+        for sender, r, message in arrivals:
+            try:
+                payload, norm = self._decode(sender, message)
+            except BadParts as error:
+                self.counters["rejected_update"] += 1
+                self.counters[f"rejected_{error.reason}"] += 1
+                continue
+            decoded.append((sender, r, payload))
+            norms.append(norm)
+        verdict = self._screen(norms, self._own_norm())
+        self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
+        self.steps_done += self.round_steps
+        self.round += 1
+        self.last_sends = []
+        if self._outer_step():
+            self._params_replaced()
+        actions.append(Metric("round", float(self.round)))
+        return actions + self._begin_round(now)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def export_state(self) -> ProtocolState:
+        """Everything needed to continue exactly: round, phase, buffers, and the algorithm's tensors."""
+        tensors, meta = self._export_common()
+        inbox = [(j, m) for r in sorted(self.inbox) for j, m in sorted(self.inbox[r].items())]
+        meta.update({
+            "phase": self.phase.value,
+            "round": self.round,
+            "round_steps": self.round_steps,
+            "training_over": self.training_over,
+            "final_done": self.final_done,
+            "start_s": self.start_s,
+            "timer_set": self.timer_set,
+            "down": sorted(self.down),
+            "inbox": export_messages("inbox", inbox, tensors),
+            "late": export_messages("late", self.late, tensors),
+            "last_sends": [list(a.recipients) for a in self.last_sends],
+            "last_send_messages": export_messages("sent", self._sent_messages(), tensors),
+        })
+        self._export_extra(tensors, meta)
+        return tensors, meta
+
+    def _sent_messages(self) -> list[tuple[str, ParamPush]]:
+        return [("", a.message) for a in self.last_sends if isinstance(a.message, ParamPush)]
+
+    def restore_state(self, state: ProtocolState) -> None:
+        tensors, meta = self._restore_common(state)
+        self.phase = Phase(meta["phase"])
+        self.round = int(meta["round"])
+        self.round_steps = int(meta["round_steps"])
+        self.training_over = bool(meta["training_over"])
+        self.final_done = int(meta["final_done"])
+        self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
+        self.timer_set = bool(meta["timer_set"])
+        self.down = set(meta["down"])
+        self.inbox = {}
+        for sender, message in restore_messages("inbox", meta["inbox"], tensors):
+            self.inbox.setdefault(message.round, {})[sender] = message
+        self.late = restore_messages("late", meta["late"], tensors)
+        messages = restore_messages("sent", meta["last_send_messages"], tensors)
+        self.last_sends = [Send(tuple(recipients), message)
+                           for recipients, (_, message) in zip(meta["last_sends"], messages, strict=True)]
+        self._restore_extra(tensors, meta)
