@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
+# Many small products on a shared 2-core machine: extra BLAS threads only contend.
 torch.set_num_threads(1)
+threadpool_limits(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
