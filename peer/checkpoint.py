@@ -1,0 +1,311 @@
+"""Checkpoints: trainer state, an opaque protocol slot and driver extras, written atomically.
+
+Layout of one checkpoint, a directory ``ckpt-<step, 12 digits>/`` under the checkpoint dir::
+
+    trainer.safetensors    the trainer's tensors (model, buffers, optimizer)
+    protocol.safetensors   the protocol slot's tensors
+    manifest.json          step, the JSON metadata of both slots, ``extra``, and the
+                           size and BLAKE3 digest of every file; plus a digest of itself
+
+It is written into a hidden temporary directory, every file and the directory are
+fsynced, and only then renamed into place (a crash leaves either the old set or the
+new one, never half of one). :func:`load_latest` verifies sizes and digests before
+parsing anything and falls back to the newest checkpoint that verifies, so a torn or
+bit-flipped newest checkpoint costs one interval of work, not the run. Tensors are
+read with safetensors; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from topology.errors import HivemeshError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # manifest format version
+PREFIX = "ckpt-"
+TEMP_PREFIX = ".tmp-ckpt-"
+_NAME = re.compile(r"^ckpt-(\d{12})$")
+TRAINER_FILE = "trainer.safetensors"
+PROTOCOL_FILE = "protocol.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+class CheckpointError(HivemeshError):
+    """No usable checkpoint: every candidate failed verification (the message lists why)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """When to write checkpoints and how many to keep."""
+
+    every_steps: int = 100  # often enough that a crash loses seconds of small-task work; 0 = off
+    every_s: float = 0.0  # a wall-clock interval as well, for slow steps; 0 = off
+    keep: int = 2  # the newest few, so a torn newest one still leaves a good one
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0:
+            raise ValueError(f"every_steps must be >= 0 (0 = off), not {self.every_steps}")
+        if self.every_s < 0 or not math.isfinite(self.every_s):
+            raise ValueError(f"every_s must be a finite number >= 0 (0 = off), not {self.every_s}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be at least 1, not {self.keep}")
+
+
+class CheckpointSchedule:
+    """Says when a checkpoint is due: ``every_steps`` steps or ``every_s`` seconds after the last.
+
+    The first call sets the baseline (a fresh or just-resumed run is not saved at once).
+    Call :meth:`saved` after writing one.
+    """
+
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self._last: tuple[int, float] | None = None
+
+    def should_save(self, step: int, now: float) -> bool:
+        if self._last is None:
+            self._last = (step, now)
+            return False
+        last_step, last_s = self._last
+        by_steps = self.config.every_steps > 0 and step - last_step >= self.config.every_steps
+        by_time = self.config.every_s > 0 and now - last_s >= self.config.every_s
+        return by_steps or by_time
+
+    def saved(self, step: int, now: float) -> None:
+        self._last = (step, now)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One verified checkpoint, as :func:`load_latest` returns it."""
+
+    step: int
+    path: Path
+    trainer_state: dict[str, Any]  # {"tensors": {...}, "meta": {...}}, as Trainer.load_state_dict takes
+    protocol_state: Any  # the form it was saved in: (tensors, meta) or {"tensors", "meta"}
+    extra: Mapping[str, Any]
+    skipped: tuple[tuple[Path, str], ...] = field(default=())  # newer ones that failed, and why
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _split_state(state: Any, what: str) -> tuple[dict[str, torch.Tensor], dict[str, Any], str]:
+    if state is None:
+        return {}, {}, "none"
+    if isinstance(state, tuple) and len(state) == 2:
+        return dict(state[0]), dict(state[1]), "tuple"
+    if isinstance(state, Mapping) and set(state) <= {"tensors", "meta"}:
+        return dict(state.get("tensors", {})), dict(state.get("meta", {})), "mapping"
+    raise TypeError(f"{what} must be (tensors, meta) or {{'tensors': ..., 'meta': ...}}, "
+                    f"not {type(state).__name__}")
+
+
+def _serialise(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    ready: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().cpu().contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in storages and tensor.numel():  # safetensors refuses tensors sharing memory
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        ready[name] = tensor
+    return save_tensors(ready)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _digest(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_blake3"}
+    return _digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state: Any = None, *,
+         extra: Mapping[str, Any] | None = None, step: int | None = None, keep: int = 2) -> Path:
+    """Write a checkpoint atomically and keep only the newest ``keep``; returns its path.
+
+    ``trainer_state`` is :meth:`Trainer.state_dict`; ``protocol_state`` is a machine's
+    ``export_state()`` ((tensors, meta)) or None; ``extra`` is JSON-able driver state.
+    ``step`` defaults to the trainer's step; saving a step again replaces that checkpoint.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, not {keep}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    trainer_tensors, trainer_meta, _ = _split_state(trainer_state, "trainer_state")
+    protocol_tensors, protocol_meta, protocol_form = _split_state(protocol_state, "protocol_state")
+    step = int(trainer_meta.get("step", 0)) if step is None else step
+    if step < 0:
+        raise ValueError(f"step must be >= 0, not {step}")
+    blobs = {TRAINER_FILE: _serialise(trainer_tensors), PROTOCOL_FILE: _serialise(protocol_tensors)}
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "step": step, "trainer_meta": trainer_meta, "protocol_meta": protocol_meta,
+        "protocol_form": protocol_form, "extra": dict(extra or {}),
+        "files": {name: {"bytes": len(data), "blake3": _digest(data)} for name, data in blobs.items()},
+    }
+    manifest["manifest_blake3"] = _manifest_digest(manifest)
+    try:
+        manifest_bytes = json.dumps(manifest, sort_keys=True, indent=1, allow_nan=False).encode()
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"checkpoint metadata must be JSON-able (finite numbers, str, lists, dicts): "
+                        f"{error}") from None
+
+    final = directory / f"{PREFIX}{step:012d}"
+    temp = directory / f"{TEMP_PREFIX}{step:012d}-{os.getpid()}"
+    if temp.exists():
+        shutil.rmtree(temp)
+    temp.mkdir()
+    for name, data in blobs.items():
+        _write_synced(temp / name, data)
+    _write_synced(temp / MANIFEST_FILE, manifest_bytes)
+    _fsync_dir(temp)
+    if final.exists():  # the same step again (e.g. a final save right after a periodic one)
+        old = directory / f"{TEMP_PREFIX}old-{step:012d}-{os.getpid()}"
+        final.rename(old)
+        temp.rename(final)
+        shutil.rmtree(old)
+    else:
+        temp.rename(final)
+    _fsync_dir(directory)
+    _prune(directory, keep)
+    return final
+
+
+def _prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints, and temporaries left by crashed writers."""
+    for stale in directory.glob(f"{TEMP_PREFIX}*"):
+        if not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
+    for _, old in list_checkpoints(directory)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint directory, newest first (unverified)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _NAME.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
+class _Invalid(Exception):
+    """One checkpoint failed verification."""
+
+
+def _read_verified(path: Path, expected: Mapping[str, Any]) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise _Invalid(f"{path.name}: cannot read: {error.strerror}") from None
+    if len(data) != expected.get("bytes"):
+        raise _Invalid(f"{path.name}: {len(data)} bytes, the manifest says {expected.get('bytes')} "
+                       "(truncated?)")
+    if _digest(data) != expected.get("blake3"):
+        raise _Invalid(f"{path.name}: BLAKE3 digest mismatch (corrupted)")
+    return data
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Verify and load one checkpoint directory; raises CheckpointError saying what is wrong."""
+    path = Path(path)
+    try:
+        return _read(path)
+    except _Invalid as error:
+        raise CheckpointError(f"{path}: {error}") from None
+
+
+def _read(path: Path) -> Checkpoint:
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_bytes())
+    except FileNotFoundError:
+        raise _Invalid("no manifest.json (incomplete)") from None
+    except (OSError, ValueError) as error:
+        raise _Invalid(f"manifest.json unreadable: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("manifest_blake3") != _manifest_digest(manifest):
+        raise _Invalid("manifest.json digest mismatch (corrupted)")
+    if manifest.get("format") != FORMAT:
+        raise _Invalid(f"unknown checkpoint format {manifest.get('format')!r}")
+    files = manifest["files"]
+    if set(files) != {TRAINER_FILE, PROTOCOL_FILE}:
+        raise _Invalid(f"manifest lists files {sorted(files)}")
+    loaded: dict[str, dict[str, torch.Tensor]] = {}
+    for name in (TRAINER_FILE, PROTOCOL_FILE):
+        data = _read_verified(path / name, files[name])
+        try:
+            loaded[name] = load_tensors(data)
+        except (SafetensorError, ValueError) as error:
+            raise _Invalid(f"{name}: not valid safetensors: {error}") from None
+    protocol_tensors, protocol_meta = loaded[PROTOCOL_FILE], manifest["protocol_meta"]
+    form = manifest["protocol_form"]
+    protocol_state: Any = (None if form == "none" else (protocol_tensors, protocol_meta) if form == "tuple"
+                           else {"tensors": protocol_tensors, "meta": protocol_meta})
+    return Checkpoint(step=int(manifest["step"]), path=path,
+                      trainer_state={"tensors": loaded[TRAINER_FILE], "meta": manifest["trainer_meta"]},
+                      protocol_state=protocol_state, extra=manifest["extra"])
+
+
+def load_latest(directory: str | Path) -> Checkpoint | None:
+    """The newest checkpoint that verifies; None when there is none at all.
+
+    Newer ones that fail verification are skipped (logged, and listed in ``skipped``);
+    if every one fails, raises CheckpointError listing the reasons rather than
+    silently starting from scratch.
+    """
+    skipped: list[tuple[Path, str]] = []
+    for _, path in list_checkpoints(directory):
+        try:
+            checkpoint = _read(path)
+        except _Invalid as error:
+            log.warning("checkpoint %s is unusable (%s); trying the previous one", path, error)
+            skipped.append((path, str(error)))
+            continue
+        return Checkpoint(step=checkpoint.step, path=path, trainer_state=checkpoint.trainer_state,
+                          protocol_state=checkpoint.protocol_state, extra=checkpoint.extra,
+                          skipped=tuple(skipped))
+    if skipped:
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(f"no usable checkpoint in {directory}: {reasons}")
+    return None
