@@ -44,15 +44,17 @@ def levels(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
-def _decode_table(bits: int, scale: float) -> torch.Tensor:
-    """(256, 8 // bits) float32: the values the codes in each byte decode to; NaN for invalid codes."""
+def _level_table(bits: int) -> torch.Tensor:
+    """(256, 8 // bits) float64: the signed levels the codes in each byte stand for; NaN if invalid."""
     s = levels(bits)
-    per_byte = 8 // bits
     byte = torch.arange(256)
-    codes = torch.stack([(byte >> (bits * j)) & ((1 << bits) - 1) for j in range(per_byte)], dim=1)
-    values = (codes - s).to(torch.float64) * scale
-    values[codes > 2 * s] = float("nan")
-    return values.to(torch.float32)
+    codes = torch.stack([(byte >> (bits * j)) & ((1 << bits) - 1) for j in range(8 // bits)], dim=1)
+    table = (codes - s).to(torch.float64)
+    table[codes > 2 * s] = float("nan")
+    return table
+
+
+_LEVEL_TABLES = {bits: _level_table(bits) for bits in BITS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +134,7 @@ class QSGD:
             for start, stop in chunks(c.numel):
                 torch.mul(packed[start:stop], step, out=out[start:stop]).sub_(s * step)
             return out
-        table = _decode_table(self.bits, step)
+        table = (_LEVEL_TABLES[self.bits] * step).to(torch.float32)
         out = torch.empty(packed.numel() * per_byte, dtype=torch.float32)
         rows = out.view(-1, per_byte)
         index = torch.empty(CHUNK, dtype=torch.int64)
