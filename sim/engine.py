@@ -12,17 +12,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 Callback = Callable[[], None]
-
-
-@dataclass(order=True)
-class _Entry:
-    time_s: float
-    seq: int
-    callback: Callback = field(compare=False)
-
+# (time_s, seq, callback): seq is unique, so a comparison never reaches the callback.
+_Entry = tuple[float, int, Callback]
 
 class Engine:
     """A virtual clock (``now_s``, seconds) and the queue of what happens next."""
@@ -38,7 +31,7 @@ class Engine:
         """Run ``callback()`` at simulated time ``time_s`` (never earlier than now)."""
         if math.isnan(time_s) or time_s < self.now_s:
             raise ValueError(f"cannot schedule at {time_s} s: the clock is already at {self.now_s} s")
-        heapq.heappush(self._heap, _Entry(time_s, self._seq, callback))
+        heapq.heappush(self._heap, (time_s, self._seq, callback))
         self._seq += 1
 
     def after(self, delay_s: float, callback: Callback) -> None:
@@ -55,7 +48,7 @@ class Engine:
 
     def next_time_s(self) -> float | None:
         """When the next event falls, or None if the queue is empty."""
-        return self._heap[0].time_s if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def run(self, until_s: float = math.inf) -> float:
         """Process events in time order up to and including ``until_s``; return the clock.
@@ -66,13 +59,13 @@ class Engine:
         """
         self._stopped = False
         while self._heap and not self._stopped:
-            if self._heap[0].time_s > until_s:
+            if self._heap[0][0] > until_s:
                 self.now_s = until_s
                 return self.now_s
-            entry = heapq.heappop(self._heap)
-            self.now_s = entry.time_s
+            time_s, _, callback = heapq.heappop(self._heap)
+            self.now_s = time_s
             self.events_run += 1
-            entry.callback()
+            callback()
         if not self._heap and not self._stopped and math.isfinite(until_s):
             self.now_s = max(self.now_s, until_s)
         return self.now_s

@@ -160,11 +160,12 @@ class Network:
     def spec(self, src: str, dst: str) -> LinkSpec:
         return self._specs.get((src, dst), self.default)
 
-    def link(self, src: str, dst: str) -> FifoLink:
+    def link(self, src: str, dst: str, spec: LinkSpec | None = None) -> FifoLink:
+        """The FIFO pipe ``src -> dst``, made on first use (with ``spec`` if given, else the link's own)."""
         key = (src, dst)
         found = self._links.get(key)
         if found is None:
-            found = self._links[key] = FifoLink(self.spec(src, dst))
+            found = self._links[key] = FifoLink(spec or self.spec(src, dst))
         return found
 
     def partitioned(self, src: str, dst: str, now_s: float) -> bool:

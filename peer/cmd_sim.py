@@ -1,0 +1,96 @@
+"""``hivemesh sim``: simulate scenarios with the real protocol code; ``hivemesh sim calibrate``.
+
+``hivemesh sim SCENARIO.toml [MORE.toml ...] --out DIR`` runs each scenario
+in turn (a progress line each) and writes one report comparing them all:
+``DIR/report.json``, ``DIR/metrics.csv`` and plots.
+
+``hivemesh sim calibrate --task NAME --write SCENARIO.toml`` times the real
+trainer once on this machine and writes ``[nodes] step_time_ms`` into the
+scenario (created if missing), so simulations never depend on timing
+measured while they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from topology.errors import HivemeshError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sim", help="simulate scenarios on a modelled network with the real protocol code",
+        description="Simulate scenario files (TOML) on a modelled network with the real protocol and "
+                    "training code, and write one report comparing them. "
+                    "'hivemesh sim calibrate --task NAME --write FILE' measures the trainer's step time.",
+        epilog="examples: hivemesh sim examples/scenario-ring-vs-allreduce-slow.toml "
+               "examples/scenario-allreduce-slow.toml --out sim-report; "
+               "hivemesh sim calibrate --task digits-mlp --write my-scenario.toml")
+    parser.add_argument("scenarios", nargs="+", metavar="SCENARIO.toml",
+                        help="scenario files, or 'calibrate'")
+    parser.add_argument("--out", default="sim-report", help="report directory (default: sim-report)")
+    parser.add_argument("--no-plots", action="store_true", help="write report.json and metrics.csv only")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    calibrate = parser.add_argument_group("calibrate")
+    calibrate.add_argument("--task", help="task to time (default: the scenario's, else digits-mlp)")
+    calibrate.add_argument("--write", metavar="SCENARIO.toml",
+                           help="scenario file to write step_time_ms into")
+    calibrate.add_argument("--batch-size", type=int, default=0,
+                           help="batch size to time (default: the scenario's trainer, else 32)")
+    calibrate.add_argument("--steps", type=int, default=200, help="steps to time (default: 200)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.scenarios[0] == "calibrate":
+        if len(args.scenarios) > 1:
+            raise HivemeshError("'hivemesh sim calibrate' takes no scenario files; use --write FILE")
+        return calibrate(args)
+    return simulate(args)
+
+
+def simulate(args: argparse.Namespace) -> int:
+    from sim.report import comparison_table, write_report
+    from sim.run import run_scenario
+    from sim.scenario import load_scenario
+
+    scenarios = [load_scenario(path) for path in args.scenarios]  # all checked before any runs
+    results = []
+    for scenario in scenarios:
+        started = time.perf_counter()
+
+        def progress(now_s: float, total_s: float, name: str = scenario.name, t0: float = started) -> None:
+            if args.quiet:
+                return
+            done = min(1.0, now_s / total_s) if total_s > 0 else 1.0
+            bar = "#" * int(done * 20)
+            print(f"\r{name[:30]:<30} [{bar:<20}] {now_s:8.1f}/{total_s:.1f} s simulated, "
+                  f"{time.perf_counter() - t0:6.1f} s wall", end="", file=sys.stderr, flush=True)
+
+        result = run_scenario(scenario, progress)
+        if not args.quiet:
+            print(f"\r{scenario.name[:30]:<30} done: {result.simulated_time_s:.1f} s simulated in "
+                  f"{result.wall_s:.1f} s wall" + " " * 20, file=sys.stderr)
+        results.append(result)
+    written = write_report(results, args.out, plots=not args.no_plots)
+    print(comparison_table(results))
+    print(f"report: {written[0]} ({len(written)} files in {args.out})")
+    return 0
+
+
+# ---------------------------------------------------------------- calibrate
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    if not args.write:
+        raise HivemeshError("'hivemesh sim calibrate' needs --write SCENARIO.toml")
+    from sim.calibrate import measure_step_ms, write_step_time
+
+    path = Path(args.write)
+    step_ms = measure_step_ms(path, task_name=args.task, batch_size=args.batch_size, steps=args.steps)
+    write_step_time(path, step_ms, task_name=args.task)
+    print(f"step_time_ms = {step_ms:.3f} written to {path}")
+    return 0

@@ -1,0 +1,371 @@
+"""The simulator's driver of the gossip state machines: the same machines the daemon drives.
+
+For each member: a real :class:`peer.trainer.Trainer`, a machine from
+:func:`protocols.gossip.make_machine` mixing the trainer's ``flat_params`` in
+place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
+
+* ``StartWork(n)``: the trainer runs ``n`` real SGD steps now; ``WorkDone``
+  is fed ``n * step_time`` (modelled) later.
+* ``Send``: sealed by the sender's Endpoint (real signature, real bytes); each
+  recipient's copy crosses the link model and is opened by the recipient's
+  Endpoint, whose rejections are counted by reason, then fed as ``Received``.
+* ``SetTimer`` / ``CancelTimer``: ``TimerFired`` at the virtual time asked.
+
+Crashes keep the member's state at the moment of the crash as its last
+checkpoint (as if it checkpointed every step); a restart restores trainer,
+machine and replay windows from it with the next epoch, and feeds ``Start``.
+Neighbours are told ``NeighbourDown`` after ``failure_detect_ms`` and
+``NeighbourUp`` at once when a member (re)starts or joins.
+
+``verify_fraction < 1`` (scale runs only): each honest message is opened by
+the codec with that probability (a counter-based draw per link and message);
+the others are handed over as the sender's message object, after the same
+link delay and with the same byte count. Attackers' messages are always
+verified, so a sampled run never lets a forgery through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections import Counter
+from typing import Any, cast
+
+import torch
+
+from peer.config import load
+from protocols.codec import encode
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Machine,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    StartWork,
+    TimerFired,
+    WorkDone,
+)
+from protocols.identity import Identity
+from protocols.messages import Message
+from protocols.roster import Member, Roster, run_id
+from protocols.wire import Endpoint, wire_size
+from sim.node import churn_events, flip_signature, sim_identity, tamper, uniform, work_seconds
+from sim.scenario import ChurnEvent
+from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
+
+_ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
+
+
+def gossip_config(world: World) -> Any:
+    """The scenario's [algorithm] table as a GossipConfig (errors name the file and key)."""
+    from protocols.gossip import GossipConfig
+
+    scenario = world.scenario
+    data = dict(scenario.algorithm)
+    data.setdefault("seed", scenario.seed)
+    if scenario.steps:
+        data.setdefault("total_steps", scenario.steps)
+    return load(GossipConfig, data, source=scenario.source, prefix="algorithm")
+
+
+class SimPeer:
+    """One member: its trainer, machine, endpoint, liveness and counters."""
+
+    def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, machine: Machine,
+                 behaviour: str) -> None:
+        self.name = name
+        self.index = index
+        self.identity = identity
+        self.endpoint = endpoint
+        self.machine = machine
+        self.behaviour = behaviour
+        self.alive = False
+        self.started = False
+        self.finished = False
+        self.incarnation = 0
+        self.timers: dict[str, int] = {}
+        self.timer_tokens = 0
+        self.work_index = 0
+        self.send_index = 0
+        self.bytes_sent = 0
+        self.payload_bytes_sent = 0
+        self.messages_sent = 0
+        self.steps_done = 0
+        self.restarts = 0
+        self.rejections: Counter[str] = Counter()  # from endpoints retired by restarts
+        self.dropped: Counter[str] = Counter()     # this member's messages that never arrived
+        self.metric_last: dict[str, float] = {}
+        self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
+        self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
+
+    def all_rejections(self) -> Counter[str]:
+        return self.rejections + self.endpoint.rejections
+
+
+class GossipRun:
+    """Everything a gossip scenario needs in the engine; :meth:`run` returns the result."""
+
+    def __init__(self, world: World, progress: Progress | None = None) -> None:
+        from protocols.gossip import make_machine
+
+        self.world = world
+        self.scenario = world.scenario
+        self.engine = world.engine
+        assert world.network is not None
+        self.network = world.network
+        self.config = gossip_config(world)
+        self._make_machine = make_machine
+        names = world.names
+        identities = {name: sim_identity(self.scenario.seed, name) for name in names}
+        # Addresses are nominal (a roster requires one; nothing is ever dialled in a simulation).
+        self.roster = Roster(members=tuple(
+            Member(name=name, public_id=identities[name].public_id, address=f"tcp://127.0.0.1:{20000 + i}")
+            for i, name in enumerate(names)))
+        self.run_id = run_id({"scenario": self.scenario.name, "seed": self.scenario.seed})
+        self.rogue = sim_identity(self.scenario.seed, "rogue", "forged-key")
+        self.peers: dict[str, SimPeer] = {}
+        for index, name in enumerate(names):
+            endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
+            self.peers[name] = SimPeer(name, index, identities[name], endpoint, self._machine(name),
+                                       self.scenario.behaviour(name))
+        self.result = new_result(world, f"gossip:{self.config.algorithm}")
+        self.recorder = Recorder(world, self.result, running=lambda n: self.peers[n].alive,
+                                 bytes_sent=self._bytes_sent, progress=progress)
+
+    def _machine(self, name: str) -> Machine:
+        machine = self._make_machine(self.config, name=name, topology=cast(Any, self.world.topology),
+                                     params=self.world.trainers[name].flat_params, seed=self.scenario.seed)
+        return cast(Machine, machine)
+
+    def _bytes_sent(self) -> int:
+        return sum(peer.bytes_sent for _, peer in sorted(self.peers.items()))
+
+    # ------------------------------------------------------------ running
+
+    def run(self) -> ScenarioResult:
+        started = time.perf_counter()  # wall time for the progress line only; never in the result
+        churn = churn_events(self.scenario, self.world.names)
+        joins_later = {e.node for e in churn if e.kind == "join"}
+        first_join = {e.node: e.at_s for e in sorted(churn, key=lambda e: e.at_s) if e.kind == "join"}
+        for name, peer in sorted(self.peers.items()):
+            if name not in joins_later or first_join[name] <= 0.0:
+                self.engine.at(0.0, functools.partial(self._start, peer, False))
+        for event in churn:
+            if event.kind == "join" and event.at_s <= 0.0:
+                continue
+            self.engine.at(event.at_s, functools.partial(self._churn, event))
+        self.recorder.start()
+        self.engine.run(until_s=self.scenario.duration_s)
+        self.recorder.evaluate()
+        self._finish(time.perf_counter() - started)
+        return self.result
+
+    def _finish(self, wall_s: float) -> None:
+        result = self.result
+        result.simulated_time_s = self.engine.now_s
+        result.events_run = self.engine.events_run
+        result.wall_s = wall_s
+        for name, peer in sorted(self.peers.items()):
+            metrics = self.recorder.final_peer_metrics(name)
+            result.peers[name] = {
+                "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.finished,
+                "steps": self.world.trainers[name].step, "restarts": peer.restarts,
+                "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
+                "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
+                "messages_sent": peer.messages_sent,
+                "rejections": dict(sorted(peer.all_rejections().items())),
+                "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
+            }
+            merge_counts(result.rejections, peer.all_rejections())
+            merge_counts(result.dropped, peer.dropped)
+        merge_counts(result.dropped, self.network.dropped)
+        result.links = self.network.traffic()
+        for _, peer in sorted(self.peers.items()):  # machines report running totals: sum the last ones
+            for key, value in sorted(peer.metric_last.items()):
+                result.metrics[key] = result.metrics.get(key, 0.0) + value
+        result.metrics = dict(sorted(result.metrics.items()))
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _start(self, peer: SimPeer, notify: bool) -> None:
+        peer.alive = True
+        peer.started = True
+        self._feed(peer, Start())
+        if notify:
+            for other in self.world.neighbours(peer.name):
+                self._feed(self.peers[other], NeighbourUp(peer.name))
+
+    def _churn(self, event: ChurnEvent) -> None:
+        peer = self.peers[event.node]
+        if event.kind in ("crash", "leave"):
+            if not peer.alive:
+                return
+            self._stop(peer, keep_checkpoint=event.kind == "crash")
+            delay_s = self.scenario.nodes.failure_detect_ms / 1000.0 if event.kind == "crash" else 0.0
+            for other in self.world.neighbours(peer.name):
+                self.engine.after(delay_s, functools.partial(
+                    self._feed, self.peers[other], NeighbourDown(peer.name)))
+        elif event.kind == "restart":
+            if peer.alive or peer.checkpoint is None:
+                return
+            self._restore(peer)
+            self._start(peer, notify=True)
+        elif event.kind == "join" and not peer.alive and not peer.started:
+            self._start(peer, notify=True)
+
+    def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
+        if keep_checkpoint:
+            trainer_state = self.world.trainers[peer.name].state_dict()
+            tensors, meta = peer.machine.export_state()
+            peer.checkpoint = (
+                {"tensors": {k: v.clone() for k, v in trainer_state["tensors"].items()},
+                 "meta": dict(trainer_state["meta"])},
+                ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
+                peer.endpoint.export_state())
+        peer.alive = False
+        peer.incarnation += 1  # pending work, timers and deliveries of this life are void
+        peer.timers.clear()
+
+    def _restore(self, peer: SimPeer) -> None:
+        assert peer.checkpoint is not None
+        trainer_state, machine_state, endpoint_state = peer.checkpoint
+        self.world.trainers[peer.name].load_state_dict(trainer_state)
+        peer.machine = self._machine(peer.name)
+        peer.machine.restore_state(machine_state)
+        peer.rejections += peer.endpoint.rejections
+        peer.endpoint = Endpoint(peer.identity, self.roster, self.run_id, epoch=peer.endpoint.epoch + 1)
+        peer.endpoint.restore_state(endpoint_state)
+        peer.restarts += 1
+        peer.finished = False
+
+    # ------------------------------------------------------------ events and actions
+
+    def _feed(self, peer: SimPeer, event: Event) -> None:
+        if not peer.alive:
+            return
+        actions = peer.machine.handle(event, self.engine.now_s)
+        for action in actions:
+            self._act(peer, action)
+
+    def _act(self, peer: SimPeer, action: Action) -> None:
+        now = self.engine.now_s
+        match action:
+            case Send():
+                self._send(peer, action)
+            case StartWork(steps=steps):
+                loss = self.world.trainers[peer.name].run_steps(steps)
+                duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
+                                          peer.work_index, steps)
+                peer.work_index += 1
+                peer.steps_done += steps
+                self.engine.at(now + duration_s, functools.partial(
+                    self._guarded, peer, peer.incarnation, WorkDone(steps, loss)))
+            case SetTimer(key=key, at=at):
+                peer.timer_tokens += 1
+                peer.timers[key] = peer.timer_tokens
+                self.engine.at(max(at, now), functools.partial(
+                    self._timer, peer, peer.incarnation, key, peer.timer_tokens))
+            case CancelTimer(key=key):
+                peer.timers.pop(key, None)
+            case Metric(name=name, value=value):
+                peer.metric_last[name] = float(value)
+            case Finished():
+                peer.finished = True
+                if all(p.finished or not p.alive for _, p in sorted(self.peers.items())):
+                    self.engine.stop()
+
+    def _guarded(self, peer: SimPeer, incarnation: int, event: Event) -> None:
+        if peer.incarnation == incarnation:
+            self._feed(peer, event)
+
+    def _timer(self, peer: SimPeer, incarnation: int, key: str, token: int) -> None:
+        if peer.incarnation == incarnation and peer.timers.get(key) == token:
+            del peer.timers[key]
+            self._feed(peer, TimerFired(key))
+
+    # ------------------------------------------------------------ the wire
+
+    def _seal(self, peer: SimPeer, recipients: tuple[str, ...], message: Message) -> list[bytes]:
+        behaviour = peer.behaviour
+        message = tamper(message, behaviour, self.scenario.faults.attack, seed=self.scenario.seed,
+                         name=peer.name, index=peer.send_index)
+        if behaviour == "forged-key":
+            keys = [self.roster.member(r).public_key for r in recipients]
+            forged = encode(message, identity=self.rogue, recipients=keys, run_id=self.run_id,
+                            epoch=peer.endpoint.epoch, seq=peer.send_index)
+            return [bytes(f) for f in forged]
+        frames = [bytes(f) for f in peer.endpoint.seal(recipients, message)]
+        if behaviour == "forged-signature":
+            return flip_signature(frames)
+        if behaviour == "stale-replay":
+            captured = peer.captured.setdefault(recipients, frames)
+            return captured
+        return frames
+
+    def _send(self, peer: SimPeer, send: Send) -> None:
+        now = self.engine.now_s
+        recipients = tuple(send.recipients)
+        frames = self._seal(peer, recipients, send.message)
+        index = peer.send_index
+        peer.send_index += 1
+        nbytes = wire_size(frames)
+        payload = nbytes - len(frames[0]) - len(frames[-1])
+        fraction = self.scenario.verify_fraction
+        for recipient in recipients:
+            peer.bytes_sent += nbytes
+            peer.payload_bytes_sent += payload
+            peer.messages_sent += 1
+            transfer = self.network.transmit(peer.name, recipient, nbytes, now)
+            if transfer.arrival_s is None:
+                peer.dropped[transfer.dropped or "dropped"] += 1
+                continue
+            verify = (fraction >= 1.0 or peer.behaviour in _ALWAYS_VERIFIED
+                      or uniform(self.scenario.seed, f"{peer.name}->{recipient}", index, "verify") < fraction)
+            if verify:
+                copy: list[bytes] | Message = [bytes(f) for f in frames]  # each recipient its own buffer
+            else:
+                copy = _clone_message(send.message)
+            self.engine.at(transfer.arrival_s, functools.partial(self._arrive, peer.name, recipient, copy))
+
+    def _arrive(self, sender: str, recipient: str, delivery: list[bytes] | Message) -> None:
+        peer = self.peers[recipient]
+        if not peer.alive:
+            self.peers[sender].dropped["receiver_down"] += 1
+            return
+        if isinstance(delivery, list):
+            opened = peer.endpoint.open(delivery)
+            if not hasattr(opened, "message"):
+                return  # counted by the endpoint, by reason
+            self._feed(peer, Received(opened.sender, opened.message))  # type: ignore[union-attr]
+        else:
+            self._feed(peer, Received(sender, delivery))
+
+
+def _clone_message(message: Message) -> Message:
+    if not hasattr(message, "tensors"):
+        return message
+    tensors = {key: value.clone() for key, value in message.tensors.items()}
+    replaced: Message = dataclasses.replace(cast(Any, message), tensors=tensors)
+    return replaced
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return value
+
+
+def run_gossip(world: World, progress: Progress | None = None) -> ScenarioResult:
+    return GossipRun(world, progress).run()

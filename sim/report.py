@@ -1,0 +1,209 @@
+"""The report of one or more simulated scenarios: report.json, metrics.csv and plots.
+
+``report.json`` holds only simulated quantities (never wall time), written
+with sorted keys, so rerunning the same scenarios gives the same bytes.
+Several scenarios in one report share every plot and a comparison table
+(time and bytes to the target accuracy, relative to the first scenario).
+matplotlib is imported only when plots are drawn (Agg backend, no display).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sim.world import ScenarioResult, TracePoint
+
+TRACE_FIELDS = ("time_s", "bytes_sent", "mean_loss", "mean_accuracy", "min_accuracy",
+                "consensus_distance", "running")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def final_point(result: ScenarioResult) -> TracePoint | None:
+    return result.trace[-1] if result.trace else None
+
+
+def scenario_summary(result: ScenarioResult) -> dict[str, Any]:
+    """One scenario as plain data (what report.json lists)."""
+    last = final_point(result)
+    return {
+        "name": result.name,
+        "source": result.source,
+        "kind": result.kind,
+        "seed": result.seed,
+        "members": result.n_members,
+        "model_params": result.n_params,
+        "simulated_time_s": result.simulated_time_s,
+        "events": result.events_run,
+        "target_accuracy": result.target_accuracy,
+        "time_to_target_s": result.time_to_target_s,
+        "bytes_to_target": result.bytes_to_target,
+        "bytes_sent": result.bytes_sent,
+        "final": {
+            "mean_accuracy": last.mean_accuracy if last else None,
+            "min_accuracy": last.min_accuracy if last else None,
+            "mean_loss": last.mean_loss if last else None,
+            "consensus_distance": last.consensus_distance if last else None,
+        },
+        "peers": result.peers,
+        "rejections": result.rejections,
+        "dropped": result.dropped,
+        "metrics": result.metrics,
+        "links": [{"src": s, "dst": d, "messages": m, "bytes": b} for s, d, m, b in result.links],
+        "trace": {name: [getattr(p, name) for p in result.trace] for name in TRACE_FIELDS},
+    }
+
+
+def comparison(results: Sequence[ScenarioResult]) -> list[dict[str, Any]]:
+    """One row per scenario; ratios are against the first scenario."""
+    rows = []
+    first = results[0] if results else None
+    for result in results:
+        last = final_point(result)
+        row: dict[str, Any] = {
+            "name": result.name, "kind": result.kind,
+            "time_to_target_s": result.time_to_target_s, "bytes_to_target": result.bytes_to_target,
+            "final_mean_accuracy": last.mean_accuracy if last else None,
+            "bytes_sent": result.bytes_sent, "simulated_time_s": result.simulated_time_s,
+        }
+        if first is not None:
+            row["time_to_target_vs_first"] = _ratio(result.time_to_target_s, first.time_to_target_s)
+            row["bytes_to_target_vs_first"] = _ratio(result.bytes_to_target, first.bytes_to_target)
+        rows.append(row)
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def report_data(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    return {"scenarios": [scenario_summary(r) for r in results], "comparison": comparison(results)}
+
+
+def write_report(results: Sequence[ScenarioResult], out_dir: str | Path, *, plots: bool = True) -> list[Path]:
+    """Write report.json, metrics.csv and (optionally) the plots; return the files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    report = out / "report.json"
+    report.write_text(json.dumps(_clean(report_data(results)), sort_keys=True, indent=1) + "\n")
+    written.append(report)
+    metrics = out / "metrics.csv"
+    with metrics.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["scenario", *TRACE_FIELDS])
+        for result in results:
+            for point in result.trace:
+                writer.writerow([result.name, *(getattr(point, name) for name in TRACE_FIELDS)])
+    written.append(metrics)
+    if plots:
+        written.extend(draw_plots(results, out))
+    return written
+
+
+def comparison_table(results: Sequence[ScenarioResult]) -> str:
+    """The comparison as a text table for the terminal."""
+    lines = [f"{'scenario':<28} {'kind':<18} {'final acc':>9} {'to target':>10} {'bytes to target':>16} "
+             f"{'bytes sent':>14} {'sim time':>9}"]
+    for row in comparison(results):
+        to_target = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f} s"
+        bytes_target = "-" if row["bytes_to_target"] is None else f"{row['bytes_to_target']:,}"
+        accuracy = "-" if row["final_mean_accuracy"] is None else f"{row['final_mean_accuracy']:.3f}"
+        lines.append(f"{row['name'][:28]:<28} {row['kind'][:18]:<18} {accuracy:>9} {to_target:>10} "
+                     f"{bytes_target:>16} {row['bytes_sent']:>14,} {row['simulated_time_s']:>8.1f}s")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def draw_plots(results: Sequence[ScenarioResult], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    panels = [
+        ("accuracy_vs_time.png", "time_s", "mean_accuracy", "simulated time (s)", "mean test accuracy"),
+        ("loss_vs_time.png", "time_s", "mean_loss", "simulated time (s)", "mean test loss"),
+        ("accuracy_vs_bytes.png", "bytes_sent", "mean_accuracy", "bytes sent (all members)",
+         "mean test accuracy"),
+        ("loss_vs_bytes.png", "bytes_sent", "mean_loss", "bytes sent (all members)", "mean test loss"),
+        ("consensus_vs_time.png", "time_s", "consensus_distance", "simulated time (s)",
+         "distance to consensus"),
+    ]
+    for filename, x_name, y_name, x_label, y_label in panels:
+        figure, axes = plt.subplots(figsize=(6.4, 4.0))
+        for result in results:
+            xs = [getattr(p, x_name) for p in result.trace]
+            ys = [getattr(p, y_name) for p in result.trace]
+            axes.plot(xs, ys, label=f"{result.name} ({result.kind})")
+        if x_name == "bytes_sent" and any(r.bytes_sent for r in results):
+            axes.set_xscale("symlog")
+        if y_name == "consensus_distance":
+            axes.set_yscale("symlog", linthresh=1e-6)
+        target = max((r.target_accuracy for r in results), default=0.0)
+        if y_name == "mean_accuracy" and target > 0:
+            axes.axhline(target, color="grey", linestyle=":", linewidth=1)
+        axes.set_xlabel(x_label)
+        axes.set_ylabel(y_label)
+        axes.legend(fontsize="small")
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        path = out / filename
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    for index, result in enumerate(results):
+        path = out / f"traffic_{index:02d}_{_safe(result.name)}.png"
+        _draw_traffic(plt, result, path)
+        written.append(path)
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:40]
+
+
+def _draw_traffic(plt: Any, result: ScenarioResult, path: Path) -> None:
+    """Members on a circle (sorted), each link drawn with width proportional to its bytes."""
+    members = sorted(name for name, peer in result.peers.items() if peer.get("behaviour") != "server")
+    position = {name: (math.cos(2 * math.pi * i / len(members)), math.sin(2 * math.pi * i / len(members)))
+                for i, name in enumerate(members)}
+    figure, axes = plt.subplots(figsize=(6.0, 6.0))
+    links = [(s, d, b) for s, d, _, b in result.links if s in position and d in position]
+    heaviest = max((b for _, _, b in links), default=0) or 1
+    for src, dst, nbytes in links:
+        (x0, y0), (x1, y1) = position[src], position[dst]
+        axes.plot([x0, x1], [y0, y1], color="tab:blue", alpha=0.5, linewidth=0.5 + 5.0 * nbytes / heaviest)
+    for name in members:
+        x, y = position[name]
+        behaviour = result.peers[name].get("behaviour", "honest")
+        axes.scatter([x], [y], s=60, zorder=3, color="tab:orange" if behaviour == "honest" else "tab:red")
+        if len(members) <= 40:
+            axes.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    total = sum(b for _, _, b in links)
+    axes.set_title(f"{result.name}: traffic per link (total {total:,} bytes)")
+    axes.set_aspect("equal")
+    axes.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
