@@ -266,7 +266,13 @@ class Trainer:
 
     def _one_step(self) -> torch.Tensor:
         # Anything stochastic inside the model (dropout) draws from a per-step seed: resumable.
-        torch.manual_seed(derive_seed(self.seed, f"member-{self.member_index}", self.step, "model-noise"))
+        seed = derive_seed(self.seed, f"member-{self.member_index}", self.step, "model-noise")
+        if self.device.type == "cpu":
+            # Same CPU state as torch.manual_seed, without its lazy CUDA seeding, which formats a
+            # stack trace on every call while CUDA is uninitialised (~6 ms a step in the simulator).
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)
         x, y = self._next_batch()
         self.flat_grads.zero_()
         loss = self.task.loss_fn(self.model(x), y)
