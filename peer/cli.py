@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "peer.cmd_init",
     "peer.cmd_keygen",
     "peer.cmd_roster",
+    "peer.cmd_sim",
 )
 
 
