@@ -33,7 +33,9 @@ class TaskError(HivemeshError, ValueError):
 def seeded(seed: int) -> Iterator[None]:
     """Seed torch's global CPU generator inside the block only (module inits draw from it)."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU generator only (models are built on CPU): torch.manual_seed would also queue
+        # a lazy CUDA seeding, which is slow while CUDA is uninitialised.
+        torch.default_generator.manual_seed(seed)
         yield
 
 
