@@ -4,7 +4,7 @@ Layout::
 
     [peer]        who this peer is and where its files live (per peer)
     [transport]   socket limits and timings (per peer, peer.transport.TransportConfig)
-    [checkpoint]  interval and retention (per peer)
+    [checkpoint]  interval and retention (per peer, peer.checkpoint.CheckpointConfig)
     [network]     what every member must agree on: topology, seed, task, partition,
       [network.gossip]   protocols.gossip.GossipConfig
       [network.trainer]  peer.trainer.TrainerConfig
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from peer.checkpoint import CheckpointConfig
 from peer.config import ConfigError, load, read_toml
 from peer.transport import TransportConfig
 
@@ -69,18 +70,6 @@ class PeerSection:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointSection:
-    every_steps: int = 100    # often enough that a crash loses seconds of digits-mlp work
-    keep: int = 2             # retention: the latest few, in case the newest is torn by a crash
-
-    def __post_init__(self) -> None:
-        if self.every_steps < 0:
-            raise ValueError("every_steps must be >= 0 (0 = only at exit)")
-        if self.keep < 1:
-            raise ValueError("keep must be at least 1")
-
-
-@dataclass(frozen=True, kw_only=True)
 class PartitionSection:
     """How the task's training set is split over the members (peer.partition)."""
 
@@ -123,7 +112,7 @@ class PeerFile:
     peer: PeerSection
     network: NetworkSection = field(default_factory=NetworkSection)
     transport: TransportConfig = field(default_factory=TransportConfig)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +123,7 @@ class PeerConfig:
     peer: PeerSection
     network: NetworkSection
     transport: TransportConfig
-    checkpoint: CheckpointSection
+    checkpoint: CheckpointConfig
     gossip: Any                     # protocols.gossip.GossipConfig
     trainer: Any                    # peer.trainer.TrainerConfig
     key_path: Path
@@ -174,5 +163,5 @@ def _owned_config(module: str, name: str, data: dict[str, Any], path: Path, pref
     return load(cls, data, source=str(path), prefix=prefix)
 
 
-__all__ = ["CheckpointSection", "ConfigError", "NetworkSection", "PartitionSection", "PeerConfig",
+__all__ = ["ConfigError", "NetworkSection", "PartitionSection", "PeerConfig",
            "PeerFile", "PeerSection", "load_peer_config"]

@@ -1,0 +1,118 @@
+"""Build one peer's parts from its config: identity, roster, topology, endpoint, trainer, machine.
+
+Everything a user can get wrong (missing key file, a key that is not the
+roster's, a name not on the roster, a bad topology, a task or partition that
+cannot be made) fails here with a one-line HivemeshError, before any socket
+is opened or any step trained.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from peer.netinit import load_roster
+from peer.peerconfig import PeerConfig
+from protocols.events import Machine
+from protocols.identity import Identity
+from protocols.roster import Roster, run_id
+from protocols.wire import Endpoint
+from topology import Topology, build
+from topology.errors import HivemeshError
+
+
+@dataclass
+class Parts:
+    config: PeerConfig
+    identity: Identity
+    roster: Roster
+    topology: Topology
+    name: str
+    index: int                    # position among the sorted peer names (data shard, data order)
+    neighbours: dict[str, str]    # name -> address: everyone this peer sends to or hears from
+    run_id: bytes
+    epoch: int
+    endpoint: Endpoint
+    trainer: Any                  # peer.trainer.Trainer
+    machine: Machine
+
+
+def neighbour_names(topology: Topology, name: str) -> tuple[str, ...]:
+    """In- and out-neighbours over the whole schedule period, sorted."""
+    found: set[str] = set()
+    for t in range(topology.period):
+        found.update(topology.in_neighbours(name, t))
+        found.update(topology.out_neighbours(name, t))
+    found.discard(name)
+    return tuple(sorted(found))
+
+
+def next_epoch(data_dir: Path) -> int:
+    """Read, increment and durably store this member's boot counter (0 on the first start)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "epoch"
+    previous = -1
+    if path.exists():
+        try:
+            previous = int(path.read_text().strip())
+        except ValueError:
+            raise HivemeshError(f"{path}: corrupt epoch file (expected one integer)") from None
+    epoch = previous + 1
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w") as handle:
+        handle.write(f"{epoch}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(path)
+    return epoch
+
+
+def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
+    identity = Identity.load(config.key_path)
+    roster = load_roster(config.roster_path)
+    name = config.peer.name
+    member = roster.get(name)
+    if member is None:
+        raise HivemeshError(f"{config.source}: peer.name {name!r} is not on the roster {config.roster_path}")
+    if member.public_id != identity.public_id:
+        raise HivemeshError(f"{config.key_path}: this key (public id {identity.public_id}) is not the key of "
+                            f"{name!r} on the roster {config.roster_path}")
+    if member.role != "peer":
+        raise HivemeshError(f"{name!r} has role {member.role!r} on the roster; `hivemesh peer` runs peers")
+    return identity, roster, name
+
+
+def assemble(config: PeerConfig) -> Parts:
+    """All parts of the peer described by ``config`` (see the module docstring for errors)."""
+    from peer.partition import partition
+    from peer.tasks import get_task
+    from peer.trainer import Trainer
+    from protocols.gossip import make_machine
+
+    identity, roster, name = identity_and_roster(config)
+    network = config.network
+    peer_names = tuple(m.name for m in roster.with_role("peer"))
+    topology = build(network.topology, peer_names, seed=network.seed, weights=network.weights)
+    index = topology.names.index(name)
+    neighbours = {}
+    for other in neighbour_names(topology, name):
+        address = roster.member(other).address
+        if not address:
+            raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")
+        neighbours[other] = address if address.startswith("tcp://") else f"tcp://{address}"
+    digest = run_id({"roster": roster, **config.shared()})
+    epoch = next_epoch(config.data_dir)
+    endpoint = Endpoint(identity, roster, digest, epoch)
+    task = get_task(network.task, **network.task_options)
+    part = network.partition
+    shards = partition(task.labels, len(topology.names), scheme=part.scheme, seed=network.seed,
+                       alpha=part.alpha, shards_per_member=part.shards_per_member, path=part.path or None)
+    trainer = Trainer(task, config.trainer, shards[index], seed=network.seed, member_index=index)
+    graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
+    machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph,
+                                         params=trainer.flat_params, seed=network.seed))
+    return Parts(config=config, identity=identity, roster=roster, topology=topology, name=name, index=index,
+                 neighbours=neighbours, run_id=digest, epoch=epoch, endpoint=endpoint, trainer=trainer,
+                 machine=machine)

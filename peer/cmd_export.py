@@ -1,0 +1,27 @@
+"""``hivemesh export``: a peer's trained model, or the average of several, as safetensors."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write a peer's model (or the average of several) as safetensors",
+        description="Write the model of the peer(s) given by --config as a safetensors file, keyed by "
+                    "the model's parameter names (load it with safetensors.torch.load_file and "
+                    "model.load_state_dict). Several --config: their parameters are averaged. "
+                    "Reads each peer's latest checkpoint, so it works on a running or stopped peer.")
+    parser.add_argument("--config", action="append", required=True, metavar="PEER.toml",
+                        help="a peer's config file (repeat to average several peers)")
+    parser.add_argument("--out", required=True, help="the safetensors file to write")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from peer.export import export_model
+
+    written = export_model(args.config, args.out)
+    print(f"wrote {written.tensors} tensors ({written.parameters:,} parameters, averaged over "
+          f"{written.peers} peer{'s' if written.peers > 1 else ''}, steps {written.steps}) to {args.out}")
+    return 0

@@ -1,0 +1,28 @@
+"""``hivemesh peer --config peer.toml``: run one peer daemon until its training is done."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "peer", help="run a peer daemon (train and gossip with its neighbours)",
+        description="Run one peer: train locally, gossip with the neighbours the topology gives it, "
+                    "checkpoint, and write status.json / metrics.jsonl into its data folder. "
+                    "SIGINT or SIGTERM writes a checkpoint and exits 0; starting again resumes.")
+    parser.add_argument("--config", required=True, help="the peer's config file (written by `hivemesh init`)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on the console")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from peer.daemon import PeerDaemon
+    from peer.peerconfig import load_peer_config
+
+    config = load_peer_config(args.config)
+    if args.quiet:
+        config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
+    return PeerDaemon(config).run()

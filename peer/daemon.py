@@ -1,0 +1,554 @@
+"""The peer daemon: drives one gossip state machine with ZeroMQ, the trainer and the wall clock.
+
+A driver only — no protocol maths. One thread, one loop:
+
+1. poll the inbox with a timeout equal to the next deadline (machine timers,
+   heartbeat, status refresh);
+2. open each message through the Endpoint (a rejection is counted, never
+   raised); heartbeats and state-sync requests are the driver's own business,
+   everything else goes to ``machine.handle(Received(...), now)``;
+3. carry out the actions: ``Send`` -> seal once for all recipients -> one
+   transport send each; ``StartWork(n)`` -> ``trainer.run_steps(n)`` ->
+   ``WorkDone``; ``SetTimer`` -> a heap keyed by ``time.monotonic()``;
+   ``Metric`` -> counters; ``Finished`` -> final evaluation, checkpoint, exit.
+
+Before anything may change a tensor in place (training, or any event the
+machine handles, since mixing happens there) the driver waits until ZeroMQ
+has released every zero-copy frame it was given (``Transport.wait_sent``).
+
+Start-up: the epoch is incremented and stored before the first message; a
+checkpoint, if any, is restored; the peer then waits until it has heard every
+neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
+neighbours for their state (StateSyncRequest) and adopts the first answer.
+SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
+interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import torch
+
+from peer.assemble import Parts, assemble
+from peer.checkpoint import CheckpointSchedule
+from peer.peerconfig import PeerConfig, load_peer_config
+from peer.statefiles import CheckpointStore, StatusWriter
+from peer.transport import Transport, TransportError
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    StartWork,
+    TimerFired,
+    WorkDone,
+)
+from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.wire import Opened
+from topology.errors import HivemeshError
+
+SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
+SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
+
+
+@dataclass
+class NeighbourInfo:
+    last_seen: float = -math.inf      # monotonic time of the last accepted message
+    latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
+    step: int = -1
+    up: bool = False
+    params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
+
+
+@dataclass
+class Counters:
+    payload_bytes_sent: int = 0        # tensor bytes in sealed messages, times recipients
+    wire_bytes_sent: int = 0           # whole sealed messages, times recipients (what the wire carries)
+    messages_sent: int = 0
+    messages_accepted: int = 0
+    unreachable: Counter[str] = field(default_factory=Counter)
+    unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
+    metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
+
+
+class PeerDaemon:
+    """One running peer. ``run()`` returns the process exit code."""
+
+    def __init__(self, config: PeerConfig, *, parts: Parts | None = None) -> None:
+        self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
+        self.config = config
+        self.parts = parts or assemble(config)
+        self.timeline["assembled"] = time.time()
+        self.name = self.parts.name
+        self.trainer = self.parts.trainer
+        self.machine = self.parts.machine
+        self.endpoint = self.parts.endpoint
+        self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
+        self.schedule = CheckpointSchedule(config.checkpoint)
+        self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress)
+        self.transport: Transport | None = None
+        self.neighbours = {name: NeighbourInfo() for name in self.parts.neighbours}
+        self.counters = Counters()
+        self._t0 = time.monotonic()
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_due: dict[str, tuple[float, int]] = {}
+        self._timer_ids = itertools.count()
+        self._work: list[int] = []
+        self._stop_signal: int | None = None
+        self._finished = False
+        self._started = False
+        self._last_loss = math.nan
+        self._last_eval: dict[str, float] = {}
+        self._last_eval_step = -1
+        self._early: list[Opened] = []      # machine messages heard before Start
+        self._sync_answer: Opened | None = None
+        self._train_start_s = math.nan
+        self._train_end_s = math.nan
+        self.state = "starting"
+
+    # ------------------------------------------------------------------ time
+
+    def now(self) -> float:
+        """Seconds since this daemon started (the machine's clock)."""
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> int:
+        self._install_signals()
+        resumed = self._restore()
+        try:
+            self.transport = Transport(listen=self._listen_address(), neighbours=self.parts.neighbours,
+                                       config=self.config.transport, curve=self._curve_keys())
+        except TransportError as error:
+            raise HivemeshError(f"peer {self.name}: {error}") from None
+        try:
+            self._wait_for_neighbours()
+            self.timeline["neighbours"] = time.time()
+            if self._stop_signal is None and (resumed or self.config.peer.late_join):
+                self._state_sync()
+                self.timeline["synced"] = time.time()
+            if self._stop_signal is None:
+                self._train()
+            return self._shutdown()
+        finally:
+            self.transport.close()
+
+    def _listen_address(self) -> str:
+        address = self.config.peer.listen or self.parts.roster.member(self.name).address
+        return address if address.startswith("tcp://") else f"tcp://{address}"
+
+    def _curve_keys(self) -> Any:
+        if not self.config.peer.curve:
+            return None
+        from peer.transport import CurveKeys
+
+        roster = self.parts.roster
+        missing = [n for n in self.parts.neighbours if not roster.member(n).curve_key]
+        if missing:
+            raise HivemeshError(f"peer.curve is on but roster members {missing} have no curve_key")
+        return CurveKeys(
+            public_key=self.parts.identity.curve_public_key.encode(),
+            secret_key=self.parts.identity.curve_secret_key.encode(),
+            server_keys={n: roster.member(n).curve_key.encode() for n in self.parts.neighbours},
+            allowed_client_keys=frozenset(k.encode() for k in roster.curve_allowlist()))
+
+    def _install_signals(self) -> None:
+        def stop(signum: int, frame: FrameType | None) -> None:
+            self._stop_signal = signum
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    # ------------------------------------------------------------------ phases
+
+    def _wait_for_neighbours(self) -> None:
+        """Heartbeat until every neighbour has been heard from and is reachable, or the start timeout."""
+        self.state = "waiting for neighbours"
+        deadline = self.now() + self.config.peer.start_timeout_s
+        while self._stop_signal is None and self.now() < deadline:
+            self._heartbeat()
+            if all(info.up for info in self.neighbours.values()) and not self.counters.unreachable_now:
+                return
+            self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
+        missing = sorted(n for n, info in self.neighbours.items() if not info.up)
+        if missing:
+            self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
+                       f"{', '.join(missing)}; starting without them (their rounds will be left out)")
+
+    def _state_sync(self) -> None:
+        """Ask the neighbours for their current state; adopt the first answer."""
+        self.state = "syncing"
+        targets = sorted(self.neighbours, key=lambda n: (not self.neighbours[n].up, n))
+        for attempt in range(SYNC_ATTEMPTS):
+            if not targets or self._stop_signal is not None:
+                return
+            self._send(Send(tuple(targets), StateSyncRequest(reason="join")))
+            deadline = self.now() + SYNC_TIMEOUT_S
+            while self._sync_answer is None and self.now() < deadline and self._stop_signal is None:
+                self._pump(0.1)
+                self._heartbeat_if_due()
+            if self._sync_answer is not None:
+                self._adopt(self._sync_answer)
+                return
+            self._warn(f"no state-sync answer (attempt {attempt + 1}/{SYNC_ATTEMPTS})")
+        self._warn("training on without state sync")
+
+    def _train(self) -> None:
+        self.state = "training"
+        self._started = True
+        self._train_start_s = self.now()
+        self._feed(Start())
+        for opened in self._early:
+            self._feed(Received(opened.sender, opened.message))
+        self._early.clear()
+        while not self._finished and self._stop_signal is None:
+            if self._work:
+                self._do_work(self._work.pop(0))
+                self._pump(0.0)
+            else:
+                self._pump(self._poll_timeout())
+            self._fire_timers()
+            self._periodic()
+
+    def _shutdown(self) -> int:
+        assert self.transport is not None
+        self.transport.wait_sent(timeout_s=5.0)
+        if self._finished:
+            self.state = "finished"
+            self._evaluate()
+            self._checkpoint(final=True)
+            self._write_status(force=True)
+            grace_end = self.now() + self.config.peer.finish_grace_s
+            while self.now() < grace_end and self._stop_signal is None:
+                self._pump(0.05)
+                self._heartbeat_if_due()
+            self.transport.wait_sent(timeout_s=5.0)
+            self._write_status(force=True)
+            return 0
+        self.state = "stopped"
+        self._checkpoint(final=False)
+        self._write_status(force=True)
+        signame = signal.Signals(self._stop_signal).name if self._stop_signal else "stop"
+        self.status.say(f"{self.name}: {signame}: checkpoint written at step {self.trainer.step}; exiting")
+        return 0
+
+    # ------------------------------------------------------------------ the loop's pieces
+
+    def _poll_timeout(self) -> float:
+        now = self.now()
+        deadlines = [self._next_heartbeat, self.status.next_due]
+        if self._timers:
+            deadlines.append(self._timers[0][0])
+        return max(0.0, min(min(deadlines) - now, 0.5))
+
+    def _pump(self, timeout_s: float) -> None:
+        """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
+        assert self.transport is not None
+        for frames in self.transport.poll(timeout_s):
+            opened = self.endpoint.open([f.buffer for f in frames])
+            if isinstance(opened, Opened):
+                self.counters.messages_accepted += 1
+                self._dispatch(opened)
+
+    def _dispatch(self, opened: Opened) -> None:
+        info = self.neighbours.get(opened.sender)
+        now = self.now()
+        if info is not None:
+            info.last_seen = now
+            if not info.up:
+                info.up = True
+                if self._started and not self._finished:
+                    self._feed(NeighbourUp(opened.sender))
+        message = opened.message
+        match message:
+            case Heartbeat():
+                if info is not None:
+                    info.step = message.step
+                    info.latency_ms = max(0.0, (time.time() - message.sent_at_s) * 1000.0)
+            case StateSyncRequest():
+                self._answer_sync(opened.sender)
+            case StateSyncResponse():
+                if self._sync_answer is None and self.state == "syncing":
+                    self._sync_answer = opened
+            case _:
+                if info is not None:
+                    self._remember_params(info, message)
+                if not self._started:
+                    self._early.append(opened)
+                elif not self._finished:
+                    self._feed(Received(opened.sender, message))
+
+    def _feed(self, event: Event) -> None:
+        """Hand one event to the machine and carry out what it asks, in order."""
+        assert self.transport is not None
+        if self.transport.pending_sends():
+            self.transport.wait_sent()    # the machine may mix tensors that are still being sent
+        actions = self.machine.handle(event, self.now())
+        self._carry_out(actions)
+
+    def _carry_out(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            match action:
+                case Send():
+                    self._send(action)
+                case StartWork():
+                    self._work.append(action.steps)
+                case SetTimer():
+                    self._set_timer(action.key, action.at)
+                case CancelTimer():
+                    self._timer_due.pop(action.key, None)
+                case Metric():
+                    self.counters.metrics[action.name] = action.value   # running totals
+                case Finished():
+                    self._finished = True
+                    self._train_end_s = self.now()
+                    self.timeline["finished"] = time.time()
+
+    def _do_work(self, steps: int) -> None:
+        assert self.transport is not None
+        if self.transport.pending_sends():
+            self.transport.wait_sent()    # training changes the parameters in place
+        loss = self.trainer.run_steps(steps)
+        self._last_loss = loss
+        self._feed(WorkDone(steps, loss))
+
+    def _send(self, action: Send) -> None:
+        assert self.transport is not None
+        frames = self.endpoint.seal(action.recipients, action.message)
+        size = sum(memoryview(f).nbytes for f in frames)
+        payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
+        for recipient in action.recipients:
+            if recipient not in self.neighbours:
+                self.counters.unreachable[recipient] += 1
+                continue
+            if self.transport.send(recipient, frames):
+                self.counters.messages_sent += 1
+                self.counters.wire_bytes_sent += size
+                self.counters.payload_bytes_sent += payload
+            else:
+                self.counters.unreachable[recipient] += 1
+
+    # ------------------------------------------------------------------ timers
+
+    def _set_timer(self, key: str, at: float) -> None:
+        ident = next(self._timer_ids)
+        self._timer_due[key] = (at, ident)
+        heapq.heappush(self._timers, (at, ident, key))
+
+    def _fire_timers(self) -> None:
+        now = self.now()
+        while self._timers and self._timers[0][0] <= now and not self._finished:
+            at, ident, key = heapq.heappop(self._timers)
+            if self._timer_due.get(key) != (at, ident):
+                continue    # replaced or cancelled
+            del self._timer_due[key]
+            self._feed(TimerFired(key))
+
+    # ------------------------------------------------------------------ periodic duties
+
+    _next_heartbeat = 0.0
+
+    def _heartbeat(self) -> None:
+        assert self.transport is not None
+        self._next_heartbeat = self.now() + self.config.peer.heartbeat_interval_s
+        if not self.neighbours:
+            return
+        beat = Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time())
+        frames = self.endpoint.seal(tuple(self.neighbours), beat)
+        unreachable = set()
+        for name in self.neighbours:
+            if not self.transport.send(name, frames):
+                unreachable.add(name)
+        self.counters.unreachable_now = unreachable
+
+    def _heartbeat_if_due(self) -> None:
+        if self.now() >= self._next_heartbeat:
+            self._heartbeat()
+
+    def _periodic(self) -> None:
+        self._heartbeat_if_due()
+        now = self.now()
+        for name, info in self.neighbours.items():
+            if info.up and now - info.last_seen > self.config.peer.neighbour_timeout_s:
+                info.up = False
+                self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
+                if self._started and not self._finished:
+                    self._feed(NeighbourDown(name))
+        every = self.config.peer.eval_every_steps
+        if every and self.trainer.step - max(self._last_eval_step, 0) >= every:
+            self._evaluate()
+        if self.schedule.should_save(self.trainer.step, now):
+            self._checkpoint(final=False)
+        self._write_status()
+
+    def _evaluate(self) -> None:
+        if self._last_eval_step == self.trainer.step:
+            return
+        self._last_eval = self.trainer.evaluate()
+        self._last_eval_step = self.trainer.step
+        self.status.metric_line(self._snapshot())
+
+    # ------------------------------------------------------------------ state sync
+
+    def _answer_sync(self, requester: str) -> None:
+        if requester not in self.neighbours or not self._started:
+            return      # we have nothing better than the initial model to offer yet
+        round_index, steps_done = sync_position(self.machine)
+        meta = {"round": round_index, "steps_done": steps_done, "trainer_step": self.trainer.step}
+        # the parameters as they are between rounds; a copy, since mixing goes on while it is sent
+        params = self.trainer.host_params().detach().clone()
+        self._send(Send((requester,), StateSyncResponse(round=round_index, tensors={"params": params},
+                                                       meta=meta)))
+
+    def _adopt(self, opened: Opened) -> None:
+        message = opened.message
+        assert isinstance(message, StateSyncResponse)
+        params = message.tensors.get("params")
+        if params is None or params.numel() != self.trainer.flat_params.numel():
+            self._warn(f"state sync from {opened.sender}: no usable parameters; ignored")
+            return
+        round_index = int(message.meta.get("round", message.round))
+        steps_done = int(message.meta.get("steps_done", 0))
+        own_round, _ = sync_position(self.machine)
+        if round_index < own_round:
+            self.status.say(f"{self.name}: {opened.sender} is behind us (round {round_index}); "
+                            "kept our state")
+            return
+        with torch.no_grad():
+            self.trainer.flat_params.copy_(params.reshape(-1))
+        fast_forward(self.machine, round_index=round_index, steps_done=steps_done)
+        self.trainer.step = steps_done       # the learning-rate schedule follows the network
+        self.status.say(f"{self.name}: synced from {opened.sender}: round {round_index}, step {steps_done}")
+
+    # ------------------------------------------------------------------ persistence
+
+    def _restore(self) -> bool:
+        state = self.store.load_latest()
+        if state is None:
+            return False
+        trainer_state, protocol_state, extra = state
+        self.trainer.load_state_dict(trainer_state)
+        self.machine.restore_state(protocol_state)
+        endpoint_state = extra.get("endpoint")
+        if isinstance(endpoint_state, dict):
+            self.endpoint.restore_state(endpoint_state)
+        self.status.say(f"{self.name}: resumed from checkpoint at step {self.trainer.step} "
+                        f"(epoch {self.parts.epoch})")
+        return True
+
+    def _checkpoint(self, *, final: bool) -> None:
+        assert self.transport is not None
+        if self.transport.pending_sends():
+            self.transport.wait_sent()
+        self.store.save(self.trainer.state_dict(), self.machine.export_state(),
+                        {"endpoint": self.endpoint.export_state(), "final": final,
+                         "epoch": self.parts.epoch})
+        self.schedule.saved(self.trainer.step, self.now())
+
+    # ------------------------------------------------------------------ status
+
+    def _consensus_estimate(self) -> float:
+        """max over {self} ∪ neighbours of ||x - mean|| / ||mean||, from the last full parameters heard."""
+        vectors = [self.trainer.flat_params.detach().cpu()]
+        vectors += [info.params for info in self.neighbours.values() if info.params is not None]
+        if len(vectors) < 2:
+            return math.nan
+        stacked = torch.stack([v.to(torch.float64) for v in vectors])
+        mean = stacked.mean(dim=0)
+        scale = float(torch.linalg.vector_norm(mean)) or 1.0
+        return float(max(torch.linalg.vector_norm(v - mean) for v in stacked)) / scale
+
+    def _remember_params(self, info: NeighbourInfo, message: Message) -> None:
+        tensors = getattr(message, "tensors", None)
+        if not tensors or self.trainer.flat_params.numel() > 10_000_000:
+            return
+        numel = self.trainer.flat_params.numel()
+        for tensor in tensors.values():
+            if tensor.is_floating_point() and tensor.numel() == numel:
+                info.params = tensor.detach().reshape(-1).to(torch.float32).clone()
+                return
+
+    def _snapshot(self) -> dict[str, Any]:
+        assert self.transport is not None
+        now = self.now()
+        return {
+            "name": self.name, "state": self.state, "epoch": self.parts.epoch, "uptime_s": round(now, 3),
+            "step": self.trainer.step, "loss": self._last_loss,
+            "train_s": (self._train_end_s if self._finished else now) - self._train_start_s,
+            "accuracy": self._last_eval.get("accuracy", math.nan),
+            "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
+            "consensus_estimate": self._consensus_estimate(),
+            "neighbours": {
+                name: {"up": info.up, "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
+                       else None, "latency_ms": info.latency_ms, "step": info.step}
+                for name, info in self.neighbours.items()},
+            "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
+            "payload_bytes_sent": self.counters.payload_bytes_sent,
+            "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
+            "messages_sent": self.counters.messages_sent,
+            "messages_accepted": self.counters.messages_accepted,
+            "rejections": dict(self.endpoint.rejections),
+            "unreachable": dict(self.counters.unreachable),
+            "abandoned_sends": dict(self.transport.abandoned),
+            "metrics": self.counters.metrics,
+            "timeline": self.timeline,
+        }
+
+    def _write_status(self, *, force: bool = False) -> None:
+        if force or self.now() >= self.status.next_due:
+            self.status.write(self._snapshot(), now=self.now(), interval_s=self.config.peer.status_interval_s)
+
+    def _warn(self, text: str) -> None:
+        self.status.say(f"{self.name}: warning: {text}")
+
+
+def sync_position(machine: Any) -> tuple[int, int]:
+    """(round, local steps done) of a round-based machine, from its exported state."""
+    _, meta = machine.export_state()
+    return int(meta.get("round", 0)), int(meta.get("steps_done", 0))
+
+
+def fast_forward(machine: Any, *, round_index: int, steps_done: int) -> None:
+    """Put a round-based machine at the start of ``round_index`` with empty buffers.
+
+    Through the machine's own export/restore (no protocol maths here): a joiner
+    that adopted a neighbour's parameters continues from the neighbour's round,
+    so its messages are neither stale nor too far ahead for the others.
+    """
+    tensors, meta = machine.export_state()
+    if "round" not in meta or "phase" not in meta:
+        raise HivemeshError(f"algorithm {meta.get('algorithm')!r} does not support joining by state sync")
+    kept = {k: v for k, v in tensors.items() if not k.startswith(("inbox/", "late/", "sent/", "dpsgd/"))}
+    meta = dict(meta, round=round_index, steps_done=steps_done, phase="idle", round_steps=0,
+                training_over=False, final_done=0, start_s=None, timer_set=False, down=[], inbox=[], late=[],
+                last_sends=[], last_send_messages=[])
+    machine.restore_state((kept, meta))
+
+
+def run_peer(config_path: str) -> int:
+    """Load the config, run the peer, return the exit code (errors as one line on stderr)."""
+    try:
+        config = load_peer_config(config_path)
+        return PeerDaemon(config).run()
+    except HivemeshError as error:
+        print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
+        return 2
