@@ -116,6 +116,19 @@ def test_compress_never_aliases_the_input(spec: str) -> None:
     assert torch.equal(op.decompress(c), before)
 
 
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("numel", [13, 200_003])
+def test_decompress_into_a_reused_buffer(spec: str, numel: int) -> None:
+    op = from_spec(spec)
+    c = op.compress(vector(numel), KEY)
+    buffer = torch.full((numel,), 7.0)
+    y = op.decompress(c, out=buffer)
+    assert y.data_ptr() == buffer.data_ptr()
+    assert torch.equal(y, op.decompress(c))
+    with pytest.raises(ValueError, match="out must be"):
+        op.decompress(c, out=torch.zeros(numel + 1))
+
+
 def test_fp16_saturates_instead_of_overflowing() -> None:
     op = from_spec("fp16")
     y = op.decompress(op.compress(torch.tensor([1e6, -1e6, 1.0]), KEY))

@@ -1,7 +1,9 @@
 """The one interface every compression operator implements.
 
 compress(x, key) -> Compressed (parts sent as raw frames + small scalar params)
-decompress(c) -> tensor of ``c.numel`` float32, or raises BadParts with a reason.
+decompress(c, out=None) -> tensor of ``c.numel`` float32, or raises BadParts with a reason.
+``out``: a float32 buffer of ``c.numel`` the caller reuses (a fresh 100 MB tensor
+costs about as much as the decoding itself: page faults); otherwise a new one.
 
 Operators never alias their input in ``parts`` (the caller may change ``x``
 in place while the parts are in flight) and never modify received parts
@@ -66,7 +68,7 @@ class Compressor(Protocol):
 
     def compress(self, x: torch.Tensor, key: RngKey) -> Compressed: ...
 
-    def decompress(self, c: Compressed) -> torch.Tensor: ...
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -83,6 +85,16 @@ def check_input(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 1 or not x.is_floating_point():
         raise ValueError(f"compress takes a 1-D float tensor, got {tuple(x.shape)} {x.dtype}")
     return x.detach().to(torch.float32).contiguous()
+
+
+def output(numel: int, out: torch.Tensor | None) -> torch.Tensor:
+    """The caller's buffer (checked) or a fresh float32 tensor of ``numel``."""
+    if out is None:
+        return torch.empty(numel, dtype=torch.float32)
+    if out.dtype != torch.float32 or out.shape != (numel,) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of shape ({numel},), "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    return out
 
 
 def check_header(c: Compressed, op: str, expected: set[str]) -> None:
@@ -138,4 +150,18 @@ def check_finite(t: torch.Tensor, name: str) -> None:
         return
     low, high = torch.aminmax(t)
     if not (torch.isfinite(low) and torch.isfinite(high)):
+        raise BadParts("nonfinite", name)
+
+
+def copy_checked(source: torch.Tensor, target: torch.Tensor, name: str) -> None:
+    """target <- source (any float dtype), rejecting NaN/Inf; checks each block while it is in cache."""
+    lows: list[torch.Tensor] = []
+    highs: list[torch.Tensor] = []
+    for start, stop in chunks(source.numel(), 4 * CHUNK):
+        block = target[start:stop]
+        block.copy_(source[start:stop])
+        low, high = torch.aminmax(block)
+        lows.append(low)
+        highs.append(high)
+    if lows and not bool(torch.isfinite(torch.stack(lows + highs)).all()):
         raise BadParts("nonfinite", name)

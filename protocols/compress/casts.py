@@ -10,17 +10,26 @@ from dataclasses import dataclass
 
 import torch
 
-from protocols.compress.base import Compressed, RngKey, check_finite, check_header, check_input, get_part
+from protocols.compress.base import (
+    Compressed,
+    RngKey,
+    check_header,
+    check_input,
+    copy_checked,
+    get_part,
+    output,
+)
 
 FP16_MAX = 65504.0
 
 
-def _decode_values(c: Compressed, op: str, dtype: torch.dtype) -> torch.Tensor:
+def _decode_values(c: Compressed, op: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
     check_header(c, op, {"values"})
     values = get_part(c, "values", dtype, c.numel)
-    check_finite(values, "values")
-    # A fresh float32 tensor: received buffers may be read-only, and the caller mixes in place.
-    return values.to(torch.float32, copy=True)
+    # Always a copy: received buffers may be read-only, and the caller mixes in place.
+    result = output(c.numel, out)
+    copy_checked(values, result, "values")
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +44,8 @@ class Identity:
         x = check_input(x)
         return Compressed(op=self.name, numel=x.numel(), parts={"values": x.clone()})
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
-        return _decode_values(c, self.name, torch.float32)
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.float32, out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +66,8 @@ class Float16:
                 half = x.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
         return Compressed(op=self.name, numel=x.numel(), parts={"values": half})
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
-        return _decode_values(c, self.name, torch.float16)
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.float16, out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,5 +82,5 @@ class BFloat16:
         x = check_input(x)
         return Compressed(op=self.name, numel=x.numel(), parts={"values": x.to(torch.bfloat16)})
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
-        return _decode_values(c, self.name, torch.bfloat16)
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _decode_values(c, self.name, torch.bfloat16, out)

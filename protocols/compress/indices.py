@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from protocols.compress.base import BadParts, Compressed, get_part
+from protocols.compress.base import BadParts, Compressed, get_part, output
 
 _INT16_OFFSET = 32768
 
@@ -53,8 +53,14 @@ def decode_indices(c: Compressed, name: str, length: int) -> torch.Tensor:
     return indices
 
 
-def scatter(numel: int, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """A fresh dense float32 vector with ``values`` at ``indices`` and zeros elsewhere."""
-    out = torch.zeros(numel, dtype=torch.float32)
-    out.index_put_((indices,), values.to(torch.float32))
-    return out
+def scatter(
+    numel: int, indices: torch.Tensor, values: torch.Tensor, out: torch.Tensor | None
+) -> torch.Tensor:
+    """A dense float32 vector (``out`` or fresh) with ``values`` at ``indices`` and zeros elsewhere."""
+    if out is None:
+        result = torch.zeros(numel, dtype=torch.float32)
+    else:
+        result = output(numel, out)
+        result.zero_()
+    result.index_put_((indices,), values.to(torch.float32))
+    return result

@@ -33,6 +33,7 @@ from protocols.compress.base import (
     check_header,
     check_input,
     get_part,
+    output,
 )
 from protocols.rng import torch_generator
 
@@ -130,7 +131,7 @@ class PowerSGD:
             parts={"p": _join(p_parts), "q": _join(q_parts), "exact": _join(exact_parts)},
         )
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
         check_header(c, self.name, {"p", "q", "exact"})
         try:
             layers = plan(self.shapes, c.numel, self.rank)
@@ -143,10 +144,10 @@ class PowerSGD:
         exact = get_part(c, "exact", torch.float32, exact_numel)
         for name, part in (("p", p), ("q", q), ("exact", exact)):
             check_finite(part, name)
-        out = torch.empty(c.numel, dtype=torch.float32)
+        result = output(c.numel, out)
         p_at = q_at = exact_at = 0
         for layer in layers:
-            target = out[layer.offset:layer.offset + layer.numel]
+            target = result[layer.offset:layer.offset + layer.numel]
             if not layer.low_rank:
                 target.copy_(exact[exact_at:exact_at + layer.numel])
                 exact_at += layer.numel
@@ -159,7 +160,7 @@ class PowerSGD:
                 torch.mm(p_layer, q_layer.T, out=target.view(layer.rows, layer.cols))
             else:
                 target.copy_((p_layer @ q_layer.T).reshape(-1)[:layer.numel])
-        return out
+        return result
 
     def export_state(self) -> dict[str, torch.Tensor]:
         """The warm-start Q of each layer, for a checkpoint."""

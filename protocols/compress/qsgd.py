@@ -8,9 +8,10 @@ probabilities). The code ``level + s`` in [0, 2s] is bit-packed: one per
 byte at 8 bits, two at 4, four at 2 (lowest bits first). ``norm`` travels in
 the header; decoding is ``(code - s) ||x|| / s``.
 
-The noise is 16-bit integers from PCG64 keyed by (seed, peer, step,
-"qsgd"), so u takes 65,536 evenly spaced values (midpoints): the rounding is
-unbiased to 2^-17 of a level step, below float32 resolution of v near s.
+Codes are packed by ``bitpack.pack_codes``. The noise is 16-bit integers
+from PCG64 keyed by (seed, peer, step, "qsgd"), so u takes 65,536 evenly
+spaced values (midpoints): the rounding is unbiased to 2^-17 of a level
+step, below float32 resolution of v near s.
 All arithmetic runs on cache-sized chunks (see ``base.CHUNK``).
 """
 
@@ -31,7 +32,9 @@ from protocols.compress.base import (
     chunks,
     get_float,
     get_part,
+    output,
 )
+from protocols.compress.bitpack import pack_codes, table_decode
 from protocols.rng import derive_seed
 
 BITS = (2, 4, 8)
@@ -91,6 +94,7 @@ class QSGD:
         value = self._buffer("value", np.dtype(np.float32))
         codes = self._buffer("codes", np.dtype(np.uint8))
         source = x.numpy()
+        target = packed.numpy()
         for start, stop in chunks(numel):
             length = stop - start
             raw = bitgen.random_raw(-(-length // 4)).view(np.int16)[:length]
@@ -100,28 +104,14 @@ class QSGD:
             v += u  # v + s + u, in [0, 2s + 1)
             # Float rounding may reach 2s + 1 when one element holds (almost) the whole norm.
             torch.from_numpy(v).clamp_(max=2 * s)
-            code = codes[:length]
-            np.copyto(code, v, casting="unsafe")  # truncation = floor for non-negative values
-            self._pack_into(packed, start, torch.from_numpy(code))
+            padded = -(-length // per_byte) * per_byte
+            code = codes[:padded]
+            np.copyto(code[:length], v, casting="unsafe")  # truncation = floor for non-negative values
+            code[length:] = s  # padding decodes to 0 and is cut off
+            target[start // per_byte:start // per_byte + padded // per_byte] = pack_codes(code, self.bits)
         return Compressed(op=self.name, numel=numel, parts={"codes": packed}, params={"norm": norm})
 
-    def _pack_into(self, packed: torch.Tensor, start: int, code: torch.Tensor) -> None:
-        """Write ``code`` (starting at element ``start``, a multiple of CHUNK) into the packed bytes."""
-        bits = self.bits
-        per_byte = 8 // bits
-        if per_byte == 1:
-            packed[start:start + code.numel()].copy_(code)
-            return
-        padded = -(-code.numel() // per_byte) * per_byte
-        if padded != code.numel():
-            code = torch.cat([code, torch.full((padded - code.numel(),), levels(bits), dtype=torch.uint8)])
-        grouped = code.view(-1, per_byte)
-        out = packed[start // per_byte:start // per_byte + grouped.shape[0]]
-        out.copy_(grouped[:, 0])
-        for j in range(1, per_byte):
-            out.bitwise_or_(grouped[:, j] << (bits * j))
-
-    def decompress(self, c: Compressed) -> torch.Tensor:
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
         check_header(c, self.name, {"codes"})
         s = levels(self.bits)
         per_byte = 8 // self.bits
@@ -130,21 +120,14 @@ class QSGD:
         if per_byte == 1:
             if c.numel and int(packed.max()) > 2 * s:
                 raise BadParts("bad_code", f"a code above {2 * s}")
-            out = torch.empty(c.numel, dtype=torch.float32)
+            result = output(c.numel, out)
             for start, stop in chunks(c.numel):
-                torch.mul(packed[start:stop], step, out=out[start:stop]).sub_(s * step)
-            return out
+                torch.mul(packed[start:stop], step, out=result[start:stop]).sub_(s * step)
+            return result
         table = (_LEVEL_TABLES[self.bits] * step).to(torch.float32)
-        out = torch.empty(packed.numel() * per_byte, dtype=torch.float32)
-        rows = out.view(-1, per_byte)
-        index = torch.empty(CHUNK, dtype=torch.int64)
-        for start, stop in chunks(packed.numel()):
-            idx = index[:stop - start]
-            idx.copy_(packed[start:stop])
-            torch.index_select(table, 0, idx, out=rows[start:stop])
-        out = out[:c.numel]
+        result = table_decode(packed, table, c.numel, output(c.numel, out))
         if c.numel:
-            low, high = torch.aminmax(out)
+            low, high = torch.aminmax(result)
             if not (torch.isfinite(low) and torch.isfinite(high)):
                 raise BadParts("bad_code", f"a code above {2 * s}")
-        return out
+        return result

@@ -73,9 +73,9 @@ class RandomK:
         check_finite(values, "values")
         return random_indices(seed, c.numel, k), values
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
         indices, values = self._decode(c)
-        return scatter(c.numel, indices, values)
+        return scatter(c.numel, indices, values, out)
 
     def subtract_sent(self, c: Compressed, acc: torch.Tensor) -> None:
         """acc -= decompress(c), touching only the sent positions."""

@@ -27,6 +27,7 @@ from protocols.compress.base import (
     check_finite,
     check_header,
     check_input,
+    chunks,
     get_part,
 )
 from protocols.compress.indices import decode_indices, encode_indices, scatter
@@ -36,6 +37,8 @@ from protocols.compress.indices import decode_indices, encode_indices, scatter
 SAMPLE = 1 << 16
 # Vectors this short are selected directly, without a sample.
 SMALL = 1 << 14
+# Block length of the candidate scan: 256 Ki float32 (1 MiB) plus its mask stay in L2.
+BLOCK = 1 << 18
 
 
 def k_for(numel: int, fraction: float) -> int:
@@ -45,58 +48,62 @@ def k_for(numel: int, fraction: float) -> int:
     return min(numel, max(1, round(fraction * numel)))
 
 
-def _sample_threshold(magnitude: torch.Tensor, rank: int) -> float:
-    """The ``rank``-th largest value of a strided sample (scaled to the sample)."""
-    step = max(1, magnitude.numel() // SAMPLE)
-    sample = magnitude[::step]
-    if rank >= sample.numel():
-        return 0.0
-    return float(torch.kthvalue(sample, sample.numel() - rank).values)
+def _at_least(x: torch.Tensor, threshold: float, scratch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sorted positions with |x| >= threshold, found block by block while each block is in cache."""
+    magnitude = scratch.setdefault("magnitude", torch.empty(BLOCK, dtype=torch.float32))
+    mask = scratch.setdefault("mask", torch.empty(BLOCK, dtype=torch.bool))
+    found: list[torch.Tensor] = []
+    for start, stop in chunks(x.numel(), BLOCK):
+        length = stop - start
+        torch.abs(x[start:stop], out=magnitude[:length])
+        torch.ge(magnitude[:length], threshold, out=mask[:length])
+        positions = torch.nonzero(mask[:length]).squeeze(1)
+        if positions.numel():
+            found.append(positions.add_(start))
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64)
 
 
-def _candidates(magnitude: torch.Tensor, k: int, sigmas: float) -> torch.Tensor:
-    """Sorted positions with magnitude at or above a threshold that lets at least k through."""
-    numel = magnitude.numel()
-    if numel <= SMALL:
-        threshold = 0.0
-    else:
-        sample_size = -(-numel // max(1, numel // SAMPLE))
-        expected = sample_size * k / numel
-        threshold = _sample_threshold(magnitude, int(expected + sigmas * math.sqrt(expected) + 8))
+def _sample(x: torch.Tensor, size: int) -> torch.Tensor:
+    """|x| at evenly strided positions (about ``size`` of them)."""
+    return x[::max(1, x.numel() // size)].abs()
+
+
+def _candidates(x: torch.Tensor, k: int, scratch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sorted positions at or above a threshold that lets at least k through (a few % more)."""
+    numel = x.numel()
+    threshold = 0.0
+    if numel > SMALL:
+        sample = _sample(x, SAMPLE)
+        expected = sample.numel() * k / numel
+        rank = int(expected + 4 * math.sqrt(expected) + 8)  # 4 sigma above the expected count
+        if rank < sample.numel():
+            threshold = float(torch.kthvalue(sample, sample.numel() - rank).values)
     while True:
-        found = torch.nonzero(magnitude >= threshold).squeeze(1)
+        found = _at_least(x, threshold, scratch)
         if found.numel() >= k:
             return found
         if threshold == 0.0:
             raise ValueError("top-k: the input has NaN values")
-        threshold = threshold / 4 if threshold > 1e-30 else 0.0
+        threshold = threshold / 4 if threshold > 1e-30 else 0.0  # the sample misled us: widen
 
 
-def select_exact(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Sorted positions of exactly the k largest magnitudes; ties go to the lowest index."""
-    numel = magnitude.numel()
+def select_exact(x: torch.Tensor, k: int, scratch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sorted positions of exactly the k largest |x|; ties go to the lowest index."""
+    numel = x.numel()
     if k >= numel:
         return torch.arange(numel)
     if k == 0:
         return torch.zeros(0, dtype=torch.int64)
-    found = _candidates(magnitude, k, sigmas=4.0)
-    values = magnitude[found]
+    found = _candidates(x, k, scratch)
     if found.numel() == k:
         return found
+    values = x[found].abs_()
     kth = torch.kthvalue(values, values.numel() - k + 1).values
     keep = values > kth
     missing = k - int(keep.sum())
     ties = torch.nonzero(values == kth).squeeze(1)[:missing]
     keep[ties] = True
     return found[keep]
-
-
-def _magnitude(x: torch.Tensor, scratch: dict[int, torch.Tensor]) -> torch.Tensor:
-    buffer = scratch.get(x.numel())
-    if buffer is None:
-        scratch.clear()
-        buffer = scratch.setdefault(x.numel(), torch.empty(x.numel(), dtype=torch.float32))
-    return torch.abs(x, out=buffer)
 
 
 def _decode_sparse(c: Compressed, op: str, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +121,7 @@ class TopK:
     """Exactly the ``round(fraction * numel)`` largest magnitudes."""
 
     fraction: float = 0.01  # 1%: the usual operating point of sparsified SGD with error feedback
-    _scratch: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _scratch: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction <= 1.0:
@@ -127,17 +134,17 @@ class TopK:
     def compress(self, x: torch.Tensor, key: RngKey) -> Compressed:
         x = check_input(x)
         k = k_for(x.numel(), self.fraction)
-        indices = select_exact(_magnitude(x, self._scratch), k)
+        indices = select_exact(x, k, self._scratch)
         return Compressed(
             op=self.name,
             numel=x.numel(),
             parts={"indices": encode_indices(indices, x.numel()), "values": x[indices]},
         )
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
         k = k_for(c.numel, self.fraction) if isinstance(c.numel, int) else 0
         indices, values = _decode_sparse(c, self.name, k, k)
-        return scatter(c.numel, indices, values)
+        return scatter(c.numel, indices, values, out)
 
     def subtract_sent(self, c: Compressed, acc: torch.Tensor) -> None:
         """acc -= decompress(c), touching only the sent positions (exact zeros there)."""
@@ -151,7 +158,7 @@ class TopKApprox:
 
     fraction: float = 0.01  # as topk
     slack: float = 0.1  # 10%: about 5 standard deviations of the 256 Ki-sample estimate at 1%
-    _scratch: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _scratch: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction <= 1.0:
@@ -173,29 +180,27 @@ class TopKApprox:
         numel = x.numel()
         k = k_for(numel, self.fraction)
         low, high = self.k_range(numel)
-        magnitude = _magnitude(x, self._scratch)
         indices = None
         if numel > SMALL:
-            step = max(1, numel // (4 * SAMPLE))
-            sample = magnitude[::step]
+            sample = _sample(x, 4 * SAMPLE)
             rank = round(sample.numel() * k / numel)
             if 0 < rank < sample.numel():
                 threshold = float(torch.kthvalue(sample, sample.numel() - rank + 1).values)
-                found = torch.nonzero(magnitude >= threshold).squeeze(1)
+                found = _at_least(x, threshold, self._scratch)
                 if low <= found.numel() <= high:
                     indices = found
         if indices is None:
-            indices = select_exact(magnitude, k)
+            indices = select_exact(x, k, self._scratch)
         return Compressed(
             op=self.name,
             numel=numel,
             parts={"indices": encode_indices(indices, numel), "values": x[indices]},
         )
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
         low, high = self.k_range(c.numel) if isinstance(c.numel, int) else (0, 0)
         indices, values = _decode_sparse(c, self.name, low, high)
-        return scatter(c.numel, indices, values)
+        return scatter(c.numel, indices, values, out)
 
     def subtract_sent(self, c: Compressed, acc: torch.Tensor) -> None:
         """acc -= decompress(c), touching only the sent positions."""
