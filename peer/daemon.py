@@ -217,6 +217,9 @@ class PeerDaemon:
         self._started = True
         self._train_start_s = self.now()
         self._feed(Start())
+        for name, info in self.neighbours.items():
+            if not info.up:     # never heard: the machine's rounds go on without it until it appears
+                self._feed(NeighbourDown(name))
         for opened in self._early:
             self._feed(Received(opened.sender, opened.message))
         self._early.clear()
@@ -479,8 +482,11 @@ class PeerDaemon:
 
     def _remember_params(self, info: NeighbourInfo, message: Message) -> None:
         tensors = getattr(message, "tensors", None)
-        if not tensors or self.trainer.flat_params.numel() > 10_000_000:
-            return
+        gossip = self.config.gossip
+        if not tensors or gossip.compressed or gossip.algorithm not in ("dpsgd", "local", "adpsgd"):
+            return      # compressed or push-sum messages are not the sender's parameters
+        if self.trainer.flat_params.numel() > 10_000_000:
+            return      # big models: no copy per message just for the estimate
         numel = self.trainer.flat_params.numel()
         for tensor in tensors.values():
             if tensor.is_floating_point() and tensor.numel() == numel:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peer import tomlout
+from peer import roster_file, tomlout
 from peer.transport import free_tcp_addresses
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
@@ -71,8 +71,7 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                               curve_key=identity.curve_public_key))
     roster = Roster(tuple(members))
     roster_path = out / "roster.toml"
-    roster_path.write_text("# hivemesh roster: the one source of membership\n"
-                           + tomlout.dumps(roster.to_dict()))
+    roster_file.write(roster_path, roster)
     configs = {}
     for name in roster.names:
         table: dict[str, Any] = {
@@ -90,6 +89,6 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
 
 def load_roster(path: str | Path) -> Roster:
     """Read a roster TOML file; a HivemeshError names the file on any problem."""
-    from peer.config import read_toml
+    from peer import roster_file
 
-    return Roster.from_dict(read_toml(path), source=str(path))
+    return roster_file.read(path)

@@ -1,0 +1,148 @@
+"""Acceptance (a) and (e) of the daemon: 8 real peer processes on 127.0.0.1, attacked while they train.
+
+One network run serves both: 8 peers on a ring, D-PSGD, digits-mlp, Dirichlet(0.5).
+An on-path attacker sits in front of p07 (p07 listens on another port; the
+roster's address is the attacker's, which forwards everything and keeps
+copies). Mid-training it replays captured messages to p07, tampers with
+messages in flight, sends captured messages to a peer they were not meant for,
+and an outsider whose key is not on the roster sends its own signed messages.
+The honest peers must count every one of those as a rejection, accept none,
+and still meet the bar.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import zmq
+from _daemon_support import consensus_distance, describe, final_params, make_network, status, wait_for_step
+
+from peer.launch import PeerProcesses
+from peer.netinit import load_roster
+from peer.transport import Transport, free_tcp_addresses
+from protocols.identity import Identity
+from protocols.messages import Heartbeat
+from protocols.roster import Member, Roster
+from protocols.wire import Endpoint
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+
+class Tap(threading.Thread):
+    """An on-path attacker: forwards every message for one peer, keeps copies, can tamper in flight."""
+
+    def __init__(self, bind: str, forward_to: str, keep: int = 40) -> None:
+        super().__init__(daemon=True)
+        self.context = zmq.Context()
+        self.inbox = self.context.socket(zmq.ROUTER)
+        self.inbox.bind(bind)
+        self.outbox = self.context.socket(zmq.DEALER)
+        self.outbox.connect(forward_to)
+        self.keep = keep
+        self.captured: list[list[bytes]] = []
+        self.tamper_budget = 0          # set by the test: tamper with this many gossip messages
+        self.tampered = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        while not self.stopping.is_set():
+            if not poller.poll(50):
+                continue
+            frames = self.inbox.recv_multipart()[1:]
+            if self.tamper_budget > self.tampered and len(frames) > 2:
+                forged = list(frames)
+                payload = bytearray(forged[1])
+                payload[len(payload) // 2] ^= 0x40
+                forged[1] = bytes(payload)
+                self.outbox.send_multipart(forged)
+                self.tampered += 1
+            self.outbox.send_multipart(frames)
+            if len(self.captured) < self.keep:
+                self.captured.append(frames)
+        self.inbox.close(linger=0)
+        self.outbox.close(linger=1000)
+        self.context.term()
+
+
+def _deliver(sender: Transport, name: str, frames: list[bytes]) -> None:
+    for _ in range(200):
+        if sender.send(name, frames):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"attacker could not reach {name}")
+
+
+def test_eight_peers_meet_the_bar_and_count_every_attack_message(tmp_path: Path) -> None:
+    files = make_network(tmp_path / "net", steps=300)
+    roster = load_roster(files.roster)
+    (p07_real,) = free_tcp_addresses(1)
+    p07_config = files.configs["p07"]
+    p07_config.write_text(p07_config.read_text().replace("[peer]\n", f'[peer]\nlisten = "{p07_real}"\n', 1))
+    tap = Tap(roster.member("p07").address, p07_real)
+    tap.start()
+    attacker_sent: Counter[str] = Counter()
+    expected_reasons: dict[str, Counter[str]] = {name: Counter() for name in roster.names}
+    addresses = {m.name: m.address for m in roster}
+    attacker = Transport(listen=free_tcp_addresses(1)[0],
+                         neighbours={"p03": addresses["p03"], "p07": p07_real})
+    try:
+        with PeerProcesses(files.configs) as processes:
+            processes.start_all()
+            wait_for_step(files, list(files.configs), 60)
+            # replay: captured messages p07 has already accepted, byte for byte
+            replayed = list(tap.captured[:10])
+            for frames in replayed:
+                _deliver(attacker, "p07", frames)
+            attacker_sent["p07"] += len(replayed)
+            expected_reasons["p07"]["replay"] += len(replayed)
+            # wrong recipient: captured messages for p07 shown to p03
+            for frames in replayed[:5]:
+                _deliver(attacker, "p03", frames)
+            attacker_sent["p03"] += 5
+            expected_reasons["p03"]["not_a_recipient"] += 5
+            # tampering in flight: a flipped payload byte, then the genuine message
+            tap.tamper_budget = 5
+            # an outsider with a valid signature from a key that is not on the roster
+            mallory = Identity.generate()
+            fake_roster = Roster((*roster.members, Member(name="mallory", public_id=mallory.public_id,
+                                                          address="tcp://127.0.0.1:9")))
+            outsider = Endpoint(mallory, fake_roster, run_id=b"\0" * 32, epoch=0)
+            for target in ("p03", "p07"):
+                for step in range(4):
+                    frames = [bytes(f) for f in outsider.seal([target], Heartbeat(step=step))]
+                    _deliver(attacker, target, frames)
+                attacker_sent[target] += 4
+                expected_reasons[target]["unknown_sender"] += 4
+            attacker.wait_sent(10)
+            deadline = time.monotonic() + 60
+            while tap.tampered < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            attacker_sent["p07"] += tap.tampered
+            expected_reasons["p07"]["digest_mismatch"] += tap.tampered
+            finished = processes.wait(240)
+            codes = processes.exitcodes()
+        assert finished and all(code == 0 for code in codes.values()), f"{codes}\n{describe(files)}"
+    finally:
+        attacker.close()
+        tap.stopping.set()
+        tap.join(5)
+
+    assert tap.tampered == 5
+    statuses = {name: status(files, name) for name in files.configs}
+    # (a) the bar of the gossip issue, from the peers' own evaluation and their final checkpoints
+    for name, found in statuses.items():
+        assert found["state"] == "finished" and found["step"] == 300, describe(files)
+        assert found["accuracy"] >= 0.90, f"{name}: accuracy {found['accuracy']}"
+    assert consensus_distance(final_params(files)) < 1e-2
+    # (e) every attacker message is a counted rejection, for the reason it deserves; none accepted
+    for name, found in statuses.items():
+        rejections = Counter(found["rejections"])
+        assert sum(rejections.values()) == attacker_sent[name], f"{name}: {rejections}"
+        assert rejections == expected_reasons[name], name
+    assert attacker_sent["p07"] == 10 + 5 + 4 and attacker_sent["p03"] == 5 + 4
