@@ -3,7 +3,8 @@
 Workloads: one 25M-element float32 vector, a ResNet-18's parameter shapes
 (11.7M) and a small transformer's (d=512, 6 blocks, 8k vocabulary: 23.5M),
 as lists below (no torchvision). For each operator: GB/s of float32 input for
-compress and for decompress (best of ``--repeat`` after a warm-up: other
+compress and for decompress, into fresh memory and into a reused buffer
+(``decompress(c, out=buffer)``) (best of ``--repeat`` after a warm-up: other
 processes share this machine, and the minimum is the least disturbed run),
 the compression ratio of the whole message as the codec sends it (header
 included, ``accounting.message_bytes``), and the link speed below which the
@@ -108,10 +109,12 @@ def run_workload(name: str, x: torch.Tensor, shapes: list[tuple[int, ...]] | Non
         naive["qsgd"] = best_time(repeat, lambda: naive_qsgd(x))
     for family, seconds in naive.items():
         print(f"   naive {family}: {seconds * 1e3:.0f} ms ({size / seconds / 1e9:.2f} GB/s)")
-    widths = [26, 9, 9, 9, 9, 8, 8, 10, 8, 6]
-    print(row(["operator", "comp ms", "comp GB/s", "dec ms", "dec GB/s", "ratio", "vs copy",
+    widths = [26, 8, 9, 8, 9, 9, 8, 8, 10, 8, 5]
+    print(row(["operator", "comp ms", "comp GB/s", "dec ms", "dec GB/s", "dec GB/s", "ratio", "vs copy",
                "break-even", "vs naive", "goal"], widths))
-    print(row(["", "", "", "", "", "", "(comp)", "GB/s link", "(comp)", ""], widths))
+    print(row(["", "", "", "(fresh)", "(fresh)", "(reused)", "", "(comp)", "GB/s link", "(comp)", ""],
+              widths))
+    buffer = torch.empty_like(x)
     lines = []
     for spec in specs:
         op = from_spec(spec, shapes=shapes)
@@ -122,16 +125,19 @@ def run_workload(name: str, x: torch.Tensor, shapes: list[tuple[int, ...]] | Non
         raw = message_bytes(ParamPush(round=1, tensors={"params": x}, meta={}))
         compress_s = best_time(repeat, lambda: op.compress(x, key))  # noqa: B023
         decompress_s = best_time(repeat, lambda: op.decompress(c))  # noqa: B023
+        reused_s = best_time(repeat, lambda: op.decompress(c, out=buffer))  # noqa: B023
         family = spec.split(":")[0].removesuffix("-approx")
         speedup = naive[family] / compress_s if family in naive else None
         saved = raw - wire
-        break_even = saved / (compress_s + decompress_s) / 1e9 if saved > 0 else 0.0
-        met = size / compress_s / 1e9 >= GOAL_GBPS and size / decompress_s / 1e9 >= GOAL_GBPS
+        decode_s = min(decompress_s, reused_s)
+        break_even = saved / (compress_s + decode_s) / 1e9 if saved > 0 else 0.0
+        met = size / compress_s / 1e9 >= GOAL_GBPS and size / decode_s / 1e9 >= GOAL_GBPS
         if speedup is not None:
             met = met and speedup >= GOAL_SPEEDUP
         line = row([
             spec, f"{compress_s * 1e3:.0f}", f"{size / compress_s / 1e9:.2f}", f"{decompress_s * 1e3:.0f}",
-            f"{size / decompress_s / 1e9:.2f}", f"{raw / wire:.1f}x", f"{copy_s / compress_s:.2f}",
+            f"{size / decompress_s / 1e9:.2f}", f"{size / reused_s / 1e9:.2f}", f"{raw / wire:.1f}x",
+            f"{copy_s / compress_s:.2f}",
             f"{break_even:.2f}", "-" if speedup is None else f"{speedup:.1f}x", "met" if met else "MISS",
         ], widths)
         print(line, flush=True)
@@ -156,8 +162,10 @@ def main() -> None:
             shapes = resnet18_shapes() if workload == "resnet18" else transformer_shapes()
             x = torch.randn(sum(math.prod(s) for s in shapes), generator=generator)
         run_workload(workload, x, shapes, specs, args.repeat)
-    print("\nratio: raw float32 message / compressed message, headers included."
-          " break-even: links slower than this gain from the operator (GB/s; x8 for Gbit/s).")
+    print("\nratio: raw float32 message / compressed message, headers included. break-even: links slower"
+          " than this gain from the operator (GB/s; x8 for Gbit/s), with the faster decompress. goal: both"
+          f" directions >= {GOAL_GBPS} GB/s (decompress into a reused buffer counts), top-k and QSGD"
+          f" compress >= {GOAL_SPEEDUP:.0f}x their naive versions.")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Codes are packed lowest bits first (little bit order), matching numpy's
 ``packbits(bitorder="little")`` for 1-bit codes. Both directions work on
-cache-sized chunks; decoding is one table gather per byte (a row of 8 // b
-float32 values), so it costs about one pass over the output.
+cache-sized chunks. ``unpack_codes`` spreads codes back into bytes with
+strided shifts; ``table_decode`` maps each byte to a row of 8 // b float32
+values with one gather (used for 1-bit signs, where a row is 8 values).
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     for j in range(1, 8 // bits):
         gathered |= words >> (j * (8 - bits))
     return gathered.astype(np.uint8)
+
+
+def unpack_codes(packed: np.ndarray, bits: int, codes: np.ndarray) -> np.ndarray:
+    """Inverse of ``pack_codes``: ``codes[:len(packed) * 8 // bits]`` <- the codes, lowest bits first."""
+    per_byte = 8 // bits
+    if per_byte == 1:
+        return packed
+    mask = np.uint8((1 << bits) - 1)
+    result = codes[:packed.size * per_byte]
+    for j in range(per_byte):
+        lane = result[j::per_byte]
+        if j == 0:
+            np.bitwise_and(packed, mask, out=lane)
+        else:
+            np.right_shift(packed, np.uint8(bits * j), out=lane)
+            if j < per_byte - 1:
+                lane &= mask
+    return result
 
 
 def table_decode(packed: torch.Tensor, table: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:

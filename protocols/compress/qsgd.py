@@ -6,7 +6,8 @@ uniform in [0, 1): one of the two levels around v, with E = v (rounding v
 itself instead of |v| gives the same two levels with the same
 probabilities). The code ``level + s`` in [0, 2s] is bit-packed: one per
 byte at 8 bits, two at 4, four at 2 (lowest bits first). ``norm`` travels in
-the header; decoding is ``(code - s) ||x|| / s``.
+the header; decoding is ``(code - s) ||x|| / s``, and a code above 2s is
+rejected (``bad_code``).
 
 Codes are packed by ``bitpack.pack_codes``. The noise is 16-bit integers
 from PCG64 keyed by (seed, peer, step, "qsgd"), so u takes 65,536 evenly
@@ -34,7 +35,7 @@ from protocols.compress.base import (
     get_part,
     output,
 )
-from protocols.compress.bitpack import pack_codes, table_decode
+from protocols.compress.bitpack import pack_codes, unpack_codes
 from protocols.rng import derive_seed
 
 BITS = (2, 4, 8)
@@ -45,19 +46,6 @@ _NOISE_OFFSET = 0.5 + 0.5 * 2.0**-16  # int16 noise r -> u = (r + 32768 + 1/2) /
 def levels(bits: int) -> int:
     """Levels per sign for ``bits`` bits per element."""
     return 2 ** (bits - 1) - 1
-
-
-def _level_table(bits: int) -> torch.Tensor:
-    """(256, 8 // bits) float64: the signed levels the codes in each byte stand for; NaN if invalid."""
-    s = levels(bits)
-    byte = torch.arange(256)
-    codes = torch.stack([(byte >> (bits * j)) & ((1 << bits) - 1) for j in range(8 // bits)], dim=1)
-    table = (codes - s).to(torch.float64)
-    table[codes > 2 * s] = float("nan")
-    return table
-
-
-_LEVEL_TABLES = {bits: _level_table(bits) for bits in BITS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,17 +105,17 @@ class QSGD:
         per_byte = 8 // self.bits
         packed = get_part(c, "codes", torch.uint8, -(-c.numel // per_byte))
         step = get_float(c, "norm") / s
-        if per_byte == 1:
-            if c.numel and int(packed.max()) > 2 * s:
-                raise BadParts("bad_code", f"a code above {2 * s}")
-            result = output(c.numel, out)
-            for start, stop in chunks(c.numel):
-                torch.mul(packed[start:stop], step, out=result[start:stop]).sub_(s * step)
-            return result
-        table = (_LEVEL_TABLES[self.bits] * step).to(torch.float32)
-        result = table_decode(packed, table, c.numel, output(c.numel, out))
-        if c.numel:
-            low, high = torch.aminmax(result)
-            if not (torch.isfinite(low) and torch.isfinite(high)):
-                raise BadParts("bad_code", f"a code above {2 * s}")
+        result = output(c.numel, out)
+        source = packed.numpy()
+        spread = self._buffer("spread", np.dtype(np.uint8))
+        highest = 0
+        for start, stop in chunks(packed.numel(), CHUNK // per_byte):
+            codes = unpack_codes(source[start:stop], self.bits, spread)
+            highest = max(highest, int(codes.max()))
+            first = start * per_byte
+            last = min(stop * per_byte, c.numel)
+            codes_t = torch.from_numpy(codes[:last - first])
+            torch.mul(codes_t, step, out=result[first:last]).sub_(s * step)
+        if highest > 2 * s:
+            raise BadParts("bad_code", f"a code above {2 * s}")
         return result
