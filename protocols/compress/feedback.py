@@ -58,8 +58,8 @@ class ErrorFeedback:
             residual.sub_(operator.decompress(c))
         return c
 
-    def decompress(self, c: Compressed) -> torch.Tensor:
-        return self.compressor.decompress(c)
+    def decompress(self, c: Compressed, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.compressor.decompress(c, out)
 
     def residual(self, slot: str = "") -> torch.Tensor | None:
         """The slot's current residual (the live tensor), or None before its first use."""
