@@ -265,6 +265,16 @@ class Network:
     def accuracies(self, names: Sequence[str] | None = None) -> dict[str, float]:
         return {n: self.trainers[n].evaluate()["accuracy"] for n in (names or self.names)}
 
+    def average_accuracy(self, names: Sequence[str] | None = None) -> float:
+        """Test accuracy of the average of the peers' parameters (evaluated on a scratch trainer)."""
+        chosen = list(names or self.names)
+        scratch = self.trainers[chosen[0]]
+        saved = scratch.flat_params.clone()
+        scratch.flat_params.copy_(torch.stack([self.trainers[n].flat_params for n in chosen]).mean(dim=0))
+        accuracy = float(scratch.evaluate()["accuracy"])
+        scratch.flat_params.copy_(saved)
+        return accuracy
+
     def consensus(self, names: Sequence[str] | None = None) -> float:
         from protocols.gossip import consensus_distance
 
@@ -275,7 +285,8 @@ def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0
                    alpha: float = 0.5, seed: int = 0, wire: bool = False,
                    step_time_s: float | Mapping[str, float] = 1.0, latency_s: float = 0.01,
                    tamper: Mapping[str, Tamper] | None = None, task: str = "digits-mlp",
-                   observe: Callable[[Driver], None] | None = None) -> Network:
+                   observe: Callable[[Driver], None] | None = None,
+                   trainer_options: Mapping[str, Any] | None = None) -> Network:
     """``n`` peers training ``task`` on Dirichlet(``alpha``) shards, gossiping by ``config``."""
     from peer.partition import partition
     from peer.tasks import get_task
@@ -287,7 +298,8 @@ def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0
     names = topology.names
     data = get_task(task)
     shards = partition(data.labels, n, scheme="dirichlet", seed=seed, alpha=alpha)
-    trainer_config = TrainerConfig(lr=lr, batch_size=batch_size, threads=1, device="cpu")
+    trainer_config = TrainerConfig(lr=lr, batch_size=batch_size, threads=1, device="cpu",
+                                   **(trainer_options or {}))
     trainers = {name: Trainer(data, trainer_config, shards[i], seed=seed, member_index=i)
                 for i, name in enumerate(names)}
     machines = {name: make_machine(config, name=name, topology=topology, params=trainers[name].flat_params,

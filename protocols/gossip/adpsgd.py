@@ -38,8 +38,17 @@ from protocols.events import (
 )
 from protocols.gossip.base import MachineBase
 from protocols.gossip.rounds import Phase
-from protocols.messages import ParamPush
+from protocols.messages import ErrorReply, ParamPush
 from protocols.rng import derive_seed
+
+REFUSED = "update_refused"  # ErrorReply code: the request's update was rejected, no average was done
+
+
+def _int_or(text: str, default: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
 
 
 class ADPSGD(MachineBase):
@@ -87,6 +96,15 @@ class ADPSGD(MachineBase):
                 if message.want_reply:
                     return self._on_request(sender, message)
                 return self._on_reply(sender, message, now)
+            case Received(sender=sender, message=ErrorReply() as refusal) if refusal.code == REFUSED:
+                if self.request is None or self.request != (sender, _int_or(refusal.detail, -1)):
+                    self.counters["stale_message"] += 1
+                    return []
+                self.counters["refused_exchange"] += 1
+                self.request, self.sent = None, None
+                if self.phase is Phase.WAITING:
+                    return self._cancel_timer() + self._end_iteration(now)
+                return []
             case Received():
                 self.counters["unexpected_message"] += 1
                 return []
@@ -210,7 +228,8 @@ class ADPSGD(MachineBase):
         assert mine is not None
         theirs = self._screened(sender, message, mine)
         if theirs is None:
-            return []
+            # refuse rather than stay silent: the requester gives up at once instead of at its deadline
+            return [Send((sender,), ErrorReply(code=REFUSED, detail=str(message.round)))]
         tensors, meta, mine_sent = self.payload.encode(mine, message.round)
         self._apply_half(theirs, mine_sent)
         self.counters["requests_served"] += 1

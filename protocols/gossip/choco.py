@@ -10,7 +10,9 @@ vectors whatever the degree. Round ``t``:
   x_i += gamma (s_i - x_hat_i)     the consensus step
 
 The compression error is not lost: it stays in ``x_i - x_hat_i`` and is sent
-in later rounds (error feedback by construction). A ``q_j`` that arrives after
+in later rounds (error feedback by construction). With ``choco_full_start``
+round 0 goes uncompressed, so the public copies start exact instead of at 0
+(top-1% alone would need about 100 rounds to fill them). A ``q_j`` that arrives after
 its round closed is still added at the next mix, so the neighbours' views of
 ``x_hat_j`` never drift apart. The ``s_i`` form needs a static graph.
 """
@@ -37,8 +39,11 @@ class Choco(RoundMachine):
         self.neighbour_sum = torch.zeros_like(self.params)  # s_i = sum_j W_ij x_hat_j, self included
         self.own_q_norm = 0.0
 
+    def _raw(self, t: int) -> bool:
+        return t == 0 and self.config.choco_full_start
+
     def _round_messages(self, t: int) -> list[Send]:
-        tensors, meta, q = self.payload.encode(self.params - self.x_hat, t)
+        tensors, meta, q = self.payload.encode(self.params - self.x_hat, t, raw=self._raw(t))
         self.x_hat.add_(q)
         self.neighbour_sum.add_(q, alpha=self.topology.self_weight(self.name, t))
         self.own_q_norm = float(torch.linalg.vector_norm(q))
@@ -46,7 +51,7 @@ class Choco(RoundMachine):
         return [Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta))] if recipients else []
 
     def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
-        q_j = self.payload.decode(message.tensors, message.meta)
+        q_j = self.payload.decode(message.tensors, message.meta, raw=self._raw(message.round))
         return q_j, float(torch.linalg.vector_norm(q_j))
 
     def _own_norm(self) -> float:

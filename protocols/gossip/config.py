@@ -30,6 +30,7 @@ class GossipConfig:
     duration_s: float = 0.0  # 0 = no limit; else stop training this long after Start (asynchronous runs)
     compression: str = "identity"  # protocols.compress spec; sparsifiers need algorithm = "choco"
     consensus_step: float = 1.0  # CHOCO's gamma: 1.0 is exact gossip; lower it for aggressive compressors
+    choco_full_start: bool = True  # CHOCO's round 0 is uncompressed: public copies start exact, not at 0
     deadline_s: float = 10.0  # how long a peer whose work is done waits for a missing neighbour
     max_rounds_ahead: int = 4  # messages for later rounds are buffered up to this far ahead (memory bound)
     final_gossip_rounds: int = 0  # gossip-only rounds after training that drive the peers to consensus
@@ -72,7 +73,7 @@ class GossipConfig:
             raise ValueError(f"outer_lr must be > 0, not {self.outer_lr}")
         if not 0.0 <= self.outer_momentum < 1.0:
             raise ValueError(f"outer_momentum must be in [0, 1), not {self.outer_momentum}")
-        if self.outer_every < 1 or self.outer_every % self.local_steps:
+        if self.outer == "diloco" and (self.outer_every < 1 or self.outer_every % self.local_steps):
             raise ValueError(f"outer_every ({self.outer_every}) must be a positive multiple of "
                              f"local_steps ({self.local_steps})")
         if self.norm_multiple < 0:

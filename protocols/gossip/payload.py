@@ -30,14 +30,15 @@ class Payload:
         self._name = name
         self._compressor: Compressor | None = None if spec.strip() == "identity" else from_spec(spec)
 
-    def encode(self, x: torch.Tensor, round_index: int) -> tuple[dict[str, torch.Tensor], dict[str, Scalar],
-                                                                   torch.Tensor]:
+    def encode(self, x: torch.Tensor, round_index: int, *, raw: bool = False
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Scalar], torch.Tensor]:
         """(tensors, meta) for the message, and the vector the receivers will decode (a fresh tensor).
 
-        The returned tensors are never modified afterwards by the machine, so a
-        driver may send them without copying.
+        ``raw``: send uncompressed whatever the operator. The returned tensors are
+        never modified afterwards by the machine, so a driver may send them
+        without copying.
         """
-        if self._compressor is None:
+        if self._compressor is None or raw:
             sent = x.detach().clone()
             return {RAW: sent}, {}, sent
         compressed = self._compressor.compress(x.detach(), RngKey(self._seed, self._name, round_index))
@@ -45,9 +46,10 @@ class Payload:
         decoded = self._compressor.decompress(compressed).to(self.dtype)
         return tensors, meta, decoded
 
-    def decode(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar]) -> torch.Tensor:
+    def decode(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar], *,
+               raw: bool = False) -> torch.Tensor:
         """The received vector in our dtype; raises BadParts(reason) when it must not be applied."""
-        if self._compressor is None:
+        if self._compressor is None or raw:
             x = tensors.get(RAW)
             if x is None:
                 raise BadParts("missing_part", RAW)

@@ -1,11 +1,14 @@
 """The insider filter: updates that are not finite, or far larger than usual, are not mixed.
 
 Each candidate's norm (a neighbour's difference to us, or its compressed
-update) is compared with ``multiple`` times the median of a sample made of
-the recently accepted norms, this round's candidates and our own step's
-norm. Our own norm and an honest majority of the round keep the median honest
-from the first round on, before any history exists; the history then keeps
-it stable. Accepted norms enter the history, rejected ones never do.
+update) is compared with ``multiple`` times a reference: the median of a
+sample made of the recently accepted norms, this round's candidates and our
+own step's norm, but never less than our own step's norm. Our own norm and an
+honest majority of the round keep the reference honest from the first round
+on, before any history exists; the history then keeps it stable; the floor
+keeps a run of zero differences (peers that start equal) from making every
+later update look infinitely large. Accepted norms enter the history,
+rejected ones never do.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ class NormFilter:
             sample = [*self.history, *(n for n, ok in zip(norms, finite, strict=True) if ok)]
             if math.isfinite(own_norm):
                 sample.append(own_norm)
-            limit = self.multiple * statistics.median(sample) if sample else math.inf
+            reference = statistics.median(sample) if sample else math.inf
+            if math.isfinite(own_norm):
+                reference = max(reference, own_norm)
+            limit = self.multiple * reference
             verdict = [ok and n <= limit for n, ok in zip(norms, finite, strict=True)]
         else:
             verdict = finite
