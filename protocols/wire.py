@@ -118,8 +118,9 @@ class Endpoint:
         self._verifier = Verifier(roster, self.identity.public_key, self.run_id, self.policy, self.allocate)
 
     def export_state(self) -> dict[str, object]:
-        """Replay windows and counters, for a checkpoint (the epoch is the daemon's to persist)."""
-        return {"windows": self.windows.export_state(), "seq": self.seq}
+        """The replay windows, for a checkpoint. The epoch is the daemon's to persist and
+        increment at every start; the sequence number restarts at 0 with each epoch."""
+        return {"windows": self.windows.export_state()}
 
     def restore_state(self, state: Mapping[str, object]) -> None:
         windows = state.get("windows", {})
