@@ -273,3 +273,18 @@ def test_odd_frame_objects_never_raise(net: Network) -> None:
         result = bob.open(frames)  # type: ignore[arg-type]
         assert isinstance(result, Rejection)
     assert set(bob.rejections) == {"malformed_header"}
+
+
+def test_restored_windows_still_refuse_replays(net: Network) -> None:
+    alice, bob = net.endpoint("alice"), net.endpoint("bob")
+    frames = alice.seal(["bob"], Heartbeat(step=1))
+    assert isinstance(bob.open(frames), Opened)
+    restarted = net.endpoint("bob", epoch=2)
+    restarted.restore_state(bob.export_state())
+    assert reason_of(restarted, frames) == "replay"
+
+
+def test_removed_member_becomes_unknown_sender(net: Network) -> None:
+    alice, bob = net.endpoint("alice"), net.endpoint("bob")
+    bob.set_roster(net.roster.remove("alice"))
+    assert reason_of(bob, alice.seal(["bob"], Heartbeat(step=1))) == "unknown_sender"
