@@ -84,11 +84,22 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
     return identity, roster, name
 
 
-def assemble(config: PeerConfig) -> Parts:
-    """All parts of the peer described by ``config`` (see the module docstring for errors)."""
+def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
+    """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
     from peer.partition import partition
     from peer.tasks import get_task
     from peer.trainer import Trainer
+
+    network = config.network
+    task = get_task(network.task, **network.task_options)
+    part = network.partition
+    shards = partition(task.labels, members, scheme=part.scheme, seed=network.seed,
+                       alpha=part.alpha, shards_per_member=part.shards_per_member, path=part.path or None)
+    return Trainer(task, config.trainer, shards[index], seed=network.seed, member_index=index)
+
+
+def assemble(config: PeerConfig) -> Parts:
+    """All parts of the peer described by ``config`` (see the module docstring for errors)."""
     from protocols.gossip import make_machine
 
     identity, roster, name = identity_and_roster(config)
@@ -105,11 +116,7 @@ def assemble(config: PeerConfig) -> Parts:
     digest = run_id({"roster": roster, **config.shared()})
     epoch = next_epoch(config.data_dir)
     endpoint = Endpoint(identity, roster, digest, epoch)
-    task = get_task(network.task, **network.task_options)
-    part = network.partition
-    shards = partition(task.labels, len(topology.names), scheme=part.scheme, seed=network.seed,
-                       alpha=part.alpha, shards_per_member=part.shards_per_member, path=part.path or None)
-    trainer = Trainer(task, config.trainer, shards[index], seed=network.seed, member_index=index)
+    trainer = make_trainer(config, members=len(topology.names), index=index)
     graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
     machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph,
                                          params=trainer.flat_params, seed=network.seed))
