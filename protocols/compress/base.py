@@ -81,10 +81,14 @@ def chunks(numel: int, size: int = CHUNK) -> Iterator[tuple[int, int]]:
 
 
 def check_input(x: torch.Tensor) -> torch.Tensor:
-    """The input contract: a 1-D floating tensor; returned as contiguous float32."""
+    """The input contract: a 1-D floating tensor; returned as contiguous CPU float32.
+
+    Operators run on the CPU (the frames leave from there anyway): a CUDA input
+    is copied over once here, and a CPU float32 input is used as it is.
+    """
     if x.dim() != 1 or not x.is_floating_point():
         raise ValueError(f"compress takes a 1-D float tensor, got {tuple(x.shape)} {x.dtype}")
-    return x.detach().to(torch.float32).contiguous()
+    return x.detach().to("cpu", torch.float32).contiguous()
 
 
 def output(numel: int, out: torch.Tensor | None) -> torch.Tensor:

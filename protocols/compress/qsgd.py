@@ -36,7 +36,7 @@ from protocols.compress.base import (
     output,
 )
 from protocols.compress.bitpack import pack_codes, unpack_codes
-from protocols.rng import derive_seed
+from protocols.rng import numpy_generator
 
 BITS = (2, 4, 8)
 _NOISE_SCALE = 2.0**-16
@@ -76,7 +76,7 @@ class QSGD:
         per_byte = 8 // self.bits
         norm = float(torch.linalg.vector_norm(x)) if numel else 0.0
         gain = np.float32(s / norm if norm > 0 else 0.0)
-        bitgen = np.random.PCG64(derive_seed(key.seed, key.peer, key.step, self.name))
+        bitgen = numpy_generator(key.seed, key.peer, key.step, self.name).bit_generator
         packed = torch.empty(-(-numel // per_byte), dtype=torch.uint8)
         noise = self._buffer("noise", np.dtype(np.float32))
         value = self._buffer("value", np.dtype(np.float32))

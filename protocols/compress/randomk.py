@@ -25,12 +25,12 @@ from protocols.compress.base import (
 )
 from protocols.compress.indices import scatter
 from protocols.compress.topk import k_for
-from protocols.rng import derive_seed
+from protocols.rng import derive_seed, numpy_generator
 
 
 def random_indices(seed: int, numel: int, k: int) -> torch.Tensor:
-    """k distinct positions in ``range(numel)``, sorted, from PCG64(seed) alone."""
-    generator = np.random.Generator(np.random.PCG64(seed))
+    """k distinct positions in ``range(numel)``, sorted, from the sent ``seed`` alone."""
+    generator = numpy_generator(seed, "", 0, "randomk-indices")
     chosen = generator.choice(numel, size=k, replace=False, shuffle=False)
     chosen.sort()
     return torch.from_numpy(chosen.astype(np.int64, copy=False))
