@@ -14,8 +14,15 @@ place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
 Crashes keep the member's state at the moment of the crash as its last
 checkpoint (as if it checkpointed every step); a restart restores trainer,
 machine and replay windows from it with the next epoch, and feeds ``Start``.
-Neighbours are told ``NeighbourDown`` after ``failure_detect_ms`` and
-``NeighbourUp`` at once when a member (re)starts or joins.
+
+Liveness follows the daemon's rule: a neighbour is down once nothing of it
+was accepted for ``neighbour_timeout_ms`` (``NeighbourDown``), and up again
+at its next accepted message (``NeighbourUp``). The daemon's 1-second
+heartbeats are modelled, not sent: a running neighbour whose frames verify
+(honest, crash-before-crashing, sign-flip, noise) and whose link is not cut
+counts as heard at each check; forgers and replayers are never heard, so
+their honest neighbours stop waiting for them. A member that leaves says
+goodbye: its neighbours are told at once.
 
 ``verify_fraction < 1`` (scale runs only): each honest message is opened by
 the codec with that probability (a counter-based draw per link and message);
@@ -56,7 +63,7 @@ from protocols.events import (
 from protocols.identity import Identity
 from protocols.messages import Message
 from protocols.roster import Member, Roster, run_id
-from protocols.wire import Endpoint, wire_size
+from protocols.wire import Endpoint, Opened, wire_size
 from sim.node import churn_events, flip_signature, sim_identity, tamper, uniform, work_seconds
 from sim.scenario import ChurnEvent
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
@@ -105,6 +112,10 @@ class SimPeer:
         self.metric_last: dict[str, float] = {}
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
+        self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
+        self.started_at_s = 0.0
+        self.last_heard: dict[str, float] = {}  # neighbour -> when something of it was last accepted
+        self.down: set[str] = set()             # neighbours this member's machine was told are down
 
     def all_rejections(self) -> Counter[str]:
         return self.rejections + self.endpoint.rejections
@@ -152,23 +163,57 @@ class GossipRun:
 
     def run(self) -> ScenarioResult:
         started = time.perf_counter()  # wall time for the progress line only; never in the result
+        self.begin()
+        self.engine.run(until_s=self.scenario.duration_s)
+        return self.end(time.perf_counter() - started)
+
+    def begin(self) -> None:
+        """Schedule the starts, the churn and the evaluations (a test may then step the engine)."""
         churn = churn_events(self.scenario, self.world.names)
         joins_later = {e.node for e in churn if e.kind == "join"}
         first_join = {e.node: e.at_s for e in sorted(churn, key=lambda e: e.at_s) if e.kind == "join"}
         for name, peer in sorted(self.peers.items()):
             if name not in joins_later or first_join[name] <= 0.0:
-                self.engine.at(0.0, functools.partial(self._start, peer, False))
+                self.engine.at(0.0, functools.partial(self._start, peer))
         for event in churn:
             if event.kind == "join" and event.at_s <= 0.0:
                 continue
             self.engine.at(event.at_s, functools.partial(self._churn, event))
         self.recorder.start()
-        self.engine.run(until_s=self.scenario.duration_s)
-        self.recorder.evaluate()
-        self._finish(time.perf_counter() - started)
-        return self.result
+        self.engine.at(0.0, self._check_liveness)
 
-    def _finish(self, wall_s: float) -> None:
+    def _check_liveness(self) -> None:
+        """The failure detector of every running member, every quarter of the timeout."""
+        now = self.engine.now_s
+        timeout_s = self.scenario.nodes.neighbour_timeout_ms / 1000.0
+        for name, peer in sorted(self.peers.items()):
+            if not peer.alive:
+                continue
+            for other in self.world.neighbours(name):
+                if self._heartbeat_arrives(other, name, now):
+                    self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
+                    if not peer.alive:
+                        break
+                heard = peer.last_heard.get(other, peer.started_at_s)
+                if other not in peer.down and now - heard > timeout_s:
+                    peer.down.add(other)
+                    self._feed(peer, NeighbourDown(other))
+        self.engine.at(now + timeout_s / 4, self._check_liveness)
+
+    def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
+        sender = self.peers[src]
+        return (sender.alive and sender.behaviour not in _ALWAYS_VERIFIED
+                and not self.network.partitioned(src, dst, now))
+
+    def _heard(self, peer: SimPeer, sender: str) -> None:
+        peer.last_heard[sender] = self.engine.now_s
+        if sender in peer.down:
+            peer.down.discard(sender)
+            self._feed(peer, NeighbourUp(sender))
+
+    def end(self, wall_s: float = 0.0) -> ScenarioResult:
+        """Evaluate everyone once more and fill in the result."""
+        self.recorder.evaluate()
         result = self.result
         result.simulated_time_s = self.engine.now_s
         result.events_run = self.engine.events_run
@@ -188,20 +233,23 @@ class GossipRun:
             merge_counts(result.dropped, peer.dropped)
         merge_counts(result.dropped, self.network.dropped)
         result.links = self.network.traffic()
-        for _, peer in sorted(self.peers.items()):  # machines report running totals: sum the last ones
+        # Machines report running totals (counters) and gauges ("round"): the sum and the largest.
+        for _, peer in sorted(self.peers.items()):
             for key, value in sorted(peer.metric_last.items()):
                 result.metrics[key] = result.metrics.get(key, 0.0) + value
+                result.metrics[f"{key}.max"] = max(result.metrics.get(f"{key}.max", value), value)
         result.metrics = dict(sorted(result.metrics.items()))
+        return result
 
     # ------------------------------------------------------------ lifecycle
 
-    def _start(self, peer: SimPeer, notify: bool) -> None:
+    def _start(self, peer: SimPeer) -> None:
         peer.alive = True
         peer.started = True
+        peer.started_at_s = self.engine.now_s
+        peer.last_heard.clear()
+        peer.down.clear()  # a (re)started machine presumes its neighbours up, as the daemon's does
         self._feed(peer, Start())
-        if notify:
-            for other in self.world.neighbours(peer.name):
-                self._feed(self.peers[other], NeighbourUp(peer.name))
 
     def _churn(self, event: ChurnEvent) -> None:
         peer = self.peers[event.node]
@@ -209,17 +257,25 @@ class GossipRun:
             if not peer.alive:
                 return
             self._stop(peer, keep_checkpoint=event.kind == "crash")
-            delay_s = self.scenario.nodes.failure_detect_ms / 1000.0 if event.kind == "crash" else 0.0
-            for other in self.world.neighbours(peer.name):
-                self.engine.after(delay_s, functools.partial(
-                    self._feed, self.peers[other], NeighbourDown(peer.name)))
+            if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
+                for other in self.world.neighbours(peer.name):
+                    neighbour = self.peers[other]
+                    if neighbour.alive and peer.name not in neighbour.down:
+                        neighbour.down.add(peer.name)
+                        self._feed(neighbour, NeighbourDown(peer.name))
         elif event.kind == "restart":
             if peer.alive or peer.checkpoint is None:
                 return
             self._restore(peer)
-            self._start(peer, notify=True)
+            self._start(peer)
+            if peer.pending_work is not None:
+                # It crashed mid-work: the restored state already holds those steps (they are
+                # deterministic), but the time to do them again is spent again.
+                duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
+                                          peer.work_index, peer.pending_work.steps)
+                self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
         elif event.kind == "join" and not peer.alive and not peer.started:
-            self._start(peer, notify=True)
+            self._start(peer)
 
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
@@ -266,8 +322,9 @@ class GossipRun:
                                           peer.work_index, steps)
                 peer.work_index += 1
                 peer.steps_done += steps
+                peer.pending_work = WorkDone(steps, loss)
                 self.engine.at(now + duration_s, functools.partial(
-                    self._guarded, peer, peer.incarnation, WorkDone(steps, loss)))
+                    self._work_done, peer, peer.incarnation))
             case SetTimer(key=key, at=at):
                 peer.timer_tokens += 1
                 peer.timers[key] = peer.timer_tokens
@@ -282,8 +339,9 @@ class GossipRun:
                 if all(p.finished or not p.alive for _, p in sorted(self.peers.items())):
                     self.engine.stop()
 
-    def _guarded(self, peer: SimPeer, incarnation: int, event: Event) -> None:
-        if peer.incarnation == incarnation:
+    def _work_done(self, peer: SimPeer, incarnation: int) -> None:
+        if peer.incarnation == incarnation and peer.pending_work is not None:
+            event, peer.pending_work = peer.pending_work, None
             self._feed(peer, event)
 
     def _timer(self, peer: SimPeer, incarnation: int, key: str, token: int) -> None:
@@ -342,10 +400,12 @@ class GossipRun:
             return
         if isinstance(delivery, list):
             opened = peer.endpoint.open(delivery)
-            if not hasattr(opened, "message"):
+            if not isinstance(opened, Opened):
                 return  # counted by the endpoint, by reason
-            self._feed(peer, Received(opened.sender, opened.message))  # type: ignore[union-attr]
+            self._heard(peer, opened.sender)
+            self._feed(peer, Received(opened.sender, opened.message))
         else:
+            self._heard(peer, sender)
             self._feed(peer, Received(sender, delivery))
 
 

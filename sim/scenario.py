@@ -32,6 +32,7 @@ A minimal scenario::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,7 @@ class NodesConfig:
     behaviour: dict[str, Behaviour] = field(default_factory=dict)  # members not named are honest
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
-    failure_detect_ms: float = 500.0   # neighbours notice a crash after a few missed heartbeats
+    neighbour_timeout_ms: float = 5000.0  # silent this long = down (the daemon's neighbour_timeout_s)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.step_time_ms) and self.step_time_ms > 0):
@@ -77,8 +78,8 @@ class NodesConfig:
             raise ValueError(f"straggle_probability must be in [0, 1], got {self.straggle_probability}")
         if self.straggle_slowdown < 1.0:
             raise ValueError(f"straggle_slowdown must be >= 1, got {self.straggle_slowdown}")
-        if self.failure_detect_ms < 0:
-            raise ValueError(f"failure_detect_ms must be >= 0, got {self.failure_detect_ms}")
+        if not self.neighbour_timeout_ms > 0:
+            raise ValueError(f"neighbour_timeout_ms must be > 0, got {self.neighbour_timeout_ms}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,8 +122,8 @@ class ChurnRates:
 
 @dataclass(frozen=True, kw_only=True)
 class AttackConfig:
-    sign_flip_scale: float = 10.0  # large enough that a norm filter at a few x the median catches it
-    noise_scale: float = 10.0      # noise RMS as a multiple of the honest tensor's RMS
+    sign_flip_scale: float = 1.0   # the plain attack: send -x instead of x
+    noise_scale: float = 1.0       # noise RMS as a multiple of the honest tensor's RMS
     crash_at_s: float = 0.0        # when "crash" members stop; 0 = half the scenario's duration
 
     def __post_init__(self) -> None:
@@ -171,6 +172,7 @@ class ScenarioConfig:
     trainer: dict[str, Any] = field(default_factory=dict)     # peer.trainer.TrainerConfig fields
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
     source: str = "<scenario>"     # the file it came from, for error messages and the report
 
     def __post_init__(self) -> None:
@@ -186,6 +188,8 @@ class ScenarioConfig:
             raise ValueError(f"verify_fraction must be in (0, 1], got {self.verify_fraction}")
         if self.baseline.kind != "none" and self.algorithm:
             raise ValueError("give either [algorithm] (gossip) or [baseline], not both")
+        if self.baseline.kind != "none" and self.compare_with:
+            raise ValueError("compare_with is for gossip scenarios (it adds baselines to compare with)")
 
     def behaviour(self, name: str) -> str:
         return self.nodes.behaviour.get(name, "honest")
@@ -210,6 +214,21 @@ class ScenarioConfig:
         for index, partition in enumerate(self.faults.partitions):
             for name in partition.names():
                 check(f"faults.partitions[{index}]", name)
+
+
+def variants(scenario: ScenarioConfig) -> list[ScenarioConfig]:
+    """The scenario itself, then one copy per ``compare_with`` baseline (same network, task, seed).
+
+    A baseline copy averages every ``algorithm.local_steps`` steps (1 if not given), so it
+    compares like with like.
+    """
+    out = [scenario]
+    local_steps = scenario.algorithm.get("local_steps", 1)
+    for kind in scenario.compare_with:
+        out.append(dataclasses.replace(
+            scenario, name=f"{scenario.name}/{kind}", algorithm={}, compare_with=(),
+            baseline=BaselineConfig(kind=kind, local_steps=int(local_steps))))
+    return out
 
 
 def load_scenario(path: str | Path) -> ScenarioConfig:
