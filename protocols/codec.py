@@ -37,6 +37,7 @@ from blake3 import blake3
 
 from protocols.identity import SIGNATURE_BYTES, Identity, verify_signature
 from protocols.messages import KINDS, MESSAGE_TYPES, PROTOCOL_VERSION, Message, Scalar
+from protocols.replay import ReplayWindows
 from protocols.roster import ROLES, Member, Roster
 
 SIGNING_DOMAIN = b"hivemesh-message/1\x00"
@@ -148,54 +149,6 @@ class _Reject(Exception):
         super().__init__(reason, detail)
         self.reason = reason
         self.detail = detail
-
-
-# ------------------------------------------------------------ replay windows
-
-
-class ReplayWindows:
-    """Per sender: the newest epoch, the highest sequence number, and a bitmap of recent ones.
-
-    ``check`` only looks; ``accept`` advances, and is called for accepted
-    messages only, so a forged or corrupt message never moves a window.
-    """
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._state: dict[str, tuple[int, int, int]] = {}  # sender -> (epoch, highest seq, bitmap)
-
-    def check(self, sender: str, epoch: int, seq: int) -> Rejection | None:
-        state = self._state.get(sender)
-        if state is None:
-            return None
-        current_epoch, highest, bitmap = state
-        if epoch < current_epoch:
-            return Rejection("old_epoch", f"epoch {epoch} < {current_epoch}")
-        if epoch > current_epoch or seq > highest:
-            return None
-        behind = highest - seq
-        if behind >= self.size or bitmap >> behind & 1:
-            return Rejection("replay", f"epoch {epoch} seq {seq} already seen or too old")
-        return None
-
-    def accept(self, sender: str, epoch: int, seq: int) -> None:
-        state = self._state.get(sender)
-        if state is None or epoch > state[0]:
-            self._state[sender] = (epoch, seq, 1)
-            return
-        current_epoch, highest, bitmap = state
-        if seq > highest:
-            shift = seq - highest
-            bitmap = 1 if shift >= self.size else ((bitmap << shift) | 1) & ((1 << self.size) - 1)
-            self._state[sender] = (current_epoch, seq, bitmap)
-        else:
-            self._state[sender] = (current_epoch, highest, bitmap | 1 << (highest - seq))
-
-    def export_state(self) -> dict[str, list[int]]:
-        return {sender: list(state) for sender, state in self._state.items()}
-
-    def restore_state(self, state: Mapping[str, Sequence[int]]) -> None:
-        self._state = {sender: (int(e), int(h), int(b)) for sender, (e, h, b) in state.items()}
 
 
 # ------------------------------------------------------------ encode
@@ -356,7 +309,7 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
     if windows is not None:
         stale = windows.check(sender.name, epoch, seq)
         if stale is not None:
-            raise _Reject(stale.reason, f"from {sender.name}: {stale.detail}")
+            raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}")
 
     payload = frames[1:-1]
     layout = _check_manifest(header, payload, policy)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["protocols/identity.py", "protocols/roster.py", "protocols/codec.py", "protocols/wire.py"]
+MODULES = ["protocols/identity.py", "protocols/roster.py", "protocols/codec.py", "protocols/replay.py",
+           "protocols/wire.py"]
 FORBIDDEN_IMPORTS = {"zmq", "socket", "asyncio", "threading", "time", "random", "pickle", "peer", "sim"}
 
 
