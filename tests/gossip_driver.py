@@ -101,11 +101,17 @@ class Driver:
         for name in sorted(self.machines):
             self.feed(name, Start())
 
-    def run(self, *, until_s: float = math.inf, max_events: int = 10_000_000) -> None:
-        """Deliver events in time order until the queue is empty, ``until_s`` or ``max_events``."""
-        for _ in range(max_events):
+    def run(self, *, until_s: float = math.inf, max_events: int = 10_000_000,
+            pause_after: int | None = None) -> bool:
+        """Deliver events in time order until the queue is empty or ``until_s``: True when done.
+
+        ``pause_after``: return False after that many deliveries (to checkpoint, then run again).
+        """
+        for delivered in range(max_events):
             if not self.queue or self.queue[0].at > until_s:
-                return
+                return True
+            if pause_after is not None and delivered >= pause_after:
+                return False
             item = heapq.heappop(self.queue)
             self.now = item.at
             if isinstance(item.event, TimerFired):

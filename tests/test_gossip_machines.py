@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import networkx as nx
 import numpy as np
 import pytest
 import torch
@@ -19,9 +22,12 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.gossip import GossipConfig, make_machine
+from protocols.gossip import GossipConfig, PushSum, make_machine
+from protocols.gossip.mixing import nesterov_outer_step
+from protocols.gossip.robust import NormFilter
 from protocols.messages import ParamPush
-from topology import build
+from topology import build, from_graph
+from topology.errors import HivemeshError
 
 
 def _logreg_data(n_peers: int, m: int, d: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -205,3 +211,118 @@ def test_arrival_order_does_not_change_a_single_bit(algorithm: str) -> None:
     sent_b, final_b = _quadratic_run(algorithm, 3, **options)
     assert sent_a == sent_b
     assert all(torch.equal(final_a[n], final_b[n]) for n in final_a)
+
+
+# ------------------------------------------------------------ DiLoCo
+
+
+def test_e_nesterov_outer_step_matches_torch_sgd_nesterov() -> None:
+    generator = torch.Generator().manual_seed(2)
+    start = torch.randn(5, generator=generator, dtype=torch.float64)
+    anchor, momentum = start.clone(), torch.zeros(5, dtype=torch.float64)
+    reference = torch.nn.Parameter(start.clone())
+    optimiser = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(3):
+        params = anchor + torch.randn(5, generator=generator, dtype=torch.float64)  # after inner rounds
+        reference.grad = (reference.detach() - params).clone()  # the pseudo-gradient
+        optimiser.step()
+        nesterov_outer_step(params, anchor, momentum, lr=0.7, momentum=0.9)
+        assert torch.allclose(params, reference.detach(), rtol=0, atol=1e-14)
+        assert torch.equal(params, anchor)
+
+
+def test_e_the_diloco_outer_step_equals_a_hand_computed_nesterov_step() -> None:
+    # Prepare: the same local-SGD run without and with DiLoCo; the outer step falls after the last round.
+    topology = build("ring:4")
+    targets = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+
+    def run(outer: str) -> dict[str, torch.Tensor]:
+        workers = {n: QuadraticWorker(torch.ones(3, dtype=torch.float64), targets[i], lr=0.25)
+                   for i, n in enumerate(topology.names)}
+        config = GossipConfig(algorithm="local", local_steps=2, total_steps=4, outer=outer,
+                              outer_every=4, outer_lr=0.7, outer_momentum=0.9)
+        machines = {n: make_machine(config, name=n, topology=topology, params=workers[n].flat_params)
+                    for n in topology.names}
+        driver = Driver(machines, workers)
+        driver.start()
+        driver.run()
+        return {n: w.flat_params for n, w in workers.items()}
+
+    # Execute
+    inner, outer = run("none"), run("diloco")
+    # Assert: pseudo-gradient d = x0 - x_inner; m = d; x = x0 - lr (d + mu m) = x0 - 0.7 * 1.9 * d
+    x0 = torch.ones(3, dtype=torch.float64)
+    for name in topology.names:
+        hand = x0 - 0.7 * (1 + 0.9) * (x0 - inner[name])
+        assert torch.allclose(outer[name], hand, rtol=0, atol=1e-14), name
+        assert not torch.allclose(outer[name], inner[name])
+
+
+# ------------------------------------------------------------ push-sum
+
+
+def test_d_push_sum_mass_is_exact_and_the_ratio_reaches_the_average_when_weights_vary() -> None:
+    # A directed ring plus two chords from p0: columns sum to 1 (dyadic: 1/2, 1/4), rows do not,
+    # so the push-sum weights w drift away from 1.
+    graph = nx.DiGraph()
+    graph.add_edges_from([(f"p{i}", f"p{(i + 1) % 8}") for i in range(8)] + [("p0", "p2"), ("p0", "p5")])
+    topology = from_graph(graph)
+    starts = torch.randn(8, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    workers = {n: QuadraticWorker(starts[i], starts[i], lr=0.0) for i, n in enumerate(topology.names)}
+    machines = {n: make_machine(GossipConfig(algorithm="pushsum", total_steps=0, final_gossip_rounds=150),
+                                name=n, topology=topology, params=workers[n].flat_params)
+                for n in topology.names}
+    masses: list[float] = []
+    weights: set[float] = set()
+
+    def observe(driver: Driver) -> None:
+        held = [m.mass for m in driver.machines.values() if isinstance(m, PushSum)]
+        flying = [float(msg.meta["w"]) for _, _, msg in driver.in_flight() if isinstance(msg, ParamPush)]
+        masses.append(math.fsum(held + flying))
+        weights.update(m.weight for m in driver.machines.values() if isinstance(m, PushSum))
+
+    driver = Driver(machines, workers, observe=observe)
+    driver.start()
+    driver.run()
+    assert len(weights) > 8  # the weights really varied
+    # dyadic shares stay exact until the weights need more than 53 bits (about 25 rounds here)
+    assert set(masses[:200]) == {8.0}
+    assert max(abs(mass - 8.0) for mass in masses) < 1e-12
+    average = starts.mean(dim=0)
+    for worker in workers.values():
+        assert torch.allclose(worker.flat_params, average, atol=1e-9)
+
+
+# ------------------------------------------------------------ insider filter
+
+
+def test_the_norm_filter_rejects_nonfinite_and_outsized_norms_only() -> None:
+    screen = NormFilter(multiple=10.0)
+    assert screen.screen([0.0, 0.0], own_norm=0.5) == [True, True]  # peers that start equal
+    assert screen.screen([1.0, float("nan"), 1.2], own_norm=0.8) == [True, False, True]
+    assert screen.screen([0.9, 60.0], own_norm=0.7) == [True, False]  # 60 > 10 x max(median, own)
+    assert screen.screen([4.0], own_norm=0.5) == [True]  # within 10 x the median of the history
+    assert 60.0 not in screen.history and float("nan") not in screen.history
+    assert NormFilter(multiple=0.0).screen([1e30, float("inf")], own_norm=1.0) == [True, False]
+
+
+# ------------------------------------------------------------ joining by state sync
+
+
+def test_a_joiner_continues_from_the_round_it_was_given() -> None:
+    params = torch.zeros(3)
+    machine = make_machine(GossipConfig(total_steps=20), name="p01", topology=build("ring:4"), params=params)
+    params.fill_(2.0)  # the driver copied a neighbour's parameters in
+    machine.join_at(7, 7)
+    actions = machine.handle(Start(), 100.0)
+    sends = [a for a in actions if isinstance(a, Send)]
+    assert sends[0].message.round == 7 and torch.equal(sends[0].message.tensors["x"], params)
+    assert StartWork(1) in actions
+    assert machine.export_state()[1]["steps_done"] == 7
+
+
+def test_choco_refuses_to_join_by_state_sync() -> None:
+    machine = make_machine(GossipConfig(algorithm="choco"), name="p01", topology=build("ring:4"),
+                           params=torch.zeros(3))
+    with pytest.raises(HivemeshError, match="cannot join"):
+        machine.join_at(3, 3)

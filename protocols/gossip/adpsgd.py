@@ -70,6 +70,18 @@ class ADPSGD(MachineBase):
         self.sent: torch.Tensor | None = None  # what the outstanding request carried (decoded)
         self.own_step_norm = 0.0
 
+    def join_at(self, round_index: int, steps_done: int) -> None:
+        """Continue as a member that adopted a neighbour's parameters (state sync); feed Start next."""
+        if round_index < 0 or steps_done < 0:
+            raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
+        self.phase = Phase.IDLE
+        self.round, self.steps_done, self.round_steps = round_index, steps_done, 0
+        self.training_over, self.final_done, self.start_s, self.timer_set = False, 0, None, False
+        self.down = set()
+        self.public, self.correction, self.request, self.sent = None, None, None, None
+        if self.outer is not None:
+            self.outer.rebase(self.params, steps_done)
+
     # ------------------------------------------------------------ events
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:

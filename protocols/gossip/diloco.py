@@ -37,6 +37,12 @@ class OuterNesterov:
         self.outer_steps += 1
         return True
 
+    def rebase(self, params: torch.Tensor, steps_done: int) -> None:
+        """Restart the outer optimiser from ``params`` (after a state sync), momentum cleared."""
+        self.anchor.copy_(params)
+        self.momentum_buffer.zero_()
+        self.last_step = steps_done
+
     def export(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {"outer/anchor": self.anchor.clone(), "outer/momentum": self.momentum_buffer.clone()}
         return tensors, {"outer_last_step": self.last_step, "outer_steps": self.outer_steps}

@@ -49,6 +49,9 @@ class DPSGD(RoundMachine):
         gossip_correction(self.params, self.sent, [(weights[j], x_j) for j, _, x_j in accepted])
         self.sent = None
 
+    def _joined(self) -> None:
+        self.sent = None
+
     def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         if self.sent is not None:
             tensors["dpsgd/sent"] = self.sent.clone()

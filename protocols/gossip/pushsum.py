@@ -87,6 +87,12 @@ class PushSum(RoundMachine):
     def _params_replaced(self) -> None:
         self.numerator.copy_(self.params * self.weight)
 
+    def _joined(self) -> None:
+        # a member that (re)joins brings weight 1, like every member at the start
+        self.weight = 1.0
+        self.numerator.copy_(self.params)
+        self.before = None
+
     def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         tensors["pushsum/numerator"] = self.numerator.clone()
         if self.before is not None:

@@ -18,8 +18,9 @@ rounds without local work drive the peers to consensus; then ``Finished``.
 Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
 for rounds already closed are dropped (``stale_message``), except by
 algorithms whose sums stay right when a message is applied late (push-sum's
-mass, CHOCO's public copies), which apply them at their next mix
-(``late_message``).
+mass, CHOCO's public copies), which apply those up to ``max_rounds_ahead``
+rounds old at their next mix (``late_message``). A (sender, round) is never
+applied twice, so a peer restarted from a checkpoint may resend its round.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class RoundMachine(MachineBase):
         self.inbox: dict[int, dict[str, ParamPush]] = {}
         self.late: list[tuple[str, ParamPush]] = []
         self.last_sends: list[Send] = []  # this round's messages, resent after a restart
+        self.seen: dict[str, set[int]] = {}  # rounds received per sender, within the late window
 
     # ------------------------------------------------------------ maths hooks
 
@@ -98,13 +100,40 @@ class RoundMachine(MachineBase):
         raise NotImplementedError
 
     def _params_replaced(self) -> None:
-        """The outer optimiser overwrote the parameters between rounds."""
+        """The outer optimiser (or a state sync) overwrote the parameters between rounds."""
+
+    def _joined(self) -> None:
+        """Reset the algorithm's own state after ``join_at``."""
+        self._params_replaced()
 
     def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         pass
 
     def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         pass
+
+    def join_at(self, round_index: int, steps_done: int) -> None:
+        """Continue as a member that adopted a neighbour's parameters (state sync).
+
+        The driver has copied the neighbour's parameters into ``params``; the
+        machine goes back to IDLE at the start of ``round_index`` with
+        ``steps_done`` local steps counted and empty buffers; feed ``Start`` next.
+        """
+        if round_index < 0 or steps_done < 0:
+            raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
+        self.phase = Phase.IDLE
+        self.round = round_index
+        self.steps_done = steps_done
+        self.round_steps = 0
+        self.training_over = False
+        self.final_done = 0
+        self.start_s = None
+        self.timer_set = False
+        self.down = set()
+        self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
+        if self.outer is not None:
+            self.outer.rebase(self.params, steps_done)
+        self._joined()
 
     # ------------------------------------------------------------ events
 
@@ -206,22 +235,23 @@ class RoundMachine(MachineBase):
         if r < 0 or sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
             self.counters["not_neighbour"] += 1
             return []
-        if r < self.round:
-            bound = self.config.max_rounds_ahead * max(1, len(self.topology.in_neighbours(self.name, r)))
-            if self.KEEPS_LATE and len(self.late) < bound:
-                self.late.append((sender, message))
-                self.counters["late_message"] += 1
-            else:
-                self.counters["stale_message"] += 1
-            return []
         if r > self.round + self.config.max_rounds_ahead:
             self.counters["dropped_future"] += 1
             return []
-        box = self.inbox.setdefault(r, {})
-        if sender in box:
+        oldest = self.round - self.config.max_rounds_ahead
+        if r < self.round and not (self.KEEPS_LATE and r >= oldest):
+            self.counters["stale_message"] += 1
+            return []
+        seen = self.seen.setdefault(sender, set())
+        if r in seen:  # a resend after a restart, or a duplicate: never applied twice
             self.counters["duplicate_message"] += 1
             return []
-        box[sender] = message
+        seen.add(r)
+        if r < self.round:
+            self.late.append((sender, message))
+            self.counters["late_message"] += 1
+            return []
+        self.inbox.setdefault(r, {})[sender] = message
         if r == self.round:
             return self._maybe_close(now)
         return []
@@ -253,6 +283,8 @@ class RoundMachine(MachineBase):
         self.steps_done += self.round_steps
         self.round += 1
         self.last_sends = []
+        oldest = self.round - self.config.max_rounds_ahead
+        self.seen = {j: {r for r in rounds if r >= oldest} for j, rounds in self.seen.items()}
         if self._outer_step():
             self._params_replaced()
         actions.append(Metric("round", float(self.round)))
@@ -273,6 +305,7 @@ class RoundMachine(MachineBase):
             "start_s": self.start_s,
             "timer_set": self.timer_set,
             "down": sorted(self.down),
+            "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
             "inbox": export_messages("inbox", inbox, tensors),
             "late": export_messages("late", self.late, tensors),
             "last_sends": [list(a.recipients) for a in self.last_sends],
@@ -294,6 +327,7 @@ class RoundMachine(MachineBase):
         self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
         self.timer_set = bool(meta["timer_set"])
         self.down = set(meta["down"])
+        self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
         self.inbox = {}
         for sender, message in restore_messages("inbox", meta["inbox"], tensors):
             self.inbox.setdefault(message.round, {})[sender] = message
