@@ -285,6 +285,24 @@ def test_nonfinite_values_are_rejected(spec: str, bad: float) -> None:
     assert info.value.reason == "nonfinite"
 
 
+@pytest.mark.parametrize("spec", [s for s in SPECS if not s.startswith("randomk")])
+@pytest.mark.parametrize("numel", [100, 100_000])
+def test_a_nan_input_never_decodes_silently(spec: str, numel: int) -> None:
+    # random-k is excluded: it carries the NaN only when the NaN's position is drawn.
+    op = from_spec(spec)
+    x = vector(numel)
+    x[numel // 3] = float("nan")
+    x[numel // 2] = 1e3  # large, so every selecting operator keeps a position next to the NaN's scale
+    with pytest.raises((ValueError, BadParts)):
+        op.decompress(op.compress(x, KEY))
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(3, 3), torch.zeros(5, dtype=torch.int64)])
+def test_compress_takes_only_1d_float_tensors(bad: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="1-D float"):
+        from_spec("identity").compress(bad, KEY)
+
+
 def test_wrong_lengths_are_rejected() -> None:
     op = from_spec("fp16")
     c = op.compress(vector(1000), KEY)

@@ -18,6 +18,7 @@ All arithmetic runs on cache-sized chunks (see ``base.CHUNK``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +76,8 @@ class QSGD:
         s = levels(self.bits)
         per_byte = 8 // self.bits
         norm = float(torch.linalg.vector_norm(x)) if numel else 0.0
+        if not math.isfinite(norm):
+            raise ValueError("qsgd: the input has NaN or Inf values")
         gain = np.float32(s / norm if norm > 0 else 0.0)
         bitgen = numpy_generator(key.seed, key.peer, key.step, self.name).bit_generator
         packed = torch.empty(-(-numel // per_byte), dtype=torch.uint8)

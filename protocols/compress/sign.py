@@ -8,6 +8,7 @@ Both directions run on cache-sized chunks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,8 @@ class ScaledSign:
         x = check_input(x)
         numel = x.numel()
         scale = float(torch.linalg.vector_norm(x, 1)) / numel if numel else 0.0
+        if not math.isfinite(scale):
+            raise ValueError("sign: the input has NaN or Inf values")
         packed = pack_signs(x, self._scratch)
         return Compressed(op=self.name, numel=numel, parts={"signs": packed}, params={"scale": scale})
 

@@ -50,9 +50,10 @@ def k_for(numel: int, fraction: float) -> int:
 
 
 def _at_least(x: torch.Tensor, threshold: float, scratch: dict[str, np.ndarray]) -> torch.Tensor:
-    """Sorted positions with |x| >= threshold, found block by block while each block is in cache.
+    """Sorted positions with |x| >= threshold or NaN, found block by block while each block is in cache.
 
-    numpy's ``nonzero`` on a boolean block ran 4x faster than ``torch.nonzero`` here.
+    A NaN is selected (and then refused) rather than silently dropped. numpy's
+    ``nonzero`` on a boolean block ran 4x faster than ``torch.nonzero`` here.
     """
     magnitude = scratch.setdefault("magnitude", np.empty(BLOCK, dtype=np.float32))
     mask = scratch.setdefault("mask", np.empty(BLOCK, dtype=np.bool_))
@@ -62,7 +63,8 @@ def _at_least(x: torch.Tensor, threshold: float, scratch: dict[str, np.ndarray])
     for start, stop in chunks(x.numel(), BLOCK):
         length = stop - start
         np.abs(source[start:stop], out=magnitude[:length])
-        np.greater_equal(magnitude[:length], limit, out=mask[:length])
+        np.less(magnitude[:length], limit, out=mask[:length])
+        np.logical_not(mask[:length], out=mask[:length])  # not below: NaN counts as selected
         positions = mask[:length].nonzero()[0]
         if positions.size:
             positions += start
@@ -107,6 +109,8 @@ def select_exact(x: torch.Tensor, k: int, scratch: dict[str, np.ndarray]) -> tor
     if found.numel() == k:
         return found
     values = x[found].abs_()
+    if bool(torch.isnan(values).any()):
+        raise ValueError("top-k: the input has NaN values")
     kth = torch.kthvalue(values, values.numel() - k + 1).values
     keep = values > kth
     missing = k - int(keep.sum())
