@@ -27,6 +27,7 @@ SPECS = [
     "topk-approx:fraction=0.05",
     "sign",
     "qsgd:bits=8",
+    "qsgd:bits=8,bucket=0",
     "qsgd:bits=4",
     "qsgd:bits=2",
     "randomk:fraction=0.05",
@@ -98,7 +99,7 @@ def relative_error_bound(spec: str, numel: int) -> float:
     """||C(x) - x|| / ||x|| allowed: contractive operators stay below 1; unbiased ones within
     3x the square root of their variance bound (QSGD: Alistarh et al. 2017, Lemma 3.1)."""
     if spec.startswith("qsgd"):
-        s = 2 ** (int(spec[-1]) - 1) - 1
+        s = 2 ** (int(spec.split("bits=")[1][0]) - 1) - 1
         return 3 * min(numel / s**2, numel**0.5 / s) ** 0.5 + 1e-6
     if "unbiased=true" in spec:
         k = min(numel, max(1, round(0.05 * numel)))

@@ -79,18 +79,23 @@ def test_the_same_test_rejects_biased_operators(operator: Operator) -> None:
     assert statistic > critical
 
 
+@pytest.mark.parametrize("bucket", [0, 128])
 @pytest.mark.parametrize("bits", [2, 4, 8])
-def test_qsgd_variance_matches_theory_and_the_alistarh_bound(bits: int) -> None:
+def test_qsgd_variance_matches_theory_and_the_alistarh_bound(bits: int, bucket: int) -> None:
     n, s = 1000, 2 ** (bits - 1) - 1
     x = torch.randn(n, generator=torch.Generator().manual_seed(bits)).double()
-    op = from_spec(f"qsgd:bits={bits}")
+    op = from_spec(f"qsgd:bits={bits},bucket={bucket}")
     errors = [float(((op.decompress(op.compress(x.float(), RngKey(1, "p", d))).double() - x) ** 2).sum())
               for d in range(300)]
-    # Exact: each element rounds to one of two levels a step apart, P(up) = the fractional part.
-    step = float(x.norm()) / s
-    fraction = (x.abs() / step) % 1
-    exact = float((step**2 * fraction * (1 - fraction)).sum())
-    bound = min(n / s**2, n**0.5 / s) * float(x.norm()) ** 2
+    exact = bound = 0.0
+    for part in x.split(bucket or n):
+        # Exact: each element rounds to one of two levels a step apart, P(up) = the fractional part.
+        step = float(part.norm()) / s
+        fraction = (part.abs() / step) % 1
+        exact += float((step**2 * fraction * (1 - fraction)).sum())
+        # Alistarh et al. 2017, Lemma 3.1, per bucket of d elements: min(d / s^2, sqrt(d) / s) ||x||^2.
+        d = part.numel()
+        bound += min(d / s**2, d**0.5 / s) * float(part.norm()) ** 2
     assert exact <= bound
     assert np.mean(errors) == pytest.approx(exact, rel=0.1)
 
@@ -129,15 +134,35 @@ def test_randomk_receiver_regenerates_the_indices() -> None:
         assert info.value.reason == "bad_param"
 
 
-def test_qsgd_rejects_codes_beyond_its_levels() -> None:
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_qsgd_rejects_bad_codes_and_norms(bucket: int) -> None:
     for bits, bad_byte in ((8, 255), (4, 0xF0), (2, 0b11)):
-        op = from_spec(f"qsgd:bits={bits}")
+        op = from_spec(f"qsgd:bits={bits},bucket={bucket}")
         c = op.compress(torch.randn(100), RngKey(1, "p", 1))
         codes = c.parts["codes"].clone()
         codes[3] = bad_byte
         with pytest.raises(BadParts) as info:
-            op.decompress(Compressed(c.op, c.numel, {"codes": codes}, c.params))
+            op.decompress(Compressed(c.op, c.numel, {**c.parts, "codes": codes}, c.params))
         assert info.value.reason == "bad_code"
         for norm in (float("nan"), float("inf"), -1.0):
-            with pytest.raises(BadParts):
-                op.decompress(Compressed(c.op, c.numel, c.parts, {"norm": norm}))
+            if bucket == 0:
+                bad = Compressed(c.op, c.numel, c.parts, {"norm": norm})
+            else:
+                norms = c.parts["norms"].clone()
+                norms[2] = norm
+                bad = Compressed(c.op, c.numel, {**c.parts, "norms": norms})
+            with pytest.raises(BadParts) as info:
+                op.decompress(bad)
+            assert info.value.reason in ("nonfinite", "nonfinite_param", "bad_param")
+        with pytest.raises(BadParts) as info:
+            op.decompress(Compressed(c.op, c.numel + 200, c.parts, c.params))
+        assert info.value.reason == "wrong_length"
+
+
+def test_qsgd_buckets_cut_the_error_of_a_long_vector() -> None:
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(8))
+    errors = {}
+    for bucket in (0, 512):
+        op = from_spec(f"qsgd:bits=8,bucket={bucket}")
+        errors[bucket] = float((op.decompress(op.compress(x, RngKey(1, "p", 0))) - x).norm() / x.norm())
+    assert errors[512] < 0.25 < 1.0 < errors[0]

@@ -13,7 +13,8 @@ from protocols.roster import Roster, run_id
 from protocols.wire import Endpoint, Opened, Policy, wire_size
 
 SPECS = [
-    "identity", "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=4", "qsgd:bits=2", "topk:fraction=0.01",
+    "identity", "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=8,bucket=0", "qsgd:bits=4", "qsgd:bits=2",
+    "topk:fraction=0.01",
     "topk-approx:fraction=0.01", "randomk:fraction=0.01", "randomk:fraction=0.01,unbiased=true",
     "sign", "powersgd:rank=4",
 ]

@@ -11,7 +11,8 @@ Specs (``name`` or ``name:key=value,...``), float32 sizes per element:
 =====================================  ===========================================
 identity                               4 bytes
 fp16 / bf16                            2 bytes (fp16 saturates at 65504)
-qsgd:bits=8|4|2                        b bits, stochastic and unbiased, + the norm
+qsgd:bits=8|4|2,bucket=512             b bits, stochastic and unbiased, + a norm per
+                                       bucket (bucket=0: one norm for the vector)
 topk:fraction=0.01                     exactly k values + indices (8-64 bits)
 topk-approx:fraction=0.01,slack=0.1    k' in k(1 -+ slack), never a smaller kept than dropped
 randomk:fraction=0.01,unbiased=false   k values; indices regenerated from a seed

@@ -46,7 +46,7 @@ def _topk_approx(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
 
 
 def _qsgd(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
-    return QSGD(bits=take_int(options, "bits", 8))
+    return QSGD(bits=take_int(options, "bits", 8), bucket=take_int(options, "bucket", 512))
 
 
 def _randomk(options: dict[str, SpecValue], shapes: Shapes) -> Compressor:
