@@ -32,7 +32,8 @@ from protocols.compress.accounting import message_bytes
 from protocols.messages import ParamPush
 
 SPECS = [
-    "identity", "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=4", "qsgd:bits=2", "topk:fraction=0.01",
+    "identity", "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=8,bucket=0", "qsgd:bits=4", "qsgd:bits=2",
+    "topk:fraction=0.01",
     "topk-approx:fraction=0.01", "randomk:fraction=0.01", "sign", "powersgd:rank=4",
 ]
 GOAL_GBPS = 0.5

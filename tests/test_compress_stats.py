@@ -61,7 +61,7 @@ def chi_square_of_means(operator: Operator, x: torch.Tensor) -> tuple[float, flo
     return float((z**2).sum()), float(stats.chi2.ppf(1 - ALPHA, df=DIM))
 
 
-@pytest.mark.parametrize("spec", ["qsgd:bits=2", "qsgd:bits=4", "qsgd:bits=8",
+@pytest.mark.parametrize("spec", ["qsgd:bits=2", "qsgd:bits=4,bucket=16", "qsgd:bits=8,bucket=0",
                                   "randomk:fraction=0.25,unbiased=true"])
 def test_unbiased_operators_pass_the_chi_square_test(spec: str) -> None:
     statistic, critical = chi_square_of_means(via_spec(spec), x_fixed())
