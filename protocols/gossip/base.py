@@ -21,9 +21,14 @@ from protocols.messages import ParamPush
 class GraphView(Protocol):
     """The part of ``topology.Topology`` a machine reads (W_t rows and columns by name)."""
 
-    names: tuple[str, ...]
-    directed: bool
-    period: int
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    @property
+    def directed(self) -> bool: ...
+
+    @property
+    def period(self) -> int: ...
 
     def in_neighbours(self, name: str, t: int) -> dict[str, float]: ...
 
@@ -66,6 +71,18 @@ class MachineBase:
         return actions
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:
+        raise NotImplementedError
+
+    def export_state(self) -> ProtocolState:
+        """The whole protocol state: named tensors (copies) plus JSON-able meta."""
+        raise NotImplementedError
+
+    def restore_state(self, state: ProtocolState) -> None:
+        """Continue exactly where ``export_state`` was taken (same config, name and topology)."""
+        raise NotImplementedError
+
+    def join_at(self, round_index: int, steps_done: int) -> None:
+        """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ helpers

@@ -26,11 +26,11 @@ import torch
 from protocols.events import Send
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
-from topology.errors import HivemeshError
 
 
 class Choco(RoundMachine):
     KEEPS_LATE = True
+    JOINABLE = False  # a joiner's public copy and its neighbours' views of it would disagree
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,10 +62,6 @@ class Choco(RoundMachine):
         for sender, r, q_j in accepted:
             self.neighbour_sum.add_(q_j, alpha=self.topology.in_neighbours(self.name, r)[sender])
         self.params.add_(self.neighbour_sum - self.x_hat, alpha=self.config.consensus_step)
-
-    def _joined(self) -> None:
-        raise HivemeshError("CHOCO-SGD cannot join by state sync: its neighbours' views of its public copy "
-                            "would disagree with its own; restart the run, or use dpsgd/local/pushsum/adpsgd")
 
     def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         tensors["choco/x_hat"] = self.x_hat.clone()

@@ -50,6 +50,7 @@ from protocols.events import (
 )
 from protocols.gossip.base import MachineBase, export_messages, restore_messages
 from protocols.messages import ParamPush
+from topology.errors import HivemeshError
 
 
 class Phase(Enum):
@@ -66,6 +67,7 @@ class RoundMachine(MachineBase):
     """The round/deadline/buffer state machine; subclasses supply the maths."""
 
     KEEPS_LATE = False  # True: a message for a closed round is applied at the next mix
+    JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,6 +121,9 @@ class RoundMachine(MachineBase):
         machine goes back to IDLE at the start of ``round_index`` with
         ``steps_done`` local steps counted and empty buffers; feed ``Start`` next.
         """
+        if not self.JOINABLE:
+            raise HivemeshError(f"algorithm {self.config.algorithm!r} cannot join by state sync: "
+                                "restart the run, or use dpsgd, local, pushsum or adpsgd")
         if round_index < 0 or steps_done < 0:
             raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
         self.phase = Phase.IDLE
