@@ -288,3 +288,19 @@ def test_removed_member_becomes_unknown_sender(net: Network) -> None:
     alice, bob = net.endpoint("alice"), net.endpoint("bob")
     bob.set_roster(net.roster.remove("alice"))
     assert reason_of(bob, alice.seal(["bob"], Heartbeat(step=1))) == "unknown_sender"
+
+
+def test_remembered_signatures_never_excuse_a_different_one(net: Network,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import protocols.codec as codec
+
+    alice, bob = net.endpoint("alice"), net.endpoint("bob")
+    frames = list(alice.seal(["bob"], Heartbeat(step=1)))
+    assert isinstance(bob.open(frames), Opened)
+    calls = []
+    real = codec.verify_signature
+    monkeypatch.setattr(codec, "verify_signature", lambda *args: calls.append(1) or real(*args))
+    assert reason_of(bob, frames) == "replay"  # the same bytes: no second Ed25519 verification
+    assert calls == []
+    assert reason_of(bob, [*frames[:-1], flip(frames[-1], 5)]) == "bad_signature"
+    assert calls == [1]
