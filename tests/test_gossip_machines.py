@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -326,3 +327,87 @@ def test_choco_refuses_to_join_by_state_sync() -> None:
                            params=torch.zeros(3))
     with pytest.raises(HivemeshError, match="cannot join"):
         machine.join_at(3, 3)
+
+
+# ------------------------------------------------------------ same events, same actions
+
+
+class _Recorder:
+    """Wraps a machine and keeps every (event, now, actions) it saw."""
+
+    def __init__(self, machine: Any) -> None:
+        self.machine = machine
+        self.log: list[tuple[Any, float, list[Any]]] = []
+
+    def handle(self, event: Any, now: float) -> list[Any]:
+        actions = self.machine.handle(event, now)
+        self.log.append((event, now, actions))
+        return actions
+
+    def export_state(self) -> Any:
+        return self.machine.export_state()
+
+    def restore_state(self, state: Any) -> None:
+        self.machine.restore_state(state)
+
+
+def _fingerprint(actions: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for action in actions:
+        if isinstance(action, Send) and isinstance(action.message, ParamPush):
+            message = action.message
+            out.append((action.recipients, message.round, message.want_reply, sorted(message.meta.items()),
+                        [(k, t.dtype, t.numpy().tobytes()) for k, t in sorted(message.tensors.items())]))
+        else:
+            out.append(action)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "local", "choco", "pushsum", "adpsgd"])
+def test_the_same_events_give_the_same_actions_bit_for_bit(algorithm: str) -> None:
+    spec = "directed-exponential:5" if algorithm == "pushsum" else "ring:5"
+    options: dict[str, Any] = {"algorithm": algorithm, "total_steps": 8, "final_gossip_rounds": 2}
+    if algorithm == "local":
+        options["local_steps"] = 2
+    if algorithm == "choco":
+        options.update(compression="sign", consensus_step=0.5)
+    topology = build(spec)
+    targets = torch.randn(5, 6, generator=torch.Generator().manual_seed(4))
+
+    def fresh() -> tuple[dict[str, QuadraticWorker], dict[str, Any]]:
+        workers = {n: QuadraticWorker(torch.zeros(6), targets[i], lr=0.3)
+                   for i, n in enumerate(topology.names)}
+        machines = {n: make_machine(GossipConfig(**options), name=n, topology=topology,
+                                    params=workers[n].flat_params, seed=11) for n in topology.names}
+        return workers, machines
+
+    workers, machines = fresh()
+    recorders = {n: _Recorder(m) for n, m in machines.items()}
+    driver = Driver(recorders, workers, step_time_s={n: 1.0 + 0.3 * i for i, n in enumerate(topology.names)})
+    driver.start()
+    driver.run()
+    # replay each peer's events into a fresh machine, running its worker where the first one did
+    replay_workers, replay_machines = fresh()
+    for name, recorder in recorders.items():
+        for event, now, actions in recorder.log:
+            again = replay_machines[name].handle(event, now)
+            assert _fingerprint(again) == _fingerprint(actions)
+            for action in again:
+                if isinstance(action, StartWork):
+                    replay_workers[name].run_steps(action.steps)
+        assert torch.equal(replay_workers[name].flat_params, workers[name].flat_params)
+
+
+def test_malformed_updates_are_rejected_and_counted_without_stalling_the_round() -> None:
+    params = torch.zeros(4)
+    machine = make_machine(GossipConfig(total_steps=1), name="p00", topology=build("complete:4"),
+                           params=params)
+    machine.handle(Start(), 0.0)
+    machine.handle(Received("p01", ParamPush(round=0, tensors={"x": torch.ones(3)})), 0.1)  # wrong length
+    machine.handle(Received("p02", ParamPush(round=0, tensors={"y": torch.ones(4)})), 0.1)  # no "x"
+    machine.handle(Received("p03", ParamPush(round=0, tensors={"x": torch.ones(4, dtype=torch.int64)})), 0.1)
+    actions = machine.handle(WorkDone(1, 0.0), 1.0)
+    assert Finished() in actions  # all three arrived: no waiting for a deadline
+    assert torch.equal(params, torch.zeros(4))  # nothing mixed
+    assert machine.counters == {"rejected_update": 3, "rejected_wrong_length": 1, "rejected_missing_part": 1,
+                                "rejected_wrong_dtype": 1}
