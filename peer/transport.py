@@ -173,13 +173,21 @@ class Transport:
         outbox = self._outboxes.get(name)
         if outbox is None:
             raise KeyError(f"{name!r} is not a neighbour of this peer")
+        parts = list(frames)
+        if not parts:
+            raise ValueError("a message needs at least one frame")
+        # Each part is tracked on its own: send_multipart(track=True) returns only the LAST
+        # part's tracker, and waiting on that one lets the big frames before it tear.
+        first_flags = zmq.NOBLOCK | (zmq.SNDMORE if len(parts) > 1 else 0)
         try:
-            tracker = outbox.socket.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False, track=True)
+            trackers = [outbox.socket.send(parts[0], flags=first_flags, copy=False, track=True)]
         except zmq.Again:
             self.dropped[name] += 1
             return False
-        if tracker is not None and not tracker.done:
-            outbox.pending.append(tracker)
+        for index, part in enumerate(parts[1:], start=2):
+            more = zmq.SNDMORE if index < len(parts) else 0
+            trackers.append(outbox.socket.send(part, flags=more, copy=False, track=True))   # never blocks
+        outbox.pending.extend(t for t in trackers if t is not None and not t.done)
         self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         self.messages_sent[name] += 1
         return True
@@ -192,13 +200,12 @@ class Transport:
         deadline = time.monotonic() + (self.config.send_timeout_s if timeout_s is None else timeout_s)
         for name, outbox in self._outboxes.items():
             while outbox.pending:
-                tracker = outbox.pending[-1]
                 try:
-                    tracker.wait(max(0.0, deadline - time.monotonic()))
+                    outbox.pending[-1].wait(max(0.0, deadline - time.monotonic()))
                 except zmq.NotDone:
                     self._abandon(name, outbox)
                     break
-                outbox.pending.clear()   # messages on one socket complete in order
+                outbox.pending.pop()
 
     def _abandon(self, name: str, outbox: _Outbox) -> None:
         self.abandoned[name] += len(outbox.pending)

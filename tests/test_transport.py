@@ -46,16 +46,20 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
     a, b = pair
     x = torch.arange(3_000_000, dtype=torch.float32)
     view = memoryview(x.numpy()).cast("B")
-    frames: list[bytes | memoryview] = [b"header", view[: 4 << 20], view[4 << 20:]]
-    _send_until_connected(a, "b", frames)
-    a.wait_sent(timeout_s=10)
-    assert a.pending_sends() == 0
-    x.add_(1.0)   # safe only now: ZeroMQ no longer holds the buffer
-    (message,) = _receive(b, 1)
-    assert bytes(message[0]) == b"header"
-    received = torch.cat([torch.frombuffer(f.buffer, dtype=torch.float32) for f in message[1:]])
-    assert torch.equal(received, torch.arange(3_000_000, dtype=torch.float32))
-    assert a.bytes_sent == b.bytes_received == 6 + 12_000_000
+    # a small last frame, like a signature: its tracker alone says nothing about the big ones
+    frames: list[bytes | memoryview] = [b"header", view[: 4 << 20], view[4 << 20:], b"signature"]
+    for _ in range(20):
+        _send_until_connected(a, "b", frames)
+        a.wait_sent(timeout_s=10)
+        assert a.pending_sends() == 0
+        x.add_(1.0)   # safe only now: ZeroMQ no longer holds the buffer
+    messages = _receive(b, 20)
+    assert len(messages) == 20
+    for sent_index, message in enumerate(messages):
+        assert bytes(message[0]) == b"header" and bytes(message[-1]) == b"signature"
+        received = torch.cat([torch.frombuffer(f.buffer, dtype=torch.float32) for f in message[1:-1]])
+        assert torch.equal(received, torch.arange(3_000_000, dtype=torch.float32) + sent_index)
+    assert a.bytes_sent == b.bytes_received == 20 * (6 + 12_000_000 + 9)
 
 
 def test_an_oversized_frame_disconnects_its_sender_before_it_is_buffered() -> None:
