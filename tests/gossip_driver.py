@@ -93,6 +93,7 @@ class Driver:
         self.rejections: Counter[str] = Counter()  # wire rejections by reason
         self.metrics: dict[str, dict[str, float]] = {n: {} for n in names}
         self.finished: set[str] = set()
+        self.finished_at: dict[str, float] = {}
         self.events = 0
 
     # ------------------------------------------------------------ running
@@ -166,6 +167,7 @@ class Driver:
                 self.metrics[name][metric] = value
             case Finished():
                 self.finished.add(name)
+                self.finished_at.setdefault(name, self.now)
 
     def _open(self, item: _Item) -> Event | None:
         assert self.endpoints is not None

@@ -411,3 +411,24 @@ def test_malformed_updates_are_rejected_and_counted_without_stalling_the_round()
     assert torch.equal(params, torch.zeros(4))  # nothing mixed
     assert machine.counters == {"rejected_update": 3, "rejected_wrong_length": 1, "rejected_missing_part": 1,
                                 "rejected_wrong_dtype": 1}
+
+
+def test_a_straggler_is_left_out_without_holding_up_the_rest_of_the_ring() -> None:
+    # p02 needs 12 s per step; its neighbours give up on it after 5 s, then stop waiting for it
+    # (a laggard), so p00 -- two hops away -- never misses anyone: no cascade of deadlines.
+    topology = build("ring:4")
+    targets = torch.eye(4, dtype=torch.float64)
+    workers = {n: QuadraticWorker(torch.zeros(4, dtype=torch.float64), targets[i], lr=0.5)
+               for i, n in enumerate(topology.names)}
+    machines = {n: make_machine(GossipConfig(total_steps=6, deadline_s=5.0), name=n, topology=topology,
+                                params=workers[n].flat_params) for n in topology.names}
+    driver = Driver(machines, workers, step_time_s={"p00": 1.0, "p01": 1.0, "p02": 12.0, "p03": 1.0})
+    driver.start()
+    driver.run()
+    assert driver.finished == set(topology.names)
+    for neighbour in ("p01", "p03"):  # round 0 had p02's message (sent before its step); rounds 1-5 not
+        assert machines[neighbour].counters["missed_deadline"] == 5
+        assert driver.metrics[neighbour]["missed_deadline"] == 5.0  # reported as a metric
+    assert machines["p00"].counters["missed_deadline"] == 0
+    # the fast peers waited for p02 once (5 s), not in every round (6 x 1 s of work + 5 s + latencies)
+    assert all(driver.finished_at[n] < 12.0 for n in ("p00", "p01", "p03")), driver.finished_at

@@ -190,7 +190,7 @@ class ADPSGD(MachineBase):
     def _work_finished(self, now: float) -> list[Action]:
         if self.public is not None and self.correction is not None:
             start = self.public - self.correction  # our value when the work began
-            self.own_step_norm = float(torch.linalg.vector_norm(self.params - start))
+            self.own_step_norm = self._distance(self.params, start)
             self.params.add_(self.correction)
             self.public, self.correction = None, None
         self.phase = Phase.WAITING
@@ -232,7 +232,7 @@ class ADPSGD(MachineBase):
             self.counters["rejected_update"] += 1
             self.counters[f"rejected_{error.reason}"] += 1
             return None
-        norm = float(torch.linalg.vector_norm(theirs - mine))
+        norm = self._distance(theirs, mine)
         return theirs if self._screen([norm], self.own_step_norm)[0] else None
 
     def _on_request(self, sender: str, message: ParamPush) -> list[Action]:

@@ -87,6 +87,12 @@ class MachineBase:
 
     # ------------------------------------------------------------ helpers
 
+    def _distance(self, a: torch.Tensor, b: torch.Tensor | None = None) -> float:
+        """||a - b|| (or ||a||) for the insider filter; 0 when the filter is off (no pass over memory)."""
+        if self.config.norm_multiple == 0:
+            return 0.0
+        return float(torch.linalg.vector_norm(a) if b is None else torch.dist(a, b))
+
     def _count(self, key: str, n: int = 1) -> None:
         if n:
             self.counters[key] += n

@@ -47,13 +47,13 @@ class Choco(RoundMachine):
         tensors, meta, q = self.payload.encode(self.params - self.x_hat, t, raw=self._raw(t))
         self.x_hat.add_(q)
         self.neighbour_sum.add_(q, alpha=self.topology.self_weight(self.name, t))
-        self.own_q_norm = float(torch.linalg.vector_norm(q))
+        self.own_q_norm = self._distance(q)
         recipients = tuple(sorted(self.topology.out_neighbours(self.name, t)))
         return [Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta))] if recipients else []
 
     def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
         q_j = self.payload.decode(message.tensors, message.meta, raw=self._raw(message.round))
-        return q_j, float(torch.linalg.vector_norm(q_j))
+        return q_j, self._distance(q_j)
 
     def _own_norm(self) -> float:
         return self.own_q_norm

@@ -37,11 +37,11 @@ class DPSGD(RoundMachine):
     def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
         assert self.sent is not None
         x_j = self.payload.decode(message.tensors, message.meta)
-        return x_j, float(torch.linalg.vector_norm(x_j - self.sent))
+        return x_j, self._distance(x_j, self.sent)
 
     def _own_norm(self) -> float:
         assert self.sent is not None
-        return float(torch.linalg.vector_norm(self.params - self.sent))
+        return self._distance(self.params, self.sent)
 
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
         assert self.sent is not None

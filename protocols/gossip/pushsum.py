@@ -69,11 +69,11 @@ class PushSum(RoundMachine):
         if isinstance(w_j, bool) or not isinstance(w_j, int | float) or not (math.isfinite(w_j) and w_j > 0):
             raise BadParts("bad_weight", repr(w_j))
         x_j = self.payload.decode(message.tensors, message.meta)
-        return (x_j, float(w_j)), float(torch.linalg.vector_norm(x_j / w_j - self.before))
+        return (x_j, float(w_j)), self._distance(x_j / w_j, self.before)
 
     def _own_norm(self) -> float:
         assert self.before is not None
-        return float(torch.linalg.vector_norm(self.params - self.before))
+        return self._distance(self.params, self.before)
 
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
         assert self.before is not None

@@ -13,6 +13,12 @@ A round ``t``:
    ``missed_deadline`` counted) it screens and mixes them, in sorted name
    order, and starts round ``t + 1``.
 
+A neighbour that missed a deadline becomes a *laggard*: later rounds mix its
+message if it is there but do not wait for it, until a message of it arrives
+at most one round behind ours. Without this, one straggler makes each of its
+neighbours wait a full deadline every round, their own neighbours then miss
+*them* by a hair, and the delay cascades through the graph.
+
 After ``total_steps`` local steps (or ``duration_s``), ``final_gossip_rounds``
 rounds without local work drive the peers to consensus; then ``Finished``.
 Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
@@ -78,7 +84,9 @@ class RoundMachine(MachineBase):
         self.final_done = 0  # gossip-only rounds started
         self.start_s: float | None = None
         self.timer_set = False
-        self.down: set[str] = set()
+        self.down: set[str] = set()  # NeighbourDown: not waited for until NeighbourUp
+        self.laggards: set[str] = set()  # missed a deadline: not waited for until they catch up
+        self.caught_up: set[str] = set()  # laggards heard from at most one round behind us
         self.inbox: dict[int, dict[str, ParamPush]] = {}
         self.late: list[tuple[str, ParamPush]] = []
         self.last_sends: list[Send] = []  # this round's messages, resent after a restart
@@ -134,7 +142,7 @@ class RoundMachine(MachineBase):
         self.final_done = 0
         self.start_s = None
         self.timer_set = False
-        self.down = set()
+        self.down, self.laggards, self.caught_up = set(), set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
         if self.outer is not None:
             self.outer.rebase(self.params, steps_done)
@@ -226,8 +234,13 @@ class RoundMachine(MachineBase):
     def _timer_key(self) -> str:
         return f"gossip-deadline:{self.round}"
 
-    def _expected(self, t: int) -> list[str]:
+    def _live(self, t: int) -> list[str]:
+        """In-neighbours of round ``t`` not known to be down."""
         return [j for j in self.topology.in_neighbours(self.name, t) if j not in self.down]
+
+    def _expected(self, t: int) -> list[str]:
+        """Whom round ``t`` waits for: live in-neighbours that are not laggards."""
+        return [j for j in self._live(t) if j not in self.laggards]
 
     def _complete(self) -> bool:
         box = self.inbox.get(self.round, {})
@@ -240,6 +253,8 @@ class RoundMachine(MachineBase):
         if r < 0 or sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
             self.counters["not_neighbour"] += 1
             return []
+        if sender in self.laggards and r >= self.round - 1:
+            self.caught_up.add(sender)  # waited for again from the next round on
         if r > self.round + self.config.max_rounds_ahead:
             self.counters["dropped_future"] += 1
             return []
@@ -268,7 +283,10 @@ class RoundMachine(MachineBase):
             actions.append(CancelTimer(self._timer_key()))
             self.timer_set = False
         box = self.inbox.pop(t, {})
-        self._count("missed_deadline", sum(1 for j in self._expected(t) if j not in box))
+        missing = {j for j in self._live(t) if j not in box}
+        self._count("missed_deadline", len(missing))
+        self.laggards = (self.laggards | missing) - self.caught_up
+        self.caught_up = set()
         arrivals = [(j, t, box[j]) for j in sorted(box)]
         arrivals += sorted(((j, m.round, m) for j, m in self.late), key=lambda c: (c[1], c[0]))
         self.late = []
@@ -310,6 +328,8 @@ class RoundMachine(MachineBase):
             "start_s": self.start_s,
             "timer_set": self.timer_set,
             "down": sorted(self.down),
+            "laggards": sorted(self.laggards),
+            "caught_up": sorted(self.caught_up),
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
             "inbox": export_messages("inbox", inbox, tensors),
             "late": export_messages("late", self.late, tensors),
@@ -332,6 +352,8 @@ class RoundMachine(MachineBase):
         self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
         self.timer_set = bool(meta["timer_set"])
         self.down = set(meta["down"])
+        self.laggards = set(meta["laggards"])
+        self.caught_up = set(meta["caught_up"])
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
         self.inbox = {}
         for sender, message in restore_messages("inbox", meta["inbox"], tensors):
