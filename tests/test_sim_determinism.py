@@ -15,7 +15,7 @@ import pytest
 SCENARIO = """
 name = "determinism"
 seed = 9
-duration_s = 4.0
+duration_s = 2.5
 eval_every_s = 0.5
 target_accuracy = 0.7
 verify_fraction = 0.5
@@ -39,7 +39,7 @@ behaviour = { p02 = "sign-flip", p05 = "forged-signature" }
 algorithm = "dpsgd"
 deadline_s = 0.1
 norm_multiple = 3.0
-total_steps = 60
+total_steps = 40
 
 [task]
 name = "logreg"
