@@ -66,8 +66,8 @@ def test_two_processes_with_different_hash_seeds_write_byte_identical_reports(tm
         command = [sys.executable, "-m", "peer.cli", "sim", str(scenario), "--out", str(out),
                    "--no-plots", "--quiet"]
         runs.append((out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
-    for out, process in runs:
-        stdout, stderr = process.communicate(timeout=300)
+    for _, process in runs:
+        _, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stderr.decode()[-2000:]
     first, second = ((out / "report.json").read_bytes() for out, _ in runs)
     assert first == second
