@@ -11,6 +11,7 @@ import pytest
 import torch
 from gossip_driver import Driver, LogRegWorker, QuadraticWorker
 
+from peer.config import ConfigError, load
 from protocols.events import (
     CancelTimer,
     Finished,
@@ -432,3 +433,13 @@ def test_a_straggler_is_left_out_without_holding_up_the_rest_of_the_ring() -> No
     assert machines["p00"].counters["missed_deadline"] == 0
     # the fast peers waited for p02 once (5 s), not in every round (6 x 1 s of work + 5 s + latencies)
     assert all(driver.finished_at[n] < 12.0 for n in ("p00", "p01", "p03")), driver.finished_at
+
+
+def test_gossip_config_loads_from_toml_data_and_errors_name_the_key() -> None:
+    config = load(GossipConfig, {"algorithm": "choco", "compression": "topk:fraction=0.01",
+                                 "consensus_step": 0.1, "final_gossip_rounds": 5}, source="peer.toml")
+    assert config.algorithm == "choco" and config.consensus_step == 0.1
+    with pytest.raises(ConfigError, match="algorithm"):
+        load(GossipConfig, {"algorithm": "gossip"}, source="peer.toml", prefix="gossip")
+    with pytest.raises(ConfigError, match=r"peer\.toml.*local_steps must be >= 1"):
+        load(GossipConfig, {"local_steps": 0}, source="peer.toml", prefix="gossip")

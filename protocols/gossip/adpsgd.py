@@ -9,7 +9,13 @@ arrives, even in the middle of its own local steps, with its *public* value
 since), and applies its half ``(x_i - x_j_public) / 2`` to the public value at
 once and to its parameters when its work is done. Each pairwise average is
 thus atomic and conserves the pair's sum, and a slow peer never blocks the
-others: it only answers later *requests* of its own.
+others: only its own iterations are slow. A request whose update the insider
+filter rejects is refused (``ErrorReply``), so the requester gives up at once.
+
+Training stops after ``total_steps`` or ``duration_s`` (peers of different
+speeds do different numbers of steps), then ``final_gossip_rounds``
+iterations average without local work. After ``Finished`` a machine still
+answers requests, so slower peers can finish their own iterations.
 """
 
 from __future__ import annotations
