@@ -57,6 +57,7 @@ ATTACKS = ("sign-flip", "noise", "stale-replay", "forged-key", "forged-signature
 class GraphConfig:
     spec: str = "ring:8"         # a topology spec ("ring:16", "exponential:32", ...) or a graph file
     weights: str = "metropolis"  # mixing weights; Metropolis-Hastings is safe on any undirected graph
+    members: tuple[str, ...] = ()  # member names (sorted by the topology); empty: p00, p01, ... from spec
 
 
 @dataclass(frozen=True, kw_only=True)

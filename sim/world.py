@@ -97,7 +97,8 @@ class World:
 
 def build_world(scenario: ScenarioConfig) -> World:
     """Topology, links, speeds and one trainer per member, from the scenario."""
-    topology = build(resolve_graph_spec(scenario), seed=scenario.seed, weights=scenario.graph.weights)
+    topology = build(resolve_graph_spec(scenario), scenario.graph.members or None, seed=scenario.seed,
+                     weights=scenario.graph.weights)
     names = topology.names
     scenario.check_names(names)
     task = get_task(scenario.task.name, **scenario.task.options)
