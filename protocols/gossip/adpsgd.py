@@ -289,11 +289,8 @@ class ADPSGD(MachineBase):
     def restore_state(self, state: ProtocolState) -> None:
         tensors, meta = self._restore_common(state)
 
-        def optional(key: str) -> torch.Tensor | None:
-            value = tensors.get(f"adpsgd/{key}")
-            return None if value is None else value.clone()
-
-        self.public, self.correction, self.sent = optional("public"), optional("correction"), optional("sent")
+        self.public, self.correction, self.sent = (self._own_copy(tensors.get(f"adpsgd/{key}"))
+                                                   for key in ("public", "correction", "sent"))
         self.phase = Phase(meta["phase"])
         self.round = int(meta["round"])
         self.round_steps = int(meta["round_steps"])

@@ -52,7 +52,7 @@ class MachineBase:
         self.params = params
         self.seed = seed
         self.payload = Payload(config.compression, numel=params.numel(), dtype=params.dtype, seed=seed,
-                               name=name)
+                               name=name, device=params.device)
         self.filter = NormFilter(config.norm_multiple)
         self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
                                     every=config.outer_every) if config.outer == "diloco" else None)
@@ -92,6 +92,12 @@ class MachineBase:
         if self.config.norm_multiple == 0:
             return 0.0
         return float(torch.linalg.vector_norm(a) if b is None else torch.dist(a, b))
+
+    def _own_copy(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A restored tensor as a fresh copy on the parameters' device and dtype."""
+        if tensor is None:
+            return None
+        return tensor.to(device=self.params.device, dtype=self.params.dtype, copy=True)
 
     def _count(self, key: str, n: int = 1) -> None:
         if n:

@@ -57,5 +57,4 @@ class DPSGD(RoundMachine):
             tensors["dpsgd/sent"] = self.sent.clone()
 
     def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        sent = tensors.get("dpsgd/sent")
-        self.sent = None if sent is None else sent.clone()
+        self.sent = self._own_copy(tensors.get("dpsgd/sent"))

@@ -4,7 +4,9 @@
 through float32, so a float64 run stays exact); every other spec goes through
 ``protocols.compress`` (``from_spec``, ``pack``/``unpack``). Decoding checks the
 length and rejects non-finite values with ``BadParts``, so nothing malformed
-reaches the mixing maths.
+reaches the mixing maths. Message tensors are on the CPU (ready for the wire;
+no copy when the parameters are already there); decoded vectors are on the
+parameters' device.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from protocols.messages import Scalar
 
 RAW = "x"  # the tensor name of an uncompressed vector
 PREFIX = "q"  # the pack prefix of a compressed vector
+CPU = torch.device("cpu")
 
 
 class Payload:
-    """Encoder/decoder for one peer's vectors of ``numel`` elements of ``dtype``."""
+    """Encoder/decoder for one peer's vectors of ``numel`` elements of ``dtype`` on ``device``."""
 
-    def __init__(self, spec: str, *, numel: int, dtype: torch.dtype, seed: int, name: str) -> None:
+    def __init__(self, spec: str, *, numel: int, dtype: torch.dtype, seed: int, name: str,
+                 device: torch.device | str = "cpu") -> None:
         self.numel = numel
         self.dtype = dtype
+        self.device = torch.device(device)
         self._seed = seed
         self._name = name
         self._compressor: Compressor | None = None if spec.strip() == "identity" else from_spec(spec)
@@ -40,11 +45,11 @@ class Payload:
         """
         if self._compressor is None or raw:
             sent = x.detach().clone()
-            return {RAW: sent}, {}, sent
+            return {RAW: sent.to(CPU)}, {}, sent
         compressed = self._compressor.compress(x.detach(), RngKey(self._seed, self._name, round_index))
         tensors, meta = pack(compressed, PREFIX)
-        decoded = self._compressor.decompress(compressed).to(self.dtype)
-        return tensors, meta, decoded
+        decoded = self._compressor.decompress(compressed).to(device=self.device, dtype=self.dtype)
+        return {k: t.to(CPU) for k, t in tensors.items()}, meta, decoded
 
     def decode(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar], *,
                raw: bool = False) -> torch.Tensor:
@@ -57,9 +62,10 @@ class Payload:
                 raise BadParts("wrong_length", f"{tuple(x.shape)}, expected ({self.numel},)")
             if not x.is_floating_point():
                 raise BadParts("wrong_dtype", str(x.dtype))
-            x = x.to(self.dtype)
+            x = x.to(device=self.device, dtype=self.dtype)
         else:
-            x = self._compressor.decompress(unpack(tensors, meta, PREFIX, self.numel)).to(self.dtype)
+            x = self._compressor.decompress(unpack(tensors, meta, PREFIX, self.numel))
+            x = x.to(device=self.device, dtype=self.dtype)
         if not bool(torch.isfinite(x).all()):
             raise BadParts("nonfinite", "NaN or Inf in a received vector")
         return x

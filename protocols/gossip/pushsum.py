@@ -101,6 +101,5 @@ class PushSum(RoundMachine):
 
     def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.numerator.copy_(tensors["pushsum/numerator"])
-        before = tensors.get("pushsum/before")
-        self.before = None if before is None else before.clone()
+        self.before = self._own_copy(tensors.get("pushsum/before"))
         self.weight = float(meta["pushsum_weight"])
