@@ -28,9 +28,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pushsum": ("directed-exponential:6", {"algorithm": "pushsum", "total_steps": 12,
                                            "final_gossip_rounds": 2}),
     "adpsgd": ("ring:5", {"algorithm": "adpsgd", "total_steps": 12, "final_gossip_rounds": 3}),
+    "choco+powersgd": ("ring:5", {"algorithm": "choco", "compression": "powersgd:rank=1",
+                                  "consensus_step": 0.4, "total_steps": 12}),
+    "choco+qsgd": ("ring:5", {"algorithm": "choco", "compression": "qsgd:bits=2", "consensus_step": 0.4,
+                              "total_steps": 12}),
+    "dpsgd+fp16": ("ring:5", {"algorithm": "dpsgd", "compression": "fp16", "total_steps": 12}),
     "local+diloco": ("ring:5", {"algorithm": "local", "local_steps": 2, "total_steps": 12, "outer": "diloco",
                                 "outer_every": 4}),
 }
+
+
+SHAPES = ((2, 3), (1,))  # a "model" of one 2x3 matrix and a bias: PowerSGD compresses the matrix
 
 
 def _fresh(spec: str, options: dict[str, Any]) -> tuple[dict[str, QuadraticWorker], dict[str, Any]]:
@@ -40,8 +48,8 @@ def _fresh(spec: str, options: dict[str, Any]) -> tuple[dict[str, QuadraticWorke
     workers = {n: QuadraticWorker(torch.zeros(7, dtype=torch.float64), targets[i], lr=0.3)
                for i, n in enumerate(topology.names)}
     config = GossipConfig(**options)
-    machines = {n: make_machine(config, name=n, topology=topology, params=workers[n].flat_params, seed=3)
-                for n in topology.names}
+    machines = {n: make_machine(config, name=n, topology=topology, params=workers[n].flat_params, seed=3,
+                                shapes=SHAPES) for n in topology.names}
     return workers, machines
 
 

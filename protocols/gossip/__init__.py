@@ -13,6 +13,8 @@ totals, and are readable as ``machine.counters``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from protocols.gossip.adpsgd import ADPSGD
@@ -48,13 +50,15 @@ _MACHINES: dict[str, type[MachineBase]] = {
 
 
 def make_machine(config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
-                 seed: int | None = None) -> MachineBase:
+                 seed: int | None = None, shapes: Sequence[tuple[int, ...]] | None = None) -> MachineBase:
     """The state machine for ``config.algorithm``, as member ``name`` of ``topology``.
 
     ``params``: the trainer's flat parameter tensor, mixed in place.
     ``seed``: the run's root seed (defaults to ``config.seed``).
+    ``shapes``: the model's parameter shapes in flat order (``trainer.param_shapes``), for
+    compressors that work per layer (PowerSGD).
     Raises ValueError when the graph does not suit the algorithm.
     """
     cls = _MACHINES[config.algorithm]
     return cls(config, name=name, topology=topology, params=params,
-               seed=config.seed if seed is None else seed)
+               seed=config.seed if seed is None else seed, shapes=shapes)

@@ -41,7 +41,7 @@ class MachineBase:
     """Shared plumbing; subclasses implement ``_dispatch`` and their own state."""
 
     def __init__(self, config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
-                 seed: int) -> None:
+                 seed: int, shapes: Sequence[tuple[int, ...]] | None = None) -> None:
         if name not in topology.names:
             raise ValueError(f"{name!r} is not a member of the topology ({len(topology.names)} members)")
         if params.dim() != 1 or not params.is_floating_point():
@@ -52,7 +52,7 @@ class MachineBase:
         self.params = params
         self.seed = seed
         self.payload = Payload(config.compression, numel=params.numel(), dtype=params.dtype, seed=seed,
-                               name=name, device=params.device)
+                               name=name, device=params.device, shapes=shapes)
         self.filter = NormFilter(config.norm_multiple)
         self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
                                     every=config.outer_every) if config.outer == "diloco" else None)
@@ -127,6 +127,7 @@ class MachineBase:
             outer_tensors, outer_meta = self.outer.export()
             tensors.update(outer_tensors)
             meta.update(outer_meta)
+        tensors.update({f"compressor/{k}": v.clone() for k, v in self.payload.export_state().items()})
         return tensors, meta
 
     def _restore_common(self, state: ProtocolState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -139,6 +140,8 @@ class MachineBase:
         self.filter.restore(meta["norm_history"])
         if self.outer is not None:
             self.outer.restore(dict(tensors), meta)
+        prefix = "compressor/"
+        self.payload.restore_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
         return dict(tensors), dict(meta)
 
 

@@ -11,7 +11,7 @@ parameters' device.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,13 +27,14 @@ class Payload:
     """Encoder/decoder for one peer's vectors of ``numel`` elements of ``dtype`` on ``device``."""
 
     def __init__(self, spec: str, *, numel: int, dtype: torch.dtype, seed: int, name: str,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", shapes: Sequence[tuple[int, ...]] | None = None) -> None:
         self.numel = numel
         self.dtype = dtype
         self.device = torch.device(device)
         self._seed = seed
         self._name = name
-        self._compressor: Compressor | None = None if spec.strip() == "identity" else from_spec(spec)
+        self._compressor: Compressor | None = (None if spec.strip() == "identity"
+                                               else from_spec(spec, shapes=shapes))
 
     def encode(self, x: torch.Tensor, round_index: int, *, raw: bool = False
                ) -> tuple[dict[str, torch.Tensor], dict[str, Scalar], torch.Tensor]:
@@ -50,6 +51,16 @@ class Payload:
         tensors, meta = pack(compressed, PREFIX)
         decoded = self._compressor.decompress(compressed).to(device=self.device, dtype=self.dtype)
         return {k: t.to(CPU) for k, t in tensors.items()}, meta, decoded
+
+    def export_state(self) -> dict[str, torch.Tensor]:
+        """A stateful operator's state (PowerSGD's warm start), for checkpoints; else empty."""
+        export = getattr(self._compressor, "export_state", None)
+        return dict(export()) if export is not None else {}
+
+    def restore_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        restore = getattr(self._compressor, "restore_state", None)
+        if restore is not None:
+            restore(state)
 
     def decode(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar], *,
                raw: bool = False) -> torch.Tensor:
