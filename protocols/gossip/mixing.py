@@ -28,19 +28,6 @@ def gossip_correction(x: torch.Tensor, sent: torch.Tensor,
         x.add_(sent, alpha=-total)
 
 
-def weighted_sum_into(out: torch.Tensor, terms: Sequence[tuple[float, torch.Tensor]]) -> None:
-    """``out += sum_k a_k t_k`` in the order given."""
-    for weight, t in terms:
-        out.add_(t, alpha=weight)
-
-
-def pairwise_half(target: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
-    """AD-PSGD's share of a pairwise average: ``target += (theirs - mine) / 2``; returns the change."""
-    change = (theirs - mine).mul_(0.5)
-    target.add_(change)
-    return change
-
-
 def nesterov_outer_step(params: torch.Tensor, anchor: torch.Tensor, momentum_buffer: torch.Tensor, *,
                         lr: float, momentum: float) -> None:
     """DiLoCo's outer step, in place, as ``torch.optim.SGD(nesterov=True)`` does it.
