@@ -16,6 +16,7 @@ from protocols.events import (
     CancelTimer,
     Finished,
     Metric,
+    NeighbourDown,
     Received,
     Send,
     SetTimer,
@@ -443,3 +444,25 @@ def test_gossip_config_loads_from_toml_data_and_errors_name_the_key() -> None:
         load(GossipConfig, {"algorithm": "gossip"}, source="peer.toml", prefix="gossip")
     with pytest.raises(ConfigError, match=r"peer\.toml.*local_steps must be >= 1"):
         load(GossipConfig, {"local_steps": 0}, source="peer.toml", prefix="gossip")
+
+
+def test_rounds_that_need_no_waiting_follow_one_another_without_recursion() -> None:
+    # Both neighbours down: each of 5000 gossip-only rounds is complete as soon as it starts.
+    machine = make_machine(GossipConfig(total_steps=0, final_gossip_rounds=5000), name="p00",
+                           topology=build("ring:3"), params=torch.zeros(2))
+    machine.handle(NeighbourDown("p01"), 0.0)
+    machine.handle(NeighbourDown("p02"), 0.0)
+    actions = machine.handle(Start(), 0.0)
+    assert Finished() in actions
+    assert machine.export_state()[1]["round"] == 5000
+
+
+def test_adpsgd_alone_trains_then_finishes_without_gossip() -> None:
+    params = torch.zeros(2)
+    machine = make_machine(GossipConfig(algorithm="adpsgd", total_steps=2, final_gossip_rounds=5000),
+                           name="p00", topology=build("ring:3"), params=params)
+    machine.handle(NeighbourDown("p01"), 0.0)
+    machine.handle(NeighbourDown("p02"), 0.0)
+    assert machine.handle(Start(), 0.0) == [StartWork(1)]
+    assert StartWork(1) in machine.handle(WorkDone(1, 0.0), 1.0)
+    assert Finished() in machine.handle(WorkDone(1, 0.0), 2.0)

@@ -169,16 +169,16 @@ class ADPSGD(MachineBase):
                 self.config.duration_s > 0 and self.start_s is not None
                 and now - self.start_s >= self.config.duration_s):
             self.training_over = True
+        partner = self._partner(self.round)
         if self.training_over:
-            if self.final_done >= self.config.final_gossip_rounds:
-                self.phase = Phase.FINISHED
+            if self.final_done >= self.config.final_gossip_rounds or partner is None:
+                self.phase = Phase.FINISHED  # (nobody left to average with: no point going on)
                 return [Finished()]
             self.final_done += 1
             self.round_steps = 0
         else:
             self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
         actions: list[Action] = []
-        partner = self._partner(self.round)
         if partner is not None:
             tensors, meta, self.sent = self.payload.encode(self.params, self.round)
             self.request = (partner, self.round)

@@ -158,7 +158,8 @@ class RoundMachine(MachineBase):
                 if self.phase is not Phase.WORKING:
                     self.counters["unexpected_event"] += 1
                     return []
-                return self._work_finished(now)
+                self.phase = Phase.WAITING
+                return self._settle(now, [])
             case Received(sender=sender, message=ParamPush() as message):
                 return self._on_message(sender, message, now)
             case Received():
@@ -167,11 +168,11 @@ class RoundMachine(MachineBase):
             case TimerFired(key=key):
                 if self.phase is Phase.WAITING and key == self._timer_key():
                     self.timer_set = False
-                    return self._close_round(now)
+                    return self._settle(now, self._close_round(now))
                 return []
             case NeighbourDown(name=who):
                 self.down.add(who)
-                return self._maybe_close(now)
+                return self._settle(now, [])
             case NeighbourUp(name=who):
                 self.down.discard(who)
                 return []
@@ -181,17 +182,15 @@ class RoundMachine(MachineBase):
         match self.phase:
             case Phase.IDLE:
                 self.start_s = now
-                return self._begin_round(now)
+                return self._settle(now, self._begin_round(now))
             case Phase.FINISHED:
                 return [Finished()]
             case _:
                 # restarted from a checkpoint mid-round: resend this round's message
                 # (neighbours that have it count a duplicate) and carry on waiting.
                 self.counters["restarted"] += 1
-                actions: list[Action] = list(self.last_sends)
-                if self.phase is Phase.WAITING:
-                    actions += self._arm_or_close(now)
-                return actions
+                self.timer_set = False  # the old driver's timers died with it
+                return self._settle(now, list(self.last_sends))
 
     def _time_up(self, now: float) -> bool:
         limit = self.config.duration_s
@@ -213,23 +212,21 @@ class RoundMachine(MachineBase):
         if self.round_steps:
             self.phase = Phase.WORKING
             actions.append(StartWork(self.round_steps))
-            return actions
-        return actions + self._work_finished(now)
+        else:
+            self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
+        return actions
 
-    def _work_finished(self, now: float) -> list[Action]:
-        self.phase = Phase.WAITING
-        return self._arm_or_close(now)
-
-    def _arm_or_close(self, now: float) -> list[Action]:
-        if self._complete():
-            return self._close_round(now)
-        self.timer_set = True
-        return [SetTimer(self._timer_key(), now + self.config.deadline_s)]
-
-    def _maybe_close(self, now: float) -> list[Action]:
-        if self.phase is Phase.WAITING and self._complete():
-            return self._close_round(now)
-        return []
+    def _settle(self, now: float, actions: list[Action]) -> list[Action]:
+        """Close every round that is complete (a loop, not recursion: buffered rounds may
+        follow one another), then arm the deadline of the round left waiting."""
+        while self.phase is Phase.WAITING:
+            if not self._complete():
+                if not self.timer_set:
+                    self.timer_set = True
+                    actions.append(SetTimer(self._timer_key(), now + self.config.deadline_s))
+                break
+            actions += self._close_round(now)
+        return actions
 
     def _timer_key(self) -> str:
         return f"gossip-deadline:{self.round}"
@@ -273,7 +270,7 @@ class RoundMachine(MachineBase):
             return []
         self.inbox.setdefault(r, {})[sender] = message
         if r == self.round:
-            return self._maybe_close(now)
+            return self._settle(now, [])
         return []
 
     def _close_round(self, now: float) -> list[Action]:
@@ -311,7 +308,7 @@ class RoundMachine(MachineBase):
         if self._outer_step():
             self._params_replaced()
         actions.append(Metric("round", float(self.round)))
-        return actions + self._begin_round(now)
+        return actions + self._begin_round(now)  # _settle closes it too if it is already complete
 
     # ------------------------------------------------------------ checkpoints
 
