@@ -33,7 +33,6 @@ verified, so a sampled run never lets a forgery through.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections import Counter
@@ -353,8 +352,6 @@ class GossipRun:
 
     def _seal(self, peer: SimPeer, recipients: tuple[str, ...], message: Message) -> list[bytes]:
         behaviour = peer.behaviour
-        message = tamper(message, behaviour, self.scenario.faults.attack, seed=self.scenario.seed,
-                         name=peer.name, index=peer.send_index)
         if behaviour == "forged-key":
             keys = [self.roster.member(r).public_key for r in recipients]
             forged = encode(message, identity=self.rogue, recipients=keys, run_id=self.run_id,
@@ -371,7 +368,9 @@ class GossipRun:
     def _send(self, peer: SimPeer, send: Send) -> None:
         now = self.engine.now_s
         recipients = tuple(send.recipients)
-        frames = self._seal(peer, recipients, send.message)
+        message = tamper(send.message, peer.behaviour, self.scenario.faults.attack, seed=self.scenario.seed,
+                         name=peer.name, index=peer.send_index)
+        frames = self._seal(peer, recipients, message)
         index = peer.send_index
         peer.send_index += 1
         nbytes = wire_size(frames)
@@ -387,11 +386,12 @@ class GossipRun:
                 continue
             verify = (fraction >= 1.0 or peer.behaviour in _ALWAYS_VERIFIED
                       or uniform(self.scenario.seed, f"{peer.name}->{recipient}", index, "verify") < fraction)
-            if verify:
-                copy: list[bytes] | Message = [bytes(f) for f in frames]  # each recipient its own buffer
-            else:
-                copy = _clone_message(send.message)
-            self.engine.at(transfer.arrival_s, functools.partial(self._arrive, peer.name, recipient, copy))
+            # Verified: each recipient its own copy of the bytes, as off a socket. Sampled out: the
+            # sender's message object itself (a machine never modifies a Send's tensors, nor a
+            # received message's, which off the wire are read-only views of the frames).
+            delivery: list[bytes] | Message = [bytes(f) for f in frames] if verify else message
+            self.engine.at(transfer.arrival_s,
+                           functools.partial(self._arrive, peer.name, recipient, delivery))
 
     def _arrive(self, sender: str, recipient: str, delivery: list[bytes] | Message) -> None:
         peer = self.peers[recipient]
@@ -407,14 +407,6 @@ class GossipRun:
         else:
             self._heard(peer, sender)
             self._feed(peer, Received(sender, delivery))
-
-
-def _clone_message(message: Message) -> Message:
-    if not hasattr(message, "tensors"):
-        return message
-    tensors = {key: value.clone() for key, value in message.tensors.items()}
-    replaced: Message = dataclasses.replace(cast(Any, message), tensors=tensors)
-    return replaced
 
 
 def _deep_copy(value: Any) -> Any:

@@ -161,6 +161,7 @@ class ScenarioConfig:
     duration_s: float = 60.0       # simulated seconds at most
     steps: int = 0                 # local steps per peer at most (0: until duration_s)
     eval_every_s: float = 1.0      # simulated seconds between evaluations of every peer
+    eval_sample: int = 0           # large runs: evaluate this many honest members (a seeded draw); 0 = all
     target_accuracy: float = 0.0   # for time-to-target; 0 = no target
     stop_at_target: bool = False   # end the run once the honest peers' mean accuracy reaches the target
     verify_fraction: float = 1.0   # scale runs only: verify a sample of messages (see sim/world.py)
@@ -183,6 +184,8 @@ class ScenarioConfig:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if not (self.eval_every_s > 0):
             raise ValueError(f"eval_every_s must be > 0, got {self.eval_every_s}")
+        if self.eval_sample < 0:
+            raise ValueError(f"eval_sample must be >= 0, got {self.eval_sample}")
         if not 0.0 <= self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in [0, 1], got {self.target_accuracy}")
         if not 0.0 < self.verify_fraction <= 1.0:

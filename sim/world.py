@@ -23,6 +23,7 @@ from peer.config import ConfigError, load
 from peer.partition import partition
 from peer.tasks import Task, get_task
 from peer.trainer import Trainer, TrainerConfig
+from protocols.rng import numpy_generator
 from sim.engine import Engine
 from sim.network import LinkSpec, Network
 from sim.scenario import ScenarioConfig
@@ -196,6 +197,11 @@ class Recorder:
         self.bytes_sent = bytes_sent
         self.progress = progress
         self.last_metrics: dict[str, dict[str, float]] = {}
+        self.last_time_s = -1.0
+        self.sample = world.scenario.eval_sample
+        draw = numpy_generator(world.scenario.seed, "", 0, "eval-sample")
+        honest = list(world.honest())
+        self.sampled = sorted(honest[i] for i in draw.permutation(len(honest))[: self.sample])
         self.reached_target = False
 
     def start(self) -> None:
@@ -218,6 +224,11 @@ class Recorder:
 
     def evaluate(self) -> TracePoint:
         names = [n for n in self.world.honest() if self.running(n)]
+        if 0 < self.sample < len(names):  # a fixed seeded sample, so the trace follows the same members
+            chosen = set(self.sampled)
+            names = [n for n in names if n in chosen] or names[: self.sample]
+        self.last_time_s = self.world.engine.now_s
+        self.last_metrics = {}
         losses, accuracies = [], []
         for name in names:
             metrics = self.world.trainers[name].evaluate()
@@ -240,8 +251,11 @@ class Recorder:
         return point
 
     def final_peer_metrics(self, name: str) -> dict[str, float]:
-        """The member's test metrics now (evaluated again: attackers and stopped members too)."""
-        metrics = self.world.trainers[name].evaluate()
+        """The member's test metrics now (attackers and stopped members included)."""
+        if self.last_time_s == self.world.engine.now_s and name in self.last_metrics:
+            metrics = self.last_metrics[name]
+        else:
+            metrics = self.world.trainers[name].evaluate()
         return {key: float(value) for key, value in sorted(metrics.items())}
 
 
