@@ -54,11 +54,13 @@ def run(args: argparse.Namespace) -> int:
 
 def simulate(args: argparse.Namespace) -> int:
     from sim.report import comparison_table, write_report
-    from sim.run import run_scenario
+    from sim.run import check_scenario, run_scenario
     from sim.scenario import load_scenario, variants
 
     # Every file is checked before anything runs; compare_with adds baseline variants.
     scenarios = [variant for path in args.scenarios for variant in variants(load_scenario(path))]
+    for scenario in scenarios:
+        check_scenario(scenario)
     results = []
     for scenario in scenarios:
         started = time.perf_counter()

@@ -64,17 +64,16 @@ from protocols.messages import Message
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.node import churn_events, flip_signature, sim_identity, tamper, uniform, work_seconds
-from sim.scenario import ChurnEvent
+from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
 
 
-def gossip_config(world: World) -> Any:
+def gossip_config(scenario: ScenarioConfig) -> Any:
     """The scenario's [algorithm] table as a GossipConfig (errors name the file and key)."""
     from protocols.gossip import GossipConfig
 
-    scenario = world.scenario
     data = dict(scenario.algorithm)
     data.setdefault("seed", scenario.seed)
     if scenario.steps:
@@ -131,7 +130,7 @@ class GossipRun:
         self.engine = world.engine
         assert world.network is not None
         self.network = world.network
-        self.config = gossip_config(world)
+        self.config = gossip_config(world.scenario)
         self._make_machine = make_machine
         names = world.names
         identities = {name: sim_identity(self.scenario.seed, name) for name in names}

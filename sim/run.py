@@ -6,7 +6,17 @@ import sys
 from pathlib import Path
 
 from sim.scenario import ScenarioConfig, load_scenario
-from sim.world import Progress, ScenarioResult, build_world
+from sim.world import Progress, ScenarioResult, build_world, trainer_config
+from topology.errors import HivemeshError
+
+
+def check_scenario(scenario: ScenarioConfig) -> None:
+    """Validate the tables checked against other components' classes, before anything runs."""
+    trainer_config(scenario)
+    if scenario.baseline.kind == "none":
+        from sim.gossip_driver import gossip_config
+
+        gossip_config(scenario)
 
 
 def run_scenario(scenario: ScenarioConfig, progress: Progress | None = None) -> ScenarioResult:
@@ -20,8 +30,10 @@ def run_scenario(scenario: ScenarioConfig, progress: Progress | None = None) -> 
         from sim.gossip_driver import run_gossip
 
         return run_gossip(world, progress)
+    except HivemeshError:
+        raise  # the user's to fix: the CLI prints it as one line
     except Exception as error:
-        # Any failure is replayable: the scenario and its seed are the whole input.
+        # Any other failure is replayable: the scenario and its seed are the whole input.
         note = f"simulation of {scenario.source} failed with seed {scenario.seed} (rerun it to replay)"
         error.add_note(note)
         print(f"hivemesh sim: {note}", file=sys.stderr)

@@ -45,8 +45,9 @@ def resolve_graph_spec(scenario: ScenarioConfig) -> str:
 
 def trainer_config(scenario: ScenarioConfig) -> TrainerConfig:
     data = dict(scenario.trainer)
-    if scenario.steps and "total_steps" not in data:
-        data["total_steps"] = scenario.steps  # the horizon of a decaying learning rate
+    steps = scenario.steps or int(scenario.algorithm.get("total_steps", 0))
+    if steps and "total_steps" not in data:
+        data["total_steps"] = steps  # the horizon of a decaying learning rate
     return load(TrainerConfig, data, source=scenario.source, prefix="trainer")
 
 
