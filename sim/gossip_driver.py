@@ -15,6 +15,13 @@ Crashes keep the member's state at the moment of the crash as its last
 checkpoint (as if it checkpointed every step); a restart restores trainer,
 machine and replay windows from it with the next epoch, and feeds ``Start``.
 
+A member that joins late or restarts first asks its neighbours for their
+state, as the daemon does (``StateSyncRequest``; the first answer from a
+neighbour at least as far along is adopted: its parameters, and the machine
+fast-forwarded to its round with ``join_at``), then feeds ``Start``; with no
+answer within ``SYNC_TIMEOUT_S`` it starts from what it has. Messages that
+arrive meanwhile are held and fed after ``Start``.
+
 Liveness follows the daemon's rule: a neighbour is down once nothing of it
 was accepted for ``neighbour_timeout_ms`` (``NeighbourDown``), and up again
 at its next accepted message (``NeighbourUp``). The daemon's 1-second
@@ -60,14 +67,16 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.identity import Identity
-from protocols.messages import Message
+from protocols.messages import Message, StateSyncRequest, StateSyncResponse
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.node import churn_events, flip_signature, sim_identity, tamper, uniform, work_seconds
 from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
+from topology.errors import HivemeshError
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
+SYNC_TIMEOUT_S = 10.0  # the daemon's wait for a state-sync answer (peer/daemon.py)
 
 
 def gossip_config(scenario: ScenarioConfig) -> Any:
@@ -114,6 +123,9 @@ class SimPeer:
         self.started_at_s = 0.0
         self.last_heard: dict[str, float] = {}  # neighbour -> when something of it was last accepted
         self.down: set[str] = set()             # neighbours this member's machine was told are down
+        self.syncing = False                    # waiting for a state-sync answer; machine not started
+        self.held: list[Received] = []          # messages that arrived while syncing
+        self.state_sync: Counter[str] = Counter()  # adopted / kept / refused / no_answer
 
     def all_rejections(self) -> Counter[str]:
         return self.rejections + self.endpoint.rejections
@@ -185,7 +197,7 @@ class GossipRun:
         now = self.engine.now_s
         timeout_s = self.scenario.nodes.neighbour_timeout_ms / 1000.0
         for name, peer in sorted(self.peers.items()):
-            if not peer.alive:
+            if not peer.alive or peer.syncing:
                 continue
             for other in self.world.neighbours(name):
                 if self._heartbeat_arrives(other, name, now):
@@ -205,7 +217,7 @@ class GossipRun:
 
     def _heard(self, peer: SimPeer, sender: str) -> None:
         peer.last_heard[sender] = self.engine.now_s
-        if sender in peer.down:
+        if sender in peer.down and not peer.syncing:
             peer.down.discard(sender)
             self._feed(peer, NeighbourUp(sender))
 
@@ -224,6 +236,7 @@ class GossipRun:
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
+                "state_sync": dict(sorted(peer.state_sync.items())),
                 "rejections": dict(sorted(peer.all_rejections().items())),
                 "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
             }
@@ -241,13 +254,73 @@ class GossipRun:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _start(self, peer: SimPeer) -> None:
+    def _start(self, peer: SimPeer, *, sync: bool = False) -> None:
         peer.alive = True
         peer.started = True
         peer.started_at_s = self.engine.now_s
         peer.last_heard.clear()
         peer.down.clear()  # a (re)started machine presumes its neighbours up, as the daemon's does
+        neighbours = self.world.neighbours(peer.name)
+        if sync and neighbours:
+            peer.syncing = True
+            self._send(peer, Send(neighbours, StateSyncRequest(reason="join")))
+            self.engine.after(SYNC_TIMEOUT_S, functools.partial(self._sync_timeout, peer, peer.incarnation))
+            return
+        self._begin(peer)
+
+    def _begin(self, peer: SimPeer) -> None:
+        """Start the machine, then hand it what arrived while it synced, and finish interrupted work."""
+        peer.syncing = False
+        interrupted = peer.pending_work  # only set when a crash cut work short
         self._feed(peer, Start())
+        held, peer.held = peer.held, []
+        for event in held:
+            self._feed(peer, event)
+        if interrupted is not None and peer.pending_work is interrupted:
+            # It crashed mid-work: the restored state already holds those steps (they are
+            # deterministic), but the time to do them again is spent again.
+            duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
+                                      peer.work_index, peer.pending_work.steps)
+            self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
+
+    def _sync_timeout(self, peer: SimPeer, incarnation: int) -> None:
+        if peer.incarnation == incarnation and peer.syncing:
+            peer.state_sync["no_answer"] += 1
+            self._begin(peer)
+
+    def _answer_sync(self, peer: SimPeer, requester: str) -> None:
+        if peer.syncing or requester not in self.world.neighbours(peer.name):
+            return  # nothing better than the initial model to offer yet
+        _, meta = peer.machine.export_state()
+        round_index, steps_done = int(meta.get("round", 0)), int(meta.get("steps_done", 0))
+        params = self.world.trainers[peer.name].flat_params.detach().clone()
+        self._send(peer, Send((requester,), StateSyncResponse(
+            round=round_index, tensors={"params": params},
+            meta={"round": round_index, "steps_done": steps_done,
+                  "trainer_step": self.world.trainers[peer.name].step})))
+
+    def _adopt(self, peer: SimPeer, sender: str, message: StateSyncResponse) -> None:
+        trainer = self.world.trainers[peer.name]
+        params = message.tensors.get("params")
+        if params is None or params.numel() != trainer.flat_params.numel():
+            return
+        round_index = int(message.meta.get("round", message.round))
+        steps_done = int(message.meta.get("steps_done", 0))
+        _, meta = peer.machine.export_state()
+        if round_index < int(meta.get("round", 0)):
+            peer.state_sync["kept"] += 1  # the neighbour is behind us: keep our own state
+        else:
+            try:
+                peer.machine.join_at(round_index, steps_done)  # type: ignore[attr-defined]
+            except HivemeshError:
+                peer.state_sync["refused"] += 1  # the algorithm cannot hand its state over (CHOCO)
+            else:
+                with torch.no_grad():
+                    trainer.flat_params.copy_(params.reshape(-1))
+                trainer.step = steps_done  # the learning-rate schedule follows the network
+                peer.pending_work = None   # superseded by the adopted state
+                peer.state_sync["adopted"] += 1
+        self._begin(peer)
 
     def _churn(self, event: ChurnEvent) -> None:
         peer = self.peers[event.node]
@@ -265,15 +338,9 @@ class GossipRun:
             if peer.alive or peer.checkpoint is None:
                 return
             self._restore(peer)
-            self._start(peer)
-            if peer.pending_work is not None:
-                # It crashed mid-work: the restored state already holds those steps (they are
-                # deterministic), but the time to do them again is spent again.
-                duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
-                                          peer.work_index, peer.pending_work.steps)
-                self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
+            self._start(peer, sync=True)
         elif event.kind == "join" and not peer.alive and not peer.started:
-            self._start(peer)
+            self._start(peer, sync=True)
 
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
@@ -285,6 +352,8 @@ class GossipRun:
                 ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
                 peer.endpoint.export_state())
         peer.alive = False
+        peer.syncing = False
+        peer.held = []
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
         peer.timers.clear()
 
@@ -401,11 +470,21 @@ class GossipRun:
             opened = peer.endpoint.open(delivery)
             if not isinstance(opened, Opened):
                 return  # counted by the endpoint, by reason
-            self._heard(peer, opened.sender)
-            self._feed(peer, Received(opened.sender, opened.message))
+            sender, message = opened.sender, opened.message
         else:
-            self._heard(peer, sender)
-            self._feed(peer, Received(sender, delivery))
+            message = delivery
+        self._heard(peer, sender)
+        # State sync is the driver's business, as in the daemon; the machine sees the rest.
+        match message:
+            case StateSyncRequest():
+                self._answer_sync(peer, sender)
+            case StateSyncResponse():
+                if peer.syncing:
+                    self._adopt(peer, sender, message)
+            case _ if peer.syncing:
+                peer.held.append(Received(sender, message))
+            case _:
+                self._feed(peer, Received(sender, message))
 
 
 def _deep_copy(value: Any) -> Any:
