@@ -1,0 +1,337 @@
+"""One gossip push-pull exchange of a 25M-parameter float32 model (100 MB) between two peers on loopback.
+
+Two processes each hold a vector (values 1 and 3); one exchange = both send
+theirs, both receive the other's and mix (average in place), so both end
+holding 2. Timed from a shared start to the end of the mix, median of
+``--repeat`` exchanges after a warm-up, beside baselines measured in the same
+run on the same bytes:
+
+- raw pyzmq: DEALER/ROUTER, the bytes as 4 MiB frames, no header, no mix;
+- ours unsigned: our framing (msgpack header + 16 MiB zero-copy frames, tracked
+  sends, gather into a reused buffer, mix) with the digests and the Ed25519
+  signature left out;
+- ours signed: the real thing: Endpoint.seal (BLAKE3 per frame + Ed25519 over
+  the header) -> peer.transport -> Endpoint.open (verify, decode into a reused
+  buffer) -> mix;
+- torch.distributed gloo all_reduce of the same tensor between two processes
+  (+ the division that makes it an average);
+- hivemind's DecentralizedAverager, when it installs: run from its own venv
+  (``--hivemind-python``, default /tmp/hmvenv/bin/python) so that the project's
+  environment is untouched; skipped with a note otherwise.
+
+Loopback figures drift 30-50 % between runs here; only the same-run ratios count.
+Run: ``.venv/bin/python bench/bench_exchange.py [--numel N] [--repeat R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.queues import Queue
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import torch
+import zmq
+
+from peer.launch import context
+from peer.transport import Transport, free_tcp_addresses
+
+RAW_FRAME_BYTES = 4 << 20
+WIRE_FRAME_BYTES = 16 << 20
+HERE = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------ helpers shared by both sides
+
+
+def _byte_frames(x: torch.Tensor, frame_bytes: int) -> list[memoryview]:
+    view = memoryview(x.numpy()).cast("B")
+    return [view[i:i + frame_bytes] for i in range(0, len(view), frame_bytes)]
+
+
+def _gather(frames: list[Any], into: torch.Tensor) -> None:
+    target = into.view(torch.uint8)
+    offset = 0
+    for frame in frames:
+        chunk = torch.frombuffer(frame, dtype=torch.uint8)
+        target[offset:offset + len(chunk)].copy_(chunk)
+        offset += len(chunk)
+
+
+def _check(x: torch.Tensor) -> None:
+    sample = x[:: max(1, x.numel() // 1000)]
+    if not bool((sample == 2.0).all()):
+        raise AssertionError(f"mixed vector is not the average: {sample[:4].tolist()}")
+
+
+# ------------------------------------------------------------------ the two sides
+
+
+def _raw_side(index: int, addresses: list[str], numel: int, repeat: int, results: Queue) -> None:
+    """Plain pyzmq DEALER -> ROUTER both ways, 4 MiB frames: the floor for moving the bytes."""
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.ROUTER)
+    inbox.bind(addresses[index])
+    outbox = ctx.socket(zmq.DEALER)
+    outbox.connect(addresses[1 - index])
+    x = torch.full((numel,), float(1 + 2 * index))
+    frames = _byte_frames(x, RAW_FRAME_BYTES)
+    times = []
+    for round_index in range(repeat + 1):
+        _barrier_raw(inbox, outbox, round_index)
+        start = time.perf_counter()
+        trackers = [outbox.send(frame, zmq.SNDMORE if i < len(frames) - 1 else 0, copy=False, track=True)
+                    for i, frame in enumerate(frames)]
+        received = inbox.recv_multipart(copy=False)[1:]
+        for tracker in trackers:
+            if tracker is not None:
+                tracker.wait()
+        times.append(time.perf_counter() - start)
+        assert sum(len(f) for f in received) == numel * 4
+    _barrier_raw(inbox, outbox, -1)     # both have everything: closing cannot cut the other's data
+    results.put((index, times[1:]))
+    inbox.close(linger=0)
+    outbox.close(linger=0)
+    ctx.term()
+
+
+def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> None:
+    outbox.send(b"ready %d" % round_index)
+    while True:
+        message = inbox.recv_multipart()
+        if message[-1] == b"ready %d" % round_index:
+            return
+
+
+def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed: bool,
+               results: Queue) -> None:
+    """Our exchange through peer.transport, signed (Endpoint) or with our framing alone."""
+    torch.set_num_threads(1)
+    names = ["alice", "bob"]
+    me, other = names[index], names[1 - index]
+    x = torch.full((numel,), float(1 + 2 * index))
+    buffer = torch.empty(numel)                    # the receive buffer, reused every exchange
+    seal: Callable[[int], list[Any]]
+    open_: Callable[[list[Any]], torch.Tensor]
+    if signed:
+        seal, open_ = _signed_codec(me, other, names, buffer, x)
+    else:
+        seal, open_ = _unsigned_codec(buffer, x)
+    tokens: set[bytes] = set()      # barrier tokens that arrived while we waited for data
+    with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
+        times = []
+        for round_index in range(repeat + 1):
+            _barrier(transport, other, round_index, tokens)
+            start = time.perf_counter()
+            transport.send(other, seal(round_index))
+            got = None
+            while got is None:
+                for frames in transport.poll(1.0):
+                    if len(frames) > 1:
+                        got = frames
+                    else:
+                        tokens.add(frames[0].bytes)
+            y = open_([f.buffer for f in got])
+            transport.wait_sent()              # x may be mixed only once ZeroMQ has let go of it
+            x.lerp_(y, 0.5)
+            times.append(time.perf_counter() - start)
+            _check(x)
+            x.fill_(float(1 + 2 * index))
+        _barrier(transport, other, -1, tokens)
+        results.put((index, times[1:]))
+
+
+def _barrier(transport: Transport, other: str, round_index: int, tokens: set[bytes]) -> None:
+    token = b"ready %d" % round_index
+    while not transport.send(other, [token]):
+        time.sleep(0.01)
+    while token not in tokens:
+        for frames in transport.poll(1.0):
+            if len(frames) == 1:
+                tokens.add(frames[0].bytes)
+
+
+def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor) -> tuple[Callable[[int], list[Any]],
+                                                                    Callable[[list[Any]], torch.Tensor]]:
+    def seal(round_index: int) -> list[Any]:
+        frames = _byte_frames(x, WIRE_FRAME_BYTES)
+        header = msgpack.packb({"round": round_index, "numel": x.numel(), "dtype": "float32",
+                                "frames": len(frames)})
+        return [header, *frames]
+
+    def open_(frames: list[Any]) -> torch.Tensor:
+        header = msgpack.unpackb(frames[0])
+        if header["numel"] * 4 != sum(len(f) for f in frames[1:]):
+            raise AssertionError("size mismatch")
+        _gather(frames[1:], buffer)
+        return buffer
+
+    return seal, open_
+
+
+def _signed_codec(me: str, other: str, names: list[str], buffer: torch.Tensor,
+                  x: torch.Tensor) -> tuple[Callable[[int], list[Any]], Callable[[list[Any]], torch.Tensor]]:
+    from protocols.identity import Identity
+    from protocols.messages import ParamPush
+    from protocols.roster import Member, Roster, run_id
+    from protocols.wire import Endpoint, Opened
+
+    # both sides derive the same two identities from fixed seeds (a bench, not a deployment)
+    identities = [Identity.from_text(_key_text(i).encode()) for i in range(2)]
+    roster = Roster(tuple(Member(name=n, public_id=identities[i].public_id, address="tcp://127.0.0.1:9")
+                          for i, n in enumerate(names)))
+    endpoint = Endpoint(identities[names.index(me)], roster, run_id({"bench": "exchange"}), epoch=0,
+                        allocate=lambda dtype, numel: buffer)
+
+    def seal(round_index: int) -> list[Any]:
+        return endpoint.seal([other], ParamPush(round=round_index, tensors={"x": x}))
+
+    def open_(frames: list[Any]) -> torch.Tensor:
+        opened = endpoint.open(frames)
+        if not isinstance(opened, Opened):
+            raise AssertionError(f"rejected: {opened}")
+        tensor = opened.message.tensors["x"]        # type: ignore[union-attr]
+        return tensor
+
+    return seal, open_
+
+
+def _key_text(index: int) -> str:
+    import base64
+
+    seed = base64.b64encode(bytes([index + 1]) * 32).decode()
+    from protocols.identity import KEY_FILE_MAGIC, z85_encode
+
+    return f"{KEY_FILE_MAGIC}\ned25519-seed {seed}\ncurve-secret {z85_encode(bytes([index + 7]) * 32)}\n"
+
+
+def _gloo_side(index: int, init_method: str, numel: int, repeat: int, results: Queue) -> None:
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=index, world_size=2)
+    x = torch.full((numel,), float(1 + 2 * index))
+    times = []
+    for _ in range(repeat + 1):
+        x.fill_(float(1 + 2 * index))
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        x.div_(2)
+        times.append(time.perf_counter() - start)
+        _check(x)
+    results.put((index, times[1:]))
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ running a pair
+
+
+def run_pair(target: Callable[..., None], *args: Any) -> float:
+    """Run ``target(index, *args, results)`` in two processes; the median of the slower side's times."""
+    ctx = context()
+    results: Queue = ctx.Queue()
+    processes = [ctx.Process(target=target, args=(i, *args, results)) for i in range(2)]
+    for process in processes:
+        process.start()
+    collected: dict[int, list[float]] = {}
+    try:
+        while len(collected) < 2:
+            try:
+                index, times = results.get(timeout=1.0)
+                collected[index] = times
+            except queue.Empty:
+                failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"{target.__name__} failed (exit codes {failed})") from None
+    finally:
+        for process in processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    slower = [max(a, b) for a, b in zip(collected[0], collected[1], strict=True)]
+    return statistics.median(slower)
+
+
+def run_hivemind(python: str, numel: int, repeat: int) -> tuple[float | None, str]:
+    if not Path(python).exists():
+        return None, f"no hivemind venv at {python} (python3 -m venv DIR && DIR/bin/pip install hivemind)"
+    try:
+        done = subprocess.run([python, str(HERE / "_hivemind_average.py"), str(numel), str(repeat)],
+                              capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None, "hivemind run timed out"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return None, f"hivemind run failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
+    report = json.loads(lines[-1])
+    return float(report["median_s"]), f"hivemind {report['version']}, steps {report['times_s']}"
+
+
+# ------------------------------------------------------------------ table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--numel", type=int, default=25_000_000, help="float32 parameters (default 25M)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed exchanges per row (default 5)")
+    parser.add_argument("--hivemind-python", default="/tmp/hmvenv/bin/python",
+                        help="python of a separate venv with hivemind installed")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    numel, repeat = args.numel, args.repeat
+    print(f"one push-pull exchange of {numel:,} float32 ({numel * 4 / 1e6:.0f} MB each way) between two "
+          f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
+    rows: dict[str, float | None] = {}
+    rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
+    rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
+        _wire_side, free_tcp_addresses(2), numel, repeat, False)
+    rows["ours signed (BLAKE3 + Ed25519, verify, decode, mix)"] = run_pair(
+        _wire_side, free_tcp_addresses(2), numel, repeat, True)
+    (rendezvous,) = free_tcp_addresses(1)
+    rows["torch.distributed gloo all_reduce + /2"] = run_pair(_gloo_side, rendezvous, numel, repeat)
+    hivemind_s, note = run_hivemind(args.hivemind_python, numel, max(3, repeat // 2))
+    rows["hivemind DecentralizedAverager step"] = hivemind_s
+
+    raw = rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"]
+    unsigned = rows["ours unsigned (framing, tracked send, gather, mix)"]
+    signed = rows["ours signed (BLAKE3 + Ed25519, verify, decode, mix)"]
+    gloo = rows["torch.distributed gloo all_reduce + /2"]
+    assert raw and unsigned and signed and gloo
+    width = max(len(k) for k in rows)
+    print(f"\n{'exchange':<{width}}  {'time':>9}  {'GB/s each way':>13}  {'/ signed':>8}")
+    for name, seconds in rows.items():
+        if seconds is None:
+            print(f"{name:<{width}}  {'skipped':>9}")
+            continue
+        print(f"{name:<{width}}  {seconds * 1000:7.0f} ms  {numel * 4 / seconds / 1e9:13.2f}  "
+              f"{seconds / signed:8.2f}")
+    print(f"\n{'goal':<48} {'ratio':>7}  {'target':>8}  met")
+    goals = [("unsigned / raw pyzmq", unsigned / raw, "<= 1.3", unsigned / raw <= 1.3),
+             ("signed / unsigned (what signing adds)", signed / unsigned, "<= 1.3", signed / unsigned <= 1.3),
+             ("signed / gloo all_reduce", signed / gloo, "<= 2.5", signed / gloo <= 2.5)]
+    if hivemind_s is not None:
+        goals.append(("hivemind / signed", hivemind_s / signed, ">= 8", hivemind_s / signed >= 8))
+    for name, ratio, target, met in goals:
+        print(f"{name:<48} {ratio:7.2f}  {target:>8}  {'yes' if met else 'NO'}")
+    if hivemind_s is None:
+        print(f"\nhivemind skipped: {note}")
+    else:
+        print(f"\n({note})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
