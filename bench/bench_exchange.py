@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _byte_frames(x: torch.Tensor, frame_bytes: int) -> list[memoryview]:
-    view = memoryview(x.numpy()).cast("B")
+    view = x.numpy().data.cast("B")
     return [view[i:i + frame_bytes] for i in range(0, len(view), frame_bytes)]
 
 
