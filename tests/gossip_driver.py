@@ -5,7 +5,9 @@ delivery time, then by send order), the clock is a number. ``StartWork(n)``
 runs the peer's worker at once (the machine does not touch its parameters
 until ``WorkDone``) and delivers ``WorkDone`` after ``n * step_time_s``; a
 ``Send`` is sealed and opened through real wire Endpoints when they are given,
-so byte counts are the codec's. No production code path uses this module.
+so byte counts are the codec's. ``cut(sender, recipient, now)`` returning True
+drops that delivery (a partition); ``schedule`` feeds any event at a later time.
+No production code path uses this module.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class Driver:
     def __init__(self, machines: Mapping[str, Machine], workers: Mapping[str, Worker], *,
                  step_time_s: float | Mapping[str, float] = 1.0, latency_s: float = 0.01,
                  endpoints: Mapping[str, Endpoint] | None = None, tamper: Mapping[str, Tamper] | None = None,
-                 observe: Callable[[Driver], None] | None = None) -> None:
+                 observe: Callable[[Driver], None] | None = None,
+                 cut: Callable[[str, str, float], bool] | None = None) -> None:
         self.machines = dict(machines)
         self.workers = dict(workers)
         names = sorted(self.machines)
@@ -82,6 +85,8 @@ class Driver:
         self.endpoints = dict(endpoints) if endpoints else None
         self.tamper = dict(tamper or {})
         self.observe = observe
+        self.cut = cut
+        self.dropped = 0  # deliveries cut
         self.now = 0.0
         self.queue: list[_Item] = []  # the network and the timers: deliveries in flight
         self._seq = 0
@@ -131,6 +136,10 @@ class Driver:
         if self.observe is not None:
             self.observe(self)
 
+    def schedule(self, at: float, name: str, event: Event) -> None:
+        """Feed ``event`` to ``name`` at time ``at`` (NeighbourDown/Up of a modelled failure detector)."""
+        self._push(at, name, event)
+
     # ------------------------------------------------------------ actions
 
     def _push(self, at: float, target: str, event: Any, token: int = 0) -> None:
@@ -142,6 +151,11 @@ class Driver:
             case Send(recipients=recipients, message=message):
                 if name in self.tamper:
                     message = self.tamper[name](name, message)
+                if self.cut is not None:
+                    self.dropped += sum(self.cut(name, r, self.now) for r in recipients)
+                    recipients = tuple(r for r in recipients if not self.cut(name, r, self.now))
+                    if not recipients:
+                        return
                 self.messages_sent[name] += len(recipients)
                 self.payload_bytes[name] += tensor_bytes(message) * len(recipients)
                 if self.endpoints is None:

@@ -1,17 +1,29 @@
 """Push-sum / Stochastic Gradient Push (Kempe et al. 2003; Assran et al. 2019).
 
 For directed and time-varying graphs: W_t only needs to be column-stochastic.
-Each peer holds a numerator ``x`` and a weight ``w``; the trainer's parameters
-are the de-biased ``z = x / w``. Round ``t``:
+Each peer holds a weight ``w`` and the de-biased parameters ``z`` (the
+trainer's parameters); its push-sum numerator is ``x = w z``. Round ``t``:
 
-  send (W_ki x, W_ki w) to each out-neighbour k;  keep x <- W_ii x, w <- W_ii w
+  send (z, W_ki w) to each live out-neighbour k;  keep w <- (W_ii + shares of down neighbours) w
   H local steps on z                              delta = z_after - z_before
-  x += sum of received numerators + delta;  w += sum of received weights;  z = x / w
+  z <- (w z_before + sum_j w_j z_j) / (w + sum_j w_j) + delta;   w += sum_j w_j
+
+which is the push-sum recursion ``x <- P x + w' delta`` on ``x``: the local
+step moves the de-biased value by exactly what the trainer did (with every
+w = 1, as on a one-peer exponential graph, this is ``x <- P x + delta``). Messages carry
+``z`` and a weight share rather than the numerator share ``W_ki x``, and the
+mix is computed with the normalised coefficients ``w_j / (w + sum w_j)``, so
+nothing depends on the scale of the weights: a network that lost mass
+(messages lost, a member absent, updates rejected) shrinks every ``w`` alike
+and changes nothing else. (Dividing a numerator by a shrinking ``w``, and
+adding unscaled steps to it, amplified each step by ``1 / w`` and went to NaN.)
 
 The total mass (sum of every w, in flight included) stays n: with dyadic
-weights (1/2, 1/4, ...) the float sums are exact. A message that arrives
-after its round closed is added at the next mix rather than dropped, so mass
-is only lost to a rejected update.
+weights (1/2, 1/4, ...) the float sums are exact. A neighbour known to be down
+gets no share (its share stays here, as the deadline rule keeps a missing
+neighbour's weight), and a message that arrives after its round closed is
+added at the next mix rather than dropped, whatever its age (see rounds.py), so
+mass is only lost to the network and to rejected updates.
 """
 
 from __future__ import annotations
@@ -35,7 +47,6 @@ class PushSum(RoundMachine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.numerator = self.params.detach().clone()
         self.weight = 1.0
         self.before: torch.Tensor | None = None  # z at the start of the round
 
@@ -50,16 +61,19 @@ class PushSum(RoundMachine):
 
     def _round_messages(self, t: int) -> list[Send]:
         self.before = self.params.detach().clone()
-        shares = self.topology.out_neighbours(self.name, t)
+        out = self.topology.out_neighbours(self.name, t)
+        shares = {k: share for k, share in out.items() if k not in self.down}
         sends: list[Send] = []
-        by_weight = sorted(shares.items(), key=lambda item: (item[1], item[0]))
-        for share, group in groupby(by_weight, key=lambda item: item[1]):
-            recipients = tuple(sorted(k for k, _ in group))
-            tensors, meta, _ = self.payload.encode(self.numerator * share, t)
-            meta_w: dict[str, Scalar] = {**meta, WEIGHT: share * self.weight}
-            sends.append(Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta_w)))
-        keep = self.topology.self_weight(self.name, t)
-        self.numerator.mul_(keep)
+        if shares:
+            tensors, meta, _ = self.payload.encode(self.params, t)
+            by_weight = sorted(shares.items(), key=lambda item: (item[1], item[0]))
+            for share, group in groupby(by_weight, key=lambda item: item[1]):
+                recipients = tuple(sorted(k for k, _ in group))
+                meta_w: dict[str, Scalar] = {**meta, WEIGHT: share * self.weight}
+                sends.append(Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta_w)))
+        # a down neighbour's share stays here (mass is not sent into the void)
+        keep = math.fsum([self.topology.self_weight(self.name, t)]
+                         + [share for k, share in out.items() if k not in shares])
         self.weight *= keep
         return sends
 
@@ -68,8 +82,8 @@ class PushSum(RoundMachine):
         w_j = message.meta.get(WEIGHT)
         if isinstance(w_j, bool) or not isinstance(w_j, int | float) or not (math.isfinite(w_j) and w_j > 0):
             raise BadParts("bad_weight", repr(w_j))
-        x_j = self.payload.decode(message.tensors, message.meta)
-        return (x_j, float(w_j)), self._distance(x_j / w_j, self.before)
+        z_j = self.payload.decode(message.tensors, message.meta)
+        return (z_j, float(w_j)), self._distance(z_j, self.before)
 
     def _own_norm(self) -> float:
         assert self.before is not None
@@ -77,29 +91,26 @@ class PushSum(RoundMachine):
 
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
         assert self.before is not None
-        for _, _, (x_j, w_j) in accepted:
-            self.numerator.add_(x_j)
-            self.weight += w_j
-        self.numerator.add_(self.params - self.before)
-        self.params.copy_(self.numerator / self.weight)
+        total = math.fsum([self.weight] + [w_j for _, _, (_, w_j) in accepted])
+        if accepted:
+            # z <- (w z_before + sum w_j z_j) / total + delta, with z = z_before + delta now:
+            # coefficients in [0, 1] whatever the scale of w
+            self.params.add_(self.before, alpha=self.weight / total - 1.0)
+            for _, _, (z_j, w_j) in accepted:
+                self.params.add_(z_j, alpha=w_j / total)
+        self.weight = total
         self.before = None
-
-    def _params_replaced(self) -> None:
-        self.numerator.copy_(self.params * self.weight)
 
     def _joined(self) -> None:
         # a member that (re)joins brings weight 1, like every member at the start
         self.weight = 1.0
-        self.numerator.copy_(self.params)
         self.before = None
 
     def _export_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        tensors["pushsum/numerator"] = self.numerator.clone()
         if self.before is not None:
             tensors["pushsum/before"] = self.before.clone()
         meta["pushsum_weight"] = self.weight
 
     def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        self.numerator.copy_(tensors["pushsum/numerator"])
         self.before = self._own_copy(tensors.get("pushsum/before"))
         self.weight = float(meta["pushsum_weight"])

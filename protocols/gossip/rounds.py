@@ -24,9 +24,34 @@ rounds without local work drive the peers to consensus; then ``Finished``.
 Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
 for rounds already closed are dropped (``stale_message``), except by
 algorithms whose sums stay right when a message is applied late (push-sum's
-mass, CHOCO's public copies), which apply those up to ``max_rounds_ahead``
-rounds old at their next mix (``late_message``). A (sender, round) is never
-applied twice, so a peer restarted from a checkpoint may resend its round.
+mass, CHOCO's public copies), which apply them at their next mix, whatever
+their age (``late_message``). A (sender, round) is never applied twice, so a
+peer restarted from a checkpoint may resend its round: each sender's rounds
+are remembered up to ``max_rounds_ahead`` behind the newest one heard from it,
+and older ones are dropped as ``stale_message`` (mass lost, never doubled).
+
+Catching up. Round numbers are a logical clock, and two parts of the network
+can drift apart by more than ``max_rounds_ahead`` rounds (a partition that
+outlasts the neighbour timeout, a straggler its neighbours stopped waiting
+for); then every message across is too far ahead on one side and stale on the
+other, and the parts never mix again. So a message from an in-neighbour more
+than ``max_rounds_ahead`` rounds ahead is kept (only the newest such round: a
+bounded buffer) and makes the machine *catch up*: it closes its current round
+at once, mixing what it has (no deadline wait: it is leaving that round
+anyway), and jumps to that round, counting ``rounds_skipped``. The skipped
+rounds send nothing and do no local work, but their steps count as done
+(``steps_skipped``), so ``steps_done`` stays the schedule position of the
+round (``round * local_steps``, as after ``join_at``) and both parts finish
+training together: the peer that fell behind gives up that share of its local
+work for staying in step, as synchronous SGD does with dropped stragglers.
+Messages buffered for skipped rounds are applied late by the algorithms that
+keep late messages and dropped (``stale_message``) by the others. A jump never
+skips the final gossip rounds (they are what brings the peers to consensus):
+it stops where training ends, and once training is over nothing far ahead
+starts one. A jump only goes to a round some peer is in, so rounds never run
+away, and the parts that fell behind follow one another like a Lamport clock.
+The other side needs nothing: it already treats the peers behind as
+laggards, and hears from them in step again once they have jumped.
 """
 
 from __future__ import annotations
@@ -91,6 +116,7 @@ class RoundMachine(MachineBase):
         self.late: list[tuple[str, ParamPush]] = []
         self.last_sends: list[Send] = []  # this round's messages, resent after a restart
         self.seen: dict[str, set[int]] = {}  # rounds received per sender, within the late window
+        self.catch_up = 0  # a round far ahead heard from an in-neighbour: jump there at the next close
 
     # ------------------------------------------------------------ maths hooks
 
@@ -144,6 +170,7 @@ class RoundMachine(MachineBase):
         self.timer_set = False
         self.down, self.laggards, self.caught_up = set(), set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
+        self.catch_up = 0
         if self.outer is not None:
             self.outer.rebase(self.params, steps_done)
         self._joined()
@@ -197,6 +224,8 @@ class RoundMachine(MachineBase):
         return limit > 0 and self.start_s is not None and now - self.start_s >= limit
 
     def _begin_round(self, now: float) -> list[Action]:
+        if self.catch_up > self.round:
+            self._skip_rounds(now)
         if self.steps_done >= self.config.total_steps or self._time_up(now):
             self.training_over = True
         if self.training_over:
@@ -216,11 +245,43 @@ class RoundMachine(MachineBase):
             self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
         return actions
 
+    def _drop_far_rounds(self, horizon: int) -> None:
+        """Buffered rounds beyond ``horizon``: late messages (KEEPS_LATE) or dropped."""
+        for later in [k for k in self.inbox if k > horizon]:
+            dropped = self.inbox.pop(later)
+            if self.KEEPS_LATE:
+                self.late += sorted(dropped.items())
+            else:
+                self._count("dropped_future", len(dropped))
+
+    def _skip_rounds(self, now: float) -> None:
+        """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above)."""
+        skipped = steps = 0
+        while self.round < self.catch_up:
+            if self.steps_done >= self.config.total_steps or self._time_up(now):
+                self.training_over = True
+            if self.training_over:  # the final gossip rounds are never skipped
+                self.catch_up = self.round
+                self._drop_far_rounds(self.round + self.config.max_rounds_ahead)
+                break
+            round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
+            self.steps_done += round_steps
+            steps += round_steps
+            box = self.inbox.pop(self.round, {})
+            if self.KEEPS_LATE:
+                self.late += sorted(box.items())
+            else:
+                self._count("stale_message", len(box))
+            self.round += 1
+            skipped += 1
+        self._count("rounds_skipped", skipped)
+        self._count("steps_skipped", steps)
+
     def _settle(self, now: float, actions: list[Action]) -> list[Action]:
         """Close every round that is complete (a loop, not recursion: buffered rounds may
-        follow one another), then arm the deadline of the round left waiting."""
+        follow one another) or that a catch-up leaves, then arm the deadline of the round left waiting."""
         while self.phase is Phase.WAITING:
-            if not self._complete():
+            if not (self._complete() or self.catch_up > self.round):
                 if not self.timer_set:
                     self.timer_set = True
                     actions.append(SetTimer(self._timer_key(), now + self.config.deadline_s))
@@ -252,24 +313,37 @@ class RoundMachine(MachineBase):
             return []
         if sender in self.laggards and r >= self.round - 1:
             self.caught_up.add(sender)  # waited for again from the next round on
-        if r > self.round + self.config.max_rounds_ahead:
-            self.counters["dropped_future"] += 1
+        horizon = self.round + self.config.max_rounds_ahead
+        far = r > horizon
+        jump = far and r > self.catch_up and not self.training_over
+        buffered = not far or jump or (r == self.catch_up > self.round)
+        if not buffered and not self.KEEPS_LATE:
+            self.counters["dropped_future"] += 1  # older than the round to jump to, or training is over
             return []
-        oldest = self.round - self.config.max_rounds_ahead
-        if r < self.round and not (self.KEEPS_LATE and r >= oldest):
+        if r < self.round and not self.KEEPS_LATE:
             self.counters["stale_message"] += 1
             return []
         seen = self.seen.setdefault(sender, set())
+        if seen and r < max(seen) - self.config.max_rounds_ahead:
+            self.counters["stale_message"] += 1  # too old to tell from a duplicate
+            return []
         if r in seen:  # a resend after a restart, or a duplicate: never applied twice
             self.counters["duplicate_message"] += 1
             return []
         seen.add(r)
-        if r < self.round:
-            self.late.append((sender, message))
+        newest = max(seen)
+        self.seen[sender] = {s for s in seen if s >= newest - self.config.max_rounds_ahead}
+        if jump:
+            self.catch_up = r
+            self._drop_far_rounds(horizon)  # keep one far round only
+        if far and buffered:
+            self.caught_up.add(sender)  # ahead, not lagging: waited for in the round we jump to
+        if r < self.round or not buffered:
+            self.late.append((sender, message))  # push-sum, CHOCO: the sums stay right at any mix
             self.counters["late_message"] += 1
             return []
         self.inbox.setdefault(r, {})[sender] = message
-        if r == self.round:
+        if r == self.round or self.catch_up > self.round:
             return self._settle(now, [])
         return []
 
@@ -303,8 +377,6 @@ class RoundMachine(MachineBase):
         self.steps_done += self.round_steps
         self.round += 1
         self.last_sends = []
-        oldest = self.round - self.config.max_rounds_ahead
-        self.seen = {j: {r for r in rounds if r >= oldest} for j, rounds in self.seen.items()}
         if self._outer_step():
             self._params_replaced()
         actions.append(Metric("round", float(self.round)))
@@ -328,6 +400,7 @@ class RoundMachine(MachineBase):
             "laggards": sorted(self.laggards),
             "caught_up": sorted(self.caught_up),
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
+            "catch_up": self.catch_up,
             "inbox": export_messages("inbox", inbox, tensors),
             "late": export_messages("late", self.late, tensors),
             "last_sends": [list(a.recipients) for a in self.last_sends],
@@ -352,6 +425,7 @@ class RoundMachine(MachineBase):
         self.laggards = set(meta["laggards"])
         self.caught_up = set(meta["caught_up"])
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
+        self.catch_up = int(meta.get("catch_up", 0))
         self.inbox = {}
         for sender, message in restore_messages("inbox", meta["inbox"], tensors):
             self.inbox.setdefault(message.round, {})[sender] = message
