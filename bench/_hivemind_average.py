@@ -51,7 +51,7 @@ def main() -> None:
     import hivemind
 
     numel, steps = int(sys.argv[1]), int(sys.argv[2])
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")   # hivemind starts its own processes with the default (fork) context
     maddrs, results = ctx.Queue(), ctx.Queue()
     processes = [ctx.Process(target=worker, args=(i, numel, steps, maddrs, results)) for i in range(2)]
     for process in processes:

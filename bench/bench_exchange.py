@@ -113,7 +113,7 @@ def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> Non
             return
 
 
-def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed: bool,
+def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed: bool, frame_bytes: int,
                results: Queue) -> None:
     """Our exchange through peer.transport, signed (Endpoint) or with our framing alone."""
     torch.set_num_threads(1)
@@ -124,9 +124,9 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed
     seal: Callable[[int], list[Any]]
     open_: Callable[[list[Any]], torch.Tensor]
     if signed:
-        seal, open_ = _signed_codec(me, other, names, buffer, x)
+        seal, open_ = _signed_codec(me, other, names, buffer, x, frame_bytes)
     else:
-        seal, open_ = _unsigned_codec(buffer, x)
+        seal, open_ = _unsigned_codec(buffer, x, frame_bytes)
     tokens: set[bytes] = set()      # barrier tokens that arrived while we waited for data
     with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
         times = []
@@ -161,10 +161,10 @@ def _barrier(transport: Transport, other: str, round_index: int, tokens: set[byt
                 tokens.add(frames[0].bytes)
 
 
-def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor) -> tuple[Callable[[int], list[Any]],
-                                                                    Callable[[list[Any]], torch.Tensor]]:
+def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor, frame_bytes: int = WIRE_FRAME_BYTES) -> tuple[
+        Callable[[int], list[Any]], Callable[[list[Any]], torch.Tensor]]:
     def seal(round_index: int) -> list[Any]:
-        frames = _byte_frames(x, WIRE_FRAME_BYTES)
+        frames = _byte_frames(x, frame_bytes)
         header = msgpack.packb({"round": round_index, "numel": x.numel(), "dtype": "float32",
                                 "frames": len(frames)})
         return [header, *frames]
@@ -179,19 +179,20 @@ def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor) -> tuple[Callable[[in
     return seal, open_
 
 
-def _signed_codec(me: str, other: str, names: list[str], buffer: torch.Tensor,
-                  x: torch.Tensor) -> tuple[Callable[[int], list[Any]], Callable[[list[Any]], torch.Tensor]]:
+def _signed_codec(me: str, other: str, names: list[str], buffer: torch.Tensor, x: torch.Tensor,
+                  frame_bytes: int = WIRE_FRAME_BYTES) -> tuple[Callable[[int], list[Any]],
+                                                                Callable[[list[Any]], torch.Tensor]]:
     from protocols.identity import Identity
     from protocols.messages import ParamPush
     from protocols.roster import Member, Roster, run_id
-    from protocols.wire import Endpoint, Opened
+    from protocols.wire import Endpoint, Opened, Policy
 
     # both sides derive the same two identities from fixed seeds (a bench, not a deployment)
     identities = [Identity.from_text(_key_text(i).encode()) for i in range(2)]
     roster = Roster(tuple(Member(name=n, public_id=identities[i].public_id, address="tcp://127.0.0.1:9")
                           for i, n in enumerate(names)))
     endpoint = Endpoint(identities[names.index(me)], roster, run_id({"bench": "exchange"}), epoch=0,
-                        allocate=lambda dtype, numel: buffer)
+                        policy=Policy(max_frame_bytes=frame_bytes), allocate=lambda dtype, numel: buffer)
 
     def seal(round_index: int) -> list[Any]:
         return endpoint.seal([other], ParamPush(round=round_index, tensors={"x": x}))
@@ -266,6 +267,8 @@ def run_pair(target: Callable[..., None], *args: Any) -> float:
 
 
 def run_hivemind(python: str, numel: int, repeat: int) -> tuple[float | None, str]:
+    if not python:
+        return None, "not asked for (--hivemind-python '')"
     if not Path(python).exists():
         return None, f"no hivemind venv at {python} (python3 -m venv DIR && DIR/bin/pip install hivemind)"
     try:
@@ -288,7 +291,9 @@ def main() -> int:
     parser.add_argument("--numel", type=int, default=25_000_000, help="float32 parameters (default 25M)")
     parser.add_argument("--repeat", type=int, default=5, help="timed exchanges per row (default 5)")
     parser.add_argument("--hivemind-python", default="/tmp/hmvenv/bin/python",
-                        help="python of a separate venv with hivemind installed")
+                        help="python of a separate venv with hivemind installed ('' to skip)")
+    parser.add_argument("--frame-mib", type=int, default=16,
+                        help="payload frame size of our exchanges in MiB (default 16, the wire's limit)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     numel, repeat = args.numel, args.repeat
@@ -296,10 +301,11 @@ def main() -> int:
           f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
     rows: dict[str, float | None] = {}
     rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
+    frame_bytes = args.frame_mib << 20
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, False)
+        _wire_side, free_tcp_addresses(2), numel, repeat, False, frame_bytes)
     rows["ours signed (BLAKE3 + Ed25519, verify, decode, mix)"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, True)
+        _wire_side, free_tcp_addresses(2), numel, repeat, True, frame_bytes)
     (rendezvous,) = free_tcp_addresses(1)
     rows["torch.distributed gloo all_reduce + /2"] = run_pair(_gloo_side, rendezvous, numel, repeat)
     hivemind_s, note = run_hivemind(args.hivemind_python, numel, max(3, repeat // 2))

@@ -1,13 +1,14 @@
-"""Acceptance (a) and (e) of the daemon: 8 real peer processes on 127.0.0.1, attacked while they train.
+"""Acceptance (a), (b) and (e) of the daemon: 8 real peer processes on 127.0.0.1, attacked while they train.
 
-One network run serves both: 8 peers on a ring, D-PSGD, digits-mlp, Dirichlet(0.5).
-An on-path attacker sits in front of p07 (p07 listens on another port; the
+One D-PSGD network run serves (a) and (e), and is the reference of (b): 8 peers
+on a ring, D-PSGD, digits-mlp, Dirichlet(0.5). An on-path attacker sits in front of p07 (p07 listens on another port; the
 roster's address is the attacker's, which forwards everything and keeps
 copies). Mid-training it replays captured messages to p07, tampers with
 messages in flight, sends captured messages to a peer they were not meant for,
 and an outsider whose key is not on the roster sends its own signed messages.
 The honest peers must count every one of those as a rejection, accept none,
-and still meet the bar.
+and still meet the bar. (b) then runs CHOCO-SGD with top-1% on the same
+network shape and compares accuracy and the peers' own byte counters.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 from _daemon_support import consensus_distance, describe, final_params, make_network, status, wait_for_step
 
 from peer.launch import PeerProcesses
-from peer.netinit import load_roster
+from peer.netinit import NetworkFiles, load_roster
 from peer.transport import Transport, free_tcp_addresses
 from protocols.identity import Identity
 from protocols.messages import Heartbeat
@@ -78,8 +81,19 @@ def _deliver(sender: Transport, name: str, frames: list[bytes]) -> None:
     raise AssertionError(f"attacker could not reach {name}")
 
 
-def test_eight_peers_meet_the_bar_and_count_every_attack_message(tmp_path: Path) -> None:
-    files = make_network(tmp_path / "net", steps=300)
+@dataclass
+class DpsgdRun:
+    files: NetworkFiles
+    statuses: dict[str, dict[str, Any]]
+    attacker_sent: Counter[str]
+    expected_reasons: dict[str, Counter[str]]
+    tampered: int
+
+
+@pytest.fixture(scope="module")
+def dpsgd_run(tmp_path_factory: pytest.TempPathFactory) -> DpsgdRun:
+    """The attacked D-PSGD network, run once for acceptance (a), (b) and (e)."""
+    files = make_network(tmp_path_factory.mktemp("dpsgd") / "net", steps=300)
     roster = load_roster(files.roster)
     (p07_real,) = free_tcp_addresses(1)
     p07_config = files.configs["p07"]
@@ -132,17 +146,50 @@ def test_eight_peers_meet_the_bar_and_count_every_attack_message(tmp_path: Path)
         attacker.close()
         tap.stopping.set()
         tap.join(5)
-
-    assert tap.tampered == 5
     statuses = {name: status(files, name) for name in files.configs}
-    # (a) the bar of the gossip issue, from the peers' own evaluation and their final checkpoints
-    for name, found in statuses.items():
-        assert found["state"] == "finished" and found["step"] == 300, describe(files)
+    return DpsgdRun(files, statuses, attacker_sent, expected_reasons, tap.tampered)
+
+
+def test_a_eight_peers_on_a_ring_meet_the_bar(dpsgd_run: DpsgdRun) -> None:
+    for name, found in dpsgd_run.statuses.items():
+        assert found["state"] == "finished" and found["step"] == 300, describe(dpsgd_run.files)
         assert found["accuracy"] >= 0.90, f"{name}: accuracy {found['accuracy']}"
-    assert consensus_distance(final_params(files)) < 1e-2
-    # (e) every attacker message is a counted rejection, for the reason it deserves; none accepted
-    for name, found in statuses.items():
+        assert found["metrics"].get("missed_deadline", 0) == 0
+    assert consensus_distance(final_params(dpsgd_run.files)) < 1e-2
+
+
+def test_e_every_attack_message_is_a_counted_rejection_and_none_is_accepted(dpsgd_run: DpsgdRun) -> None:
+    assert dpsgd_run.tampered == 5
+    for name, found in dpsgd_run.statuses.items():
         rejections = Counter(found["rejections"])
-        assert sum(rejections.values()) == attacker_sent[name], f"{name}: {rejections}"
-        assert rejections == expected_reasons[name], name
-    assert attacker_sent["p07"] == 10 + 5 + 4 and attacker_sent["p03"] == 5 + 4
+        assert sum(rejections.values()) == dpsgd_run.attacker_sent[name], f"{name}: {rejections}"
+        assert rejections == dpsgd_run.expected_reasons[name], name
+    assert dpsgd_run.attacker_sent["p07"] == 10 + 5 + 4 and dpsgd_run.attacker_sent["p03"] == 5 + 4
+
+
+CHOCO_STEPS = 450    # more steps than D-PSGD's 300, and still far fewer bytes
+
+
+def test_b_choco_top1_is_within_2_points_with_20x_fewer_payload_bytes(dpsgd_run: DpsgdRun,
+                                                                      tmp_path: Path) -> None:
+    files = make_network(tmp_path / "net", algorithm="choco", compression="topk:fraction=0.01",
+                         steps=CHOCO_STEPS, gossip={"consensus_step": 0.1})
+    with PeerProcesses(files.configs) as processes:
+        processes.start_all()
+        finished = processes.wait(240)
+        codes = processes.exitcodes()
+    assert finished and all(code == 0 for code in codes.values()), f"{codes}\n{describe(files)}"
+    choco = {name: status(files, name) for name in files.configs}
+    exact = dpsgd_run.statuses
+    assert all(found["step"] == CHOCO_STEPS and found["rejections"] == {} for found in choco.values())
+    choco_accuracy = [found["accuracy"] for found in choco.values()]
+    exact_accuracy = [found["accuracy"] for found in exact.values()]
+    assert sum(choco_accuracy) / 8 >= sum(exact_accuracy) / 8 - 0.02, (choco_accuracy, exact_accuracy)
+    assert min(choco_accuracy) >= min(exact_accuracy) - 0.02
+    # the peers' own counters: tensor bytes, and everything their sockets sent (headers, heartbeats)
+    payload = {run: sum(found["payload_bytes_sent"] for found in statuses.values())
+               for run, statuses in (("exact", exact), ("choco", choco))}
+    total = {run: sum(found["bytes_sent"] for found in statuses.values())
+             for run, statuses in (("exact", exact), ("choco", choco))}
+    assert payload["exact"] >= 20 * payload["choco"], payload
+    assert total["exact"] >= 10 * total["choco"], total
