@@ -1,14 +1,15 @@
 """Acceptance (a), (b) and (e) of the daemon: 8 real peer processes on 127.0.0.1, attacked while they train.
 
 One D-PSGD network run serves (a) and (e), and is the reference of (b): 8 peers
-on a ring, D-PSGD, digits-mlp, Dirichlet(0.5). An on-path attacker sits in front of p07 (p07 listens on another port; the
-roster's address is the attacker's, which forwards everything and keeps
-copies). Mid-training it replays captured messages to p07, tampers with
-messages in flight, sends captured messages to a peer they were not meant for,
-and an outsider whose key is not on the roster sends its own signed messages.
-The honest peers must count every one of those as a rejection, accept none,
-and still meet the bar. (b) then runs CHOCO-SGD with top-1% on the same
-network shape and compares accuracy and the peers' own byte counters.
+on a ring, D-PSGD, digits-mlp, Dirichlet(0.5). An on-path attacker sits in
+front of p07 (p07 listens on another port; the roster's address is the
+attacker's, which forwards everything and keeps copies). Mid-training it
+replays captured messages to p07, tampers with messages in flight, sends
+captured messages to a peer they were not meant for, and an outsider whose key
+is not on the roster sends its own signed messages. The honest peers must
+count every one of those as a rejection, accept none, and still meet the bar.
+(b) then runs CHOCO-SGD with top-1% on the same network shape and compares
+accuracy and the peers' own byte counters.
 """
 
 from __future__ import annotations
