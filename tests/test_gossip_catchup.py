@@ -93,6 +93,14 @@ def test_a_jump_carries_over_checkpoints_and_never_skips_the_final_gossip_rounds
     assert (meta["round"], meta["catch_up"], meta["final_done"]) == (3, 3, 1)
 
 
+def test_choco_does_not_catch_up_its_views_of_lost_updates_would_be_wrong() -> None:
+    machine = make_machine(GossipConfig(algorithm="choco", total_steps=10, max_rounds_ahead=2), name="p00",
+                           topology=build("ring:4"), params=torch.zeros(2))
+    machine.handle(Start(), 0.0)
+    assert machine.handle(Received("p01", _push(5, torch.ones(2))), 0.1) == [Metric("dropped_future", 1.0)]
+    assert machine.handle(WorkDone(1, 0.0), 1.0) == [SetTimer("gossip-deadline:0", 11.0)]
+
+
 def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice() -> None:
     # p00 (in-neighbours p04, p06, p07) jumps far ahead on p07's word, then hears p06's old
     # rounds: their weight is mass, added at the next mix, not dropped as stale.

@@ -44,6 +44,7 @@ WEIGHT = "w"  # the meta key of the push-sum weight share
 
 class PushSum(RoundMachine):
     KEEPS_LATE = True
+    LATE_ANY_AGE = True  # a weight share is mass whenever it is added
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -24,8 +24,10 @@ rounds without local work drive the peers to consensus; then ``Finished``.
 Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
 for rounds already closed are dropped (``stale_message``), except by
 algorithms whose sums stay right when a message is applied late (push-sum's
-mass, CHOCO's public copies), which apply them at their next mix, whatever
-their age (``late_message``). A (sender, round) is never applied twice, so a
+mass, CHOCO's public copies), which apply them at their next mix
+(``late_message``): CHOCO up to ``max_rounds_ahead`` rounds old, push-sum
+whatever their age, and also those too far ahead to buffer (a weight share
+is mass whenever it is added). A (sender, round) is never applied twice, so a
 peer restarted from a checkpoint may resend its round: each sender's rounds
 are remembered up to ``max_rounds_ahead`` behind the newest one heard from it,
 and older ones are dropped as ``stale_message`` (mass lost, never doubled).
@@ -51,7 +53,8 @@ it stops where training ends, and once training is over nothing far ahead
 starts one. A jump only goes to a round some peer is in, so rounds never run
 away, and the parts that fell behind follow one another like a Lamport clock.
 The other side needs nothing: it already treats the peers behind as
-laggards, and hears from them in step again once they have jumped.
+laggards, and hears from them in step again once they have jumped. CHOCO does
+not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ class RoundMachine(MachineBase):
     """The round/deadline/buffer state machine; subclasses supply the maths."""
 
     KEEPS_LATE = False  # True: a message for a closed round is applied at the next mix
+    LATE_ANY_AGE = False  # with KEEPS_LATE: whatever its age (else up to max_rounds_ahead old)
     JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
+    CATCHES_UP = True  # False: never jumps to a round far ahead (see "Catching up")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -315,12 +320,14 @@ class RoundMachine(MachineBase):
             self.caught_up.add(sender)  # waited for again from the next round on
         horizon = self.round + self.config.max_rounds_ahead
         far = r > horizon
-        jump = far and r > self.catch_up and not self.training_over
+        jump = self.CATCHES_UP and far and r > self.catch_up and not self.training_over
         buffered = not far or jump or (r == self.catch_up > self.round)
-        if not buffered and not self.KEEPS_LATE:
+        any_age = self.KEEPS_LATE and self.LATE_ANY_AGE
+        if not buffered and not any_age:
             self.counters["dropped_future"] += 1  # older than the round to jump to, or training is over
             return []
-        if r < self.round and not self.KEEPS_LATE:
+        oldest = self.round - (self.config.max_rounds_ahead if self.KEEPS_LATE else 0)
+        if r < oldest and not any_age:
             self.counters["stale_message"] += 1
             return []
         seen = self.seen.setdefault(sender, set())
