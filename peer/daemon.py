@@ -141,9 +141,9 @@ class PeerDaemon:
         except TransportError as error:
             raise HivemeshError(f"peer {self.name}: {error}") from None
         try:
-            self._wait_for_neighbours()
+            running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
-            if self._stop_signal is None and (resumed or self.config.peer.late_join):
+            if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
                 self._state_sync()
                 self.timeline["synced"] = time.time()
             if self._stop_signal is None:
@@ -180,19 +180,30 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ phases
 
-    def _wait_for_neighbours(self) -> None:
-        """Heartbeat until every neighbour has been heard from and is reachable, or the start timeout."""
+    def _wait_for_neighbours(self) -> bool:
+        """Heartbeat until every neighbour has been heard from and is reachable, or the start timeout.
+
+        True when the network is already running without us: a neighbour's heartbeat shows it
+        further on than the machine can buffer (``max_rounds_ahead`` rounds), so we join by state
+        sync instead of starting at round 0 (and instead of waiting for neighbours that may
+        never come).
+        """
         self.state = "waiting for neighbours"
         deadline = self.now() + self.config.peer.start_timeout_s
+        gossip = self.config.gossip
+        ahead_steps = gossip.max_rounds_ahead * gossip.local_steps
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
             if all(info.up for info in self.neighbours.values()) and not self.counters.unreachable_now:
-                return
+                return False
+            if any(info.step > ahead_steps for info in self.neighbours.values()):
+                return True
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
         missing = sorted(n for n, info in self.neighbours.items() if not info.up)
         if missing:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
                        f"{', '.join(missing)}; starting without them (their rounds will be left out)")
+        return False
 
     def _state_sync(self) -> None:
         """Ask the neighbours for their current state; adopt the first answer."""
@@ -436,9 +447,13 @@ class PeerDaemon:
             self.status.say(f"{self.name}: {opened.sender} is behind us (round {round_index}); "
                             "kept our state")
             return
+        if not getattr(self.machine, "JOINABLE", True):
+            self._warn(f"algorithm {self.config.gossip.algorithm!r} cannot join by state sync "
+                       "(its shared state cannot be handed over); training on from our own state")
+            return
         with torch.no_grad():
             self.trainer.flat_params.copy_(params.reshape(-1))
-        fast_forward(self.machine, round_index=round_index, steps_done=steps_done)
+        self.machine.join_at(round_index, steps_done)    # type: ignore[attr-defined]
         self.trainer.step = steps_done       # the learning-rate schedule follows the network
         self.status.say(f"{self.name}: synced from {opened.sender}: round {round_index}, step {steps_done}")
 
@@ -531,23 +546,6 @@ def sync_position(machine: Any) -> tuple[int, int]:
     """(round, local steps done) of a round-based machine, from its exported state."""
     _, meta = machine.export_state()
     return int(meta.get("round", 0)), int(meta.get("steps_done", 0))
-
-
-def fast_forward(machine: Any, *, round_index: int, steps_done: int) -> None:
-    """Put a round-based machine at the start of ``round_index`` with empty buffers.
-
-    Through the machine's own export/restore (no protocol maths here): a joiner
-    that adopted a neighbour's parameters continues from the neighbour's round,
-    so its messages are neither stale nor too far ahead for the others.
-    """
-    tensors, meta = machine.export_state()
-    if "round" not in meta or "phase" not in meta:
-        raise HivemeshError(f"algorithm {meta.get('algorithm')!r} does not support joining by state sync")
-    kept = {k: v for k, v in tensors.items() if not k.startswith(("inbox/", "late/", "sent/", "dpsgd/"))}
-    meta = dict(meta, round=round_index, steps_done=steps_done, phase="idle", round_steps=0,
-                training_over=False, final_done=0, start_s=None, timer_set=False, down=[], inbox=[], late=[],
-                last_sends=[], last_send_messages=[])
-    machine.restore_state((kept, meta))
 
 
 def run_peer(config_path: str) -> int:
