@@ -122,6 +122,7 @@ class PeerDaemon:
         self._sync_answer: Opened | None = None
         self._train_start_s = math.nan
         self._train_end_s = math.nan
+        self._next_heartbeat = 0.0
         self.state = "starting"
 
     # ------------------------------------------------------------------ time
@@ -378,8 +379,6 @@ class PeerDaemon:
             self._feed(TimerFired(key))
 
     # ------------------------------------------------------------------ periodic duties
-
-    _next_heartbeat = 0.0
 
     def _heartbeat(self) -> None:
         assert self.transport is not None

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, status
+from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, status, wait_for_step
 from safetensors.torch import load_file
 
 from peer.cli import main
+from peer.export import latest_params
 from peer.launch import PeerProcesses
+from peer.peerconfig import load_peer_config
 from peer.tasks import get_task
 
 pytestmark = pytest.mark.processes
@@ -97,3 +99,21 @@ def test_unreachable_neighbours_are_warned_counted_and_left_out(tmp_path: Path) 
     assert found["unreachable"]["p01"] >= 5 and found["unreachable"]["p02"] >= 5   # every round's push
     assert found["neighbours"]["p01"]["up"] is False
     assert torch.isfinite(torch.tensor(found["loss"]))
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_0(tmp_path: Path) -> None:
+    files = make_network(tmp_path / "net", peers=3, steps=100_000,
+                         sections={"checkpoint": {"every_steps": 0}})
+    with PeerProcesses(files.configs) as processes:
+        processes.start_all()
+        wait_for_step(files, list(files.configs), 20)
+        for name in files.configs:
+            processes.terminate(name)
+        assert processes.wait(60)
+        assert processes.exitcodes() == {name: 0 for name in files.configs}
+    for name, path in files.configs.items():
+        found = status(files, name)
+        assert found["state"] == "stopped" and found["step"] >= 20
+        params, step = latest_params(load_peer_config(path))   # only the stop wrote one (every_steps = 0)
+        assert step == found["step"] and torch.isfinite(params).all()
+        assert "SIGTERM: checkpoint written at step" in log_tail(files, name)
