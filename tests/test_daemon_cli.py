@@ -30,8 +30,10 @@ def _hivemesh() -> list[str]:
 def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "net"
-    # two peers keep the cost down: each is a fresh Python that imports torch (seconds here)
-    assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--steps", "40"]) == 0
+    # two peers keep the cost down: each is a fresh Python that imports torch (seconds here);
+    # --curve: the traffic is also CurveZMQ-encrypted, with the roster's curve keys as allowlist
+    assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--steps", "40",
+                 "--curve"]) == 0
     capsys.readouterr()
     peers = [subprocess.Popen([*_hivemesh(), "peer", "--config", str(out / f"p0{i}.toml")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -46,6 +48,7 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
     assert [peer.returncode for peer in peers] == [0, 0], "\n".join(outputs)
     assert all("Traceback" not in output for output in outputs)
     assert "p00: finished step 40" in outputs[0]      # the console progress line
+    assert "curve = true" in (out / "p00.toml").read_text()
 
     assert main(["status", "--config", str(out / "p01.toml"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
