@@ -1,4 +1,4 @@
-"""`hivemesh topology show/save` and `hivemesh demo`, run in-process through peer.cli.main."""
+"""`hivemesh topology show/save`, run in-process through peer.cli.main."""
 
 import json
 from pathlib import Path
@@ -61,12 +61,3 @@ def test_save_then_show_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["topology", "show", str(path), "--json", "--weights", "edges"]) == 0
     report = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert report["nodes"] == 6 and report["diameter"] == 3
-
-
-def test_demo_compares_four_topologies(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    for spec in ("ring:16", "torus:4x4", "exponential:16", "one-peer-exponential:16"):
-        assert spec in out
-    one_peer = next(line for line in out.splitlines() if line.startswith("one-peer-exponential:16"))
-    assert one_peer.split()[1:5] == ["1.0000", "4", "1.60", "GB"]
