@@ -33,6 +33,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "choco+qsgd": ("ring:5", {"algorithm": "choco", "compression": "qsgd:bits=2", "consensus_step": 0.4,
                               "total_steps": 12}),
     "dpsgd+fp16": ("ring:5", {"algorithm": "dpsgd", "compression": "fp16", "total_steps": 12}),
+    "dpsgd+after": ("ring:5", {"algorithm": "dpsgd", "mixing": "after", "total_steps": 12,
+                               "final_gossip_rounds": 3}),
+    "local+after": ("ring:5", {"algorithm": "local", "mixing": "after", "local_steps": 3, "total_steps": 13,
+                               "final_gossip_rounds": 2}),
+    "pushsum+after": ("directed-exponential:6", {"algorithm": "pushsum", "mixing": "after", "total_steps": 12,
+                                                 "final_gossip_rounds": 2}),
+    "local+after+diloco": ("ring:5", {"algorithm": "local", "mixing": "after", "local_steps": 2,
+                                      "total_steps": 12, "outer": "diloco", "outer_every": 4}),
     "local+diloco": ("ring:5", {"algorithm": "local", "local_steps": 2, "total_steps": 12, "outer": "diloco",
                                 "outer_every": 4}),
 }
@@ -89,6 +97,7 @@ def test_g_restore_then_continue_equals_never_stopped(case: str) -> None:
     for name in sorted(workers):
         assert torch.equal(driver.workers[name].flat_params, reference.workers[name].flat_params), name
         assert driver.machines[name].counters == reference.machines[name].counters
+        assert driver.machines[name].export_state()[1] == reference.machines[name].export_state()[1], name
     assert driver.metrics == reference.metrics
 
 

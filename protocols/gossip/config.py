@@ -7,6 +7,9 @@ from typing import Literal
 
 Algorithm = Literal["dpsgd", "local", "choco", "pushsum", "adpsgd"]
 Outer = Literal["none", "diloco"]
+Mixing = Literal["overlap", "after"]
+
+MIXINGS: tuple[str, ...] = ("overlap", "after")
 
 ALGORITHMS: tuple[str, ...] = ("dpsgd", "local", "choco", "pushsum", "adpsgd")
 
@@ -26,6 +29,7 @@ class GossipConfig:
 
     algorithm: Algorithm = "dpsgd"  # D-PSGD: the reference decentralised SGD (Lian et al. 2017)
     local_steps: int = 1  # H, steps between exchanges; D-PSGD is H = 1, local SGD H > 1
+    mixing: Mixing = "overlap"  # "overlap": send before the steps (hides the exchange); "after": local SGD
     total_steps: int = 1000  # local steps per peer before the final gossip rounds
     duration_s: float = 0.0  # 0 = no limit; else stop training this long after Start (asynchronous runs)
     compression: str = "identity"  # protocols.compress spec; sparsifiers need algorithm = "choco"
@@ -49,6 +53,11 @@ class GossipConfig:
         if self.algorithm == "dpsgd" and self.local_steps != 1:
             raise ValueError("algorithm 'dpsgd' gossips after every step: local_steps must be 1 "
                              "(use algorithm 'local' for H > 1)")
+        if self.mixing not in MIXINGS:
+            raise ValueError(f"mixing must be one of {', '.join(MIXINGS)}, not {self.mixing!r}")
+        if self.mixing == "after" and self.algorithm in ("choco", "adpsgd"):
+            raise ValueError(f"mixing 'after' is for algorithms dpsgd, local and pushsum; {self.algorithm!r} "
+                             "mixes as it goes (use mixing 'overlap')")
         if self.total_steps < 0:
             raise ValueError(f"total_steps must be >= 0, not {self.total_steps}")
         if self.duration_s < 0:

@@ -5,6 +5,11 @@ Round ``t`` sends ``x_t`` (through the configured operator: ``identity``,
 ``x <- x_local + sum_j W_ij (x_j - x_sent)`` -- with H = 1 and every neighbour
 present, exactly ``x_{t+1} = W x_t - lr g(x_t)``. ``x_sent`` is the decoded
 form of what was sent, so a lossy cast perturbs but never shifts the average.
+
+With ``mixing = "after"`` (rounds.py) the message is built after the H
+steps, so ``x_sent`` is the post-step value and the same correction is
+``x <- sum_j W_ij x_j``: local SGD, and with H = 1 on a complete graph with
+uniform weights, data-parallel SGD.
 """
 
 from __future__ import annotations

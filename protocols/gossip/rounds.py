@@ -8,6 +8,21 @@ A round ``t``:
    asks for ``H`` local steps (``StartWork``);
 2. on ``WorkDone`` it waits for the round-``t`` message of every in-neighbour
    of ``W_t``, with a deadline (``SetTimer``) of ``deadline_s``;
+
+That is ``mixing = "overlap"`` (combine-then-adapt), the default: the
+exchange travels while the peer computes, so a round costs
+``max(compute, network)`` rather than their sum. ``mixing = "after"``
+(adapt-then-combine, the classic local SGD of Stich 2019) sends nothing at
+the start: step 1 is the ``H`` local steps, and on ``WorkDone`` the message
+is built from the parameters *after* them, sent, and the round then goes on
+from step 2 exactly as above (deadlines, renormalisation, insider filter,
+catch-up), mixing ``x_i <- sum_j W_ij x_j`` of post-step values. The
+exchange is then on the critical path, but on a complete graph with uniform
+weights ``x <- mean_i (x - lr g_i(x))`` is exactly data-parallel SGD (an
+all-reduce of the gradients), which "overlap" is not (``x_i <- mean(x) - lr
+g_i(x_i)`` keeps each peer's last gradient unaveraged). In "after" the
+insider filter's own norm is the peer's own step ``||x_after - x_before||``
+(as in "overlap"), measured on a copy taken at ``StartWork`` when the filter is on.
 3. with all of them (or when the deadline fires: the missing ones are left
    out, their weight renormalised into the self weight, and
    ``missed_deadline`` counted) it screens and mixes them, in sorted name
@@ -122,6 +137,9 @@ class RoundMachine(MachineBase):
         self.last_sends: list[Send] = []  # this round's messages, resent after a restart
         self.seen: dict[str, set[int]] = {}  # rounds received per sender, within the late window
         self.catch_up = 0  # a round far ahead heard from an in-neighbour: jump there at the next close
+        self.after = self.config.mixing == "after"  # send post-step values once the work is done
+        self.anchor: torch.Tensor | None = None  # "after": the parameters at StartWork (insider filter)
+        self.step_norm = 0.0  # "after": ||x_after - x_before|| of this round's local steps
 
     # ------------------------------------------------------------ maths hooks
 
@@ -176,6 +194,7 @@ class RoundMachine(MachineBase):
         self.down, self.laggards, self.caught_up = set(), set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
         self.catch_up = 0
+        self.anchor, self.step_norm = None, 0.0
         if self.outer is not None:
             self.outer.rebase(self.params, steps_done)
         self._joined()
@@ -191,7 +210,7 @@ class RoundMachine(MachineBase):
                     self.counters["unexpected_event"] += 1
                     return []
                 self.phase = Phase.WAITING
-                return self._settle(now, [])
+                return self._settle(now, self._after_work())
             case Received(sender=sender, message=ParamPush() as message):
                 return self._on_message(sender, message, now)
             case Received():
@@ -241,7 +260,12 @@ class RoundMachine(MachineBase):
             self.round_steps = 0
         else:
             self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
-        self.last_sends = self._round_messages(self.round)
+        if self.after and self.round_steps:
+            self.last_sends = []  # sent on WorkDone, from the post-step parameters
+            if self.config.norm_multiple > 0:
+                self.anchor = self.params.detach().clone()
+        else:
+            self.last_sends = self._round_messages(self.round)
         actions: list[Action] = list(self.last_sends)
         if self.round_steps:
             self.phase = Phase.WORKING
@@ -249,6 +273,16 @@ class RoundMachine(MachineBase):
         else:
             self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
         return actions
+
+    def _after_work(self) -> list[Action]:
+        """``mixing = "after"``: the round's message, built from the parameters the local steps left."""
+        if not (self.after and self.round_steps):
+            return []
+        if self.anchor is not None:
+            self.step_norm = self._distance(self.params, self.anchor)
+            self.anchor = None
+        self.last_sends = self._round_messages(self.round)
+        return list(self.last_sends)
 
     def _drop_far_rounds(self, horizon: int) -> None:
         """Buffered rounds beyond ``horizon``: late messages (KEEPS_LATE) or dropped."""
@@ -379,7 +413,8 @@ class RoundMachine(MachineBase):
                 continue
             decoded.append((sender, r, payload))
             norms.append(norm)
-        verdict = self._screen(norms, self._own_norm())
+        own_norm = self.step_norm if self.after and self.round_steps else self._own_norm()
+        verdict = self._screen(norms, own_norm)
         self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
         self.steps_done += self.round_steps
         self.round += 1
@@ -408,11 +443,14 @@ class RoundMachine(MachineBase):
             "caught_up": sorted(self.caught_up),
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
             "catch_up": self.catch_up,
+            "step_norm": self.step_norm,
             "inbox": export_messages("inbox", inbox, tensors),
             "late": export_messages("late", self.late, tensors),
             "last_sends": [list(a.recipients) for a in self.last_sends],
             "last_send_messages": export_messages("sent", self._sent_messages(), tensors),
         })
+        if self.anchor is not None:
+            tensors["rounds/anchor"] = self.anchor.clone()
         self._export_extra(tensors, meta)
         return tensors, meta
 
@@ -433,6 +471,8 @@ class RoundMachine(MachineBase):
         self.caught_up = set(meta["caught_up"])
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
         self.catch_up = int(meta.get("catch_up", 0))
+        self.step_norm = float(meta.get("step_norm", 0.0))
+        self.anchor = self._own_copy(tensors.get("rounds/anchor"))
         self.inbox = {}
         for sender, message in restore_messages("inbox", meta["inbox"], tensors):
             self.inbox.setdefault(message.round, {})[sender] = message
