@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from topology.errors import HivemeshError
@@ -62,21 +63,15 @@ def simulate(args: argparse.Namespace) -> int:
     for scenario in scenarios:
         check_scenario(scenario)
     results = []
+    interactive = sys.stderr.isatty()
+    width = max(len(scenario.name) for scenario in scenarios)
     for scenario in scenarios:
-        started = time.perf_counter()
-
-        def progress(now_s: float, total_s: float, name: str = scenario.name, t0: float = started) -> None:
-            if args.quiet:
-                return
-            done = min(1.0, now_s / total_s) if total_s > 0 else 1.0
-            bar = "#" * int(done * 20)
-            print(f"\r{name[:30]:<30} [{bar:<20}] {now_s:8.1f}/{total_s:.1f} s simulated, "
-                  f"{time.perf_counter() - t0:6.1f} s wall", end="", file=sys.stderr, flush=True)
-
+        progress = None if args.quiet else _progress_line(scenario.name, width, interactive)
         result = run_scenario(scenario, progress)
         if not args.quiet:
-            print(f"\r{scenario.name[:30]:<30} done: {result.simulated_time_s:.1f} s simulated in "
-                  f"{result.wall_s:.1f} s wall" + " " * 20, file=sys.stderr)
+            done = (f"{scenario.name:<{width}} done: {result.simulated_time_s:.1f} s simulated in "
+                    f"{result.wall_s:.1f} s wall")
+            print("\r" + done.ljust(100) if interactive else done, file=sys.stderr)
         results.append(result)
     written = write_report(results, args.out, plots=not args.no_plots)
     print(comparison_table(results))
@@ -97,3 +92,25 @@ def calibrate(args: argparse.Namespace) -> int:
     write_step_time(path, step_ms, task_name=args.task)
     print(f"step_time_ms = {step_ms:.3f} written to {path}")
     return 0
+
+
+def _progress_line(name: str, width: int, interactive: bool) -> Callable[[float, float], None]:
+    """A live bar on a terminal; a line every 5 s in a log file."""
+    started = time.perf_counter()
+    last_line_s = float("-inf")
+
+    def progress(now_s: float, total_s: float) -> None:
+        nonlocal last_line_s
+        wall_s = time.perf_counter() - started
+        if not interactive and wall_s - last_line_s < 5.0:
+            return
+        last_line_s = wall_s
+        done = min(1.0, now_s / total_s) if total_s > 0 else 1.0
+        line = (f"{name:<{width}} [{'#' * int(done * 20):<20}] {now_s:8.1f}/{total_s:.1f} s simulated, "
+                f"{wall_s:6.1f} s wall")
+        if interactive:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    return progress

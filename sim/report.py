@@ -120,13 +120,15 @@ def write_report(results: Sequence[ScenarioResult], out_dir: str | Path, *, plot
 
 def comparison_table(results: Sequence[ScenarioResult]) -> str:
     """The comparison as a text table for the terminal."""
-    lines = [f"{'scenario':<28} {'kind':<18} {'final acc':>9} {'to target':>10} {'bytes to target':>16} "
+    rows = comparison(results)
+    width = max([len("scenario"), *(len(row["name"]) for row in rows)])
+    lines = [f"{'scenario':<{width}} {'kind':<18} {'final acc':>9} {'to target':>10} {'bytes to target':>16} "
              f"{'bytes sent':>14} {'sim time':>9}"]
-    for row in comparison(results):
+    for row in rows:
         to_target = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f} s"
         bytes_target = "-" if row["bytes_to_target"] is None else f"{row['bytes_to_target']:,}"
         accuracy = "-" if row["final_mean_accuracy"] is None else f"{row['final_mean_accuracy']:.3f}"
-        lines.append(f"{row['name'][:28]:<28} {row['kind'][:18]:<18} {accuracy:>9} {to_target:>10} "
+        lines.append(f"{row['name']:<{width}} {row['kind'][:18]:<18} {accuracy:>9} {to_target:>10} "
                      f"{bytes_target:>16} {row['bytes_sent']:>14,} {row['simulated_time_s']:>8.1f}s")
     return "\n".join(lines)
 
