@@ -22,20 +22,20 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON without NaN/Infinity (strict readers refuse them): non-finite floats become null."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(_clean(data), indent=1, sort_keys=True))
+    temporary.write_text(json.dumps(json_safe(data), indent=1, sort_keys=True))
     temporary.replace(path)
 
 
@@ -78,7 +78,7 @@ class StatusWriter:
     def metric_line(self, snapshot: dict[str, Any]) -> None:
         record = {"time": time.time(), **{k: v for k, v in snapshot.items() if k != "neighbours"}}
         with (self.data_dir / METRICS_FILE).open("a") as handle:
-            handle.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+            handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)

@@ -16,21 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from peer.statefiles import json_safe
 from sim.world import ScenarioResult, TracePoint
 
 TRACE_FIELDS = ("time_s", "bytes_sent", "mean_loss", "mean_accuracy", "min_accuracy",
                 "consensus_distance", "running")
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
 
 
 def final_point(result: ScenarioResult) -> TracePoint | None:
@@ -103,7 +93,7 @@ def write_report(results: Sequence[ScenarioResult], out_dir: str | Path, *, plot
     out.mkdir(parents=True, exist_ok=True)
     written = []
     report = out / "report.json"
-    report.write_text(json.dumps(_clean(report_data(results)), sort_keys=True, indent=1) + "\n")
+    report.write_text(json.dumps(json_safe(report_data(results)), sort_keys=True, indent=1) + "\n")
     written.append(report)
     metrics = out / "metrics.csv"
     with metrics.open("w", newline="") as handle:
