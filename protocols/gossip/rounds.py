@@ -8,6 +8,10 @@ A round ``t``:
    asks for ``H`` local steps (``StartWork``);
 2. on ``WorkDone`` it waits for the round-``t`` message of every in-neighbour
    of ``W_t``, with a deadline (``SetTimer``) of ``deadline_s``;
+3. with all of them (or when the deadline fires: the missing ones are left
+   out, their weight renormalised into the self weight, and
+   ``missed_deadline`` counted) it screens and mixes them, in sorted name
+   order, and starts round ``t + 1``.
 
 That is ``mixing = "overlap"`` (combine-then-adapt), the default: the
 exchange travels while the peer computes, so a round costs
@@ -23,10 +27,6 @@ all-reduce of the gradients), which "overlap" is not (``x_i <- mean(x) - lr
 g_i(x_i)`` keeps each peer's last gradient unaveraged). In "after" the
 insider filter's own norm is the peer's own step ``||x_after - x_before||``
 (as in "overlap"), measured on a copy taken at ``StartWork`` when the filter is on.
-3. with all of them (or when the deadline fires: the missing ones are left
-   out, their weight renormalised into the self weight, and
-   ``missed_deadline`` counted) it screens and mixes them, in sorted name
-   order, and starts round ``t + 1``.
 
 A neighbour that missed a deadline becomes a *laggard*: later rounds mix its
 message if it is there but do not wait for it, until a message of it arrives
