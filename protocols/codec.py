@@ -20,6 +20,15 @@ the kind, this receiver among the recipients, the signature, the run id,
 (epoch, sequence) new for the sender, the manifest against the limits and the
 frames (before anything is allocated), every frame digest, then the fields.
 Every refusal is a :class:`Rejection` with a short reason code.
+
+Hashing is injectable (``digest=``, a :data:`DigestStarter`): this module
+stays single-threaded, and hashes serially by default. A driver may pass one
+that starts hashing the frames on worker threads (BLAKE3 releases the GIL):
+``encode`` then hashes the frames in parallel, and ``decode`` gathers the
+frames into their tensors while the digests are being computed, and compares
+them before any field is checked or anything is returned. Whatever the
+digester, the digests are BLAKE3 (:func:`frame_digest`) and the order of the
+checks is the same.
 """
 
 from __future__ import annotations
@@ -47,6 +56,21 @@ MAX_FRAME_BYTES = 16 << 20
 KEY_BYTES = 32
 
 Frame = bytes | bytearray | memoryview
+
+# Starts hashing payload frames; the returned function gives their digests, in order, when called.
+DigestStarter = Callable[[Sequence[Frame]], Callable[[], list[bytes]]]
+
+
+def frame_digest(frame: Frame) -> bytes:
+    """The digest of one payload frame, as the header carries it: BLAKE3, 32 bytes."""
+    return blake3(frame).digest()
+
+
+def serial_digests(frames: Sequence[Frame]) -> Callable[[], list[bytes]]:
+    """The default :data:`DigestStarter`: hashes one frame after another, when the result is asked for."""
+    held = list(frames)
+    return lambda: [frame_digest(frame) for frame in held]
+
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -138,6 +162,8 @@ class Verifier:
     # Default torch.empty; a driver may hand out reused buffers (fresh memory page-faults: see the bench).
     allocate: Callable[[torch.dtype, int], torch.Tensor] = field(default=lambda dtype, numel: fresh_tensor(
         dtype, numel))
+    # How payload frames are hashed: serially here by default; a driver may hash on threads
+    digest: DigestStarter = field(default=serial_digests)
     verified: VerifiedCache = field(default_factory=lambda: VerifiedCache(), compare=False)
 
 
@@ -215,18 +241,18 @@ def encode(
     epoch: int,
     seq: int,
     max_frame_bytes: int = MAX_FRAME_BYTES,
+    digest: DigestStarter = serial_digests,
 ) -> list[Frame]:
     """Sign ``message`` for ``recipients`` (raw public keys): ``[header, payload..., signature]``.
 
     Tensor frames are memoryviews of the tensors' own memory: do not modify a
-    tensor until the frames have been sent.
+    tensor until the frames have been sent. ``digest`` hashes the payload frames.
     """
     if type(message) not in MESSAGE_TYPES:
         raise TypeError(f"not a message: {type(message).__name__}")
     scalars, meta, tensors = _split_message(message)
     manifest: list[list[Any]] = []
     payload: list[Frame] = []
-    digests: list[bytes] = []
     for name, tensor in tensors.items():
         data = tensor.detach()
         if data.device.type != "cpu":
@@ -240,7 +266,9 @@ def encode(
         frames = [view[offset:offset + max_frame_bytes] for offset in range(0, view.nbytes, max_frame_bytes)]
         manifest.append([name, _DTYPE_NAMES[data.dtype], list(data.shape), view.nbytes, len(frames)])
         payload.extend(frames)
-        digests.extend(blake3(frame).digest() for frame in frames)
+    digests = digest(payload)() if payload else []
+    if len(digests) != len(payload):
+        raise RuntimeError(f"the digester gave {len(digests)} digests for {len(payload)} frames")
     header = msgpack.packb({
         "v": PROTOCOL_VERSION, "k": message.KIND, "s": identity.public_key, "r": list(recipients),
         "run": run_id, "e": epoch, "q": seq, "f": scalars, "m": meta, "t": manifest, "d": digests,
@@ -339,11 +367,25 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
             raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}")
 
     payload = frames[1:-1]
-    layout = _check_manifest(header, payload, policy)
-    message = _build(cls, kind, header, layout, payload, verifier.allocate)
+    layout, declared = _check_manifest(header, payload, policy)
+    computed = verifier.digest(payload) if payload else _no_digests
+    # the copies into the tensors overlap the hashing when the digester works on threads
+    flats = [_gather(entry, payload[entry.first_frame:entry.first_frame + entry.nframes], verifier.allocate)
+             for entry in layout]
+    digests = computed()
+    if len(digests) != len(payload):
+        raise RuntimeError(f"the digester gave {len(digests)} digests for {len(payload)} frames")
+    for index, (got, want) in enumerate(zip(digests, declared, strict=True)):
+        if got != want:
+            raise _Reject("digest_mismatch", f"payload frame {index}")
+    message = _build(cls, kind, header, layout, flats)
     if windows is not None:
         windows.accept(sender.name, epoch, seq)
     return Decoded(sender, message, epoch, seq)
+
+
+def _no_digests() -> list[bytes]:
+    return []
 
 
 def _is_count(value: object) -> bool:
@@ -365,8 +407,12 @@ class _Entry:
     nframes: int
 
 
-def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy: Policy) -> list[_Entry]:
-    """Validate the manifest against the limits and the frames; allocates nothing."""
+def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy: Policy,
+                    ) -> tuple[list[_Entry], list[bytes]]:
+    """Validate the manifest against the limits and the frames; allocates nothing.
+
+    Returns the tensors' layout and the declared frame digests (checked for form, not yet compared).
+    """
     manifest = _need(header, "t", list)
     digests = _need(header, "d", list)
     if len(manifest) > policy.max_tensors:
@@ -428,19 +474,18 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
         if received != entry.nbytes:
             raise _Reject("manifest_mismatch",
                           f"tensor {entry.name[:40]!r}: {received} bytes, {entry.nbytes} declared")
-    for index, (frame, digest) in enumerate(zip(payload, digests, strict=True)):
+    for index, digest in enumerate(digests):
         if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
             raise _Reject("malformed_header", f"digest {index} is not {DIGEST_BYTES} bytes")
-        if blake3(frame).digest() != digest:
-            raise _Reject("digest_mismatch", f"payload frame {index}")
-    return entries
+    return entries, digests
 
 
-def _tensor(entry: _Entry, frames: Sequence[Frame], allocate: Callable[[torch.dtype, int], torch.Tensor],
+def _gather(entry: _Entry, frames: Sequence[Frame], allocate: Callable[[torch.dtype, int], torch.Tensor],
             ) -> torch.Tensor:
-    """The tensor from its frames: zero-copy for one frame, one copy into an allocated tensor for several."""
+    """The flat tensor from its frames: zero-copy for one frame, one copy into an allocated tensor for
+    several. Nothing is checked here: the digests are compared, and the values checked, afterwards."""
     if entry.nbytes == 0:
-        return torch.empty(entry.shape, dtype=entry.dtype)
+        return torch.empty(0, dtype=entry.dtype)
     if len(frames) == 1:
         with warnings.catch_warnings():  # read-only frames: the tensor shares their memory
             warnings.simplefilter("ignore", UserWarning)
@@ -459,9 +504,14 @@ def _tensor(entry: _Entry, frames: Sequence[Frame], allocate: Callable[[torch.dt
                 if length:
                     target[offset:offset + length].copy_(torch.frombuffer(frame, dtype=torch.uint8))
                 offset += length
-    if entry.dtype == torch.bool and bool(flat.view(torch.uint8).max() > 1):
+    return flat
+
+
+def _tensor(entry: _Entry, flat: torch.Tensor) -> torch.Tensor:
+    """The verified flat tensor in its declared shape (the very allocated tensor when already 1-D)."""
+    if entry.dtype == torch.bool and flat.numel() and bool(flat.view(torch.uint8).max() > 1):
         raise _Reject("bad_field", f"bool tensor {entry.name[:40]!r} holds bytes other than 0 and 1")
-    return flat.view(entry.shape)
+    return flat if flat.shape == entry.shape else flat.view(entry.shape)
 
 
 # Per message class: scalar field -> (accepted python types, required).
@@ -486,8 +536,7 @@ _HAS_TENSORS = {cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) f
 
 
 def _build(
-    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[_Entry], payload: Sequence[Frame],
-    allocate: Callable[[torch.dtype, int], torch.Tensor],
+    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[_Entry], flats: Sequence[torch.Tensor],
 ) -> Message:
     scalars = _need(header, "f", dict)
     meta = _need(header, "m", dict)
@@ -512,6 +561,5 @@ def _build(
                 raise _Reject("bad_field", f"meta {str(key)[:40]!r}: {type(value).__name__}")
         kwargs["meta"] = dict(meta)
         kwargs["tensors"] = {
-            entry.name: _tensor(entry, payload[entry.first_frame:entry.first_frame + entry.nframes], allocate)
-            for entry in entries}
+            entry.name: _tensor(entry, flat) for entry, flat in zip(entries, flats, strict=True)}
     return cls(**kwargs)

@@ -8,6 +8,7 @@ simulator) move the frames it returns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 
 from protocols.codec import (
     Decoded,
+    DigestStarter,
     Frame,
     Policy,
     Rejection,
@@ -24,13 +26,14 @@ from protocols.codec import (
     decode,
     encode,
     fresh_tensor,
+    serial_digests,
 )
 from protocols.identity import Identity
 from protocols.messages import Message
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 
-__all__ = ["Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_size"]
+__all__ = ["DigestStarter", "Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_size"]
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,15 @@ class Endpoint:
     one spread over several frames is gathered into ``allocate(dtype, numel)``,
     a fresh tensor unless the driver supplies reused buffers (fresh memory
     costs a page fault per 4 KiB: about 2x a digest pass for 100 MB here).
+    ``digest`` hashes payload frames on seal and open (a :data:`DigestStarter`):
+    serially unless the driver hands in one that hashes on threads (the
+    daemon does: peer/digests.py); the bytes on the wire are the same.
     """
 
     def __init__(self, identity: Identity, roster: Roster, run_id: bytes, epoch: int,
                  policy: Policy = Policy(),  # noqa: B008 (Policy is frozen)
-                 *, allocate: Callable[[torch.dtype, int], torch.Tensor] | None = None) -> None:
+                 *, allocate: Callable[[torch.dtype, int], torch.Tensor] | None = None,
+                 digest: DigestStarter | None = None) -> None:
         member = roster.by_public_key(identity.public_key)
         if member is None:
             raise HivemeshError(f"this key (public id {identity.public_id}) is not on the roster")
@@ -80,7 +87,8 @@ class Endpoint:
         self.bytes_sent = 0  # sealed bytes times recipients: each recipient gets its own copy
         self.bytes_received = 0  # every frame handed to open, accepted or not
         self.allocate = allocate or fresh_tensor
-        self._verifier = Verifier(roster, identity.public_key, self.run_id, policy, self.allocate)
+        self.digest = digest or serial_digests
+        self._verifier = self._make_verifier()
 
     def seal(self, recipients: Sequence[str], message: Message) -> list[Frame]:
         """Signed frames of ``message`` for the roster members named in ``recipients``.
@@ -93,7 +101,8 @@ class Endpoint:
             raise ValueError("a message needs at least one recipient")
         keys = [self.roster.member(name).public_key for name in recipients]
         frames = encode(message, identity=self.identity, recipients=keys, run_id=self.run_id,
-                        epoch=self.epoch, seq=self.seq, max_frame_bytes=self.policy.max_frame_bytes)
+                        epoch=self.epoch, seq=self.seq, max_frame_bytes=self.policy.max_frame_bytes,
+                        digest=self.digest)
         self.seq += 1
         self.bytes_sent += wire_size(frames) * len(recipients)
         return frames
@@ -115,7 +124,21 @@ class Endpoint:
             raise HivemeshError(f"this key (public id {self.identity.public_id}) is not on the new roster")
         self.roster = roster
         self.name = roster.by_public_key(self.identity.public_key).name  # type: ignore[union-attr]
-        self._verifier = Verifier(roster, self.identity.public_key, self.run_id, self.policy, self.allocate)
+        self._verifier = self._make_verifier()
+
+    def use(self, *, allocate: Callable[[torch.dtype, int], torch.Tensor] | None = None,
+            digest: DigestStarter | None = None) -> None:
+        """Switch the receive-buffer allocator and/or the digester (a driver's choice, made at start)."""
+        if allocate is not None:
+            self.allocate = allocate
+        if digest is not None:
+            self.digest = digest
+        # the cache of verified signatures is kept: it depends on the keys, not on buffers or hashing
+        self._verifier = dataclasses.replace(self._verifier, allocate=self.allocate, digest=self.digest)
+
+    def _make_verifier(self) -> Verifier:
+        return Verifier(self.roster, self.identity.public_key, self.run_id, self.policy, self.allocate,
+                        self.digest)
 
     def export_state(self) -> dict[str, object]:
         """The replay windows, for a checkpoint. The epoch is the daemon's to persist and

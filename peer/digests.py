@@ -1,0 +1,114 @@
+"""Payload digests on worker threads, and receive buffers that are reused: the wire's two driver hooks.
+
+protocols/ is single-threaded and allocation-agnostic; an Endpoint takes
+``digest=`` and ``allocate=`` from its driver (protocols/codec.py). The
+daemon hands it these two:
+
+* :class:`ThreadDigester` hashes a message's payload frames (16 MiB each) on a
+  small thread pool. BLAKE3 releases the GIL, so on seal the frames hash in
+  parallel, and on open the codec copies the frames into their tensors while
+  the workers hash them. Small payloads are hashed inline (a thread hand-off
+  costs more than hashing a few KiB). The digests are the same BLAKE3 as the
+  serial default's, so peers with and without it interoperate.
+
+* :class:`BufferPool` gathers multi-frame tensors into buffers it reuses:
+  fresh memory page-faults on every 4 KiB, which made open of a 100 MB model
+  cost about 3x a digest pass instead of 1.3x (bench/bench_wire.py).
+  Ownership is decided by torch itself: a buffer is handed out again only
+  when nothing but the pool holds its storage (no tensor, view, numpy array or
+  memoryview made from it anywhere: a machine that buffers a message for a
+  later round keeps its buffer out of the pool until it lets go). When every
+  matching buffer is held, a fresh tensor is allocated, and kept if the pool
+  has room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from protocols.codec import Frame, frame_digest
+
+INLINE_BYTES = 1 << 20      # payloads below this are hashed on the caller's thread
+
+
+def _length(frame: Frame) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+class ThreadDigester:
+    """A :data:`protocols.codec.DigestStarter` hashing frames on ``workers`` threads. Close it when done."""
+
+    def __init__(self, workers: int = 2) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, not {workers}")
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="digest")
+
+    def __call__(self, frames: Sequence[Frame]) -> Callable[[], list[bytes]]:
+        held = list(frames)
+        if len(held) < 2 and sum(_length(f) for f in held) < INLINE_BYTES:
+            digests = [frame_digest(frame) for frame in held]
+            return lambda: digests
+        futures: list[Future[bytes]] = [self._pool.submit(frame_digest, frame) for frame in held]
+        return lambda: [future.result() for future in futures]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _use_count(tensor: torch.Tensor) -> int | None:
+    """How many references torch holds to ``tensor``'s storage (None if this torch cannot say)."""
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    if counter is None:
+        return None
+    return int(counter(tensor.untyped_storage()._cdata))
+
+
+class BufferPool:
+    """Reused 1-D receive buffers: an ``allocate(dtype, numel)`` for an Endpoint.
+
+    At most ``max_buffers`` are kept (all sizes together); size it to what
+    the machine may hold at once (a few rounds' messages per in-neighbour)
+    plus the one being decoded. ``reused``/``fresh`` count the allocations.
+    """
+
+    def __init__(self, max_buffers: int) -> None:
+        if max_buffers < 0:
+            raise ValueError(f"max_buffers must be >= 0, not {max_buffers}")
+        self.max_buffers = max_buffers
+        self._buffers: list[torch.Tensor] = []
+        probe = torch.empty(1)
+        self._idle = _use_count(probe)     # the count of a tensor only one reference holds
+        self.reused = 0
+        self.fresh = 0
+
+    def _free(self, buffer: torch.Tensor) -> bool:
+        return self._idle is not None and _use_count(buffer) == self._idle
+
+    def allocate(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        for buffer in self._buffers:
+            if buffer.dtype == dtype and buffer.numel() == numel and self._free(buffer):
+                self.reused += 1
+                return buffer.view(numel)      # a new tensor on the storage: counted while it lives
+        self.fresh += 1
+        buffer = torch.empty(numel, dtype=dtype)
+        if self._idle is not None and self.max_buffers:
+            if len(self._buffers) >= self.max_buffers:
+                # full: make room by dropping a free buffer of another size, else do not keep this one
+                spare = next((b for b in self._buffers if self._free(b)), None)
+                if spare is None:
+                    return buffer
+                self._buffers.remove(spare)
+            self._buffers.append(buffer)
+        return buffer.view(numel)
+
+    @property
+    def held(self) -> int:
+        """Buffers in the pool that something outside it still holds."""
+        return sum(not self._free(b) for b in self._buffers)
+
+    def __len__(self) -> int:
+        return len(self._buffers)
