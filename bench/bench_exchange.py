@@ -10,9 +10,12 @@ run on the same bytes:
 - ours unsigned: our framing (msgpack header + 16 MiB zero-copy frames, tracked
   sends, gather into a reused buffer, mix) with the digests and the Ed25519
   signature left out;
-- ours signed: the real thing: Endpoint.seal (BLAKE3 per frame + Ed25519 over
+- ours signed, serial digests: Endpoint.seal (BLAKE3 per frame + Ed25519 over
   the header) -> peer.transport -> Endpoint.open (verify, decode into a reused
-  buffer) -> mix;
+  buffer) -> mix, hashing one frame after another;
+- ours signed: the same as the daemon runs it: frames hashed on the daemon's
+  digest threads (peer/digests.py ThreadDigester; open copies while they hash)
+  and gathered into its receive-buffer pool (BufferPool);
 - torch.distributed gloo all_reduce of the same tensor between two processes
   (+ the division that makes it an average);
 - hivemind's DecentralizedAverager, when it installs: run from its own venv
@@ -47,7 +50,9 @@ from peer.transport import Transport, free_tcp_addresses
 
 RAW_FRAME_BYTES = 4 << 20
 WIRE_FRAME_BYTES = 16 << 20
+DIGEST_THREADS = 2      # as peer/daemon.py
 HERE = Path(__file__).resolve().parent
+SIGNED = f"ours signed ({DIGEST_THREADS} digest threads, buffer pool; as the daemon)"
 
 
 # ------------------------------------------------------------------ helpers shared by both sides
@@ -113,9 +118,10 @@ def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> Non
             return
 
 
-def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed: bool, frame_bytes: int,
+def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, mode: str, frame_bytes: int,
                results: Queue) -> None:
-    """Our exchange through peer.transport, signed (Endpoint) or with our framing alone."""
+    """Our exchange through peer.transport: mode "unsigned" (our framing alone), "serial" (Endpoint,
+    default digests) or "threads" (Endpoint with the daemon's digest threads and buffer pool)."""
     torch.set_num_threads(1)
     names = ["alice", "bob"]
     me, other = names[index], names[1 - index]
@@ -123,10 +129,16 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed
     buffer = torch.empty(numel)                    # the receive buffer, reused every exchange
     seal: Callable[[int], list[Any]]
     open_: Callable[[list[Any]], torch.Tensor]
-    if signed:
-        seal, open_ = _signed_codec(me, other, names, buffer, x, frame_bytes)
-    else:
+    digester = None
+    if mode == "unsigned":
         seal, open_ = _unsigned_codec(buffer, x, frame_bytes)
+    elif mode == "serial":
+        seal, open_ = _signed_codec(me, other, names, lambda dtype, numel: buffer, x, frame_bytes)
+    else:
+        from peer.digests import BufferPool, ThreadDigester
+
+        digester, pool = ThreadDigester(DIGEST_THREADS), BufferPool(max_buffers=4)
+        seal, open_ = _signed_codec(me, other, names, pool.allocate, x, frame_bytes, digester)
     tokens: set[bytes] = set()      # barrier tokens that arrived while we waited for data
     with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
         times = []
@@ -149,6 +161,8 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, signed
             x.fill_(float(1 + 2 * index))
         _barrier(transport, other, -1, tokens)
         results.put((index, times[1:]))
+    if digester is not None:
+        digester.close()
 
 
 def _barrier(transport: Transport, other: str, round_index: int, tokens: set[bytes]) -> None:
@@ -179,9 +193,9 @@ def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor, frame_bytes: int = WI
     return seal, open_
 
 
-def _signed_codec(me: str, other: str, names: list[str], buffer: torch.Tensor, x: torch.Tensor,
-                  frame_bytes: int = WIRE_FRAME_BYTES) -> tuple[Callable[[int], list[Any]],
-                                                                Callable[[list[Any]], torch.Tensor]]:
+def _signed_codec(me: str, other: str, names: list[str], allocate: Callable[[torch.dtype, int], torch.Tensor],
+                  x: torch.Tensor, frame_bytes: int = WIRE_FRAME_BYTES, digest: Any = None,
+                  ) -> tuple[Callable[[int], list[Any]], Callable[[list[Any]], torch.Tensor]]:
     from protocols.identity import Identity
     from protocols.messages import ParamPush
     from protocols.roster import Member, Roster, run_id
@@ -192,7 +206,7 @@ def _signed_codec(me: str, other: str, names: list[str], buffer: torch.Tensor, x
     roster = Roster(tuple(Member(name=n, public_id=identities[i].public_id, address="tcp://127.0.0.1:9")
                           for i, n in enumerate(names)))
     endpoint = Endpoint(identities[names.index(me)], roster, run_id({"bench": "exchange"}), epoch=0,
-                        policy=Policy(max_frame_bytes=frame_bytes), allocate=lambda dtype, numel: buffer)
+                        policy=Policy(max_frame_bytes=frame_bytes), allocate=allocate, digest=digest)
 
     def seal(round_index: int) -> list[Any]:
         return endpoint.seal([other], ParamPush(round=round_index, tensors={"x": x}))
@@ -303,9 +317,10 @@ def main() -> int:
     rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
     frame_bytes = args.frame_mib << 20
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, False, frame_bytes)
-    rows["ours signed (BLAKE3 + Ed25519, verify, decode, mix)"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, True, frame_bytes)
+        _wire_side, free_tcp_addresses(2), numel, repeat, "unsigned", frame_bytes)
+    rows["ours signed, serial digests"] = run_pair(
+        _wire_side, free_tcp_addresses(2), numel, repeat, "serial", frame_bytes)
+    rows[SIGNED] = run_pair(_wire_side, free_tcp_addresses(2), numel, repeat, "threads", frame_bytes)
     (rendezvous,) = free_tcp_addresses(1)
     rows["torch.distributed gloo all_reduce + /2"] = run_pair(_gloo_side, rendezvous, numel, repeat)
     hivemind_s, note = run_hivemind(args.hivemind_python, numel, max(3, repeat // 2))
@@ -313,7 +328,7 @@ def main() -> int:
 
     raw = rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"]
     unsigned = rows["ours unsigned (framing, tracked send, gather, mix)"]
-    signed = rows["ours signed (BLAKE3 + Ed25519, verify, decode, mix)"]
+    signed = rows[SIGNED]
     gloo = rows["torch.distributed gloo all_reduce + /2"]
     assert raw and unsigned and signed and gloo
     width = max(len(k) for k in rows)

@@ -64,7 +64,10 @@ def render(status: dict[str, Any]) -> str:
         f"peer {status.get('name')}: {status.get('state')}"
         + ("" if status.get("running") else " (not running)")
         + f", updated {_num(status.get('age_s'), '.1f', ' s')} ago, epoch {status.get('epoch')}",
-        f"  step {status.get('step')}  loss {_num(status.get('loss'), '.4f')}  "
+        f"  step {status.get('step')}"
+        + (f" (gossip steps done {status['steps_done']})"
+           if status.get("steps_done") not in (None, status.get("step")) else "")
+        + f"  loss {_num(status.get('loss'), '.4f')}  "
         f"accuracy {_num(status.get('accuracy'), '.4f')} (at step {status.get('eval_step')})",
         f"  consensus distance (estimated from neighbours' last parameters) "
         f"{_num(status.get('consensus_estimate'), '.2e')}",

@@ -16,6 +16,19 @@ Before anything may change a tensor in place (training, or any event the
 machine handles, since mixing happens there) the driver waits until ZeroMQ
 has released every zero-copy frame it was given (``Transport.wait_sent``).
 
+The wire's two driver hooks (peer/digests.py): payload digests are computed
+on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
+hash), and multi-frame tensors are gathered into a pool of reused receive
+buffers, one handed out again only once nothing (the machine's round buffers
+included) holds it, so a 100 MB model does not page-fault on every message.
+
+Steps: the machine's ``steps_done`` is the schedule position; when it skips
+rounds to catch up after a partition (protocols/gossip/rounds.py, "Catching
+up"), the skipped steps count as done and the trainer's step (its learning
+rate schedule) is advanced to match, as after a state sync. ``step`` in the
+status is the trainer's (it leads ``steps_done`` by the steps of a round
+still open), ``steps_done`` the machine's.
+
 Start-up: the epoch is incremented and stored before the first message; a
 checkpoint, if any, is restored; the peer then waits until it has heard every
 neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
@@ -42,6 +55,7 @@ import torch
 
 from peer.assemble import Parts, assemble
 from peer.checkpoint import CheckpointSchedule
+from peer.digests import BufferPool, ThreadDigester
 from peer.peerconfig import PeerConfig, load_peer_config
 from peer.statefiles import CheckpointStore, StatusWriter
 from peer.transport import Transport, TransportError
@@ -67,6 +81,7 @@ from topology.errors import HivemeshError
 
 SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
 SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
+DIGEST_THREADS = 2         # payload hashing threads (busy only while a large message is sealed or opened)
 
 
 @dataclass
@@ -101,6 +116,10 @@ class PeerDaemon:
         self.trainer = self.parts.trainer
         self.machine = self.parts.machine
         self.endpoint = self.parts.endpoint
+        self.digester = ThreadDigester(DIGEST_THREADS)
+        # what a machine holds at once: about one message per neighbour for this round and the next
+        self.receive_buffers = BufferPool(max_buffers=2 * len(self.parts.neighbours) + 2)
+        self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester)
         self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
         self.schedule = CheckpointSchedule(config.checkpoint)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress)
@@ -152,6 +171,7 @@ class PeerDaemon:
             return self._shutdown()
         finally:
             self.transport.close()
+            self.digester.close()
 
     def _listen_address(self) -> str:
         address = self.config.peer.listen or self.parts.roster.member(self.name).address
@@ -318,7 +338,15 @@ class PeerDaemon:
         if self.transport.pending_sends():
             self.transport.wait_sent()    # the machine may mix tensors that are still being sent
         actions = self.machine.handle(event, self.now())
+        self._follow_schedule()
         self._carry_out(actions)
+
+    def _follow_schedule(self) -> None:
+        """Steps the machine skipped to catch up count as done: the trainer's step (and with it the
+        learning-rate schedule) moves on to the machine's ``steps_done``, as after a state sync."""
+        done = getattr(self.machine, "steps_done", None)
+        if isinstance(done, int) and done > self.trainer.step:
+            self.trainer.step = done
 
     def _carry_out(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -512,7 +540,8 @@ class PeerDaemon:
         now = self.now()
         return {
             "name": self.name, "state": self.state, "epoch": self.parts.epoch, "uptime_s": round(now, 3),
-            "step": self.trainer.step, "loss": self._last_loss,
+            "step": self.trainer.step, "steps_done": getattr(self.machine, "steps_done", None),
+            "loss": self._last_loss,
             "train_s": (self._train_end_s if self._finished else now) - self._train_start_s,
             "accuracy": self._last_eval.get("accuracy", math.nan),
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
@@ -529,6 +558,8 @@ class PeerDaemon:
             "rejections": dict(self.endpoint.rejections),
             "unreachable": dict(self.counters.unreachable),
             "abandoned_sends": dict(self.transport.abandoned),
+            "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
+                                "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
             "timeline": self.timeline,
         }
