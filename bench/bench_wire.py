@@ -6,7 +6,8 @@ SHA-256 and with BLAKE3. The 100 MB tensor crosses the wire as 16 MiB frames,
 so the receiver gathers it into one tensor: into fresh memory by default (page
 faults: see the clone row), or into a buffer the driver reuses. Goal: each
 side costs at most 2x one pass of the digest the codec uses (BLAKE3, chosen
-because it ran 2-3x faster than SHA-256 here).
+because it ran 2-3x faster than SHA-256 here). The last two rows use the
+daemon's digest threads (peer/digests.py): they gain only where a core is free.
 Run: ``.venv/bin/python bench/bench_wire.py [--numel N] [--repeat R]``.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import torch
 from blake3 import blake3
 
+from peer.digests import ThreadDigester
 from protocols.identity import Identity
 from protocols.messages import ParamPush
 from protocols.roster import Roster, run_id
@@ -52,7 +54,7 @@ def main() -> None:
     run = run_id({"roster": roster, "topology": "ring", "algorithm": "dpsgd", "task": "bench"})
     sender = Endpoint(alice, roster, run, 1)
     params = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
-    view = memoryview(params.numpy()).cast("B")
+    view = memoryview(params.numpy()).cast("B")  # type: ignore[arg-type]
     nbytes = view.nbytes
     touched = torch.empty_like(params)
     touched.copy_(params)
@@ -61,7 +63,8 @@ def main() -> None:
     arrived = [bytes(frame) for frame in frames]  # what a receiver holds: fresh bytes per frame
     receivers = iter([Endpoint(bob, roster, run, 1) for _ in range(args.repeat + 1)])
     check = Endpoint(bob, roster, run, 1).open(arrived)
-    assert isinstance(check, Opened) and torch.equal(check.message.tensors["w"], params)
+    assert isinstance(check, Opened) and isinstance(check.message, ParamPush)
+    assert torch.equal(check.message.tensors["w"], params)
 
     def open_once() -> None:
         result = next(receivers).open(arrived)
@@ -75,6 +78,15 @@ def main() -> None:
         result = next(reusing).open(arrived)
         assert isinstance(result, Opened)
 
+    digester = ThreadDigester(2)
+    threaded_sender = Endpoint(alice, roster, run, 1, digest=digester)
+    threaded = iter([Endpoint(bob, roster, run, 1, allocate=lambda dtype, numel: reused, digest=digester)
+                     for _ in range(args.repeat + 1)])
+
+    def open_threaded() -> None:
+        result = next(threaded).open(arrived)
+        assert isinstance(result, Opened)
+
     rows = [
         ("copy into a touched buffer", measure(args.repeat, lambda: touched.copy_(params))),
         ("copy into a fresh buffer (clone)", measure(args.repeat, params.clone)),
@@ -84,7 +96,11 @@ def main() -> None:
             round=0, tensors={"w": params})))),
         ("verify + decode (open)", measure(args.repeat, open_once)),
         ("verify + decode, reused buffer", measure(args.repeat, open_reusing)),
+        ("encode + sign, 2 digest threads", measure(args.repeat, lambda: threaded_sender.seal(
+            ["bob"], ParamPush(round=0, tensors={"w": params})))),
+        ("verify + decode, threads + reused", measure(args.repeat, open_threaded)),
     ]
+    digester.close()
     sha, b3 = rows[2][1], rows[3][1]
     print(f"wire bench: {args.numel:,} float32 = {nbytes / 1e6:.0f} MB, {len(frames) - 2} payload frames, "
           f"{wire_size(frames) - nbytes} bytes of header+signature; median of {args.repeat}")
