@@ -73,22 +73,23 @@ def test_a_message_far_ahead_makes_the_machine_close_its_round_and_jump_to_that_
 
 def test_a_jump_carries_over_checkpoints_and_never_skips_the_final_gossip_rounds() -> None:
     params = torch.zeros(1)
-    config = GossipConfig(total_steps=3, final_gossip_rounds=2, max_rounds_ahead=1)
+    # (round 8 is the last one a member can be in: later ones are refused as bad_round)
+    config = GossipConfig(total_steps=3, final_gossip_rounds=6, max_rounds_ahead=1)
     machine = make_machine(config, name="p00", topology=build("ring:3"), params=params)
     machine.handle(Start(), 0.0)
-    machine.handle(Received("p01", _push(9, torch.ones(1))), 0.1)
+    machine.handle(Received("p01", _push(8, torch.ones(1))), 0.1)
     state: ProtocolState = machine.export_state()
     again = make_machine(config, name="p00", topology=build("ring:3"), params=params.clone())
     again.restore_state(state)
-    # 3 steps then 2 final rounds: the jump to round 9 stops where training ends (round 3)...
+    # 3 steps then 6 final rounds: the jump to round 8 stops where training ends (round 3)...
     actions = again.handle(WorkDone(1, 0.0), 1.0)
     assert (again.counters["rounds_skipped"], again.counters["steps_skipped"]) == (2, 2)
     assert [m.round for _, m in _sends(actions)] == [3] and not any(isinstance(a, StartWork) for a in actions)
     assert Finished() not in actions
-    # ...(p01's round-9 message was dropped then), and once training is over a round far ahead
+    # ...(p01's round-8 message was dropped then), and once training is over a round far ahead
     # no longer starts a jump.
     assert again.counters["dropped_future"] == 1
-    assert again.handle(Received("p02", _push(9, torch.ones(1))), 1.1) == [Metric("dropped_future", 2.0)]
+    assert again.handle(Received("p02", _push(8, torch.ones(1))), 1.1) == [Metric("dropped_future", 2.0)]
     _, meta = again.export_state()
     assert (meta["round"], meta["catch_up"], meta["final_done"]) == (3, 3, 1)
 

@@ -108,6 +108,9 @@ class ADPSGD(MachineBase):
                     return []
                 return self._work_finished(now)
             case Received(sender=sender, message=ParamPush() as message):
+                if not 0 <= message.round <= self.last_round:
+                    self.counters["bad_round"] += 1  # no member can be in that iteration
+                    return []
                 if sender == self.name or sender not in self._neighbours(message.round, live_only=False):
                     self.counters["not_neighbour"] += 1
                     return []

@@ -85,6 +85,16 @@ class MachineBase:
         """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``."""
         raise NotImplementedError
 
+    @property
+    def last_round(self) -> int:
+        """The highest round any honest member can be in or send: the training rounds
+        (``ceil(total_steps / local_steps)``) then the final gossip rounds. A message for a later
+        (or a negative) round is impossible, whoever signed it: it is counted ``bad_round``, never
+        followed (a forged round 2^62 would otherwise make a peer catch up past all its training).
+        """
+        config = self.config
+        return -(-config.total_steps // config.local_steps) + config.final_gossip_rounds - 1
+
     # ------------------------------------------------------------ helpers
 
     def _distance(self, a: torch.Tensor, b: torch.Tensor | None = None) -> float:

@@ -29,6 +29,7 @@ mass is only lost to the network and to rejected updates.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from itertools import groupby
 from typing import Any
 
@@ -40,6 +41,22 @@ from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush, Scalar
 
 WEIGHT = "w"  # the meta key of the push-sum weight share
+# A share is part of one member's weight, which is part of the network's mass: n at the start,
+# plus 1 for each member that rejoins (join_at). Twice n leaves room for that churn; a larger
+# share is forged, and would both take the average over and, added twice, overflow the sums.
+MASS_SLACK = 2.0
+
+
+def weight_share(meta: Mapping[str, Scalar], limit: float) -> float | None:
+    """The message's weight share when it is a finite number in (0, limit], else None."""
+    w = meta.get(WEIGHT)
+    if isinstance(w, bool) or not isinstance(w, int | float):
+        return None
+    try:
+        share = float(w)
+    except OverflowError:  # an int past float range
+        return None
+    return share if 0 < share <= limit else None  # (NaN fails both comparisons)
 
 
 class PushSum(RoundMachine):
@@ -50,15 +67,16 @@ class PushSum(RoundMachine):
         super().__init__(*args, **kwargs)
         self.weight = 1.0
         self.before: torch.Tensor | None = None  # z at the start of the round
+        self.max_share = MASS_SLACK * len(self.topology.names)
 
     @property
     def mass(self) -> float:
         """This peer's push-sum weight plus the weight in messages it holds but has not mixed yet."""
         held = [self.weight]
         for box in self.inbox.values():
-            held += [float(m.meta.get(WEIGHT, 0.0)) for m in box.values()]
-        held += [float(m.meta.get(WEIGHT, 0.0)) for _, m in self.late]
-        return math.fsum(held)
+            held += [weight_share(m.meta, self.max_share) or 0.0 for m in box.values()]
+        held += [weight_share(m.meta, self.max_share) or 0.0 for _, m in self.late]
+        return math.fsum(held)  # (a forged share is not mass: it will be rejected at the mix)
 
     def _round_messages(self, t: int) -> list[Send]:
         self.before = self.params.detach().clone()
@@ -80,11 +98,11 @@ class PushSum(RoundMachine):
 
     def _decode(self, sender: str, message: ParamPush) -> tuple[Any, float]:
         assert self.before is not None
-        w_j = message.meta.get(WEIGHT)
-        if isinstance(w_j, bool) or not isinstance(w_j, int | float) or not (math.isfinite(w_j) and w_j > 0):
-            raise BadParts("bad_weight", repr(w_j))
+        w_j = weight_share(message.meta, self.max_share)
+        if w_j is None:
+            raise BadParts("bad_weight", repr(message.meta.get(WEIGHT))[:40])
         z_j = self.payload.decode(message.tensors, message.meta)
-        return (z_j, float(w_j)), self._distance(z_j, self.before)
+        return (z_j, w_j), self._distance(z_j, self.before)
 
     def _own_norm(self) -> float:
         assert self.before is not None

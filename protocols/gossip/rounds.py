@@ -294,25 +294,29 @@ class RoundMachine(MachineBase):
                 self._count("dropped_future", len(dropped))
 
     def _skip_rounds(self, now: float) -> None:
-        """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above)."""
-        skipped = steps = 0
-        while self.round < self.catch_up:
-            if self.steps_done >= self.config.total_steps or self._time_up(now):
-                self.training_over = True
-            if self.training_over:  # the final gossip rounds are never skipped
-                self.catch_up = self.round
-                self._drop_far_rounds(self.round + self.config.max_rounds_ahead)
-                break
-            round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
-            self.steps_done += round_steps
-            steps += round_steps
-            box = self.inbox.pop(self.round, {})
+        """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above).
+
+        Arithmetic, not a loop over the skipped rounds: a jump may be long (a run bounded by
+        ``duration_s`` may have a huge ``total_steps``), and only buffered rounds need visiting.
+        """
+        config = self.config
+        gap = self.catch_up - self.round
+        steps_left = max(config.total_steps - self.steps_done, 0)
+        over = self.training_over or self._time_up(now)
+        skipped = min(gap, 0 if over else -(-steps_left // config.local_steps))
+        steps = min(skipped * config.local_steps, steps_left)
+        for r in sorted(k for k in self.inbox if k < self.round + skipped):
+            box = self.inbox.pop(r)
             if self.KEEPS_LATE:
                 self.late += sorted(box.items())
             else:
                 self._count("stale_message", len(box))
-            self.round += 1
-            skipped += 1
+        self.steps_done += steps
+        self.round += skipped
+        if skipped < gap:  # training ends on the way: the final gossip rounds are never skipped
+            self.training_over = True
+            self.catch_up = self.round
+            self._drop_far_rounds(self.round + config.max_rounds_ahead)
         self._count("rounds_skipped", skipped)
         self._count("steps_skipped", steps)
 
@@ -347,7 +351,10 @@ class RoundMachine(MachineBase):
         r = message.round
         if self.phase is Phase.FINISHED:
             return []
-        if r < 0 or sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
+        if not 0 <= r <= self.last_round:
+            self.counters["bad_round"] += 1  # no member can be in that round (see MachineBase.last_round)
+            return []
+        if sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
             self.counters["not_neighbour"] += 1
             return []
         if sender in self.laggards and r >= self.round - 1:

@@ -1,0 +1,449 @@
+"""A hostile insider: a roster member (valid signature, accepted by the codec) sending crafted messages.
+
+Standard: a peer never dies from what another peer sends. Every machine is fed
+each crafted message of a systematic catalogue (wrong lengths, shapes, dtypes,
+missing and extra parts, NaN, huge values, bad push-sum weights, impossible
+rounds, every other message kind, non-neighbours), then a random stream of
+them (hypothesis); after each: no exception escaped ``handle``, the
+parameters are finite and were not dragged away, the bad input is counted,
+and an honest round still completes. Pure and fast: machines driven by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocols.compress import BadParts
+from protocols.events import Received, Send, Start, TimerFired, WorkDone
+from protocols.gossip import ADPSGD, GossipConfig, MachineBase, Phase, PushSum, RoundMachine, make_machine
+from protocols.gossip.payload import Payload
+from protocols.gossip.sync import SyncOffer, check_sync_response
+from protocols.messages import (
+    ClientUpdate,
+    ErrorReply,
+    Heartbeat,
+    Message,
+    ParamPull,
+    ParamPush,
+    RoundResult,
+    RoundStart,
+    StateSyncRequest,
+    StateSyncResponse,
+)
+from topology import build
+
+D = 6  # parameters per peer
+ME = "p00"  # the victim; on ring:4 its neighbours are p01 and p03, p02 is not one
+INSIDER = "p01"
+HONEST = "p03"
+BOUND = 10.0  # honest values are O(1): anything past this was dragged by the insider
+
+CONFIGS: dict[str, GossipConfig] = {
+    "dpsgd": GossipConfig(algorithm="dpsgd", total_steps=30),
+    "local": GossipConfig(algorithm="local", local_steps=2, total_steps=30, final_gossip_rounds=2),
+    "after": GossipConfig(algorithm="local", local_steps=2, mixing="after", total_steps=30),
+    "diloco": GossipConfig(algorithm="local", local_steps=1, total_steps=30, outer="diloco", outer_every=2),
+    "choco": GossipConfig(algorithm="choco", total_steps=30),
+    "choco-topk": GossipConfig(algorithm="choco", total_steps=30, compression="topk:fraction=0.5",
+                               choco_full_start=False),
+    "dpsgd-qsgd": GossipConfig(algorithm="dpsgd", total_steps=30, compression="qsgd:bits=4,bucket=16"),
+    "pushsum": GossipConfig(algorithm="pushsum", total_steps=30),
+    "adpsgd": GossipConfig(algorithm="adpsgd", total_steps=30),
+}
+ROUND_CONFIGS = [k for k in CONFIGS if k != "adpsgd"]
+
+
+Gossip = RoundMachine | ADPSGD
+
+
+def _machine(key: str) -> Gossip:
+    params = torch.linspace(-1.0, 1.0, D)
+    machine = make_machine(CONFIGS[key], name=ME, topology=build("ring:4"), params=params, seed=0)
+    assert isinstance(machine, RoundMachine | ADPSGD)
+    machine.handle(Start(), 0.0)
+    return machine
+
+
+def _honest(machine: MachineBase, sender: str, r: int, *, reply: bool = False) -> ParamPush:
+    """What an honest neighbour sends for round ``r`` (its parameters: 0.5 everywhere)."""
+    coder = Payload(machine.config.compression, numel=D, dtype=torch.float32, seed=0, name=sender)
+    raw = machine.config.algorithm == "choco" and r == 0 and machine.config.choco_full_start
+    x = torch.full((D,), 0.5)
+    if machine.config.algorithm == "choco" and r > 0:
+        x = torch.full((D,), 0.01)  # CHOCO sends q = x - x_hat: small once the copies are exact
+    tensors, meta, _ = coder.encode(x, r, raw=raw)
+    if machine.config.algorithm == "pushsum":
+        meta = {**meta, "w": 0.5}
+    return ParamPush(round=r, tensors=tensors, meta=meta, want_reply=False)
+
+
+def _sane(machine: MachineBase) -> None:
+    assert bool(torch.isfinite(machine.params).all()), machine.params
+    assert float(machine.params.abs().max()) < BOUND, machine.params
+
+
+def _honest_round(machine: Gossip, now: float) -> float:
+    """One honest round (or AD-PSGD iteration) must still complete; returns the new time."""
+    if machine.phase is Phase.FINISHED:
+        return now
+    before = machine.round
+    if isinstance(machine, ADPSGD):
+        if machine.phase is Phase.IDLE:
+            machine.handle(Start(), now)
+        if machine.request is not None:
+            partner, r = machine.request
+            machine.handle(Received(partner, _honest(machine, partner, r)), now)
+        if machine.phase is Phase.WORKING:
+            machine.handle(WorkDone(machine.round_steps, 0.0), now)
+        if machine.round == before and machine.phase is Phase.WAITING:
+            machine.handle(TimerFired(machine._timer_key()), now + 100.0)
+    else:
+        r = machine.round
+        for j in sorted(machine.topology.in_neighbours(ME, r)):
+            machine.handle(Received(j, _honest(machine, j, r)), now)
+        if machine.phase is Phase.WORKING:
+            machine.handle(WorkDone(machine.round_steps, 0.0), now)
+        if machine.round == r and machine.phase is Phase.WAITING:
+            machine.handle(TimerFired(machine._timer_key()), now + 100.0)
+    assert machine.round > before or machine.phase is Phase.FINISHED
+    _sane(machine)
+    return now + 1.0
+
+
+def _rejections(machine: MachineBase) -> int:
+    benign = {"round", "late_message", "requests_served", "restarted", "rounds_skipped", "steps_skipped",
+              "missed_deadline"}
+    return sum(v for k, v in machine.counters.items() if k not in benign)
+
+
+# ------------------------------------------------------------ the catalogue
+
+Craft = Callable[[int], Message]  # round -> message
+
+
+def _push(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None, *, r: int | None = None,
+          want_reply: bool = False) -> Craft:
+    return lambda now_round: ParamPush(round=now_round if r is None else r, tensors=tensors,
+                                       meta={"w": 0.5, **(meta or {})}, want_reply=want_reply)
+
+
+GOOD = torch.full((D,), 0.5)
+NAN = GOOD.clone()
+NAN[2] = math.nan
+INF = GOOD.clone()
+INF[0] = -math.inf
+
+UNEXPECTED = {"unexpected_message"}
+
+# (label, message, counters of which at least one must be counted; None: harmless, may be mixed)
+IDENTITY_CATALOGUE: list[tuple[str, Craft, set[str] | None]] = [
+    ("no tensors", _push({}), {"rejected_missing_part"}),
+    ("only an extra part", _push({"y": GOOD}), {"rejected_missing_part"}),
+    ("short", _push({"x": torch.zeros(D - 1)}), {"rejected_wrong_length"}),
+    ("long", _push({"x": torch.zeros(D + 1)}), {"rejected_wrong_length"}),
+    ("empty", _push({"x": torch.zeros(0)}), {"rejected_wrong_length"}),
+    ("2-D", _push({"x": GOOD.view(2, 3)}), {"rejected_wrong_length"}),
+    ("int64", _push({"x": torch.ones(D, dtype=torch.int64)}), {"rejected_wrong_dtype"}),
+    ("bool", _push({"x": torch.ones(D, dtype=torch.bool)}), {"rejected_wrong_dtype"}),
+    ("uint8", _push({"x": torch.ones(D, dtype=torch.uint8)}), {"rejected_wrong_dtype"}),
+    ("NaN", _push({"x": NAN}), {"rejected_nonfinite"}),
+    ("-Inf", _push({"x": INF}), {"rejected_nonfinite"}),
+    ("float64 beyond float32", _push({"x": torch.full((D,), 1e300, dtype=torch.float64)}),
+     {"rejected_nonfinite"}),
+    ("huge but finite", _push({"x": torch.full((D,), 1e30)}), {"rejected_update"}),
+    ("large", _push({"x": torch.full((D,), 1e4, dtype=torch.float16)}), {"rejected_update"}),
+    ("junk meta", _push({"x": GOOD}, {"q/op": 3, "q/numel": -1, "zz": "a" * 1000}), None),
+    ("round -1", _push({"x": GOOD}, r=-1), {"bad_round"}),
+    ("round -2^63", _push({"x": GOOD}, r=-(2**63)), {"bad_round"}),
+    ("round 2^62", _push({"x": GOOD}, r=2**62), {"bad_round"}),
+    ("round 2^64-1", _push({"x": GOOD}, r=2**64 - 1), {"bad_round"}),
+    ("round just past the schedule", _push({"x": GOOD}, r=40), {"bad_round"}),
+    ("ParamPull", lambda r: ParamPull(round=r), UNEXPECTED),
+    ("StateSyncRequest", lambda r: StateSyncRequest(reason="x" * 10_000), UNEXPECTED),
+    ("StateSyncResponse", lambda r: StateSyncResponse(round=r, tensors={"params": NAN}), UNEXPECTED),
+    ("Heartbeat", lambda r: Heartbeat(step=-(2**63), loss=math.nan, sent_at_s=-math.inf), UNEXPECTED),
+    ("RoundStart", lambda r: RoundStart(round=r, tensors={"x": GOOD}, deadline_s=math.nan), UNEXPECTED),
+    ("ClientUpdate", lambda r: ClientUpdate(round=r, num_samples=-5, tensors={"x": GOOD}), UNEXPECTED),
+    ("RoundResult", lambda r: RoundResult(round=r, tensors={"x": GOOD}), UNEXPECTED),
+    ("ErrorReply", lambda r: ErrorReply(code="\x00" * 50, detail="9" * 5000), UNEXPECTED),
+    ("ErrorReply refusal", lambda r: ErrorReply(code="update_refused", detail="9" * 5000),
+     {"unexpected_message", "stale_message"}),
+]
+
+PUSHSUM_WEIGHTS: list[tuple[str, Any]] = [
+    ("missing", None), ("NaN", math.nan), ("Inf", math.inf), ("-Inf", -math.inf), ("negative", -0.5),
+    ("zero", 0.0), ("-0.0", -0.0), ("bool", True), ("str", "0.5"), ("str not a number", "abc"),
+    ("huge", 1e308), ("2^62", 2**62),
+    ("2^64-1", 2**64 - 1), ("more than the network's mass", 9.0),
+]
+
+
+def _feed_and_check(key: str, craft: Craft, expect: set[str] | None, sender: str = INSIDER,
+                    machine: Gossip | None = None) -> Gossip:
+    machine = machine or _machine(key)
+    counted = _rejections(machine)
+    now = 0.5
+    machine.handle(Received(sender, craft(machine.round)), now)
+    now = _honest_round(machine, now + 0.1)  # closes the round the crafted message was for
+    if expect is not None:
+        assert _rejections(machine) > counted, dict(machine.counters)
+    if expect:
+        assert expect & set(machine.counters), (expect, dict(machine.counters))
+    for _ in range(2):
+        now = _honest_round(machine, now)
+    return machine
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+@pytest.mark.parametrize("label", [label for label, _, _ in IDENTITY_CATALOGUE])
+def test_each_crafted_message_is_counted_and_honest_rounds_go_on(key: str, label: str) -> None:
+    _, craft, expect = next(item for item in IDENTITY_CATALOGUE if item[0] == label)
+    compressed = CONFIGS[key].compressed
+    if compressed and isinstance(craft(0), ParamPush) and "round" not in label:
+        expect = set()  # a raw vector to a compressed machine: rejected, with the operator's reason
+    if key == "adpsgd" and label == "ErrorReply refusal":
+        expect = {"stale_message"}
+    machine = None
+    if key == "adpsgd" and label == "large":
+        # AD-PSGD screens one candidate at a time: on its very first exchange (no history, no own
+        # step yet) the insider filter has nothing to compare with and accepts any finite update
+        # (reported, not fixed). Once it has a history, a large update is refused:
+        machine = _machine(key)
+        _honest_round(machine, 0.1)
+        _honest_round(machine, 0.2)
+        craft = _push({"x": torch.full((D,), 1e4, dtype=torch.float16)}, want_reply=True)
+    _feed_and_check(key, craft, expect, machine=machine)
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+@pytest.mark.parametrize("sender", ["p02", ME, "zz-not-in-roster", ""])
+def test_messages_from_a_non_neighbour_or_from_ourselves_are_counted(key: str, sender: str) -> None:
+    machine = _feed_and_check(key, lambda r: _honest(_machine(key), INSIDER, r), {"not_neighbour"}, sender)
+    assert machine.counters["not_neighbour"] == 1
+
+
+@pytest.mark.parametrize("label", [label for label, _ in PUSHSUM_WEIGHTS])
+def test_pushsum_refuses_impossible_weight_shares(label: str) -> None:
+    w = dict(PUSHSUM_WEIGHTS)[label]
+    meta: dict[str, Any] = {} if w is None else {"w": w}
+
+    def craft(r: int) -> ParamPush:
+        return ParamPush(round=r, tensors={"x": GOOD}, meta=meta)
+
+    machine = _machine("pushsum")
+    assert isinstance(machine, PushSum)
+    machine.handle(Received(INSIDER, craft(0)), 0.5)
+    machine.handle(Received(INSIDER, craft(1)), 0.5)  # a second share: two huge ones would overflow
+    assert math.isfinite(machine.mass)
+    now = 1.0
+    for _ in range(3):
+        now = _honest_round(machine, now)
+    assert machine.counters["rejected_bad_weight"] == 2
+    weight = machine.weight
+    assert math.isfinite(weight) and 0 < weight <= 4.0, weight
+
+
+def test_a_far_round_within_the_schedule_is_a_jump_of_constant_cost_not_a_loop() -> None:
+    # A run bounded by duration_s may have a huge total_steps: jumping 10^9 rounds visited each
+    # of them (minutes of Python for one message). Now only the buffered rounds are visited.
+    config = GossipConfig(algorithm="local", total_steps=10**12, duration_s=3600.0, max_rounds_ahead=2)
+    machine = make_machine(config, name=ME, topology=build("ring:4"), params=torch.zeros(D))
+    assert isinstance(machine, RoundMachine)
+    machine.handle(Start(), 0.0)
+    machine.handle(Received(HONEST, _honest(machine, HONEST, 1)), 0.1)  # buffered, then skipped
+    machine.handle(Received(INSIDER, _honest(machine, INSIDER, 10**9)), 0.2)
+    machine.handle(WorkDone(1, 0.0), 1.0)
+    assert machine.round == 10**9 and machine.steps_done == 10**9
+    assert machine.counters["rounds_skipped"] == 10**9 - 1 and machine.counters["stale_message"] == 1
+    _sane(machine)
+
+
+def test_a_flood_of_want_reply_duplicates_is_counted_once_applied_never() -> None:
+    for key in ROUND_CONFIGS:
+        machine = _machine(key)
+        message = _honest(machine, INSIDER, 0)
+        flood = ParamPush(round=0, tensors=message.tensors, meta=message.meta, want_reply=True)
+        for _ in range(50):
+            actions = machine.handle(Received(INSIDER, flood), 0.5)
+            assert not any(isinstance(a, Send) for a in actions)  # rounds machines never answer pushes
+        assert machine.counters["duplicate_message"] == 49
+        _honest_round(machine, 1.0)
+
+
+def test_adpsgd_serves_a_request_flood_without_dying_and_refuses_bad_requests() -> None:
+    machine = _machine("adpsgd")
+    assert isinstance(machine, ADPSGD)
+    good = _honest(machine, INSIDER, 0)
+    bad = ParamPush(round=0, tensors={"x": NAN}, meta={}, want_reply=True)
+    for i in range(40):
+        message = (ParamPush(round=i % 20, tensors=good.tensors, meta={}, want_reply=True) if i % 2
+                   else bad)
+        actions = machine.handle(Received(INSIDER, message), 0.5)
+        assert len([a for a in actions if isinstance(a, Send)]) == 1  # one answer: a reply or a refusal
+    assert machine.counters["rejected_nonfinite"] == 20 and machine.counters["requests_served"] == 20
+    _sane(machine)
+    _honest_round(machine, 1.0)
+
+
+def test_adpsgd_bad_replies_to_its_own_request_end_the_iteration() -> None:
+    for craft in (_push({"x": NAN}), _push({"x": torch.zeros(D + 1)}), _push({"x": torch.full((D,), 1e30)})):
+        machine = _machine("adpsgd")
+        assert isinstance(machine, ADPSGD) and machine.request is not None
+        partner, r = machine.request
+        machine.handle(WorkDone(1, 0.0), 0.2)
+        machine.handle(Received(partner, craft(r)), 0.5)
+        assert machine.round == 1 and machine.counters["rejected_update"] == 1
+        _sane(machine)
+        _honest_round(machine, 1.0)
+
+
+# ------------------------------------------------------------ compressed parts
+
+
+def _topk_parts(indices: torch.Tensor, values: torch.Tensor, *, numel: int = D, op: str = "topk") -> Craft:
+    return _push({"q/indices": indices, "q/values": values}, {"q/op": op, "q/numel": numel})
+
+
+COMPRESSED_CATALOGUE: list[tuple[str, str, Craft, str]] = [
+    ("choco-topk", "wrong op", _topk_parts(torch.tensor([0, 1, 2], dtype=torch.uint8), GOOD[:3], op="sign"),
+     "rejected_wrong_op"),
+    ("choco-topk", "wrong numel", _topk_parts(torch.tensor([0, 1, 2], dtype=torch.uint8), GOOD[:3], numel=7),
+     "rejected_wrong_numel"),
+    ("choco-topk", "negative numel", _topk_parts(torch.tensor([0], dtype=torch.uint8), GOOD[:1], numel=-1),
+     "rejected_bad_numel"),
+    ("choco-topk", "index out of range", _topk_parts(torch.tensor([0, 1, 200], dtype=torch.uint8), GOOD[:3]),
+     "rejected_index_out_of_range"),
+    ("choco-topk", "index repeated", _topk_parts(torch.tensor([1, 1, 2], dtype=torch.uint8), GOOD[:3]),
+     "rejected_index_repeated"),
+    ("choco-topk", "index int64", _topk_parts(torch.tensor([0, 1, 2]), GOOD[:3]), "rejected_wrong_dtype"),
+    ("choco-topk", "too many values", _topk_parts(torch.tensor([0, 1, 2, 3], dtype=torch.uint8), GOOD[:4]),
+     "rejected_wrong_length"),
+    ("choco-topk", "NaN value", _topk_parts(torch.tensor([0, 1, 2], dtype=torch.uint8), NAN[:3].flip(0)),
+     "rejected_nonfinite"),
+    ("choco-topk", "missing part", _push({"q/values": GOOD[:3]}, {"q/op": "topk", "q/numel": D}),
+     "rejected_missing_part"),
+    ("dpsgd-qsgd", "bad code", _push({"q/codes": torch.full((3,), 255, dtype=torch.uint8),
+                                      "q/norms": torch.ones(1)}, {"q/op": "qsgd", "q/numel": D}),
+     "rejected_bad_code"),
+    ("dpsgd-qsgd", "negative norm", _push({"q/codes": torch.full((3,), 0x77, dtype=torch.uint8),
+                                           "q/norms": -torch.ones(1)}, {"q/op": "qsgd", "q/numel": D}),
+     "rejected_bad_param"),
+    ("dpsgd-qsgd", "norm overflowing float32", _push({"q/codes": torch.full((3,), 0xEE, dtype=torch.uint8),
+                                                      "q/norms": torch.full((1,), 3e38)},
+                                                     {"q/op": "qsgd", "q/numel": D}),
+     "rejected_nonfinite"),
+    ("dpsgd-qsgd", "numel as str", _push({"q/codes": torch.zeros(3, dtype=torch.uint8)},
+                                         {"q/op": "qsgd", "q/numel": "6"}), "rejected_bad_numel"),
+    ("dpsgd-qsgd", "numel as bool", _push({"q/codes": torch.zeros(3, dtype=torch.uint8)},
+                                          {"q/op": "qsgd", "q/numel": True}), "rejected_bad_numel"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy, on the forged norm
+@pytest.mark.parametrize(("key", "label"), [(k, label) for k, label, _, _ in COMPRESSED_CATALOGUE])
+def test_crafted_compressed_parts_are_counted_by_reason(key: str, label: str) -> None:
+    _, _, craft, expect = next(item for item in COMPRESSED_CATALOGUE if item[:2] == (key, label))
+    _feed_and_check(key, craft, {expect})
+
+
+# ------------------------------------------------------------ random streams (hypothesis)
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool]
+_FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)
+_SCALARS = st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), _FLOATS, st.text(max_size=8),
+                     st.booleans())
+_NAMES = st.sampled_from(["x", "y", "q/op", "q/values", "q/indices", "q/codes", "q/norms", "q/signs", "q/p",
+                          "q/q", "q/exact", "q/sub/x"])
+_META_KEYS = st.sampled_from(["w", "q/op", "q/numel", "q/norm", "q/scale", "q/seed", "zz", "q/sub/w"])
+_ROUNDS = st.one_of(st.integers(min_value=-3, max_value=6), st.sampled_from([-(2**63), 2**62, 2**64 - 1, 31]))
+
+
+@st.composite
+def _tensors(draw: st.DrawFn) -> torch.Tensor:
+    dtype = draw(st.sampled_from(_DTYPES))
+    numel = draw(st.sampled_from([0, 1, 3, D - 1, D, D + 1, 2 * D]))
+    values = draw(st.lists(_FLOATS if dtype.is_floating_point else st.integers(0, 1), min_size=numel,
+                           max_size=numel))
+    t = torch.tensor(values, dtype=torch.float64).to(dtype)
+    return t.view(2, 3) if numel == D and draw(st.booleans()) else t
+
+
+@st.composite
+def _crafted(draw: st.DrawFn) -> tuple[str, ParamPush]:
+    tensors = draw(st.dictionaries(_NAMES, _tensors(), max_size=3))
+    meta = draw(st.dictionaries(_META_KEYS, _SCALARS, max_size=4))
+    if draw(st.booleans()):
+        meta["q/op"] = draw(st.sampled_from(["topk", "qsgd", "sign", "identity"]))
+        meta["q/numel"] = draw(st.sampled_from([D, D - 1, 0, -1, 2**62]))
+    sender = draw(st.sampled_from([INSIDER, HONEST, "p02", ME]))
+    return sender, ParamPush(round=draw(_ROUNDS), tensors=tensors, meta=meta, want_reply=draw(st.booleans()))
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=st.lists(_crafted(), min_size=1, max_size=6))
+def test_random_crafted_streams_never_kill_a_machine(key: str, stream: list[tuple[str, ParamPush]]) -> None:
+    machine = _machine(key)
+    now = 0.5
+    for i, (sender, message) in enumerate(stream):
+        machine.handle(Received(sender, message), now)
+        _sane(machine)
+        if i % 2:
+            now = _honest_round(machine, now)
+    if machine.phase is not Phase.FINISHED:
+        _honest_round(machine, now)
+    assert math.isfinite(float(machine.params.sum()))
+
+
+# ------------------------------------------------------------ state sync answers (pure check)
+
+
+def _response(params: Any = GOOD, **meta: Any) -> StateSyncResponse:
+    tensors = {} if params is None else {"params": params}
+    return StateSyncResponse(round=3, tensors=tensors, meta={"round": 3, "steps_done": 3, **meta})
+
+
+@pytest.mark.parametrize(("label", "message", "reason"), [
+    ("no params", _response(None), "missing_params"),
+    ("wrong size", _response(torch.zeros(D + 1)), "wrong_length"),
+    ("int params", _response(torch.ones(D, dtype=torch.int32)), "wrong_dtype"),
+    ("NaN params", _response(NAN), "nonfinite"),
+    ("round as str", _response(round="3"), "bad_round"),
+    ("round NaN", _response(round=math.nan), "bad_round"),
+    ("round negative", _response(round=-1), "bad_round"),
+    ("round past the schedule", _response(round=2**62), "bad_round"),
+    ("steps as float", _response(steps_done=3.5), "bad_steps"),
+    ("steps Inf", _response(steps_done=math.inf), "bad_steps"),
+    ("steps negative", _response(steps_done=-3), "bad_steps"),
+    ("steps past the schedule", _response(steps_done=10**9), "bad_steps"),
+    ("steps inconsistent with the round", _response(steps_done=29), "bad_steps"),
+])
+def test_state_sync_responses_are_checked_before_anything_is_adopted(label: str, message: StateSyncResponse,
+                                                                      reason: str) -> None:
+    machine = make_machine(CONFIGS["dpsgd"], name=ME, topology=build("ring:4"), params=torch.zeros(D))
+    verdict = check_sync_response(message, machine)
+    assert not isinstance(verdict, SyncOffer) and verdict.reason == reason, verdict
+
+
+def test_a_good_state_sync_response_is_offered_as_float_params_of_our_size() -> None:
+    machine = make_machine(CONFIGS["local"], name=ME, topology=build("ring:4"), params=torch.zeros(D))
+    offer = check_sync_response(_response(GOOD.double().view(2, 3), round=3, steps_done=6), machine)
+    assert isinstance(offer, SyncOffer)
+    assert (offer.round, offer.steps_done) == (3, 6)
+    assert offer.params.shape == (D,) and offer.params.dtype == torch.float32
+    assert torch.equal(offer.params, GOOD)
+
+
+def test_bad_parts_is_what_the_sync_check_raises_internally() -> None:
+    # the check returns its verdict; it never raises for anything a peer can send
+    machine = make_machine(CONFIGS["dpsgd"], name=ME, topology=build("ring:4"), params=torch.zeros(D))
+    verdict = check_sync_response(_response(torch.ones(D, dtype=torch.bool)), machine)
+    assert isinstance(verdict, BadParts)
