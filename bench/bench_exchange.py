@@ -14,7 +14,7 @@ run on the same bytes:
   the header) -> peer.transport -> Endpoint.open (verify, decode into a reused
   buffer) -> mix, hashing one frame after another;
 - ours signed: the same as the daemon runs it: frames hashed on the daemon's
-  digest threads (peer/digests.py ThreadDigester; open copies while they hash)
+  digest thread(s) and the caller (peer/digests.py ThreadDigester; open copies while they hash)
   and gathered into its receive-buffer pool (BufferPool);
 - torch.distributed gloo all_reduce of the same tensor between two processes
   (+ the division that makes it an average);
@@ -45,14 +45,15 @@ import msgpack
 import torch
 import zmq
 
+from peer.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
 from peer.launch import context
 from peer.transport import Transport, free_tcp_addresses
 
 RAW_FRAME_BYTES = 4 << 20
 WIRE_FRAME_BYTES = 16 << 20
-DIGEST_THREADS = 2      # as peer/daemon.py
+DIGEST_THREADS = DEFAULT_WORKERS     # as peer/daemon.py
 HERE = Path(__file__).resolve().parent
-SIGNED = f"ours signed ({DIGEST_THREADS} digest threads, buffer pool; as the daemon)"
+SIGNED = f"ours signed (caller + {DIGEST_THREADS} digest thread(s), buffer pool; as the daemon)"
 
 
 # ------------------------------------------------------------------ helpers shared by both sides
@@ -135,8 +136,6 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, mode: 
     elif mode == "serial":
         seal, open_ = _signed_codec(me, other, names, lambda dtype, numel: buffer, x, frame_bytes)
     else:
-        from peer.digests import BufferPool, ThreadDigester
-
         digester, pool = ThreadDigester(DIGEST_THREADS), BufferPool(max_buffers=4)
         seal, open_ = _signed_codec(me, other, names, pool.allocate, x, frame_bytes, digester)
     tokens: set[bytes] = set()      # barrier tokens that arrived while we waited for data

@@ -78,7 +78,7 @@ def main() -> None:
         result = next(reusing).open(arrived)
         assert isinstance(result, Opened)
 
-    digester = ThreadDigester(2)
+    digester = ThreadDigester()
     threaded_sender = Endpoint(alice, roster, run, 1, digest=digester)
     threaded = iter([Endpoint(bob, roster, run, 1, allocate=lambda dtype, numel: reused, digest=digester)
                      for _ in range(args.repeat + 1)])
@@ -96,7 +96,7 @@ def main() -> None:
             round=0, tensors={"w": params})))),
         ("verify + decode (open)", measure(args.repeat, open_once)),
         ("verify + decode, reused buffer", measure(args.repeat, open_reusing)),
-        ("encode + sign, 2 digest threads", measure(args.repeat, lambda: threaded_sender.seal(
+        ("encode + sign, digest threads", measure(args.repeat, lambda: threaded_sender.seal(
             ["bob"], ParamPush(round=0, tensors={"w": params})))),
         ("verify + decode, threads + reused", measure(args.repeat, open_threaded)),
     ]

@@ -18,7 +18,7 @@ has released every zero-copy frame it was given (``Transport.wait_sent``).
 
 The wire's two driver hooks (peer/digests.py): payload digests are computed
 on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
-hash), and multi-frame tensors are gathered into a pool of reused receive
+hash, and the loop's thread hashes too), and multi-frame tensors are gathered into a pool of reused receive
 buffers, one handed out again only once nothing (the machine's round buffers
 included) holds it, so a 100 MB model does not page-fault on every message.
 
@@ -81,7 +81,6 @@ from topology.errors import HivemeshError
 
 SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
 SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
-DIGEST_THREADS = 2         # payload hashing threads (busy only while a large message is sealed or opened)
 
 
 @dataclass
@@ -116,7 +115,7 @@ class PeerDaemon:
         self.trainer = self.parts.trainer
         self.machine = self.parts.machine
         self.endpoint = self.parts.endpoint
-        self.digester = ThreadDigester(DIGEST_THREADS)
+        self.digester = ThreadDigester()    # busy only while a large message is sealed or opened
         # what a machine holds at once: about one message per neighbour for this round and the next
         self.receive_buffers = BufferPool(max_buffers=2 * len(self.parts.neighbours) + 2)
         self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester)

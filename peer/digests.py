@@ -7,7 +7,8 @@ daemon hands it these two:
 * :class:`ThreadDigester` hashes a message's payload frames (16 MiB each) on a
   small thread pool. BLAKE3 releases the GIL, so on seal the frames hash in
   parallel, and on open the codec copies the frames into their tensors while
-  the workers hash them. Small payloads are hashed inline (a thread hand-off
+  the workers hash them; the caller then hashes what no worker has started
+  (so one worker already makes two hashing threads). Small payloads are hashed inline (a thread hand-off
   costs more than hashing a few KiB). The digests are the same BLAKE3 as the
   serial default's, so peers with and without it interoperate.
 
@@ -24,6 +25,7 @@ daemon hands it these two:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,6 +34,8 @@ import torch
 from protocols.codec import Frame, frame_digest
 
 INLINE_BYTES = 1 << 20      # payloads below this are hashed on the caller's thread
+# workers besides the caller, who hashes too: one per spare core, a few at most (2 cores here: 1)
+DEFAULT_WORKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
 def _length(frame: Frame) -> int:
@@ -41,7 +45,7 @@ def _length(frame: Frame) -> int:
 class ThreadDigester:
     """A :data:`protocols.codec.DigestStarter` hashing frames on ``workers`` threads. Close it when done."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = DEFAULT_WORKERS) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers = workers
@@ -53,7 +57,18 @@ class ThreadDigester:
             digests = [frame_digest(frame) for frame in held]
             return lambda: digests
         futures: list[Future[bytes]] = [self._pool.submit(frame_digest, frame) for frame in held]
-        return lambda: [future.result() for future in futures]
+
+        def wait() -> list[bytes]:
+            # the caller helps instead of idling: it hashes, from the back, the frames no worker
+            # has started (the workers take them from the front)
+            digests: list[bytes | None] = [None] * len(held)
+            for index in reversed(range(len(held))):
+                if futures[index].cancel():
+                    digests[index] = frame_digest(held[index])
+            return [digest if digest is not None else future.result()
+                    for digest, future in zip(digests, futures, strict=True)]
+
+        return wait
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
