@@ -66,6 +66,8 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.gossip.base import MachineBase
+from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest, StateSyncResponse
 from protocols.roster import Member, Roster, run_id
@@ -301,11 +303,11 @@ class GossipRun:
 
     def _adopt(self, peer: SimPeer, sender: str, message: StateSyncResponse) -> None:
         trainer = self.world.trainers[peer.name]
-        params = message.tensors.get("params")
-        if params is None or params.numel() != trainer.flat_params.numel():
+        offer = check_sync_response(message, cast(MachineBase, peer.machine))
+        if not isinstance(offer, SyncOffer):
+            peer.state_sync[f"unusable_{offer.reason}"] += 1  # wait for another answer or the timeout
             return
-        round_index = int(message.meta.get("round", message.round))
-        steps_done = int(message.meta.get("steps_done", 0))
+        round_index, steps_done = offer.round, offer.steps_done
         _, meta = peer.machine.export_state()
         if round_index < int(meta.get("round", 0)):
             peer.state_sync["kept"] += 1  # the neighbour is behind us: keep our own state
@@ -316,7 +318,7 @@ class GossipRun:
                 peer.state_sync["refused"] += 1  # the algorithm cannot hand its state over (CHOCO)
             else:
                 with torch.no_grad():
-                    trainer.flat_params.copy_(params.reshape(-1))
+                    trainer.flat_params.copy_(offer.params)
                 trainer.step = steps_done  # the learning-rate schedule follows the network
                 peer.pending_work = None   # superseded by the adopted state
                 peer.state_sync["adopted"] += 1
