@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from protocols.messages import (
     ParamPush,
     RoundResult,
     RoundStart,
+    Scalar,
     StateSyncRequest,
     StateSyncResponse,
 )
@@ -245,9 +247,34 @@ def test_pushsum_refuses_impossible_weight_shares(label: str) -> None:
     now = 1.0
     for _ in range(3):
         now = _honest_round(machine, now)
-    assert machine.counters["rejected_bad_weight"] == 2
+    # (a non-finite one is refused on arrival, like any non-finite scalar: see the checkpoint test)
+    assert machine.counters["rejected_bad_weight"] + machine.counters["rejected_nonfinite_meta"] == 2
     weight = machine.weight
     assert math.isfinite(weight) and 0 < weight <= 4.0, weight
+
+
+@pytest.mark.parametrize("key", ROUND_CONFIGS)
+def test_buffered_hostile_messages_never_break_a_checkpoint(key: str, tmp_path: Path) -> None:
+    # The checkpoint's metadata is strict JSON: a buffered message with a NaN scalar made the
+    # save raise, so the peer died without saving what it had trained.
+    from peer import checkpoint
+
+    machine = _machine(key)
+    odd = {"x": GOOD, "y/z": torch.ones(2, 3, dtype=torch.int64), "": torch.zeros(0, dtype=torch.bool)}
+    metas: list[tuple[int, dict[str, Scalar]]] = [
+        (1, {"w": 0.5, "q/norm": math.nan}), (2, {"w": 0.5, "zz": math.inf}),
+        (1, {"w": 0.5, "big": 2**64 - 1, "s": "\u2603" * 100})]
+    for r, meta in metas:
+        machine.handle(Received(INSIDER, ParamPush(round=r, tensors=odd, meta=meta)), 0.5)
+    assert machine.counters["rejected_nonfinite_meta"] == 2
+    path = checkpoint.save(tmp_path, {}, machine.export_state(), step=1)
+    loaded = checkpoint.load_latest(tmp_path)
+    assert loaded is not None and path.exists()
+    again = make_machine(CONFIGS[key], name=ME, topology=build("ring:4"), params=machine.params.clone())
+    again.restore_state(loaded.protocol_state)
+    assert isinstance(again, RoundMachine | ADPSGD)
+    for _ in range(3):
+        _honest_round(again, 1.0)
 
 
 def test_a_far_round_within_the_schedule_is_a_jump_of_constant_cost_not_a_loop() -> None:

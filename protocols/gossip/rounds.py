@@ -74,6 +74,7 @@ not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -356,6 +357,12 @@ class RoundMachine(MachineBase):
             return []
         if sender == self.name or sender not in self.topology.in_neighbours(self.name, r):
             self.counters["not_neighbour"] += 1
+            return []
+        if not all(not isinstance(v, float) or math.isfinite(v) for v in message.meta.values()):
+            # no operator sends a non-finite scalar, and a buffered one would make the checkpoint
+            # (strict JSON) fail: refused on arrival, as decoding would refuse it at the mix
+            self.counters["rejected_update"] += 1
+            self.counters["rejected_nonfinite_meta"] += 1
             return []
         if sender in self.laggards and r >= self.round - 1:
             self.caught_up.add(sender)  # waited for again from the next round on
