@@ -403,21 +403,32 @@ def _tensors(draw: st.DrawFn) -> torch.Tensor:
     return t.view(2, 3) if numel == D and draw(st.booleans()) else t
 
 
+_OTHER_KINDS = st.one_of(
+    st.builds(ErrorReply, code=st.sampled_from(["update_refused", "config_mismatch", ""]),
+              detail=st.one_of(st.text(max_size=5), _ROUNDS.map(str))),
+    st.builds(Heartbeat, step=_ROUNDS, loss=_FLOATS, sent_at_s=_FLOATS),
+    st.builds(ParamPull, round=_ROUNDS),
+    st.builds(StateSyncRequest, reason=st.text(max_size=5)),
+)
+
+
 @st.composite
-def _crafted(draw: st.DrawFn) -> tuple[str, ParamPush]:
+def _crafted(draw: st.DrawFn) -> tuple[str, Message]:
+    sender = draw(st.sampled_from([INSIDER, HONEST, "p02", ME]))
+    if draw(st.integers(0, 4)) == 0:
+        return sender, draw(_OTHER_KINDS)
     tensors = draw(st.dictionaries(_NAMES, _tensors(), max_size=3))
     meta = draw(st.dictionaries(_META_KEYS, _SCALARS, max_size=4))
     if draw(st.booleans()):
         meta["q/op"] = draw(st.sampled_from(["topk", "qsgd", "sign", "identity"]))
         meta["q/numel"] = draw(st.sampled_from([D, D - 1, 0, -1, 2**62]))
-    sender = draw(st.sampled_from([INSIDER, HONEST, "p02", ME]))
     return sender, ParamPush(round=draw(_ROUNDS), tensors=tensors, meta=meta, want_reply=draw(st.booleans()))
 
 
 @pytest.mark.parametrize("key", list(CONFIGS))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=st.lists(_crafted(), min_size=1, max_size=6))
-def test_random_crafted_streams_never_kill_a_machine(key: str, stream: list[tuple[str, ParamPush]]) -> None:
+def test_random_crafted_streams_never_kill_a_machine(key: str, stream: list[tuple[str, Message]]) -> None:
     machine = _machine(key)
     now = 0.5
     for i, (sender, message) in enumerate(stream):
