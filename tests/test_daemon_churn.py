@@ -43,10 +43,11 @@ def test_killed_peer_resumes_and_late_peer_joins_by_state_sync(tmp_path: Path) -
     statuses = {name: status(files, name) for name in files.configs}
     for name, found in statuses.items():
         # every peer ran all 300 rounds; one that fell behind may have skipped a few rounds' steps
-        # to stay in step with the others (the machine's catch-up), never more than a handful
+        # to stay in step with the others (the machine's catch-up, which moves the trainer's step
+        # and lr schedule along with it), never more than a handful
         skipped = found["metrics"].get("steps_skipped", 0)
         assert found["state"] == "finished" and found["metrics"]["round"] == 300, describe(files)
-        assert found["step"] + skipped == 300 and skipped <= 30, describe(files)
+        assert found["step"] == found["steps_done"] == 300 and skipped <= 30, describe(files)
         assert found["accuracy"] >= 0.90, f"{name}: accuracy {found['accuracy']}"
     assert consensus_distance(final_params(files)) < 1e-2
     # the others carried on past the crash (they were already beyond it, and all finished)
