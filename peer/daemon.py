@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -75,6 +75,8 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.gossip.base import MachineBase
+from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
 from protocols.wire import Opened
 from topology.errors import HivemeshError
@@ -320,8 +322,8 @@ class PeerDaemon:
                     info.latency_ms = max(0.0, (time.time() - message.sent_at_s) * 1000.0)
             case StateSyncRequest():
                 self._answer_sync(opened.sender)
-            case StateSyncResponse():
-                if self._sync_answer is None and self.state == "syncing":
+            case StateSyncResponse():   # only a neighbour was asked
+                if self._sync_answer is None and self.state == "syncing" and info is not None:
                     self._sync_answer = opened
             case _:
                 if info is not None:
@@ -462,12 +464,11 @@ class PeerDaemon:
     def _adopt(self, opened: Opened) -> None:
         message = opened.message
         assert isinstance(message, StateSyncResponse)
-        params = message.tensors.get("params")
-        if params is None or params.numel() != self.trainer.flat_params.numel():
-            self._warn(f"state sync from {opened.sender}: no usable parameters; ignored")
+        offer = check_sync_response(message, cast(MachineBase, self.machine))
+        if not isinstance(offer, SyncOffer):    # never adopted, never raised: a peer sent it
+            self._warn(f"state sync from {opened.sender}: unusable answer ({offer}); ignored")
             return
-        round_index = int(message.meta.get("round", message.round))
-        steps_done = int(message.meta.get("steps_done", 0))
+        round_index, steps_done = offer.round, offer.steps_done
         own_round, _ = sync_position(self.machine)
         if round_index < own_round:
             self.status.say(f"{self.name}: {opened.sender} is behind us (round {round_index}); "
@@ -478,7 +479,7 @@ class PeerDaemon:
                        "(its shared state cannot be handed over); training on from our own state")
             return
         with torch.no_grad():
-            self.trainer.flat_params.copy_(params.reshape(-1))
+            self.trainer.flat_params.copy_(offer.params)
         self.machine.join_at(round_index, steps_done)    # type: ignore[attr-defined]
         self.trainer.step = steps_done       # the learning-rate schedule follows the network
         self.status.say(f"{self.name}: synced from {opened.sender}: round {round_index}, step {steps_done}")
