@@ -32,7 +32,16 @@ still open), ``steps_done`` the machine's.
 Start-up: the epoch is incremented and stored before the first message; a
 checkpoint, if any, is restored; the peer then waits until it has heard every
 neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
-neighbours for their state (StateSyncRequest) and adopts the first answer.
+neighbours for their state (StateSyncRequest) and adopts the first usable
+answer (an unusable one is counted and it waits on for another).
+
+What a neighbour sends cannot grow memory or work without bound: messages
+heard before training starts are kept per neighbour, only the newest
+``max_rounds_ahead + 1`` (the rounds the machine can buffer; once it starts,
+or catches up after a state sync, older ones are stale), and none from
+non-neighbours; a neighbour's state-sync requests are answered at most once
+per ``sync_answer_interval_s``. Each refusal is counted by reason in the
+status's ``rejections`` (with the wire's own).
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 """
@@ -45,7 +54,7 @@ import math
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -83,6 +92,7 @@ from topology.errors import HivemeshError
 
 SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
 SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
+MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 
 
 @dataclass
@@ -103,6 +113,7 @@ class Counters:
     unreachable: Counter[str] = field(default_factory=Counter)
     unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
+    rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
 
 
 class PeerDaemon:
@@ -138,8 +149,11 @@ class PeerDaemon:
         self._last_loss = math.nan
         self._last_eval: dict[str, float] = {}
         self._last_eval_step = -1
-        self._early: list[Opened] = []      # machine messages heard before Start
-        self._sync_answer: Opened | None = None
+        # machine messages heard before Start, per neighbour, newest kept: (arrival number, message)
+        self._early: dict[str, deque[tuple[int, Opened]]] = {}
+        self._early_count = itertools.count()
+        self._sync_answer: tuple[str, SyncOffer] | None = None
+        self._sync_answered_at: dict[str, float] = {}     # requester -> when we last sent it our state
         self._train_start_s = math.nan
         self._train_end_s = math.nan
         self._next_heartbeat = 0.0
@@ -240,7 +254,7 @@ class PeerDaemon:
                 self._pump(0.1)
                 self._heartbeat_if_due()
             if self._sync_answer is not None:
-                self._adopt(self._sync_answer)
+                self._adopt(*self._sync_answer)
                 return
             self._warn(f"no state-sync answer (attempt {attempt + 1}/{SYNC_ATTEMPTS})")
         self._warn("training on without state sync")
@@ -253,9 +267,10 @@ class PeerDaemon:
         for name, info in self.neighbours.items():
             if not info.up:     # never heard: the machine's rounds go on without it until it appears
                 self._feed(NeighbourDown(name))
-        for opened in self._early:
-            self._feed(Received(opened.sender, opened.message))
+        early = sorted(itertools.chain.from_iterable(self._early.values()), key=lambda item: item[0])
         self._early.clear()
+        for _, opened in early:
+            self._feed(Received(opened.sender, opened.message))
         while not self._finished and self._stop_signal is None:
             if self._work:
                 self._do_work(self._work.pop(0))
@@ -319,19 +334,34 @@ class PeerDaemon:
             case Heartbeat():
                 if info is not None:
                     info.step = message.step
-                    info.latency_ms = max(0.0, (time.time() - message.sent_at_s) * 1000.0)
+                    latency_ms = heartbeat_latency_ms(message.sent_at_s, time.time())
+                    if latency_ms is None:
+                        self.counters.rejected["heartbeat_bad_latency"] += 1
+                    else:
+                        info.latency_ms = latency_ms
             case StateSyncRequest():
                 self._answer_sync(opened.sender)
             case StateSyncResponse():   # only a neighbour was asked
                 if self._sync_answer is None and self.state == "syncing" and info is not None:
-                    self._sync_answer = opened
+                    self._take_sync_answer(opened.sender, message)
             case _:
                 if info is not None:
                     self._remember_params(info, message)
                 if not self._started:
-                    self._early.append(opened)
+                    self._keep_early(opened)
                 elif not self._finished:
                     self._feed(Received(opened.sender, message))
+
+    def _keep_early(self, opened: Opened) -> None:
+        """Hold a message heard before Start: neighbours only, the newest ``max_rounds_ahead + 1`` each."""
+        if opened.sender not in self.neighbours:
+            self.counters.rejected["early_not_neighbour"] += 1
+            return
+        kept = self._early.setdefault(opened.sender,
+                                      deque(maxlen=self.config.gossip.max_rounds_ahead + 1))
+        if len(kept) == kept.maxlen:
+            self.counters.rejected["early_overflow"] += 1    # the oldest one goes
+        kept.append((next(self._early_count), opened))
 
     def _feed(self, event: Event) -> None:
         """Hand one event to the machine and carry out what it asks, in order."""
@@ -452,8 +482,17 @@ class PeerDaemon:
     # ------------------------------------------------------------------ state sync
 
     def _answer_sync(self, requester: str) -> None:
-        if requester not in self.neighbours or not self._started:
+        if requester not in self.neighbours:
+            self.counters.rejected["sync_request_not_neighbour"] += 1
+            return
+        if not self._started:
             return      # we have nothing better than the initial model to offer yet
+        now = self.now()
+        last = self._sync_answered_at.get(requester)
+        if last is not None and now - last < self.config.peer.sync_answer_interval_s:
+            self.counters.rejected["sync_request_too_often"] += 1    # each answer is the whole model
+            return
+        self._sync_answered_at[requester] = now
         round_index, steps_done = sync_position(self.machine)
         meta = {"round": round_index, "steps_done": steps_done, "trainer_step": self.trainer.step}
         # the parameters as they are between rounds; a copy, since mixing goes on while it is sent
@@ -461,17 +500,21 @@ class PeerDaemon:
         self._send(Send((requester,), StateSyncResponse(round=round_index, tensors={"params": params},
                                                        meta=meta)))
 
-    def _adopt(self, opened: Opened) -> None:
-        message = opened.message
-        assert isinstance(message, StateSyncResponse)
+    def _take_sync_answer(self, sender: str, message: StateSyncResponse) -> None:
+        """Keep a usable state-sync answer for ``_state_sync``; an unusable one is counted and the wait
+        goes on (another neighbour, or the next attempt, may answer well)."""
         offer = check_sync_response(message, cast(MachineBase, self.machine))
-        if not isinstance(offer, SyncOffer):    # never adopted, never raised: a peer sent it
-            self._warn(f"state sync from {opened.sender}: unusable answer ({offer}); ignored")
+        if isinstance(offer, SyncOffer):
+            self._sync_answer = (sender, offer)
             return
+        self.counters.rejected[f"sync_answer_{offer.reason}"] += 1    # never adopted, never raised
+        self._warn(f"state sync from {sender}: unusable answer ({offer}); waiting for another")
+
+    def _adopt(self, sender: str, offer: SyncOffer) -> None:
         round_index, steps_done = offer.round, offer.steps_done
         own_round, _ = sync_position(self.machine)
         if round_index < own_round:
-            self.status.say(f"{self.name}: {opened.sender} is behind us (round {round_index}); "
+            self.status.say(f"{self.name}: {sender} is behind us (round {round_index}); "
                             "kept our state")
             return
         if not getattr(self.machine, "JOINABLE", True):
@@ -482,7 +525,7 @@ class PeerDaemon:
             self.trainer.flat_params.copy_(offer.params)
         self.machine.join_at(round_index, steps_done)    # type: ignore[attr-defined]
         self.trainer.step = steps_done       # the learning-rate schedule follows the network
-        self.status.say(f"{self.name}: synced from {opened.sender}: round {round_index}, step {steps_done}")
+        self.status.say(f"{self.name}: synced from {sender}: round {round_index}, step {steps_done}")
 
     # ------------------------------------------------------------------ persistence
 
@@ -555,7 +598,7 @@ class PeerDaemon:
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
             "messages_accepted": self.counters.messages_accepted,
-            "rejections": dict(self.endpoint.rejections),
+            "rejections": dict(self.endpoint.rejections + self.counters.rejected),
             "unreachable": dict(self.counters.unreachable),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
@@ -576,6 +619,18 @@ def sync_position(machine: Any) -> tuple[int, int]:
     """(round, local steps done) of a round-based machine, from its exported state."""
     _, meta = machine.export_state()
     return int(meta.get("round", 0)), int(meta.get("steps_done", 0))
+
+
+def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
+    """One-way latency of a heartbeat stamped ``sent_at_s`` (wall clock), or None when the stamp is
+    absurd: NaN, infinite, in the future, or more than ``MAX_LATENCY_MS`` ago (a peer sent it)."""
+    try:
+        latency_ms = (now_s - float(sent_at_s)) * 1000.0
+    except OverflowError:       # an int stamp too large for a float
+        return None
+    if not 0.0 <= latency_ms <= MAX_LATENCY_MS:    # also False for NaN
+        return None
+    return latency_ms
 
 
 def run_peer(config_path: str) -> int:

@@ -52,6 +52,8 @@ class PeerSection:
     start_timeout_s: float = 60.0
     # after finishing, keep answering neighbours this long (their last round may need us)
     finish_grace_s: float = 3.0
+    # answer a neighbour's state-sync request (a full model) at most this often: a joiner asks every 10 s
+    sync_answer_interval_s: float = 5.0
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
     eval_every_steps: int = 50       # test-set evaluation for metrics and status; 0 = only at the end
     progress: bool = True            # one progress line per status refresh on the console
@@ -65,6 +67,8 @@ class PeerSection:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.finish_grace_s < 0:
             raise ValueError("finish_grace_s must be >= 0")
+        if not self.sync_answer_interval_s >= 0:
+            raise ValueError(f"sync_answer_interval_s must be >= 0, got {self.sync_answer_interval_s}")
         if self.eval_every_steps < 0:
             raise ValueError("eval_every_steps must be >= 0")
 

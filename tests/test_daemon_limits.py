@@ -1,0 +1,143 @@
+"""What a neighbour can make the daemon keep or do is bounded, and every refusal counted (no sockets:
+a real daemon's dispatch is driven directly, its transport replaced by a recorder)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import pytest
+import torch
+
+from peer.daemon import MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
+from peer.peerconfig import PeerSection, load_peer_config
+from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
+from protocols.wire import Opened
+from tests._daemon_support import make_network
+
+torch.set_num_threads(1)
+
+
+class RecordingTransport:
+    """Stands in for peer.transport.Transport: every send succeeds and is remembered."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.abandoned: dict[str, int] = {}
+
+    def send(self, recipient: str, frames: Any) -> bool:
+        self.sent.append(recipient)
+        return True
+
+    def pending_sends(self) -> bool:
+        return False
+
+    def wait_sent(self, timeout_s: float | None = None) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> PeerDaemon:
+    files = make_network(tmp_path_factory.mktemp("limits"), peers=4, steps=20)
+    found = PeerDaemon(load_peer_config(files.configs["p00"]))
+    found.transport = RecordingTransport()  # type: ignore[assignment]
+    return found
+
+
+@pytest.fixture
+def fresh(daemon: PeerDaemon) -> PeerDaemon:
+    """The shared daemon with its bookkeeping reset (assembling one takes a while)."""
+    daemon.counters.rejected.clear()
+    daemon._early.clear()
+    daemon._started = False
+    daemon._sync_answer = None
+    daemon._sync_answered_at.clear()
+    daemon.state = "starting"
+    daemon.transport = RecordingTransport()  # type: ignore[assignment]
+    return daemon
+
+
+def deliver(daemon: PeerDaemon, sender: str, message: Message) -> None:
+    daemon._dispatch(Opened(sender=sender, message=message, epoch=1, seq=0))
+
+
+def test_the_daemon_under_test_has_two_ring_neighbours(fresh: PeerDaemon) -> None:
+    assert sorted(fresh.neighbours) == ["p01", "p03"]
+
+
+def test_early_messages_are_capped_per_neighbour_keeping_the_newest(fresh: PeerDaemon) -> None:
+    cap = fresh.config.gossip.max_rounds_ahead + 1
+    for r in range(1000):
+        deliver(fresh, "p01", ParamPush(round=r))
+    deliver(fresh, "p03", ParamPush(round=0))
+    kept = [cast(ParamPush, opened.message).round for _, opened in fresh._early["p01"]]
+    assert kept == list(range(1000 - cap, 1000))
+    assert len(fresh._early["p03"]) == 1      # one neighbour's flood does not crowd out another
+    assert fresh.counters.rejected["early_overflow"] == 1000 - cap
+
+
+def test_early_messages_from_non_neighbours_are_dropped_and_counted(fresh: PeerDaemon) -> None:
+    for r in range(50):
+        deliver(fresh, "p02", ParamPush(round=r))
+    assert "p02" not in fresh._early
+    assert fresh.counters.rejected["early_not_neighbour"] == 50
+    assert fresh._snapshot()["rejections"]["early_not_neighbour"] == 50
+
+
+def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerDaemon) -> None:
+    fresh._started = True
+    transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
+    for _ in range(20):
+        deliver(fresh, "p01", StateSyncRequest())
+    deliver(fresh, "p03", StateSyncRequest())     # another requester has its own allowance
+    assert transport.sent == ["p01", "p03"]
+    assert fresh.counters.rejected["sync_request_too_often"] == 19
+    fresh._sync_answered_at["p01"] -= fresh.config.peer.sync_answer_interval_s   # the interval passes
+    deliver(fresh, "p01", StateSyncRequest())
+    assert transport.sent == ["p01", "p03", "p01"]
+    deliver(fresh, "p02", StateSyncRequest())     # not a neighbour: never answered
+    assert transport.sent == ["p01", "p03", "p01"]
+    assert fresh.counters.rejected["sync_request_not_neighbour"] == 1
+
+
+def sync_answer(numel: int, *, value: float = 0.5) -> StateSyncResponse:
+    return StateSyncResponse(round=0, tensors={"params": torch.full((numel,), value)},
+                             meta={"round": 0, "steps_done": 0})
+
+
+def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaemon) -> None:
+    fresh.state = "syncing"
+    numel = fresh.trainer.flat_params.numel()
+    deliver(fresh, "p01", sync_answer(numel + 1))
+    deliver(fresh, "p01", sync_answer(numel, value=math.nan))
+    assert fresh._sync_answer is None
+    assert fresh.counters.rejected["sync_answer_wrong_length"] == 1
+    assert fresh.counters.rejected["sync_answer_nonfinite"] == 1
+    deliver(fresh, "p03", sync_answer(numel))
+    assert fresh._sync_answer is not None
+    sender, offer = fresh._sync_answer
+    assert sender == "p03" and offer.params.numel() == numel and float(offer.params[0]) == 0.5
+
+
+@pytest.mark.parametrize("sent_at_s", [-math.inf, math.inf, math.nan, 1e300, -1e300, 10**400, 0.0])
+def test_an_absurd_heartbeat_stamp_leaves_the_latency_alone(fresh: PeerDaemon, sent_at_s: float) -> None:
+    info = fresh.neighbours["p01"]
+    info.latency_ms = 12.5
+    deliver(fresh, "p01", Heartbeat(step=3, sent_at_s=sent_at_s))
+    assert info.latency_ms == 12.5
+    assert info.step == 3
+    assert fresh.counters.rejected["heartbeat_bad_latency"] == 1
+
+
+def test_heartbeat_latency_is_the_stamps_age_within_bounds() -> None:
+    assert heartbeat_latency_ms(99.5, 100.0) == 500.0
+    assert heartbeat_latency_ms(100.0, 100.0) == 0.0
+    assert heartbeat_latency_ms(100.5, 100.0) is None                       # from the future
+    assert heartbeat_latency_ms(100.0 - MAX_LATENCY_MS / 1000 - 1, 100.0) is None
+
+
+def test_a_negative_sync_answer_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="sync_answer_interval_s"):
+        PeerSection(name="p00", key="k", roster="r", data_dir="d", sync_answer_interval_s=-1.0)
