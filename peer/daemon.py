@@ -93,6 +93,7 @@ from topology.errors import HivemeshError
 SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
 SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
+CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
 
 
 @dataclass
@@ -623,14 +624,15 @@ def sync_position(machine: Any) -> tuple[int, int]:
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
     """One-way latency of a heartbeat stamped ``sent_at_s`` (wall clock), or None when the stamp is
-    absurd: NaN, infinite, in the future, or more than ``MAX_LATENCY_MS`` ago (a peer sent it)."""
+    absurd: NaN, infinite, more than ``CLOCK_SKEW_MS`` in the future, or more than ``MAX_LATENCY_MS``
+    ago (a peer sent it). Hosts' clocks differ a little, so a stamp slightly ahead reads as 0 ms."""
     try:
         latency_ms = (now_s - float(sent_at_s)) * 1000.0
     except OverflowError:       # an int stamp too large for a float
         return None
-    if not 0.0 <= latency_ms <= MAX_LATENCY_MS:    # also False for NaN
+    if not -CLOCK_SKEW_MS <= latency_ms <= MAX_LATENCY_MS:    # also False for NaN
         return None
-    return latency_ms
+    return max(latency_ms, 0.0)
 
 
 def run_peer(config_path: str) -> int:

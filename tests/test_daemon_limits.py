@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from peer.daemon import MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
+from peer.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
 from peer.peerconfig import PeerSection, load_peer_config
 from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
 from protocols.wire import Opened
@@ -134,7 +134,8 @@ def test_an_absurd_heartbeat_stamp_leaves_the_latency_alone(fresh: PeerDaemon, s
 def test_heartbeat_latency_is_the_stamps_age_within_bounds() -> None:
     assert heartbeat_latency_ms(99.5, 100.0) == 500.0
     assert heartbeat_latency_ms(100.0, 100.0) == 0.0
-    assert heartbeat_latency_ms(100.5, 100.0) is None                       # from the future
+    assert heartbeat_latency_ms(100.5, 100.0) == 0.0   # another host's clock, a bit ahead
+    assert heartbeat_latency_ms(100.0 + CLOCK_SKEW_MS / 1000 + 1, 100.0) is None   # from the future
     assert heartbeat_latency_ms(100.0 - MAX_LATENCY_MS / 1000 - 1, 100.0) is None
 
 
