@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 PRELOAD = ["torch", "sklearn.datasets", "peer.daemon", "peer.trainer", "peer.tasks", "peer.tasks.digits",
-           "peer.partition", "protocols.wire"]
+           "peer.partition", "protocols.wire", "protocols.gossip"]
 
 _context: multiprocessing.context.ForkServerContext | None = None
 
@@ -29,15 +29,7 @@ def context() -> multiprocessing.context.ForkServerContext:
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        modules = list(PRELOAD)
-        try:
-            import importlib.util
-
-            if importlib.util.find_spec("protocols.gossip") is not None:
-                modules.append("protocols.gossip")
-        except ImportError:
-            pass
-        _context.set_forkserver_preload(modules)
+        _context.set_forkserver_preload(PRELOAD)
     return _context
 
 
@@ -124,11 +116,10 @@ class PeerProcesses:
         return {name: p.exitcode for name, p in self.processes.items()}
 
     def close(self) -> None:
-        for name, process in self.processes.items():
+        for process in self.processes.values():
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGKILL)
             process.join(10)
-            del name
 
     def __enter__(self) -> PeerProcesses:
         return self

@@ -89,6 +89,4 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
 
 def load_roster(path: str | Path) -> Roster:
     """Read a roster TOML file; a HivemeshError names the file on any problem."""
-    from peer import roster_file
-
     return roster_file.read(path)
