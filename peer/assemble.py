@@ -49,6 +49,11 @@ def neighbour_names(topology: Topology, name: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def tcp_address(address: str) -> str:
+    """A roster or listen address as ZeroMQ wants it ("host:port" gets "tcp://")."""
+    return address if address.startswith("tcp://") else f"tcp://{address}"
+
+
 def next_epoch(data_dir: Path) -> int:
     """Read, increment and durably store this member's boot counter (0 on the first start)."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +117,7 @@ def assemble(config: PeerConfig) -> Parts:
         address = roster.member(other).address
         if not address:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")
-        neighbours[other] = address if address.startswith("tcp://") else f"tcp://{address}"
+        neighbours[other] = tcp_address(address)
     digest = run_id({"roster": roster, **config.shared()})
     epoch = next_epoch(config.data_dir)
     endpoint = Endpoint(identity, roster, digest, epoch)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from typing import Any
 
@@ -51,13 +50,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _num(value: Any, spec: str, unit: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, spec) + unit
-
-
 def render(status: dict[str, Any]) -> str:
+    from peer.statefiles import format_number as _num
     from peer.statefiles import human_bytes
 
     lines = [

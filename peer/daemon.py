@@ -62,7 +62,7 @@ from typing import Any, cast
 
 import torch
 
-from peer.assemble import Parts, assemble
+from peer.assemble import Parts, assemble, tcp_address
 from peer.checkpoint import CheckpointSchedule
 from peer.digests import BufferPool, ThreadDigester
 from peer.peerconfig import PeerConfig, load_peer_config
@@ -190,8 +190,7 @@ class PeerDaemon:
             self.digester.close()
 
     def _listen_address(self) -> str:
-        address = self.config.peer.listen or self.parts.roster.member(self.name).address
-        return address if address.startswith("tcp://") else f"tcp://{address}"
+        return tcp_address(self.config.peer.listen or self.parts.roster.member(self.name).address)
 
     def _curve_keys(self) -> Any:
         if not self.config.peer.curve:

@@ -84,10 +84,11 @@ class StatusWriter:
         print(text, file=sys.stderr, flush=True)
 
 
-def _fmt(value: Any, spec: str) -> str:
+def format_number(value: Any, spec: str, unit: str = "") -> str:
+    """``value`` formatted with ``spec`` and ``unit``; "-" for a missing or non-finite number."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    return format(value, spec)
+    return format(value, spec) + unit
 
 
 def progress_line(status: dict[str, Any]) -> str:
@@ -95,7 +96,8 @@ def progress_line(status: dict[str, Any]) -> str:
     total = len(status.get("neighbours", {}))
     rejected = sum(status.get("rejections", {}).values())
     return (f"{status.get('name')}: {status.get('state')} step {status.get('step')} "
-            f"loss {_fmt(status.get('loss'), '.4f')} acc {_fmt(status.get('accuracy'), '.3f')} "
+            f"loss {format_number(status.get('loss'), '.4f')} "
+            f"acc {format_number(status.get('accuracy'), '.3f')} "
             f"neighbours {up}/{total} sent {human_bytes(status.get('bytes_sent', 0))} "
             f"recv {human_bytes(status.get('bytes_received', 0))} rejected {rejected}")
 
