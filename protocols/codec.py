@@ -72,6 +72,11 @@ def serial_digests(frames: Sequence[Frame]) -> Callable[[], list[bytes]]:
     return lambda: [frame_digest(frame) for frame in held]
 
 
+def fresh_tensor(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The default ``allocate``: a new 1-D tensor."""
+    return torch.empty(numel, dtype=dtype)
+
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
@@ -160,8 +165,7 @@ class Verifier:
     policy: Policy = field(default_factory=Policy)
     # Where a tensor spread over several frames is gathered: (dtype, numel) -> 1-D contiguous tensor.
     # Default torch.empty; a driver may hand out reused buffers (fresh memory page-faults: see the bench).
-    allocate: Callable[[torch.dtype, int], torch.Tensor] = field(default=lambda dtype, numel: fresh_tensor(
-        dtype, numel))
+    allocate: Callable[[torch.dtype, int], torch.Tensor] = fresh_tensor
     # How payload frames are hashed: serially here by default; a driver may hash on threads
     digest: DigestStarter = field(default=serial_digests)
     verified: VerifiedCache = field(default_factory=lambda: VerifiedCache(), compare=False)
@@ -190,11 +194,6 @@ class VerifiedCache:
         if len(self._keys) > self.size:
             del self._keys[next(iter(self._keys))]
         return True
-
-
-def fresh_tensor(dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """The default ``allocate``: a new 1-D tensor."""
-    return torch.empty(numel, dtype=dtype)
 
 
 class _Reject(Exception):
