@@ -17,12 +17,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
+    from peer.daemon import run_peer
 
-    from peer.daemon import PeerDaemon
-    from peer.peerconfig import load_peer_config
-
-    config = load_peer_config(args.config)
-    if args.quiet:
-        config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
-    return PeerDaemon(config).run()
+    return run_peer(args.config, quiet=args.quiet)

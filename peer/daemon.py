@@ -48,6 +48,7 @@ interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -634,10 +635,14 @@ def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
     return max(latency_ms, 0.0)
 
 
-def run_peer(config_path: str) -> int:
-    """Load the config, run the peer, return the exit code (errors as one line on stderr)."""
+def run_peer(config_path: str, *, quiet: bool = False) -> int:
+    """Load the config, run the peer, return the exit code (errors as one line on stderr).
+
+    ``quiet``: no progress line on the console, whatever the config says."""
     try:
         config = load_peer_config(config_path)
+        if quiet:
+            config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)

@@ -39,23 +39,12 @@ def _peer_main(config_path: str, log_path: str, quiet: bool) -> None:
         os.dup2(log.fileno(), 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the process)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    import dataclasses
-
     import torch
 
     torch.set_num_threads(1)
-    from peer.daemon import PeerDaemon
-    from peer.peerconfig import load_peer_config
-    from topology.errors import HivemeshError
+    from peer.daemon import run_peer
 
-    try:
-        config = load_peer_config(config_path)
-        if quiet:
-            config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
-        code = PeerDaemon(config).run()
-    except HivemeshError as error:
-        print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
-        code = 2
+    code = run_peer(config_path, quiet=quiet)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
