@@ -82,7 +82,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
     "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
 }
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 # Every reason decode can give. internal_error is the catch-all that must stay at 0.
 REASONS = (
@@ -216,7 +216,8 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
 
 
-def _split_message(message: Message) -> tuple[dict[str, Any], dict[str, Scalar], Mapping[str, torch.Tensor]]:
+def split_message(message: Message) -> tuple[dict[str, Any], dict[str, Scalar], Mapping[str, torch.Tensor]]:
+    """(scalar fields, meta, tensors) of a message, as the header and payload carry them."""
     scalars: dict[str, Any] = {}
     meta: dict[str, Scalar] = {}
     tensors: Mapping[str, torch.Tensor] = {}
@@ -249,7 +250,7 @@ def encode(
     """
     if type(message) not in MESSAGE_TYPES:
         raise TypeError(f"not a message: {type(message).__name__}")
-    scalars, meta, tensors = _split_message(message)
+    scalars, meta, tensors = split_message(message)
     manifest: list[list[Any]] = []
     payload: list[Frame] = []
     for name, tensor in tensors.items():
@@ -258,12 +259,12 @@ def encode(
             data = data.cpu()
         if not data.is_contiguous():
             data = data.contiguous()
-        if data.dtype not in _DTYPE_NAMES:
+        if data.dtype not in DTYPE_NAMES:
             raise ValueError(f"tensor {name!r}: dtype {data.dtype} cannot be sent; use one of "
                              f"{sorted(DTYPES)}")
         view = _byte_view(data)
         frames = [view[offset:offset + max_frame_bytes] for offset in range(0, view.nbytes, max_frame_bytes)]
-        manifest.append([name, _DTYPE_NAMES[data.dtype], list(data.shape), view.nbytes, len(frames)])
+        manifest.append([name, DTYPE_NAMES[data.dtype], list(data.shape), view.nbytes, len(frames)])
         payload.extend(frames)
     digests = digest(payload)() if payload else []
     if len(digests) != len(payload):

@@ -10,20 +10,16 @@ charge links for messages it does not need to sign.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
-from protocols.codec import DIGEST_BYTES, DTYPES, MAX_FRAME_BYTES
+from protocols.codec import DIGEST_BYTES, DTYPE_NAMES, KEY_BYTES, MAX_FRAME_BYTES, split_message
 from protocols.compress.base import Compressed
 from protocols.identity import SIGNATURE_BYTES
 from protocols.messages import PROTOCOL_VERSION, Message
 from protocols.wire import Endpoint
-
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-_KEY_BYTES = 32
 
 
 def message_bytes(
@@ -33,7 +29,7 @@ def message_bytes(
     run_id_bytes: int = 32,
     epoch: int = 1,
     seq: int = 0,
-    sender_key: bytes = b"\x00" * _KEY_BYTES,
+    sender_key: bytes = b"\x00" * KEY_BYTES,
     max_frame_bytes: int = MAX_FRAME_BYTES,
 ) -> int:
     """Header + payload frames + signature of ``message`` as ``codec.encode`` lays it out.
@@ -41,28 +37,18 @@ def message_bytes(
     ``epoch`` and ``seq`` matter by their msgpack width only (1 byte below 128,
     then 3, 5, 9); the keys and run id by their length only.
     """
-    scalars: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
-    tensors: dict[str, Any] = {}
-    for item in dataclasses.fields(message):
-        value = getattr(message, item.name)
-        if item.name == "tensors":
-            tensors = dict(value)
-        elif item.name == "meta":
-            meta = dict(value)
-        else:
-            scalars[item.name] = value
+    scalars, meta, tensors = split_message(message)
     manifest: list[list[Any]] = []
     payload = frames = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
         count = -(-nbytes // max_frame_bytes)
-        manifest.append([name, _DTYPE_NAMES[tensor.dtype], list(tensor.shape), nbytes, count])
+        manifest.append([name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), nbytes, count])
         payload += nbytes
         frames += count
     header = msgpack.packb({
         "v": PROTOCOL_VERSION, "k": message.KIND, "s": sender_key,
-        "r": [b"\x00" * _KEY_BYTES] * recipients, "run": b"\x00" * run_id_bytes, "e": epoch, "q": seq,
+        "r": [b"\x00" * KEY_BYTES] * recipients, "run": b"\x00" * run_id_bytes, "e": epoch, "q": seq,
         "f": scalars, "m": meta, "t": manifest, "d": [b"\x00" * DIGEST_BYTES] * frames,
     }, use_bin_type=True)
     return len(header) + payload + SIGNATURE_BYTES
