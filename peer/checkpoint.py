@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,15 +248,6 @@ def _read_verified(path: Path, expected: Mapping[str, Any]) -> bytes:
     return data
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Verify and load one checkpoint directory; raises CheckpointError saying what is wrong."""
-    path = Path(path)
-    try:
-        return _read(path)
-    except _Invalid as error:
-        raise CheckpointError(f"{path}: {error}") from None
-
-
 def _read(path: Path) -> Checkpoint:
     try:
         manifest = json.loads((path / MANIFEST_FILE).read_bytes())
@@ -302,9 +293,7 @@ def load_latest(directory: str | Path) -> Checkpoint | None:
             log.warning("checkpoint %s is unusable (%s); trying the previous one", path, error)
             skipped.append((path, str(error)))
             continue
-        return Checkpoint(step=checkpoint.step, path=path, trainer_state=checkpoint.trainer_state,
-                          protocol_state=checkpoint.protocol_state, extra=checkpoint.extra,
-                          skipped=tuple(skipped))
+        return replace(checkpoint, skipped=tuple(skipped))
     if skipped:
         reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)
         raise CheckpointError(f"no usable checkpoint in {directory}: {reasons}")
