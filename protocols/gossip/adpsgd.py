@@ -42,8 +42,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.gossip.base import MachineBase
-from protocols.gossip.rounds import Phase
+from protocols.gossip.base import MachineBase, Phase
 from protocols.messages import ErrorReply, ParamPush
 from protocols.rng import derive_seed
 
@@ -62,14 +61,6 @@ class ADPSGD(MachineBase):
         super().__init__(*args, **kwargs)
         if self.topology.directed:
             raise ValueError("algorithm 'adpsgd' averages pairs both ways: it needs an undirected graph")
-        self.phase = Phase.IDLE
-        self.round = 0  # iterations started
-        self.round_steps = 0
-        self.training_over = False
-        self.final_done = 0
-        self.start_s: float | None = None
-        self.timer_set = False
-        self.down: set[str] = set()
         self.public: torch.Tensor | None = None  # while WORKING: our value for pairwise averages
         self.correction: torch.Tensor | None = None  # while WORKING: averages to apply at WorkDone
         self.request: tuple[str, int] | None = None  # (partner, iteration) awaiting a reply
@@ -80,10 +71,7 @@ class ADPSGD(MachineBase):
         """Continue as a member that adopted a neighbour's parameters (state sync); feed Start next."""
         if round_index < 0 or steps_done < 0:
             raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
-        self.phase = Phase.IDLE
-        self.round, self.steps_done, self.round_steps = round_index, steps_done, 0
-        self.training_over, self.final_done, self.start_s, self.timer_set = False, 0, None, False
-        self.down = set()
+        self._reset_schedule(round_index, steps_done)
         self.public, self.correction, self.request, self.sent = None, None, None, None
         if self.outer is not None:
             self.outer.rebase(self.params, steps_done)
@@ -168,19 +156,10 @@ class ADPSGD(MachineBase):
         return candidates[derive_seed(self.seed, self.name, k, "adpsgd-partner") % len(candidates)]
 
     def _begin(self, now: float) -> list[Action]:
-        if self.steps_done >= self.config.total_steps or (
-                self.config.duration_s > 0 and self.start_s is not None
-                and now - self.start_s >= self.config.duration_s):
-            self.training_over = True
         partner = self._partner(self.round)
-        if self.training_over:
-            if self.final_done >= self.config.final_gossip_rounds or partner is None:
-                self.phase = Phase.FINISHED  # (nobody left to average with: no point going on)
-                return [Finished()]
-            self.final_done += 1
-            self.round_steps = 0
-        else:
-            self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
+        # (once training is over with nobody left to average with: no point going on)
+        if not self._schedule_round(now, can_gossip=partner is not None):
+            return [Finished()]
         actions: list[Action] = []
         if partner is not None:
             tensors, meta, self.sent = self.payload.encode(self.params, self.round)
@@ -276,14 +255,6 @@ class ADPSGD(MachineBase):
             if value is not None:
                 tensors[f"adpsgd/{key}"] = value.clone()
         meta.update({
-            "phase": self.phase.value,
-            "round": self.round,
-            "round_steps": self.round_steps,
-            "training_over": self.training_over,
-            "final_done": self.final_done,
-            "start_s": self.start_s,
-            "timer_set": self.timer_set,
-            "down": sorted(self.down),
             "request": None if self.request is None else list(self.request),
             "own_step_norm": self.own_step_norm,
         })
@@ -291,17 +262,8 @@ class ADPSGD(MachineBase):
 
     def restore_state(self, state: ProtocolState) -> None:
         tensors, meta = self._restore_common(state)
-
         self.public, self.correction, self.sent = (self._own_copy(tensors.get(f"adpsgd/{key}"))
                                                    for key in ("public", "correction", "sent"))
-        self.phase = Phase(meta["phase"])
-        self.round = int(meta["round"])
-        self.round_steps = int(meta["round_steps"])
-        self.training_over = bool(meta["training_over"])
-        self.final_done = int(meta["final_done"])
-        self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
-        self.timer_set = bool(meta["timer_set"])
-        self.down = set(meta["down"])
         request = meta["request"]
         self.request = None if request is None else (str(request[0]), int(request[1]))
         self.own_step_norm = float(meta["own_step_norm"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any, Protocol
 
 import torch
@@ -37,6 +38,13 @@ class GraphView(Protocol):
     def self_weight(self, name: str, t: int) -> float: ...
 
 
+class Phase(Enum):
+    IDLE = "idle"  # before Start
+    WORKING = "working"  # StartWork issued: the parameters belong to the trainer until WorkDone
+    WAITING = "waiting"  # work done, waiting for neighbours (a deadline timer is set)
+    FINISHED = "finished"
+
+
 class MachineBase:
     """Shared plumbing; subclasses implement ``_dispatch`` and their own state."""
 
@@ -57,7 +65,19 @@ class MachineBase:
         self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
                                     every=config.outer_every) if config.outer == "diloco" else None)
         self.counters: Counter[str] = Counter()
-        self.steps_done = 0
+        self._reset_schedule(0, 0)
+
+    def _reset_schedule(self, round_index: int, steps_done: int) -> None:
+        """The round schedule at the start of ``round_index`` (IDLE, before Start)."""
+        self.phase = Phase.IDLE
+        self.round = round_index
+        self.steps_done = steps_done
+        self.round_steps = 0  # local steps of the current round (0 in a gossip-only round)
+        self.training_over = False
+        self.final_done = 0  # gossip-only rounds started
+        self.start_s: float | None = None
+        self.timer_set = False
+        self.down: set[str] = set()  # NeighbourDown: not waited for until NeighbourUp
 
     # ------------------------------------------------------------ events
 
@@ -94,6 +114,29 @@ class MachineBase:
         """
         config = self.config
         return -(-config.total_steps // config.local_steps) + config.final_gossip_rounds - 1
+
+    # ------------------------------------------------------------ schedule
+
+    def _time_up(self, now: float) -> bool:
+        limit = self.config.duration_s
+        return limit > 0 and self.start_s is not None and now - self.start_s >= limit
+
+    def _schedule_round(self, now: float, *, can_gossip: bool = True) -> bool:
+        """Set ``round_steps`` for the round starting now: local steps while training lasts
+        (``total_steps`` or ``duration_s``), then ``final_gossip_rounds`` gossip-only rounds.
+        False (phase FINISHED) when those are done, or at once when ``can_gossip`` is False."""
+        config = self.config
+        if self.steps_done >= config.total_steps or self._time_up(now):
+            self.training_over = True
+        if self.training_over:
+            if self.final_done >= config.final_gossip_rounds or not can_gossip:
+                self.phase = Phase.FINISHED
+                return False
+            self.final_done += 1
+            self.round_steps = 0
+        else:
+            self.round_steps = min(config.local_steps, config.total_steps - self.steps_done)
+        return True
 
     # ------------------------------------------------------------ helpers
 
@@ -132,6 +175,14 @@ class MachineBase:
             "steps_done": self.steps_done,
             "counters": dict(sorted(self.counters.items())),
             "norm_history": self.filter.export(),
+            "phase": self.phase.value,
+            "round": self.round,
+            "round_steps": self.round_steps,
+            "training_over": self.training_over,
+            "final_done": self.final_done,
+            "start_s": self.start_s,
+            "timer_set": self.timer_set,
+            "down": sorted(self.down),
         }
         if self.outer is not None:
             outer_tensors, outer_meta = self.outer.export()
@@ -148,6 +199,14 @@ class MachineBase:
         self.steps_done = int(meta["steps_done"])
         self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
         self.filter.restore(meta["norm_history"])
+        self.phase = Phase(meta["phase"])
+        self.round = int(meta["round"])
+        self.round_steps = int(meta["round_steps"])
+        self.training_over = bool(meta["training_over"])
+        self.final_done = int(meta["final_done"])
+        self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
+        self.timer_set = bool(meta["timer_set"])
+        self.down = set(meta["down"])
         if self.outer is not None:
             self.outer.restore(dict(tensors), meta)
         prefix = "compressor/"

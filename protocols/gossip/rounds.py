@@ -75,7 +75,6 @@ not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
 from __future__ import annotations
 
 import math
-from enum import Enum
 from typing import Any
 
 import torch
@@ -98,17 +97,9 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.gossip.base import MachineBase, export_messages, restore_messages
+from protocols.gossip.base import MachineBase, Phase, export_messages, restore_messages
 from protocols.messages import ParamPush
 from topology.errors import HivemeshError
-
-
-class Phase(Enum):
-    IDLE = "idle"  # before Start
-    WORKING = "working"  # StartWork issued: the parameters belong to the trainer until WorkDone
-    WAITING = "waiting"  # work done, waiting for neighbours (a deadline timer is set)
-    FINISHED = "finished"
-
 
 Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
 
@@ -123,14 +114,6 @@ class RoundMachine(MachineBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.phase = Phase.IDLE
-        self.round = 0
-        self.round_steps = 0  # local steps of the current round (0 in a gossip-only round)
-        self.training_over = False
-        self.final_done = 0  # gossip-only rounds started
-        self.start_s: float | None = None
-        self.timer_set = False
-        self.down: set[str] = set()  # NeighbourDown: not waited for until NeighbourUp
         self.laggards: set[str] = set()  # missed a deadline: not waited for until they catch up
         self.caught_up: set[str] = set()  # laggards heard from at most one round behind us
         self.inbox: dict[int, dict[str, ParamPush]] = {}
@@ -184,15 +167,8 @@ class RoundMachine(MachineBase):
                                 "restart the run, or use dpsgd, local, pushsum or adpsgd")
         if round_index < 0 or steps_done < 0:
             raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
-        self.phase = Phase.IDLE
-        self.round = round_index
-        self.steps_done = steps_done
-        self.round_steps = 0
-        self.training_over = False
-        self.final_done = 0
-        self.start_s = None
-        self.timer_set = False
-        self.down, self.laggards, self.caught_up = set(), set(), set()
+        self._reset_schedule(round_index, steps_done)
+        self.laggards, self.caught_up = set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
         self.catch_up = 0
         self.anchor, self.step_norm = None, 0.0
@@ -244,23 +220,11 @@ class RoundMachine(MachineBase):
                 self.timer_set = False  # the old driver's timers died with it
                 return self._settle(now, list(self.last_sends))
 
-    def _time_up(self, now: float) -> bool:
-        limit = self.config.duration_s
-        return limit > 0 and self.start_s is not None and now - self.start_s >= limit
-
     def _begin_round(self, now: float) -> list[Action]:
         if self.catch_up > self.round:
             self._skip_rounds(now)
-        if self.steps_done >= self.config.total_steps or self._time_up(now):
-            self.training_over = True
-        if self.training_over:
-            if self.final_done >= self.config.final_gossip_rounds:
-                self.phase = Phase.FINISHED
-                return [Finished()]
-            self.final_done += 1
-            self.round_steps = 0
-        else:
-            self.round_steps = min(self.config.local_steps, self.config.total_steps - self.steps_done)
+        if not self._schedule_round(now):
+            return [Finished()]
         if self.after and self.round_steps:
             self.last_sends = []  # sent on WorkDone, from the post-step parameters
             if self.config.norm_multiple > 0:
@@ -445,14 +409,6 @@ class RoundMachine(MachineBase):
         tensors, meta = self._export_common()
         inbox = [(j, m) for r in sorted(self.inbox) for j, m in sorted(self.inbox[r].items())]
         meta.update({
-            "phase": self.phase.value,
-            "round": self.round,
-            "round_steps": self.round_steps,
-            "training_over": self.training_over,
-            "final_done": self.final_done,
-            "start_s": self.start_s,
-            "timer_set": self.timer_set,
-            "down": sorted(self.down),
             "laggards": sorted(self.laggards),
             "caught_up": sorted(self.caught_up),
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
@@ -473,14 +429,6 @@ class RoundMachine(MachineBase):
 
     def restore_state(self, state: ProtocolState) -> None:
         tensors, meta = self._restore_common(state)
-        self.phase = Phase(meta["phase"])
-        self.round = int(meta["round"])
-        self.round_steps = int(meta["round_steps"])
-        self.training_over = bool(meta["training_over"])
-        self.final_done = int(meta["final_done"])
-        self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
-        self.timer_set = bool(meta["timer_set"])
-        self.down = set(meta["down"])
         self.laggards = set(meta["laggards"])
         self.caught_up = set(meta["caught_up"])
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
