@@ -42,14 +42,6 @@ class Engine:
         """Make :meth:`run` return after the event being processed."""
         self._stopped = True
 
-    @property
-    def pending(self) -> int:
-        return len(self._heap)
-
-    def next_time_s(self) -> float | None:
-        """When the next event falls, or None if the queue is empty."""
-        return self._heap[0][0] if self._heap else None
-
     def run(self, until_s: float = math.inf) -> float:
         """Process events in time order up to and including ``until_s``; return the clock.
 

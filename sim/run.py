@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from sim.scenario import ScenarioConfig, load_scenario
+from sim.scenario import ScenarioConfig
 from sim.world import Progress, ScenarioResult, build_world, trainer_config
 from topology.errors import HivemeshError
 
@@ -38,7 +37,3 @@ def run_scenario(scenario: ScenarioConfig, progress: Progress | None = None) -> 
         error.add_note(note)
         print(f"hivemesh sim: {note}", file=sys.stderr)
         raise
-
-
-def run_file(path: str | Path, progress: Progress | None = None) -> ScenarioResult:
-    return run_scenario(load_scenario(path), progress)
