@@ -88,7 +88,7 @@ from protocols.events import (
 from protocols.gossip.base import MachineBase
 from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
-from protocols.wire import Opened
+from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
 SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
@@ -409,7 +409,7 @@ class PeerDaemon:
     def _send(self, action: Send) -> None:
         assert self.transport is not None
         frames = self.endpoint.seal(action.recipients, action.message)
-        size = sum(memoryview(f).nbytes for f in frames)
+        size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
             if recipient not in self.neighbours:
