@@ -48,13 +48,11 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
 
 def run(args: argparse.Namespace) -> int:
     from peer.netinit import create_network
-    from topology import build
+    from topology import build, default_names
 
     network = default_network(topology=args.topology, task=args.task, algorithm=args.algorithm,
                               compression=args.compression, steps=args.steps, seed=args.seed,
                               partition=args.partition, alpha=args.alpha)
-    from topology import default_names
-
     build(args.topology, default_names(args.peers), seed=args.seed)   # a bad spec fails before any file
     files = create_network(args.out, peers=args.peers, network=network, host=args.host,
                            base_port=args.base_port, peer_options={"curve": True} if args.curve else None)
