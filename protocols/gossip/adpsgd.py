@@ -110,10 +110,7 @@ class ADPSGD(MachineBase):
                     self.counters["stale_message"] += 1
                     return []
                 self.counters["refused_exchange"] += 1
-                self.request, self.sent = None, None
-                if self.phase is Phase.WAITING:
-                    return self._cancel_timer() + self._end_iteration(now)
-                return []
+                return self._close_request(now)
             case Received():
                 self.counters["unexpected_message"] += 1
                 return []
@@ -121,8 +118,7 @@ class ADPSGD(MachineBase):
                 if self.phase is Phase.WAITING and key == self._timer_key():
                     self.timer_set = False
                     self.counters["missed_deadline"] += 1
-                    self.request, self.sent = None, None
-                    return self._end_iteration(now)
+                    return self._close_request(now)
                 return []
             case NeighbourDown(name=who):
                 self.down.add(who)
@@ -138,6 +134,11 @@ class ADPSGD(MachineBase):
         if self.request is None:
             return []
         self.counters["missed_deadline"] += 1
+        return self._close_request(now)
+
+    def _close_request(self, now: float) -> list[Action]:
+        """The outstanding exchange is over (answered, refused or given up): the iteration
+        ends now if the local work is done, else at WorkDone."""
         self.request, self.sent = None, None
         if self.phase is Phase.WAITING:
             return self._cancel_timer() + self._end_iteration(now)
@@ -242,10 +243,7 @@ class ADPSGD(MachineBase):
         theirs = self._screened(sender, message, self.sent)
         if theirs is not None:
             self._apply_half(theirs, self.sent)
-        self.request, self.sent = None, None
-        if self.phase is Phase.WAITING:
-            return self._cancel_timer() + self._end_iteration(now)
-        return []
+        return self._close_request(now)
 
     # ------------------------------------------------------------ checkpoints
 
