@@ -166,21 +166,19 @@ class BaselineRun:
 
 def average_models(trainers: list[Trainer]) -> None:
     """Exact average of the members' parameters (and averaged buffers), summed in the given order."""
-    params = [t.flat_params for t in trainers]
-    mean = torch.zeros_like(params[0])
-    for p in params:
-        mean.add_(p)
-    mean.div_(len(params))
-    for p in params:
-        p.copy_(mean)
+    _average_in_place([t.flat_params for t in trainers])
     if trainers[0].average_buffers and trainers[0].flat_buffers.numel():
-        buffers = [t.flat_buffers for t in trainers]
-        mean_b = torch.zeros_like(buffers[0])
-        for b in buffers:
-            mean_b.add_(b)
-        mean_b.div_(len(buffers))
-        for b in buffers:
-            b.copy_(mean_b)
+        _average_in_place([t.flat_buffers for t in trainers])
+
+
+def _average_in_place(tensors: list[torch.Tensor]) -> None:
+    """Each of ``tensors`` becomes their mean (summed in the given order)."""
+    mean = torch.zeros_like(tensors[0])
+    for tensor in tensors:
+        mean.add_(tensor)
+    mean.div_(len(tensors))
+    for tensor in tensors:
+        tensor.copy_(mean)
 
 
 def run_baseline(world: World, progress: Progress | None = None) -> ScenarioResult:
