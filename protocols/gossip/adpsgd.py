@@ -218,8 +218,7 @@ class ADPSGD(MachineBase):
         try:
             theirs = self.payload.decode(message.tensors, message.meta)
         except BadParts as error:
-            self.counters["rejected_update"] += 1
-            self.counters[f"rejected_{error.reason}"] += 1
+            self._reject(error.reason)
             return None
         norm = self._distance(theirs, mine)
         return theirs if self._screen([norm], self.own_step_norm)[0] else None

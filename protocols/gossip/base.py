@@ -156,6 +156,11 @@ class MachineBase:
         if n:
             self.counters[key] += n
 
+    def _reject(self, reason: str) -> None:
+        """An update refused before the filter's screen (malformed, non-finite...)."""
+        self.counters["rejected_update"] += 1
+        self.counters[f"rejected_{reason}"] += 1
+
     def _screen(self, norms: Sequence[float], own_norm: float) -> list[bool]:
         verdict = self.filter.screen(norms, own_norm)
         self._count("rejected_update", verdict.count(False))

@@ -325,8 +325,7 @@ class RoundMachine(MachineBase):
         if not all(not isinstance(v, float) or math.isfinite(v) for v in message.meta.values()):
             # no operator sends a non-finite scalar, and a buffered one would make the checkpoint
             # (strict JSON) fail: refused on arrival, as decoding would refuse it at the mix
-            self.counters["rejected_update"] += 1
-            self.counters["rejected_nonfinite_meta"] += 1
+            self._reject("nonfinite_meta")
             return []
         if sender in self.laggards and r >= self.round - 1:
             self.caught_up.add(sender)  # waited for again from the next round on
@@ -386,8 +385,7 @@ class RoundMachine(MachineBase):
             try:
                 payload, norm = self._decode(sender, message)
             except BadParts as error:
-                self.counters["rejected_update"] += 1
-                self.counters[f"rejected_{error.reason}"] += 1
+                self._reject(error.reason)
                 continue
             decoded.append((sender, r, payload))
             norms.append(norm)
