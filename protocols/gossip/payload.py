@@ -73,10 +73,9 @@ class Payload:
                 raise BadParts("wrong_length", f"{tuple(x.shape)}, expected ({self.numel},)")
             if not x.is_floating_point():
                 raise BadParts("wrong_dtype", str(x.dtype))
-            x = x.to(device=self.device, dtype=self.dtype)
         else:
             x = self._compressor.decompress(unpack(tensors, meta, PREFIX, self.numel))
-            x = x.to(device=self.device, dtype=self.dtype)
+        x = x.to(device=self.device, dtype=self.dtype)
         if not bool(torch.isfinite(x).all()):
             raise BadParts("nonfinite", "NaN or Inf in a received vector")
         return x
