@@ -1,5 +1,6 @@
-"""What every gossip machine shares: counters reported as metrics, the insider filter,
-the optional outer optimiser, buffered messages in checkpoints, and the Topology it reads.
+"""What every gossip machine shares: the round schedule (training rounds, then the final
+gossip rounds), counters reported as metrics, the insider filter, the optional outer
+optimiser, buffered messages in checkpoints, and the Topology it reads.
 """
 
 from __future__ import annotations
