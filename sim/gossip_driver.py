@@ -72,7 +72,8 @@ from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest, StateSyncResponse
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
-from sim.node import churn_events, flip_signature, sim_identity, tamper, uniform, work_seconds
+from sim.network import uniform
+from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
 from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
 from topology.errors import HivemeshError

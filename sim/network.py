@@ -181,9 +181,9 @@ class Network:
         spec = link.spec
         jitter_s = 0.0
         if spec.jitter_ms > 0:
-            jitter_s = spec.jitter_ms / 1000.0 * _uniform(self.seed, f"{src}->{dst}", index, "jitter")
+            jitter_s = spec.jitter_ms / 1000.0 * uniform(self.seed, f"{src}->{dst}", index, "jitter")
         arrival_s = link.send(nbytes, now_s, jitter_s)
-        if spec.loss > 0 and _uniform(self.seed, f"{src}->{dst}", index, "loss") < spec.loss:
+        if spec.loss > 0 and uniform(self.seed, f"{src}->{dst}", index, "loss") < spec.loss:
             self.dropped["lost"] += 1
             return Transfer(None, "lost")
         return Transfer(arrival_s)
@@ -194,6 +194,6 @@ class Network:
                 for (src, dst), link in sorted(self._links.items())]
 
 
-def _uniform(seed: int, link: str, index: int, purpose: str) -> float:
-    """A uniform draw in [0, 1) keyed by (seed, link, message index, purpose)."""
-    return derive_seed(seed, link, index, purpose) / _TWO_63
+def uniform(seed: int, name: str, index: int, purpose: str) -> float:
+    """A counter-based uniform draw in [0, 1) keyed by (seed, name (a member or a link), index, purpose)."""
+    return derive_seed(seed, name, index, purpose) / _TWO_63

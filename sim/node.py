@@ -19,15 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocols.identity import Identity
 from protocols.messages import Message
-from protocols.rng import derive_seed, torch_generator
+from protocols.rng import torch_generator
+from sim.network import uniform
 from sim.scenario import AttackConfig, ChurnEvent, ScenarioConfig
-
-_TWO_63 = float(2**63)
-
-
-def uniform(seed: int, name: str, index: int, purpose: str) -> float:
-    """A counter-based uniform draw in [0, 1)."""
-    return derive_seed(seed, name, index, purpose) / _TWO_63
 
 
 def work_seconds(scenario: ScenarioConfig, speed: float, name: str, work_index: int, steps: int) -> float:
