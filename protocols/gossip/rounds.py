@@ -252,11 +252,14 @@ class RoundMachine(MachineBase):
     def _drop_far_rounds(self, horizon: int) -> None:
         """Buffered rounds beyond ``horizon``: late messages (KEEPS_LATE) or dropped."""
         for later in [k for k in self.inbox if k > horizon]:
-            dropped = self.inbox.pop(later)
-            if self.KEEPS_LATE:
-                self.late += sorted(dropped.items())
-            else:
-                self._count("dropped_future", len(dropped))
+            self._retire(self.inbox.pop(later), "dropped_future")
+
+    def _retire(self, box: dict[str, ParamPush], counter: str) -> None:
+        """A buffered round that will never be mixed as such: late messages (KEEPS_LATE), else counted."""
+        if self.KEEPS_LATE:
+            self.late += sorted(box.items())
+        else:
+            self._count(counter, len(box))
 
     def _skip_rounds(self, now: float) -> None:
         """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above).
@@ -271,11 +274,7 @@ class RoundMachine(MachineBase):
         skipped = min(gap, 0 if over else -(-steps_left // config.local_steps))
         steps = min(skipped * config.local_steps, steps_left)
         for r in sorted(k for k in self.inbox if k < self.round + skipped):
-            box = self.inbox.pop(r)
-            if self.KEEPS_LATE:
-                self.late += sorted(box.items())
-            else:
-                self._count("stale_message", len(box))
+            self._retire(self.inbox.pop(r), "stale_message")
         self.steps_done += steps
         self.round += skipped
         if skipped < gap:  # training ends on the way: the final gossip rounds are never skipped
