@@ -16,7 +16,6 @@ if a check fails, 2 without CUDA.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -72,7 +71,7 @@ def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str
     x = torch.full((numel,), float(1 + 2 * index), device=device)
     staged = torch.empty(numel, pin_memory=device == "cuda")      # what Trainer.host_params stages into
     received = torch.empty(numel, pin_memory=device == "cuda")
-    seal, open_ = _signed_codec(me, other, names, received, staged)
+    seal, open_ = _signed_codec(me, other, names, lambda dtype, numel: received, staged)
     tokens: set[bytes] = set()
     times = []
     with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
@@ -104,20 +103,13 @@ def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str
 
 
 def time_exchange(numel: int, repeat: int, device: str) -> float:
-    from peer.launch import context
+    """Median over ``repeat`` exchanges of the slower side's time (bench_exchange.run_pair)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_exchange import run_pair
+
     from peer.transport import free_tcp_addresses
 
-    ctx = context()
-    results: Queue = ctx.Queue()
-    addresses = free_tcp_addresses(2)
-    processes = [ctx.Process(target=_side, args=(i, addresses, numel, repeat, device, results))
-                 for i in range(2)]
-    for process in processes:
-        process.start()
-    collected = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join(30)
-    return statistics.median(max(a, b) for a, b in zip(collected[0], collected[1], strict=True))
+    return run_pair(_side, free_tcp_addresses(2), numel, repeat, device)
 
 
 def main() -> int:
