@@ -14,13 +14,14 @@ roster and the [network] table are the same everywhere.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from peer import roster_file, tomlout
-from peer.transport import free_tcp_addresses
+from peer.transport import free_tcp_addresses, listener_address, reserve_listeners
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
 from topology import default_names
@@ -33,16 +34,22 @@ class NetworkFiles:
     roster: Path
     configs: dict[str, Path]   # member name -> its config file
     keys: dict[str, Path]
+    # member name -> a socket bound to its address, when the ports were reserved (``reserve=True``):
+    # hand them to peer.launch.PeerProcesses, which passes each to its peer
+    listeners: dict[str, socket.socket] = field(default_factory=dict)
 
 
 def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                    names: Sequence[str] | None = None, host: str = "127.0.0.1", base_port: int = 0,
                    peer_options: Mapping[str, Any] | None = None,
-                   sections: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
+                   sections: Mapping[str, Mapping[str, Any]] | None = None,
+                   reserve: bool = False) -> NetworkFiles:
     """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
 
     ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
-    ``base_port`` 0 asks the operating system for free ports on ``host``.
+    ``base_port`` 0 asks the operating system for free ports on ``host``; with ``reserve`` the ports
+    stay bound (``NetworkFiles.listeners``) for peers started here at once (demo, tests), otherwise
+    they are only written down (``hivemesh init``: the peers start later, elsewhere).
     ``peer_options`` are extra [peer] keys for every peer; ``sections`` extra tables
     (e.g. {"checkpoint": {"every_steps": 20}}).
     """
@@ -54,10 +61,14 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     member_names = tuple(names) if names is not None else default_names(peers)
     if len(member_names) != peers:
         raise HivemeshError(f"{peers} peers but {len(member_names)} names")
+    listeners: list[socket.socket] = []
     if base_port:
         if not 1 <= base_port <= 65535 - peers:
             raise HivemeshError(f"--base-port {base_port} leaves no room for {peers} ports")
         addresses = [f"tcp://{host}:{base_port + i}" for i in range(peers)]
+    elif reserve:
+        listeners = reserve_listeners(peers, host)
+        addresses = [listener_address(listener) for listener in listeners]
     else:
         addresses = free_tcp_addresses(peers, host)
     (out / "keys").mkdir(parents=True, exist_ok=True)
@@ -84,7 +95,8 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
         configs[name] = out / f"{name}.toml"
         configs[name].write_text(f"# hivemesh peer config for {name}: hivemesh peer --config {name}.toml\n"
                                  + tomlout.dumps(table))
-    return NetworkFiles(out=out, roster=roster_path, configs=configs, keys=keys)
+    return NetworkFiles(out=out, roster=roster_path, configs=configs, keys=keys,
+                        listeners=dict(zip(member_names, listeners, strict=False)))
 
 
 def load_roster(path: str | Path) -> Roster:

@@ -19,12 +19,19 @@ a tensor in place (the torn-model trap in shared/ANCHORS.md). A send still
 pending after its timeout is abandoned by closing that neighbour's socket
 without lingering, which releases its frames.
 
+Addresses for tests and local launches: ``reserve_listeners`` binds port 0
+and keeps the listening socket; a Transport adopts it through ZeroMQ's
+``USE_FD`` (``listen_fd``), so no other process can take the port between the
+moment it is written into a roster and the moment a peer listens on it.
+
 This is the only module that touches sockets; it knows nothing about
 messages, keys or algorithms.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -94,7 +101,9 @@ class Transport:
 
     def __init__(self, *, listen: str, neighbours: Mapping[str, str],
                  config: TransportConfig | None = None, curve: CurveKeys | None = None,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, listen_fd: int | None = None) -> None:
+        """``listen_fd``: a TCP socket already bound to ``listen`` and listening (see
+        ``reserve_listeners``); the transport owns that descriptor from then on."""
         self.config = config or TransportConfig()
         self._context = context or zmq.Context()
         self._own_context = context is None
@@ -116,10 +125,14 @@ class Transport:
             self._inbox.curve_server = True
             self._inbox.curve_secretkey = curve.secret_key
             self._inbox.curve_publickey = curve.public_key
+        if listen_fd is not None:
+            self._inbox.setsockopt(zmq.USE_FD, listen_fd)
         try:
             self._inbox.bind(listen)
         except zmq.ZMQError as error:
             self._inbox.close(linger=0)
+            if listen_fd is not None:
+                os.close(listen_fd)
             raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
         self.listen = listen
         self._poller = zmq.Poller()
@@ -276,10 +289,39 @@ def _start_authenticator(context: zmq.Context, allowed: frozenset[bytes]) -> obj
     return authenticator
 
 
-def free_tcp_addresses(count: int, host: str = "127.0.0.1") -> list[str]:
-    """``count`` distinct ``tcp://host:port`` addresses whose ports were free a moment ago."""
-    import socket
+def reserve_listeners(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
+    """``count`` TCP sockets bound to free ports of ``host`` (port 0) and listening.
 
+    The caller keeps them for as long as the addresses are in use and hands each to the process
+    that serves it (a Transport's ``listen_fd``; ``peer.launch.PeerProcesses`` passes them to its
+    children). Connections that arrive while no process serves a port wait in its backlog.
+    """
+    listeners = []
+    try:
+        for _ in range(count):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listeners.append(listener)
+            listener.bind((host, 0))
+            listener.listen(128)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
+
+
+def listener_address(listener: socket.socket) -> str:
+    """The ``tcp://host:port`` address a listening socket is bound to."""
+    host, port = listener.getsockname()[:2]
+    return f"tcp://{host}:{port}"
+
+
+def free_tcp_addresses(count: int, host: str = "127.0.0.1") -> list[str]:
+    """``count`` distinct ``tcp://host:port`` addresses whose ports were free a moment ago.
+
+    Only for addresses written down for later (``hivemesh init``): another process may take a port
+    before a peer binds it. Whatever starts the peers at once uses ``reserve_listeners``.
+    """
     holders = []
     try:
         for _ in range(count):
