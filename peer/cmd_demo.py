@@ -55,14 +55,14 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
     network = default_network(topology=args.topology, task=args.task, algorithm=args.algorithm,
                               compression=args.compression, steps=args.steps, seed=args.seed)
     files = create_network(out, peers=args.peers, network=network,
-                           peer_options={"progress": False, "eval_every_steps": 50})
+                           peer_options={"progress": False, "eval_every_steps": 50}, reserve=True)
     print(f"hivemesh demo: {args.peers} peers on 127.0.0.1, topology {args.topology}, {args.algorithm}"
           f"{'' if args.compression == 'identity' else ' + ' + args.compression}, task {args.task}, "
           f"Dirichlet(0.5) shards, {args.steps} steps each; every message signed (Ed25519) and verified")
     print(f"  network files in {out} (hivemesh init writes the same: keys, roster.toml, one config per peer)")
     print("  starting the peer processes (forked from a server that has imported torch once) ...", flush=True)
     started = time.monotonic()
-    with PeerProcesses(files.configs) as processes:
+    with PeerProcesses(files.configs, listeners=files.listeners) as processes:
         try:
             processes.start_all()
             _watch(processes, files.configs, started)

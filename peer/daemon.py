@@ -42,6 +42,9 @@ or catches up after a state sync, older ones are stale), and none from
 non-neighbours; a neighbour's state-sync requests are answered at most once
 per ``sync_answer_interval_s``. Each refusal is counted by reason in the
 status's ``rejections`` (with the wire's own).
+Test hooks (peer/testhooks.py) hold, kill or stop the peer when its trainer
+reaches a given step, so process tests place faults on progress, not time.
+
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 """
@@ -68,6 +71,7 @@ from peer.checkpoint import CheckpointSchedule
 from peer.digests import BufferPool, ThreadDigester
 from peer.peerconfig import PeerConfig, load_peer_config
 from peer.statefiles import CheckpointStore, StatusWriter
+from peer.testhooks import Hook, Hooks, hooks_from_environment
 from peer.transport import Transport, TransportError
 from protocols.events import (
     Action,
@@ -116,12 +120,16 @@ class Counters:
     unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
+    neighbour_down: Counter[str] = field(default_factory=Counter)   # times each was reported down
 
 
 class PeerDaemon:
     """One running peer. ``run()`` returns the process exit code."""
 
-    def __init__(self, config: PeerConfig, *, parts: Parts | None = None) -> None:
+    def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
+                 hooks: Sequence[Hook] = ()) -> None:
+        """``listen_fd``: a listening socket already bound to this peer's address (peer.launch);
+        ``hooks``: test hooks (peer.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -138,6 +146,8 @@ class PeerDaemon:
         self.schedule = CheckpointSchedule(config.checkpoint)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress)
         self.transport: Transport | None = None
+        self._listen_fd = listen_fd
+        self.hooks = Hooks(hooks)
         self.neighbours = {name: NeighbourInfo() for name in self.parts.neighbours}
         self.counters = Counters()
         self._t0 = time.monotonic()
@@ -174,7 +184,8 @@ class PeerDaemon:
         resumed = self._restore()
         try:
             self.transport = Transport(listen=self._listen_address(), neighbours=self.parts.neighbours,
-                                       config=self.config.transport, curve=self._curve_keys())
+                                       config=self.config.transport, curve=self._curve_keys(),
+                                       listen_fd=self._listen_fd)
         except TransportError as error:
             raise HivemeshError(f"peer {self.name}: {error}") from None
         try:
@@ -267,19 +278,26 @@ class PeerDaemon:
         self._feed(Start())
         for name, info in self.neighbours.items():
             if not info.up:     # never heard: the machine's rounds go on without it until it appears
+                self.counters.neighbour_down[name] += 1
                 self._feed(NeighbourDown(name))
         early = sorted(itertools.chain.from_iterable(self._early.values()), key=lambda item: item[0])
         self._early.clear()
         for _, opened in early:
             self._feed(Received(opened.sender, opened.message))
         while not self._finished and self._stop_signal is None:
-            if self._work:
+            if self._work and not self._held():
                 self._do_work(self._work.pop(0))
                 self._pump(0.0)
             else:
                 self._pump(self._poll_timeout())
             self._fire_timers()
             self._periodic()
+
+    def _held(self) -> bool:
+        """A test hook holds training at this step (or has just stopped the peer)."""
+        held = self.hooks.holding(self.trainer.step) or self._stop_signal is not None
+        self.state = "held by a test hook" if held else "training"
+        return held
 
     def _shutdown(self) -> int:
         assert self.transport is not None
@@ -310,7 +328,7 @@ class PeerDaemon:
         deadlines = [self._next_heartbeat, self.status.next_due]
         if self._timers:
             deadlines.append(self._timers[0][0])
-        return max(0.0, min(min(deadlines) - now, 0.5))
+        return max(0.0, min(min(deadlines) - now, 0.1 if self._work else 0.5))
 
     def _pump(self, timeout_s: float) -> None:
         """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
@@ -463,6 +481,7 @@ class PeerDaemon:
         for name, info in self.neighbours.items():
             if info.up and now - info.last_seen > self.config.peer.neighbour_timeout_s:
                 info.up = False
+                self.counters.neighbour_down[name] += 1
                 self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
                 if self._started and not self._finished:
                     self._feed(NeighbourDown(name))
@@ -601,6 +620,7 @@ class PeerDaemon:
             "messages_accepted": self.counters.messages_accepted,
             "rejections": dict(self.endpoint.rejections + self.counters.rejected),
             "unreachable": dict(self.counters.unreachable),
+            "neighbour_down": dict(self.counters.neighbour_down),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
@@ -635,15 +655,16 @@ def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
     return max(latency_ms, 0.0)
 
 
-def run_peer(config_path: str, *, quiet: bool = False) -> int:
+def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None) -> int:
     """Load the config, run the peer, return the exit code (errors as one line on stderr).
 
-    ``quiet``: no progress line on the console, whatever the config says."""
+    ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
+    bound to the peer's address (peer.launch). Test hooks come from the environment."""
     try:
         config = load_peer_config(config_path)
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
-        return PeerDaemon(config).run()
+        return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -5,6 +5,11 @@ forked from a ``forkserver`` that has imported torch and the daemon once
 (``set_forkserver_preload``); each peer then starts in a fraction of a second
 with one torch thread. Used by ``hivemesh demo`` and the process tests. Each
 peer's stdout and stderr go to ``DATA_DIR/peer.log``.
+
+Listening sockets: given ``listeners`` (peer.transport.reserve_listeners), a
+peer adopts its bound socket instead of binding its address itself, so the
+port is never free for another process to take, not even across a restart.
+Test hooks (peer.testhooks) are passed per start.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import multiprocessing
 import multiprocessing.context
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from peer.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
 
 PRELOAD = ["torch", "sklearn.datasets", "peer.daemon", "peer.trainer", "peer.tasks", "peer.tasks.digits",
            "peer.partition", "protocols.wire", "protocols.gossip"]
@@ -33,7 +41,8 @@ def context() -> multiprocessing.context.ForkServerContext:
     return _context
 
 
-def _peer_main(config_path: str, log_path: str, quiet: bool) -> None:
+def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.socket | None,
+               hooks: str) -> None:
     with open(log_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -44,7 +53,9 @@ def _peer_main(config_path: str, log_path: str, quiet: bool) -> None:
     torch.set_num_threads(1)
     from peer.daemon import run_peer
 
-    code = run_peer(config_path, quiet=quiet)
+    os.environ[ENVIRONMENT_VARIABLE] = hooks
+    listen_fd = listener.detach() if listener is not None else None
+    code = run_peer(config_path, quiet=quiet, listen_fd=listen_fd)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -53,9 +64,12 @@ def _peer_main(config_path: str, log_path: str, quiet: bool) -> None:
 class PeerProcesses:
     """A set of peer processes started from config files; ``close()`` kills whatever still runs."""
 
-    def __init__(self, configs: Mapping[str, Path], *, quiet: bool = True) -> None:
+    def __init__(self, configs: Mapping[str, Path], *, quiet: bool = True,
+                 listeners: Mapping[str, socket.socket] | None = None) -> None:
+        """``listeners``: per peer, a socket bound to its roster address; closed by ``close()``."""
         self.configs = dict(configs)
         self.quiet = quiet
+        self.listeners = dict(listeners or {})
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
 
     def log_path(self, name: str) -> Path:
@@ -65,19 +79,20 @@ class PeerProcesses:
         data_dir.mkdir(parents=True, exist_ok=True)
         return data_dir / "peer.log"
 
-    def start(self, name: str) -> None:
-        """Start (or restart) peer ``name``."""
+    def start(self, name: str, hooks: Sequence[Hook] = ()) -> None:
+        """Start (or restart) peer ``name``, with test ``hooks`` for this run of it."""
         old = self.processes.get(name)
         if old is not None and old.is_alive():
             raise RuntimeError(f"peer {name} is already running")
         process = context().Process(target=_peer_main, name=f"hivemesh-{name}",
-                                    args=(str(self.configs[name]), str(self.log_path(name)), self.quiet))
+                                    args=(str(self.configs[name]), str(self.log_path(name)), self.quiet,
+                                          self.listeners.get(name), hooks_json(hooks)))
         process.start()
         self.processes[name] = process
 
-    def start_all(self) -> None:
+    def start_all(self, hooks: Mapping[str, Sequence[Hook]] | None = None) -> None:
         for name in self.configs:
-            self.start(name)
+            self.start(name, (hooks or {}).get(name, ()))
 
     def kill(self, name: str) -> None:
         """SIGKILL: no checkpoint, no goodbye (a crash)."""
@@ -109,6 +124,8 @@ class PeerProcesses:
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGKILL)
             process.join(10)
+        for listener in self.listeners.values():
+            listener.close()
 
     def __enter__(self) -> PeerProcesses:
         return self

@@ -1,0 +1,64 @@
+"""The test hooks a peer honours (peer.testhooks): when they fire, what they hold, what they refuse."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from peer.testhooks import ENVIRONMENT_VARIABLE, Hook, Hooks, hooks_from_environment, hooks_json, parse_hooks
+from topology.errors import HivemeshError
+
+
+def test_a_hold_fires_at_its_step_marks_it_and_lasts_until_the_gate_exists(tmp_path: Path) -> None:
+    gate, mark = tmp_path / "gate", tmp_path / "mark"
+    hooks = Hooks([Hook(at_step=5, action="hold", gate=str(gate), mark=str(mark))])
+    assert [hooks.holding(step) for step in range(5)] == [False] * 5
+    assert not mark.exists()
+    assert hooks.holding(5) and hooks.holding(5) and mark.exists()
+    gate.touch()
+    assert not hooks.holding(5)
+    assert not hooks.holding(6)       # fired once: passing the step again holds nothing
+
+
+def test_hooks_fire_in_step_order_and_a_later_one_due_at_the_same_step_follows(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    hooks = Hooks([Hook(at_step=9, action="hold", gate=str(second), mark=str(tmp_path / "m9")),
+                   Hook(at_step=3, action="hold", gate=str(first), mark=str(tmp_path / "m3"))])
+    assert hooks.holding(10)           # a jump past both steps: the earlier hook holds first
+    assert (tmp_path / "m3").exists() and not (tmp_path / "m9").exists()
+    first.touch()
+    assert hooks.holding(10) and (tmp_path / "m9").exists()
+    second.touch()
+    assert not hooks.holding(10)
+
+
+def test_a_stop_hook_sends_sigterm_to_its_own_process(tmp_path: Path) -> None:
+    import signal
+
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        hooks = Hooks([Hook(at_step=2, action="stop", mark=str(tmp_path / "stopped"))])
+        assert not hooks.holding(1) and received == []
+        assert not hooks.holding(2)
+        assert received == [signal.SIGTERM] and (tmp_path / "stopped").exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_hooks_travel_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    hooks = (Hook(at_step=1, action="kill", mark="/tmp/x"), Hook(at_step=2, action="hold", gate="/tmp/g"))
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, hooks_json(hooks))
+    assert hooks_from_environment() == hooks
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE)
+    assert ENVIRONMENT_VARIABLE not in os.environ and hooks_from_environment() == ()
+
+
+@pytest.mark.parametrize("text", ['{"at_step": 1}', "[1]", '[{"at_step": 1, "action": "explode"}]',
+                                  '[{"at_step": 1, "action": "hold"}]', '[{"at_step": -1, "action": "kill"}]',
+                                  '[{"at_step": 1, "action": "kill", "when": 3}]', "not json"])
+def test_a_malformed_hook_is_a_clear_error(text: str) -> None:
+    with pytest.raises(HivemeshError, match=ENVIRONMENT_VARIABLE):
+        parse_hooks(text)
