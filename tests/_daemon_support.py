@@ -1,10 +1,18 @@
-"""Helpers for the process tests of the peer daemon: make a network, run it, read what it left."""
+"""Helpers for the process tests of the peer daemon: make a network, run it, read what it left.
+
+Process tests place their faults on the peers' progress (peer.testhooks), not on
+the wall clock, and their timeouts are ceilings a healthy run never reaches:
+``TEST_PEER_OPTIONS`` gives a neighbour 30 s of silence before it is reported
+down, and a test that needs every round complete asserts ``no_neighbour_lost``.
+Ports are reserved (bound and kept) before the roster is written, and each
+peer adopts its own socket (``peers(files)``).
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +20,17 @@ import torch
 
 from peer.cmd_init import default_network
 from peer.export import latest_params
+from peer.launch import PeerProcesses
 from peer.netinit import NetworkFiles, create_network
 from peer.peerconfig import load_peer_config
 from peer.statefiles import read_status
+from peer.testhooks import Hook
 
-# Fast, safe timings for 8 processes on a busy 2-core machine.
+# Timings for 8 processes on a busy 2-core machine: fast heartbeats, and silences a healthy run never
+# reaches (a 3 s stall of a loaded machine must not look like a dead neighbour).
 TEST_PEER_OPTIONS = {"progress": False, "eval_every_steps": 0, "heartbeat_interval_s": 0.5,
-                     "neighbour_timeout_s": 3.0, "start_timeout_s": 60.0, "finish_grace_s": 2.0}
+                     "neighbour_timeout_s": 30.0, "start_timeout_s": 120.0, "finish_grace_s": 2.0}
+CEILING_S = 240.0     # the longest any wait in a process test may take; a healthy run takes far less
 
 
 def make_network(folder: Path, *, peers: int = 8, topology: str = "ring", algorithm: str = "dpsgd",
@@ -30,7 +42,50 @@ def make_network(folder: Path, *, peers: int = 8, topology: str = "ring", algori
     network["gossip"].update(gossip or {})
     network["trainer"].update(trainer or {})
     return create_network(folder, peers=peers, network=network,
-                          peer_options={**TEST_PEER_OPTIONS, **(peer_options or {})}, sections=sections)
+                          peer_options={**TEST_PEER_OPTIONS, **(peer_options or {})}, sections=sections,
+                          reserve=True)
+
+
+def peers(files: NetworkFiles, names: Iterable[str] | None = None) -> PeerProcesses:
+    """The peer processes of ``files`` (``names``: a subset), each adopting its reserved port."""
+    chosen = list(names) if names is not None else list(files.configs)
+    return PeerProcesses({n: files.configs[n] for n in chosen},
+                         listeners={n: files.listeners[n] for n in chosen if n in files.listeners})
+
+
+def hold_at(step: int, gate: Path, marks: Path, name: str) -> Hook:
+    """A hook that holds ``name``'s training at ``step`` until ``gate`` exists; it marks the moment."""
+    return Hook(at_step=step, action="hold", gate=str(gate), mark=str(marks / f"{name}-held-{step}"))
+
+
+def wait_for_files(paths: Iterable[Path], timeout_s: float = CEILING_S) -> None:
+    """Wait until every path exists (what a hook or a peer creates when an event happened)."""
+    waiting = list(paths)
+    deadline = time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        waiting = [p for p in waiting if not p.exists()]
+        time.sleep(0.05)
+    assert not waiting, f"never appeared in {timeout_s} s: {[str(p) for p in waiting]}"
+
+
+def wait_for_log(files: NetworkFiles, name: str, text: str, timeout_s: float = CEILING_S) -> str:
+    """Wait until ``name``'s log contains ``text``; return the log."""
+    path = files.out / "data" / name / "peer.log"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = path.read_text() if path.exists() else ""
+        if text in found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{name} never logged {text!r} in {timeout_s} s:\n{log_tail(files, name)}")
+
+
+def no_neighbour_lost(files: NetworkFiles) -> None:
+    """Every peer heard every neighbour all along: no round went without one (nothing timed out)."""
+    for name in files.configs:
+        found = status(files, name)
+        assert found.get("neighbour_down", {}) == {}, f"{name}: {found.get('neighbour_down')}"
+        assert found["metrics"].get("missed_deadline", 0) == 0, f"{name}: a round missed its deadline"
 
 
 def status(files: NetworkFiles, name: str) -> dict[str, Any]:
@@ -39,7 +94,7 @@ def status(files: NetworkFiles, name: str) -> dict[str, Any]:
     return found
 
 
-def wait_for_step(files: NetworkFiles, names: list[str], step: int, timeout_s: float = 120.0) -> None:
+def wait_for_step(files: NetworkFiles, names: list[str], step: int, timeout_s: float = CEILING_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = [read_status(files.out / "data" / n) for n in names]

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, status, wait_for_step
+from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, peers, status, wait_for_step
 from safetensors.torch import load_file
 
 from peer.cli import main
 from peer.export import latest_params
-from peer.launch import PeerProcesses
 from peer.peerconfig import load_peer_config
 from peer.tasks import get_task
 
@@ -91,7 +90,7 @@ def test_config_mistakes_are_one_line_errors(tmp_path: Path, capsys: pytest.Capt
 def test_unreachable_neighbours_are_warned_counted_and_left_out(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=3, steps=5, gossip={"deadline_s": 0.3},
                          peer_options={**TEST_PEER_OPTIONS, "start_timeout_s": 1.0})
-    with PeerProcesses({"p00": files.configs["p00"]}) as processes:   # p01 and p02 never start
+    with peers(files, ["p00"]) as processes:   # p01 and p02 never start
         processes.start("p00")
         assert processes.wait(120)
         assert processes.exitcodes() == {"p00": 0}
@@ -107,7 +106,7 @@ def test_unreachable_neighbours_are_warned_counted_and_left_out(tmp_path: Path) 
 def test_sigterm_writes_a_checkpoint_and_exits_0(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=3, steps=100_000,
                          sections={"checkpoint": {"every_steps": 0}})
-    with PeerProcesses(files.configs) as processes:
+    with peers(files) as processes:
         processes.start_all()
         wait_for_step(files, list(files.configs), 20)
         for name in files.configs:

@@ -8,9 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _daemon_support import consensus_distance, describe, final_params, make_network, status
-
-from peer.launch import PeerProcesses
+from _daemon_support import consensus_distance, describe, final_params, make_network, peers, status
 
 pytestmark = [pytest.mark.gpu, pytest.mark.processes]
 
@@ -18,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.processes]
 def test_two_peers_train_and_gossip_on_one_gpu(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=2, topology="complete", steps=200,
                          trainer={"device": "cuda"})
-    with PeerProcesses(files.configs) as processes:
+    with peers(files) as processes:
         processes.start_all()
         finished = processes.wait(300)
         codes = processes.exitcodes()

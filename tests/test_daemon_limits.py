@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from peer.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
+from peer.netinit import NetworkFiles
 from peer.peerconfig import PeerSection, load_peer_config
 from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
 from protocols.wire import Opened
@@ -39,24 +40,16 @@ class RecordingTransport:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> PeerDaemon:
-    files = make_network(tmp_path_factory.mktemp("limits"), peers=4, steps=20)
-    found = PeerDaemon(load_peer_config(files.configs["p00"]))
-    found.transport = RecordingTransport()  # type: ignore[assignment]
-    return found
+def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkFiles:
+    return make_network(tmp_path_factory.mktemp("limits"), peers=4, steps=20)
 
 
 @pytest.fixture
-def fresh(daemon: PeerDaemon) -> PeerDaemon:
-    """The shared daemon with its bookkeeping reset (assembling one takes a while)."""
-    daemon.counters.rejected.clear()
-    daemon._early.clear()
-    daemon._started = False
-    daemon._sync_answer = None
-    daemon._sync_answered_at.clear()
-    daemon.state = "starting"
-    daemon.transport = RecordingTransport()  # type: ignore[assignment]
-    return daemon
+def fresh(network: NetworkFiles) -> PeerDaemon:
+    """A new daemon for each test (no state carried from one test to the next), its transport a recorder."""
+    found = PeerDaemon(load_peer_config(network.configs["p00"]))
+    found.transport = RecordingTransport()  # type: ignore[assignment]
+    return found
 
 
 def deliver(daemon: PeerDaemon, sender: str, message: Message) -> None:

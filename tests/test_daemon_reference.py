@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from _daemon_support import describe, final_params, make_network, status
+from _daemon_support import CEILING_S, describe, final_params, make_network, no_neighbour_lost, peers, status
 from _gloo_reference import run_rank
 from safetensors.torch import load_file
 
-from peer.launch import PeerProcesses, context
-from peer.transport import free_tcp_addresses
+from peer.launch import context
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -36,19 +35,19 @@ def test_daemon_equals_a_gloo_run_of_the_same_training(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=4, topology="complete", steps=STEPS,
                          gossip={"deadline_s": 60.0, "mixing": "after", "local_steps": 1},
                          trainer={"optimizer": "sgd", "lr": 0.1, "lr_decay": "none", "dtype": "float32"})
-    (rendezvous,) = free_tcp_addresses(1)
+    rendezvous = f"file://{tmp_path / 'gloo-rendezvous'}"    # no port to pick
     ranks = [context().Process(target=run_rank, args=(rank, 4, rendezvous, str(files.configs[f"p0{rank}"]),
                                                       STEPS, str(tmp_path / f"gloo{rank}.safetensors")))
              for rank in range(4)]
     try:
         for process in ranks:
             process.start()
-        with PeerProcesses(files.configs) as processes:
+        with peers(files) as processes:
             processes.start_all()
-            finished = processes.wait(180)
+            finished = processes.wait(CEILING_S)
             codes = processes.exitcodes()
         for process in ranks:
-            process.join(120)
+            process.join(CEILING_S)
     finally:
         for process in ranks:
             if process.is_alive():
@@ -60,9 +59,9 @@ def test_daemon_equals_a_gloo_run_of_the_same_training(tmp_path: Path) -> None:
     ours = final_params(files)
     saved = {f"p0{rank}": load_file(str(tmp_path / f"gloo{rank}.safetensors")) for rank in range(4)}
     references = {name: found["params"] for name, found in saved.items()}
+    no_neighbour_lost(files)      # a missing neighbour would have changed the sum
     assert all(torch.equal(references["p00"], r) for r in references.values())  # DDP: the ranks stay equal
     for name, reference in references.items():
-        assert status(files, name)["metrics"].get("missed_deadline", 0) == 0
         assert reference.dtype == torch.float32 and status(files, name)["step"] == STEPS
         assert _relative(ours[name], reference) < 1e-5, f"{name}: {_relative(ours[name], reference):.2e}"
     # the comparison can fail: parameter averaging before each local step ("overlap") ends far away

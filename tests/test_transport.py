@@ -1,15 +1,29 @@
-"""The ZeroMQ transport on 127.0.0.1: delivery, zero-copy tracking, memory bounds, CURVE allowlist."""
+"""The ZeroMQ transport on 127.0.0.1: delivery, zero-copy tracking, memory bounds, CURVE allowlist.
+
+Every address comes from a listening socket bound to port 0 and handed to the
+transport that serves it (``reserve_listeners``, ``listen_fd``): no port is
+picked, released and bound again.
+"""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from peer.transport import CurveKeys, Transport, TransportConfig, TransportError, free_tcp_addresses
+from peer.transport import (
+    CurveKeys,
+    Transport,
+    TransportConfig,
+    TransportError,
+    listener_address,
+    reserve_listeners,
+)
 
 pytestmark = pytest.mark.processes
 
@@ -30,11 +44,20 @@ def _receive(transport: Transport, count: int, timeout_s: float = 5.0) -> list[l
     return got
 
 
+def _serve(listener: socket.socket, neighbours: dict[str, str], *, config: TransportConfig | None = None,
+           curve: CurveKeys | None = None) -> Transport:
+    """A transport listening on ``listener``'s port (it takes the socket over)."""
+    address = listener_address(listener)
+    return Transport(listen=address, neighbours=neighbours, listen_fd=listener.detach(), config=config,
+                     curve=curve)
+
+
 @pytest.fixture
 def pair() -> Iterator[tuple[Transport, Transport]]:
-    a_addr, b_addr = free_tcp_addresses(2)
-    a = Transport(listen=a_addr, neighbours={"b": b_addr})
-    b = Transport(listen=b_addr, neighbours={"a": a_addr})
+    la, lb = reserve_listeners(2)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
+    a = _serve(la, {"b": b_addr})
+    b = _serve(lb, {"a": a_addr})
     try:
         yield a, b
     finally:
@@ -62,28 +85,53 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
     assert a.bytes_sent == b.bytes_received == 20 * (6 + 12_000_000 + 9)
 
 
-def test_an_oversized_frame_disconnects_its_sender_before_it_is_buffered() -> None:
-    a_addr, b_addr = free_tcp_addresses(2)
-    small = TransportConfig(max_frame_bytes=1 << 20)
-    a = Transport(listen=a_addr, neighbours={"b": b_addr})
-    b = Transport(listen=b_addr, neighbours={"a": a_addr}, config=small)
+def _oversized_frame_run(max_frame_bytes: int) -> tuple[list[bytes], int]:
+    """a sends b a small message, a 2 MiB frame, then another small one. Returns what b received
+    (first frame of each message) and how many times b saw a's connection drop (socket monitor)."""
+    la, lb = reserve_listeners(2)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
+    a = _serve(la, {"b": b_addr})
+    b = _serve(lb, {"a": a_addr}, config=TransportConfig(max_frame_bytes=max_frame_bytes))
+    monitor = b._inbox.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
-        _send_until_connected(a, "b", [b"ok"])
-        assert len(_receive(b, 1)) == 1
-        a.send("b", [bytes(2 << 20)])
-        got = _receive(b, 1, timeout_s=1.0)
-        assert all(len(frame) < 1 << 20 for message in got for frame in message)   # never delivered
+        _send_until_connected(a, "b", [b"before"])
+        got = _receive(b, 1)
+        assert a.send("b", [bytes(2 << 20)])
+        # the oversized frame either arrives or costs a its connection; then a reconnects
+        disconnects = 0
+        if max_frame_bytes < 2 << 20:
+            assert monitor.poll(10_000), "the receiver never dropped the oversized sender"
+            recv_monitor_message(monitor)
+            disconnects += 1
+        _send_until_connected(a, "b", [b"after"])
+        got += _receive(b, 2 if max_frame_bytes >= 2 << 20 else 1)
+        while monitor.poll(0):
+            recv_monitor_message(monitor)
+            disconnects += 1
+        return [bytes(message[0])[:8] for message in got], disconnects
     finally:
+        b._inbox.disable_monitor()
+        monitor.close(linger=0)
         a.close()
         b.close()
 
 
+def test_an_oversized_frame_disconnects_its_sender_before_it_is_buffered() -> None:
+    received, disconnects = _oversized_frame_run(max_frame_bytes=1 << 20)
+    assert received == [b"before", b"after"]      # the 2 MiB frame never reached the receiver
+    assert disconnects == 1                       # its sender lost the connection, then came back
+    # control: under a limit above the frame's size the same frame arrives and nobody is dropped
+    received, disconnects = _oversized_frame_run(max_frame_bytes=4 << 20)
+    assert received == [b"before", bytes(8), b"after"] and disconnects == 0
+
+
 def test_a_neighbour_that_is_not_listening_is_counted_unreachable() -> None:
-    (own, dead) = free_tcp_addresses(2)
-    with Transport(listen=own, neighbours={"dead": dead}) as transport:
+    own, dead = reserve_listeners(2)
+    with _serve(own, {"dead": listener_address(dead)}) as transport:
         assert not transport.send("dead", [b"hello"])
         assert transport.dropped["dead"] == 1
         assert transport.pending_sends() == 0
+    dead.close()
 
 
 def test_listening_on_a_taken_port_is_a_clear_error(pair: tuple[Transport, Transport]) -> None:
@@ -93,16 +141,17 @@ def test_listening_on_a_taken_port_is_a_clear_error(pair: tuple[Transport, Trans
 
 
 def test_curve_admits_roster_keys_only() -> None:
-    a_addr, b_addr, c_addr = free_tcp_addresses(3)
+    la, lb, lc = reserve_listeners(3)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
     (pa, sa), (pb, sb), (pc, sc) = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
     roster = frozenset({pa, pb})
-    a = Transport(listen=a_addr, neighbours={"b": b_addr},
+    a = _serve(la, {"b": b_addr},
                   curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb},
                                   allowed_client_keys=roster))
-    b = Transport(listen=b_addr, neighbours={"a": a_addr},
+    b = _serve(lb, {"a": a_addr},
                   curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={"a": pa},
                                   allowed_client_keys=roster))
-    outsider = Transport(listen=c_addr, neighbours={"b": b_addr},
+    outsider = _serve(lc, {"b": b_addr},
                          curve=CurveKeys(public_key=pc, secret_key=sc, server_keys={"b": pb}))
     try:
         _send_until_connected(a, "b", [b"from a"])
