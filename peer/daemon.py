@@ -575,15 +575,10 @@ class PeerDaemon:
     # ------------------------------------------------------------------ status
 
     def _consensus_estimate(self) -> float:
-        """max over {self} ∪ neighbours of ||x - mean|| / ||mean||, from the last full parameters heard."""
+        """:func:`consensus_estimate` over {self} ∪ neighbours, from the last full parameters heard."""
         vectors = [self.trainer.flat_params.detach().cpu()]
         vectors += [info.params for info in self.neighbours.values() if info.params is not None]
-        if len(vectors) < 2:
-            return math.nan
-        stacked = torch.stack([v.to(torch.float64) for v in vectors])
-        mean = stacked.mean(dim=0)
-        scale = float(torch.linalg.vector_norm(mean)) or 1.0
-        return float(max(torch.linalg.vector_norm(v - mean) for v in stacked)) / scale
+        return consensus_estimate(vectors)
 
     def _remember_params(self, info: NeighbourInfo, message: Message) -> None:
         tensors = getattr(message, "tensors", None)
@@ -634,6 +629,17 @@ class PeerDaemon:
 
     def _warn(self, text: str) -> None:
         self.status.say(f"{self.name}: warning: {text}")
+
+
+def consensus_estimate(vectors: Sequence[torch.Tensor]) -> float:
+    """max_i ||x_i - mean|| / ||mean|| over ``vectors`` (in float64); nan for fewer than two vectors,
+    and the absolute distance when the mean is 0."""
+    if len(vectors) < 2:
+        return math.nan
+    stacked = torch.stack([v.to(torch.float64) for v in vectors])
+    mean = stacked.mean(dim=0)
+    scale = float(torch.linalg.vector_norm(mean)) or 1.0
+    return float(max(torch.linalg.vector_norm(v - mean) for v in stacked)) / scale
 
 
 def sync_position(machine: Any) -> tuple[int, int]:

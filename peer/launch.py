@@ -102,9 +102,17 @@ class PeerProcesses:
         process.join(10)
 
     def terminate(self, name: str) -> None:
+        """SIGTERM: the peer checkpoints and exits 0."""
+        self._signal(name, signal.SIGTERM)
+
+    def interrupt(self, name: str) -> None:
+        """SIGINT, as Ctrl-C on a terminal: the same clean stop as SIGTERM."""
+        self._signal(name, signal.SIGINT)
+
+    def _signal(self, name: str, signum: signal.Signals) -> None:
         process = self.processes[name]
         if process.pid is not None and process.is_alive():
-            os.kill(process.pid, signal.SIGTERM)
+            os.kill(process.pid, signum)
 
     def alive(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.is_alive()]

@@ -6,18 +6,24 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, peers, status, wait_for_step
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+from peer.assemble import make_trainer
 from peer.cli import main
 from peer.export import latest_params
 from peer.peerconfig import load_peer_config
+from peer.statefiles import CheckpointStore, read_status
 from peer.tasks import get_task
 
 pytestmark = pytest.mark.processes
+
+STEPS = 20  # of the network made by `hivemesh init` (the BatchNorm statistics have moved well off 0/1)
 
 
 def _hivemesh() -> list[str]:
@@ -29,10 +35,11 @@ def _hivemesh() -> list[str]:
 def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "net"
-    # two peers keep the cost down: each is a fresh Python that imports torch (seconds here);
+    # two peers and 20 steps keep the cost down: each is a fresh Python that imports torch (seconds here);
+    # digits-cnn has BatchNorm, so the export must carry buffers, not parameters alone;
     # --curve: the traffic is also CurveZMQ-encrypted, with the roster's curve keys as allowlist
-    assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--steps", "40",
-                 "--curve"]) == 0
+    assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--task", "digits-cnn",
+                 "--steps", str(STEPS), "--curve"]) == 0
     capsys.readouterr()
     peers = [subprocess.Popen([*_hivemesh(), "peer", "--config", str(out / f"p0{i}.toml")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -46,26 +53,98 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
                 peer.wait()
     assert [peer.returncode for peer in peers] == [0, 0], "\n".join(outputs)
     assert all("Traceback" not in output for output in outputs)
-    assert "p00: finished step 40" in outputs[0]      # the console progress line
+    assert f"p00: finished step {STEPS}" in outputs[0]      # the console progress line
     assert "curve = true" in (out / "p00.toml").read_text()
 
     assert main(["status", "--config", str(out / "p01.toml"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["name"] == "p01" and shown["state"] == "finished" and shown["step"] == 40
+    assert shown["name"] == "p01" and shown["state"] == "finished" and shown["step"] == STEPS
     assert set(shown["neighbours"]) == {"p00"} and shown["rejections"] == {}
     assert shown["bytes_sent"] > 0 and shown["bytes_received"] > 0 and not shown["running"]
     assert main(["status", "--config", str(out / "p01.toml")]) == 0
     text = capsys.readouterr().out
     assert "peer p01: finished" in text and "rejections: none" in text and "latency" in text
 
-    model_path = tmp_path / "model.safetensors"
-    configs = [str(out / f"p0{i}.toml") for i in range(2)]
-    assert main(["export", "--config", configs[0], "--config", configs[1], "--out", str(model_path)]) == 0
+    configs = [out / f"p0{i}.toml" for i in range(2)]
+    checkpoints = [_checkpoint_as_model_state(config, index) for index, config in enumerate(configs)]
+    for index, config in enumerate(configs):
+        path = tmp_path / f"p0{index}.safetensors"
+        assert main(["export", "--config", str(config), "--out", str(path)]) == 0
+        assert "averaged over 1 peer," in capsys.readouterr().out
+        _assert_bitwise_equal(load_file(str(path)), checkpoints[index])
+        found = _status_of(config)
+        assert found["eval_step"] == STEPS     # the final evaluation, of the model the checkpoint holds
+        assert abs(_plain_torch_accuracy(path) - found["accuracy"]) <= 1e-6
+        card = _card(path)
+        assert card["hivemesh_task"] == "digits-cnn" and json.loads(card["hivemesh_task_options"]) == {}
+        assert json.loads(card["hivemesh_test_accuracy"]) == {
+            f"p0{index}": {"accuracy": found["accuracy"], "at_step": STEPS}}
+
+    averaged_path = tmp_path / "model.safetensors"
+    assert main(["export", "--config", str(configs[0]), "--config", str(configs[1]),
+                 "--out", str(averaged_path)]) == 0
     assert "averaged over 2 peers" in capsys.readouterr().out
-    task = get_task("digits-mlp")
+    _assert_bitwise_equal(load_file(str(averaged_path)), _mean_by_hand(checkpoints))
+    card = _card(averaged_path)
+    model = get_task("digits-cnn").build_model(0)
+    assert card["hivemesh_parameters"] == str(sum(p.numel() for p in model.parameters()))
+    assert card["hivemesh_peers"] == "p00,p01" and json.loads(card["hivemesh_steps"]) == {"p00": STEPS,
+                                                                                          "p01": STEPS}
+
+
+def _status_of(config: Path) -> dict[str, Any]:
+    found = read_status(load_peer_config(config).data_dir)
+    assert found is not None
+    return found
+
+
+def _checkpoint_as_model_state(config_path: Path, index: int) -> dict[str, torch.Tensor]:
+    """The latest checkpoint loaded into the peer's own Trainer (its flat layout, not export's), as the
+    model's state dict: what the export must equal."""
+    config = load_peer_config(config_path)
+    loaded = CheckpointStore(config.data_dir, keep=config.checkpoint.keep).load_latest()
+    assert loaded is not None
+    trainer = make_trainer(config, members=2, index=index)
+    trainer.load_state_dict(loaded[0])
+    state = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
+    # trained statistics, so an export that drops the buffers cannot pass
+    assert not torch.equal(state["features.1.running_var"], torch.ones(16))
+    assert int(state["features.1.num_batches_tracked"]) == STEPS
+    return state
+
+
+def _assert_bitwise_equal(found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(found) == sorted(expected)
+    for name, tensor in expected.items():
+        assert found[name].dtype == tensor.dtype, name
+        assert torch.equal(found[name], tensor), f"{name} differs from the checkpoint"
+
+
+def _mean_by_hand(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Floating tensors averaged in float64 and cast back; integer buffers: the larger count."""
+    mean = {}
+    for name, first in states[0].items():
+        second = states[1][name]
+        mean[name] = (((first.double() + second.double()) / 2).to(first.dtype) if first.is_floating_point()
+                      else torch.maximum(first, second))
+    return mean
+
+
+def _plain_torch_accuracy(path: Path) -> float:
+    """The README's way: build the task's model, load the export strictly, evaluate with plain torch."""
+    task = get_task("digits-cnn")
     model = task.build_model(0)
-    model.load_state_dict(load_file(str(model_path)))
-    assert task.evaluate(model, split="test")["accuracy"] > 0.5    # trained, not the initial model
+    model.load_state_dict(load_file(str(path)), strict=True)
+    model.eval()
+    with torch.no_grad():
+        predicted = model(task.test_x).argmax(dim=1)
+    return float((predicted == task.test_y).sum()) / len(task.test_y)
+
+
+def _card(path: Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as handle:
+        metadata: dict[str, str] = handle.metadata()
+    return metadata
 
 
 def test_config_mistakes_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
