@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,30 @@ def peers(files: NetworkFiles, names: Iterable[str] | None = None) -> PeerProces
     chosen = list(names) if names is not None else list(files.configs)
     return PeerProcesses({n: files.configs[n] for n in chosen},
                          listeners={n: files.listeners[n] for n in chosen if n in files.listeners})
+
+
+@dataclass(frozen=True)
+class HandRun:
+    """Peers started by hand (``hivemesh peer`` processes) on the network files in ``out``."""
+
+    out: Path
+    codes: Sequence[int | None]
+    outputs: Sequence[str]
+
+
+PORT_TAKEN = "Address already in use"
+
+
+def retry_if_port_taken(attempt: Callable[[int], HandRun], tries: int = 3) -> HandRun:
+    """``attempt(i)`` again (a new network, new ports) while a peer of it could not listen because
+    another process took its port after ``hivemesh init`` wrote it down: an operator's init only
+    writes ports down, so that race is the test machine's, not the code's. Nothing else is retried."""
+    for index in range(tries):
+        run = attempt(index)
+        if not any(code == 2 and PORT_TAKEN in output for code, output in zip(run.codes, run.outputs,
+                                                                                  strict=True)):
+            return run
+    return run
 
 
 def hold_at(step: int, gate: Path, marks: Path, name: str) -> Hook:

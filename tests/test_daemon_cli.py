@@ -10,7 +10,17 @@ from typing import Any
 
 import pytest
 import torch
-from _daemon_support import TEST_PEER_OPTIONS, log_tail, make_network, peers, status, wait_for_step
+from _daemon_support import (
+    CEILING_S,
+    TEST_PEER_OPTIONS,
+    HandRun,
+    log_tail,
+    make_network,
+    peers,
+    retry_if_port_taken,
+    status,
+    wait_for_step,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -34,24 +44,29 @@ def _hivemesh() -> list[str]:
 @pytest.mark.slow
 def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "net"
-    # two peers and 20 steps keep the cost down: each is a fresh Python that imports torch (seconds here);
-    # digits-cnn has BatchNorm, so the export must carry buffers, not parameters alone;
-    # --curve: the traffic is also CurveZMQ-encrypted, with the roster's curve keys as allowlist
-    assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--task", "digits-cnn",
-                 "--steps", str(STEPS), "--curve"]) == 0
-    capsys.readouterr()
-    peers = [subprocess.Popen([*_hivemesh(), "peer", "--config", str(out / f"p0{i}.toml")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    try:
-        outputs = [peer.communicate(timeout=180)[0] for peer in peers]
-    finally:
-        for peer in peers:
-            if peer.poll() is None:
-                peer.kill()
-                peer.wait()
-    assert [peer.returncode for peer in peers] == [0, 0], "\n".join(outputs)
+    def attempt(index: int) -> HandRun:
+        out = tmp_path / f"net{index}"
+        # two peers and 20 steps keep the cost down: each is a fresh Python that imports torch (seconds);
+        # digits-cnn has BatchNorm, so the export must carry buffers, not parameters alone;
+        # --curve: the traffic is also CurveZMQ-encrypted, with the roster's curve keys as allowlist
+        assert main(["init", "--peers", "2", "--topology", "complete", "--out", str(out), "--task",
+                     "digits-cnn", "--steps", str(STEPS), "--curve"]) == 0
+        capsys.readouterr()
+        started = [subprocess.Popen([*_hivemesh(), "peer", "--config", str(out / f"p0{i}.toml")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                   for i in range(2)]
+        try:
+            outputs = [peer.communicate(timeout=CEILING_S)[0] for peer in started]
+        finally:
+            for peer in started:
+                if peer.poll() is None:
+                    peer.kill()
+                    peer.wait()
+        return HandRun(out, [peer.returncode for peer in started], outputs)
+
+    run = retry_if_port_taken(attempt)
+    out, outputs = run.out, run.outputs
+    assert list(run.codes) == [0, 0], "\n".join(outputs)
     assert all("Traceback" not in output for output in outputs)
     assert f"p00: finished step {STEPS}" in outputs[0]      # the console progress line
     assert "curve = true" in (out / "p00.toml").read_text()

@@ -62,3 +62,4 @@ def test_hooks_travel_through_the_environment(monkeypatch: pytest.MonkeyPatch) -
 def test_a_malformed_hook_is_a_clear_error(text: str) -> None:
     with pytest.raises(HivemeshError, match=ENVIRONMENT_VARIABLE):
         parse_hooks(text)
+
