@@ -35,6 +35,7 @@ SPECS = [
     "powersgd:rank=2",
 ]
 SIZES = [0, 1, 7, 100, 300, 70_000, 200_003]
+QSGD_BUCKET = 512  # the documented default (the paper's): elements per norm
 
 
 def vector(numel: int, seed: int = 0) -> torch.Tensor:
@@ -97,14 +98,53 @@ def test_round_trip_shape_dtype_and_error(spec: str, numel: int) -> None:
 
 def relative_error_bound(spec: str, numel: int) -> float:
     """||C(x) - x|| / ||x|| allowed: contractive operators stay below 1; unbiased ones within
-    3x the square root of their variance bound (QSGD: Alistarh et al. 2017, Lemma 3.1)."""
+    3x the square root of their variance bound (one draw: Markov on the squared error)."""
     if spec.startswith("qsgd"):
-        s = 2 ** (int(spec.split("bits=")[1][0]) - 1) - 1
-        return 3 * min(numel / s**2, numel**0.5 / s) ** 0.5 + 1e-6
+        # Read from the spec, not the operator: a changed default must not move the bound.
+        options = dict(o.split("=") for o in spec.split(":")[1].split(","))
+        bucket = int(options.get("bucket", QSGD_BUCKET))
+        return 3 * qsgd_variance_bound(int(options["bits"]), min(bucket or numel, numel)) ** 0.5 + 1e-6
     if "unbiased=true" in spec:
         k = min(numel, max(1, round(0.05 * numel)))
         return 3 * (numel / k - 1) ** 0.5 + 1e-6
     return {"identity": 0.0, "fp16": 1e-3, "bf16": 1e-2}.get(spec, 1.0)
+
+
+def qsgd_variance_bound(bits: int, d: int) -> float:
+    """E||Q(v) - v||^2 / ||v||^2 for one bucket of d elements (Alistarh et al. 2017, Lemma 3.1).
+
+    Each bucket is quantised against its own norm, so summing over buckets bounds the whole
+    vector by the largest bucket's factor: d is the bucket size, not the vector's length."""
+    s = 2 ** (bits - 1) - 1
+    return min(d / s**2, d**0.5 / s)
+
+
+def qsgd_mean_squared_error(spec: str, x: torch.Tensor, draws: int) -> float:
+    """E||Q(x) - x||^2 / ||x||^2, estimated over ``draws`` independent noise keys."""
+    op = from_spec(spec)
+    total = 0.0
+    for step in range(draws):
+        y = op.decompress(op.compress(x, RngKey(seed=7, peer="p00", step=step)))
+        total += float((y - x).double().norm() ** 2)
+    return total / draws / float(x.double().norm() ** 2)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_qsgd_mean_squared_error_is_within_the_per_bucket_variance_bound(bits: int) -> None:
+    x = vector(70_000, seed=5)  # 137 buckets of 512: the average over draws is close to E
+    measured = qsgd_mean_squared_error(f"qsgd:bits={bits}", x, draws=8)
+    assert measured <= qsgd_variance_bound(bits, QSGD_BUCKET), (bits, measured)
+
+
+def test_qsgd_bound_catches_a_quantiser_that_ignores_its_buckets() -> None:
+    # Negative control: one norm for 70,000 elements (what QSGD would do if it dropped its
+    # bucket option) breaks the 512-element bound at 8 bits, while meeting the bound for its
+    # own d (the old test's numel-based bound, 5.6 in relative error, let it through).
+    x = vector(70_000, seed=5)
+    measured = qsgd_mean_squared_error("qsgd:bits=8,bucket=0", x, draws=8)
+    assert measured > 10 * qsgd_variance_bound(8, QSGD_BUCKET)
+    assert measured <= qsgd_variance_bound(8, 70_000)
+    assert float(torch.tensor(measured).sqrt()) > relative_error_bound("qsgd:bits=8", 70_000)
 
 
 @pytest.mark.parametrize("spec", SPECS)

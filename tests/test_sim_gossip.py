@@ -13,7 +13,8 @@ from sim.gossip_driver import GossipRun
 from sim.report import write_report
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.world import build_world, consensus_distance
+from sim.world import World, build_world, consensus_distance
+from topology import Topology
 from topology.analysis import second_eigenvalue_modulus
 
 LOGREG = {"name": "logreg", "options": {"n_samples": 800, "n_features": 20}}
@@ -22,37 +23,82 @@ LOGREG = {"name": "logreg", "options": {"n_samples": 800, "n_features": 20}}
 # ------------------------------------------------------------------ (b) theory: pure averaging
 
 
-@pytest.mark.parametrize("spec", ["ring:16", "torus:4x4", "exponential:16"])
-def test_pure_averaging_shrinks_disagreement_at_the_spectral_rate(spec: str) -> None:
-    latency_s = 0.01
-    rounds = 40
+AVERAGING_LATENCY_S = 0.01
+AVERAGING_ROUNDS = 40
+# x <- W x in float64 moves the mean only by rounding: about 1e-16 per round for values of
+# order 1, so 1e-12 after 40 rounds of 16 members is loose for exact mixing and tight for any other.
+MEAN_TOLERANCE = 1e-12
+
+
+class SkewedFirstRow(Topology):
+    """A broken mixing for the negative control: the first member takes half the weight its
+    neighbours should get. Rows still sum to one (the self weight takes the rest), but the
+    columns no longer do, so W is not doubly stochastic and the mean drifts towards it."""
+
+    def in_neighbours(self, name: str, t: int = 0) -> dict[str, float]:
+        weights = super().in_neighbours(name, t)
+        return {j: w / 2 for j, w in weights.items()} if name == self.names[0] else weights
+
+
+def averaging_world(spec: str, *, broken: bool = False) -> World:
     scenario = scenario_from_dict({
         "seed": 11, "duration_s": 10.0, "eval_every_s": 100.0, "graph": {"spec": spec},
-        "links": {"latency_ms": latency_s * 1000, "bandwidth_mbps": 1e6},
+        "links": {"latency_ms": AVERAGING_LATENCY_S * 1000, "bandwidth_mbps": 1e6},
         # No local steps: the machines only gossip (final rounds), so x <- W x exactly.
-        "algorithm": {"algorithm": "dpsgd", "total_steps": 0, "final_gossip_rounds": rounds},
+        "algorithm": {"algorithm": "dpsgd", "total_steps": 0, "final_gossip_rounds": AVERAGING_ROUNDS},
         "task": LOGREG, "trainer": {"dtype": "float64"},
     })
     world = build_world(scenario)
+    if broken:
+        good = world.topology
+        world.topology = SkewedFirstRow(names=good.names, directed=good.directed, graph=good.graph,
+                                        schedule=good.schedule, spec=good.spec)
     for name in world.names:  # disagreeing starting points (the task starts everyone equal)
         params = world.trainers[name].flat_params
         draw = numpy_generator(11, name, 0, "test-init").normal(size=params.numel())
         params.copy_(torch.from_numpy(draw))
+    return world
+
+
+def stacked_params(world: World) -> torch.Tensor:
+    return torch.stack([world.trainers[n].flat_params for n in world.names])
+
+
+def run_averaging(world: World) -> list[float]:
+    """Consensus distance after each round (the engine stopped halfway between rounds)."""
     run = GossipRun(world)
     run.begin()
     distances = []
-    for k in range(rounds):
-        world.engine.run(until_s=(k + 0.5) * latency_s)  # between rounds k and k + 1
-        distances.append(consensus_distance([world.trainers[n].flat_params for n in world.names]))
+    for k in range(AVERAGING_ROUNDS):
+        world.engine.run(until_s=(k + 0.5) * AVERAGING_LATENCY_S)  # between rounds k and k + 1
+        distances.append(consensus_distance(list(stacked_params(world))))
+    return distances
+
+
+@pytest.mark.parametrize("spec", ["ring:16", "torus:4x4", "exponential:16"])
+def test_pure_averaging_shrinks_disagreement_at_the_spectral_rate_and_keeps_the_mean(spec: str) -> None:
+    world = averaging_world(spec)
+    mean_before = stacked_params(world).mean(0)
+    distances = run_averaging(world)
     rate = second_eigenvalue_modulus(world.topology.mixing(0))
     # Skip the first rounds (faster modes still present) and stop before float64 noise.
-    last = max(k for k in range(rounds) if distances[k] > 1e-9 * distances[0])
+    last = max(k for k in range(AVERAGING_ROUNDS) if distances[k] > 1e-9 * distances[0])
     first = min(8, last // 2)
     measured = (distances[last] / distances[first]) ** (1.0 / (last - first))
     assert last - first >= 4
     assert measured == pytest.approx(rate, rel=0.05), (spec, measured, rate)
-    mean_before = torch.stack([world.trainers[n].flat_params for n in world.names]).mean(0)
-    assert torch.isfinite(mean_before).all()
+    # A doubly stochastic W keeps the average: the members converge to the mean they started from.
+    drift = float((stacked_params(world).mean(0) - mean_before).abs().max())
+    assert drift <= MEAN_TOLERANCE, (spec, drift)
+
+
+def test_the_mean_check_fails_on_a_mixing_that_is_not_doubly_stochastic() -> None:
+    # Negative control for the assertion above: same run, first row's neighbour weights halved.
+    world = averaging_world("ring:16", broken=True)
+    mean_before = stacked_params(world).mean(0)
+    run_averaging(world)
+    drift = float((stacked_params(world).mean(0) - mean_before).abs().max())
+    assert drift > 1e6 * MEAN_TOLERANCE, drift
 
 
 # ------------------------------------------------------------------ helpers for training scenarios
