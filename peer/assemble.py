@@ -123,8 +123,10 @@ def assemble(config: PeerConfig) -> Parts:
     endpoint = Endpoint(identity, roster, digest, epoch)
     trainer = make_trainer(config, members=len(topology.names), index=index)
     graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
-    machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.flat_params,
-                                         seed=network.seed, shapes=trainer.param_shapes))
+    # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
+    machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
+                                         seed=network.seed, shapes=trainer.mixed_shapes,
+                                         trained_numel=trainer.flat_params.numel()))
     return Parts(config=config, identity=identity, roster=roster, topology=topology, name=name, index=index,
                  neighbours=neighbours, run_id=digest, epoch=epoch, endpoint=endpoint, trainer=trainer,
                  machine=machine)

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "peer.cmd_peer",
     "peer.cmd_status",
     "peer.cmd_export",
+    "peer.cmd_eval",
     "peer.cmd_keygen",
     "peer.cmd_roster",
     "peer.cmd_sim",

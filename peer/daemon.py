@@ -515,8 +515,9 @@ class PeerDaemon:
         self._sync_answered_at[requester] = now
         round_index, steps_done = sync_position(self.machine)
         meta = {"round": round_index, "steps_done": steps_done, "trainer_step": self.trainer.step}
-        # the parameters as they are between rounds; a copy, since mixing goes on while it is sent
-        params = self.trainer.host_params().detach().clone()
+        # what the machine mixes (parameters, and buffers when averaged) as it is between rounds;
+        # a copy, since mixing goes on while it is sent
+        params = self.trainer.host_mixed().detach().clone()
         self._send(Send((requester,), StateSyncResponse(round=round_index, tensors={"params": params},
                                                        meta=meta)))
 
@@ -542,7 +543,7 @@ class PeerDaemon:
                        "(its shared state cannot be handed over); training on from our own state")
             return
         with torch.no_grad():
-            self.trainer.flat_params.copy_(offer.params)
+            self.trainer.mixed.copy_(offer.params)
         self.machine.join_at(round_index, steps_done)    # type: ignore[attr-defined]
         self.trainer.step = steps_done       # the learning-rate schedule follows the network
         self.status.say(f"{self.name}: synced from {sender}: round {round_index}, step {steps_done}")
@@ -587,10 +588,12 @@ class PeerDaemon:
             return      # compressed or push-sum messages are not the sender's parameters
         if self.trainer.flat_params.numel() > 10_000_000:
             return      # big models: no copy per message just for the estimate
-        numel = self.trainer.flat_params.numel()
+        numel = self.trainer.mixed.numel()
         for tensor in tensors.values():
             if tensor.is_floating_point() and tensor.numel() == numel:
-                info.params = tensor.detach().reshape(-1).to(torch.float32).clone()
+                # the estimate is over parameters: a mixed vector's buffers (its tail) are left out
+                params = tensor.detach().reshape(-1)[:self.trainer.flat_params.numel()]
+                info.params = params.to(torch.float32).clone()
                 return
 
     def _snapshot(self) -> dict[str, Any]:

@@ -1,15 +1,17 @@
 """Local training of one member: n steps (or e epochs) of a task on its shard.
 
-The model's parameters are views into ONE contiguous 1-D tensor,
-:attr:`Trainer.flat_params`; gradients likewise live in :attr:`Trainer.flat_grads`.
-A protocol that mixes or compresses ``flat_params`` in place therefore changes the
-model itself, with no copy per step. The optimizer works on the flat vectors too
-(one fused update, and a state that is just a few flat tensors).
+The model's parameters and floating buffers (BatchNorm running statistics) are
+views into ONE contiguous 1-D tensor: :attr:`Trainer.flat_params` is its first
+part, :attr:`Trainer.flat_buffers` the rest; gradients live in
+:attr:`Trainer.flat_grads`. A protocol that mixes or compresses these in place
+therefore changes the model itself, with no copy per step. The optimizer works on
+the flat vectors too (one fused update, and a state that is just a few flat tensors).
 
-Floating buffers (BatchNorm running statistics) live in a second flat tensor,
-:attr:`Trainer.flat_buffers`; ``TrainerConfig.buffers`` records whether protocols
-should average them ("average") or leave them per member ("local"). Integer buffers
-(``num_batches_tracked``) always stay local.
+:attr:`Trainer.mixed` is what gossip mixes, sends and state-syncs: the whole
+vector when ``TrainerConfig.buffers == "average"`` (buffers then get the same
+weights as the parameters in every algorithm, with no protocol knowing), only
+``flat_params`` when ``"local"`` (each member keeps its own statistics). Integer
+buffers (``num_batches_tracked``) always stay local.
 
 Data order: each epoch visits the member's shard in a permutation drawn from the
 counter-based generator keyed by (seed, "member-<index>", epoch, "data-order"), so
@@ -17,8 +19,8 @@ the position is just (epoch, offset) and a resumed run continues exactly.
 Batches are ``batch_size`` consecutive positions of that permutation; the last batch
 of an epoch may be smaller. ``batch_size = 0`` means the whole shard every step.
 
-Deterministic from the seed on CPU. On CUDA, :meth:`Trainer.host_params` stages the
-parameters through a pinned host buffer for sending.
+Deterministic from the seed on CPU. On CUDA, :meth:`Trainer.host_mixed` stages the
+mixed vector through a pinned host buffer for sending.
 """
 
 from __future__ import annotations
@@ -118,16 +120,15 @@ def lr_at(config: TrainerConfig, step: int) -> float:
     return config.lr * 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
 
 
-def _flatten_into(tensors: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Copy ``tensors`` into one flat tensor and re-point each at its slice (same autograd leaf)."""
-    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=device)
+def _flatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``tensors`` into ``flat`` end to end and re-point each at its slice (same autograd leaf)."""
     offset = 0
     for tensor in tensors:
         size = tensor.numel()
         flat[offset:offset + size].copy_(tensor.detach().reshape(-1))
         tensor.data = flat[offset:offset + size].view_as(tensor)
         offset += size
-    return flat
+    assert offset == flat.numel()
 
 
 class FlatOptimizer:
@@ -203,14 +204,21 @@ class Trainer:
             raise HivemeshError(f"task {task.name!r}: the model has no trainable parameters")
         self.param_names = tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
         self.param_shapes = tuple(tuple(p.shape) for p in params)
-        self.flat_params = _flatten_into(params, self.dtype, self.device)
+        float_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        self.buffer_shapes = tuple(tuple(b.shape) for b in float_buffers)
+        n_params = sum(p.numel() for p in params)
+        # one allocation, so that "parameters and buffers" is a single vector a protocol can mix
+        self._flat_all = torch.empty(n_params + sum(b.numel() for b in float_buffers),
+                                     dtype=self.dtype, device=self.device)
+        self.flat_params = self._flat_all[:n_params]
+        self.flat_buffers = self._flat_all[n_params:]
+        _flatten_into(params, self.flat_params)
+        _flatten_into(float_buffers, self.flat_buffers)
         self.flat_grads = torch.zeros_like(self.flat_params)
         offset = 0
         for p in params:
             p.grad = self.flat_grads[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-        float_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        self.flat_buffers = _flatten_into(float_buffers, self.dtype, self.device)
         self._int_buffers = {name: b for name, b in self.model.named_buffers() if not b.is_floating_point()}
 
         self._optimizer = FlatOptimizer(config, self.flat_params)
@@ -226,6 +234,17 @@ class Trainer:
     def average_buffers(self) -> bool:
         """True when protocols should mix :attr:`flat_buffers` like the parameters."""
         return self.config.buffers == "average"
+
+    @property
+    def mixed(self) -> torch.Tensor:
+        """The flat vector gossip mixes in place, sends and hands over in state sync: parameters,
+        then floating buffers when they are averaged (a view; :attr:`flat_params` when "local")."""
+        return self._flat_all if self.average_buffers else self.flat_params
+
+    @property
+    def mixed_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes laid end to end in :attr:`mixed` (for per-layer compressors such as PowerSGD)."""
+        return self.param_shapes + self.buffer_shapes if self.average_buffers else self.param_shapes
 
     @property
     def batch_size(self) -> int:
@@ -336,22 +355,30 @@ class Trainer:
     # ------------------------------------------------------------------ sending
 
     def host_params(self) -> torch.Tensor:
-        """The parameters in host memory, ready to send.
+        """The parameters in host memory, ready to send (see :meth:`host_mixed`)."""
+        return self._host(self.flat_params)
 
-        CPU: :attr:`flat_params` itself (no copy; do not mix it while a send is in flight).
+    def host_mixed(self) -> torch.Tensor:
+        """:attr:`mixed` in host memory, ready to send (a state-sync answer).
+
+        CPU: the live vector itself (no copy; do not mix it while a send is in flight).
         CUDA: a copy in a pinned host buffer, complete when this returns (the copy is queued
         on the current stream after all work already queued there, then waited on). The
         buffer is reused by the next call: finish sending before calling again.
         """
+        return self._host(self.mixed)
+
+    def _host(self, vector: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
-            return self.flat_params
+            return vector
         if self._pinned is None:
-            self._pinned = torch.empty(self.flat_params.numel(), dtype=self.dtype, pin_memory=True)
-        self._pinned.copy_(self.flat_params, non_blocking=True)
+            self._pinned = torch.empty(self._flat_all.numel(), dtype=self.dtype, pin_memory=True)
+        staged = self._pinned[:vector.numel()]
+        staged.copy_(vector, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(self.device))
         done.synchronize()
-        return self._pinned
+        return staged
 
     # ------------------------------------------------------------------ state
 

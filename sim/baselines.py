@@ -47,7 +47,8 @@ class BaselineRun:
         self.local_steps = self.scenario.baseline.local_steps
         names = world.names
         trainer = world.trainers[names[0]]
-        self.model_bytes = trainer.flat_params.numel() * trainer.flat_params.element_size()
+        # what gossip would move too: the parameters, and the buffers when they are averaged
+        self.model_bytes = trainer.mixed.numel() * trainer.mixed.element_size()
         self.bytes_sent = dict.fromkeys(names, 0)
         self.server_bytes_sent = 0
         self.rounds = 0
@@ -165,10 +166,9 @@ class BaselineRun:
 
 
 def average_models(trainers: list[Trainer]) -> None:
-    """Exact average of the members' parameters (and averaged buffers), summed in the given order."""
-    _average_in_place([t.flat_params for t in trainers])
-    if trainers[0].average_buffers and trainers[0].flat_buffers.numel():
-        _average_in_place([t.flat_buffers for t in trainers])
+    """Exact average of what gossip would mix (parameters, and buffers when averaged), summed in the
+    given order."""
+    _average_in_place([t.mixed for t in trainers])
 
 
 def _average_in_place(tensors: list[torch.Tensor]) -> None:

@@ -1,7 +1,7 @@
 """The simulator's driver of the gossip state machines: the same machines the daemon drives.
 
 For each member: a real :class:`peer.trainer.Trainer`, a machine from
-:func:`protocols.gossip.make_machine` mixing the trainer's ``flat_params`` in
+:func:`protocols.gossip.make_machine` mixing the trainer's ``mixed`` vector in
 place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
 
 * ``StartWork(n)``: the trainer runs ``n`` real SGD steps now; ``WorkDone``
@@ -165,8 +165,12 @@ class GossipRun:
                                  bytes_sent=self._bytes_sent, progress=progress)
 
     def _machine(self, name: str) -> Machine:
+        trainer = self.world.trainers[name]
+        # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average";
+        # the shapes as the daemon gives them (peer/assemble.py), so per-layer compressors match it
         machine = self._make_machine(self.config, name=name, topology=cast(Any, self.world.topology),
-                                     params=self.world.trainers[name].flat_params, seed=self.scenario.seed)
+                                     params=trainer.mixed, seed=self.scenario.seed,
+                                     shapes=trainer.mixed_shapes, trained_numel=trainer.flat_params.numel())
         return cast(Machine, machine)
 
     def _bytes_sent(self) -> int:
@@ -296,7 +300,7 @@ class GossipRun:
             return  # nothing better than the initial model to offer yet
         _, meta = peer.machine.export_state()
         round_index, steps_done = int(meta.get("round", 0)), int(meta.get("steps_done", 0))
-        params = self.world.trainers[peer.name].flat_params.detach().clone()
+        params = self.world.trainers[peer.name].mixed.detach().clone()  # buffers too when averaged
         self._send(peer, Send((requester,), StateSyncResponse(
             round=round_index, tensors={"params": params},
             meta={"round": round_index, "steps_done": steps_done,
@@ -319,7 +323,7 @@ class GossipRun:
                 peer.state_sync["refused"] += 1  # the algorithm cannot hand its state over (CHOCO)
             else:
                 with torch.no_grad():
-                    trainer.flat_params.copy_(offer.params)
+                    trainer.mixed.copy_(offer.params)
                 trainer.step = steps_done  # the learning-rate schedule follows the network
                 peer.pending_work = None   # superseded by the adopted state
                 peer.state_sync["adopted"] += 1

@@ -1,17 +1,22 @@
-"""A torch.distributed (gloo) data-parallel run of the daemon's training, to compare final parameters with.
+"""A torch.distributed (gloo) data-parallel run of the daemon's training, to compare final states with.
 
 Rank ``i`` builds member ``i``'s trainer from the same peer config (same seed,
 shard and data order, one thread) and wraps its model in torch's own
-``DistributedDataParallel``: every step each rank computes the gradient of
-its own next batch, DDP all-reduces the gradients and divides by the world
-size during ``backward``, and the trainer's plain SGD step applies the mean
-gradient, so every rank computes ``x <- x - lr * mean_i g_i(x)`` and the
-ranks stay equal. The trainer's parameters and gradients are views into its
-flat vectors, and DDP keeps them in place (checked), so ``flat_params`` is the model.
+``DistributedDataParallel`` with ``broadcast_buffers=False``: every step each
+rank computes the gradient of its own next batch (BatchNorm normalises with
+that batch's statistics and updates the rank's own running statistics), DDP
+all-reduces the gradients and divides by the world size during ``backward``,
+the trainer's plain SGD step applies the mean gradient, and then the floating
+buffers are all-reduced and divided by the world size. So every rank computes
+``x <- x - lr * mean_i g_i(x)`` and ``b <- mean_i b_i'`` (its running statistics
+after its own step, averaged), and the ranks stay equal: what gossip with
+``buffers = "average"`` and exact averaging after each step computes. The
+trainer's parameters, gradients and buffers are views into its flat vectors,
+and DDP keeps them in place (checked), so ``flat_params`` and ``flat_buffers`` are the model.
 
-The same processes then run the control from a fresh trainer: average the
-parameters each rank had before its step and apply its own step on top,
-``x_i <- mean_j x_j - lr g_i(x_i)``, which is what the daemon's default
+The same processes then run the control from a fresh trainer: average what
+each rank had before its step (parameters and buffers) and apply its own step
+on top, ``x_i <- mean_j x_j - lr g_i(x_i)``, which is what the daemon's default
 (``mixing = "overlap"``) D-PSGD computes on a complete graph. It shows the
 comparison can tell the two apart.
 """
@@ -29,7 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def run_rank(rank: int, world: int, init_method: str, config_path: str, steps: int, out: str) -> None:
-    """Saves ``{"params": data-parallel result, "overlap": the control's}`` of this rank to ``out``."""
+    """Saves ``{"params", "buffers": data-parallel result, "overlap", "overlap_buffers": the control's}``
+    of this rank to ``out``."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     torch.set_num_threads(1)
@@ -40,29 +46,38 @@ def run_rank(rank: int, world: int, init_method: str, config_path: str, steps: i
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         trainer = make_trainer(config, members=world, index=rank)
-        trainer.model = DistributedDataParallel(trainer.model)  # all-reduces the gradients in backward
-        trainer.run_steps(steps)
+        # all-reduces the gradients in backward; the running statistics stay each rank's own...
+        trainer.model = DistributedDataParallel(trainer.model, broadcast_buffers=False)
+        for _ in range(steps):
+            trainer.run_steps(1)
+            _average(trainer.flat_buffers, world)    # ...until averaged after each step
         _assert_flat_views(trainer)
-        data_parallel = trainer.flat_params.detach().clone()
+        data_parallel = {"params": trainer.flat_params.detach().clone(),
+                         "buffers": trainer.flat_buffers.detach().clone()}
 
         control = make_trainer(config, members=world, index=rank)
-        params = control.flat_params
-        average = torch.empty_like(params)
+        state = control.mixed       # parameters and buffers, as gossip mixes them
         for _ in range(steps):
-            sent = params.detach().clone()
+            sent = state.detach().clone()
             control.run_steps(1)
-            average.copy_(sent)
-            dist.all_reduce(average)
-            average.div_(world)
+            average = sent.clone()
+            _average(average, world)
             with torch.no_grad():
-                params.add_(average - sent)
-        save_file({"params": data_parallel, "overlap": params.detach().clone()}, str(Path(out)))
+                state.add_(average - sent)
+        save_file({**data_parallel, "overlap": control.flat_params.detach().clone(),
+                   "overlap_buffers": control.flat_buffers.detach().clone()}, str(Path(out)))
     finally:
         dist.destroy_process_group()
 
 
+def _average(tensor: torch.Tensor, world: int) -> None:
+    """``tensor`` becomes the mean over the ranks, in place."""
+    dist.all_reduce(tensor)
+    tensor.div_(world)
+
+
 def _assert_flat_views(trainer: Any) -> None:
-    """DDP left every parameter and gradient a view at its place in the trainer's flat vectors."""
+    """DDP left every parameter, gradient and floating buffer a view at its place in the flat vectors."""
     offset = 0
     size = trainer.flat_params.element_size()
     for p in trainer.model.parameters():
@@ -70,3 +85,8 @@ def _assert_flat_views(trainer: Any) -> None:
         assert p.grad is not None and p.grad.data_ptr() == trainer.flat_grads.data_ptr() + offset * size
         offset += p.numel()
     assert offset == trainer.flat_params.numel()
+    offset = 0
+    for b in (b for b in trainer.model.buffers() if b.is_floating_point()):
+        assert b.data_ptr() == trainer.flat_buffers.data_ptr() + offset * size
+        offset += b.numel()
+    assert offset == trainer.flat_buffers.numel() > 0

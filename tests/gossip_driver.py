@@ -288,13 +288,14 @@ class Network:
         return {n: self.trainers[n].evaluate()["accuracy"] for n in (names or self.names)}
 
     def average_accuracy(self, names: Sequence[str] | None = None) -> float:
-        """Test accuracy of the average of the peers' parameters (evaluated on a scratch trainer)."""
+        """Test accuracy of the average of the peers' mixed vectors (parameters, and buffers when
+        averaged), evaluated on a scratch trainer."""
         chosen = list(names or self.names)
         scratch = self.trainers[chosen[0]]
-        saved = scratch.flat_params.clone()
-        scratch.flat_params.copy_(torch.stack([self.trainers[n].flat_params for n in chosen]).mean(dim=0))
+        saved = scratch.mixed.clone()
+        scratch.mixed.copy_(torch.stack([self.trainers[n].mixed for n in chosen]).mean(dim=0))
         accuracy = float(scratch.evaluate()["accuracy"])
-        scratch.flat_params.copy_(saved)
+        scratch.mixed.copy_(saved)
         return accuracy
 
     def consensus(self, names: Sequence[str] | None = None) -> float:
@@ -324,8 +325,10 @@ def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0
                                    **(trainer_options or {}))
     trainers = {name: Trainer(data, trainer_config, shards[i], seed=seed, member_index=i)
                 for i, name in enumerate(names)}
-    machines = {name: make_machine(config, name=name, topology=topology, params=trainers[name].flat_params,
-                                   seed=seed) for name in names}
+    # trainer.mixed: parameters, and floating buffers when trainer_options' buffers = "average"
+    machines = {name: make_machine(config, name=name, topology=topology, params=trainers[name].mixed,
+                                   seed=seed, shapes=trainers[name].mixed_shapes,
+                                   trained_numel=trainers[name].flat_params.numel()) for name in names}
     endpoints = endpoints_for(names) if wire else None
     driver = Driver(machines, trainers, step_time_s=step_time_s, latency_s=latency_s, endpoints=endpoints,
                     tamper=tamper, observe=observe)

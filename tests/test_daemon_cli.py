@@ -90,6 +90,11 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
         found = _status_of(config)
         assert found["eval_step"] == STEPS     # the final evaluation, of the model the checkpoint holds
         assert abs(_plain_torch_accuracy(path) - found["accuracy"]) <= 1e-6
+        assert main(["eval", "--model", str(path), "--json"]) == 0     # the card rebuilds the model
+        evaluated = json.loads(capsys.readouterr().out)
+        assert evaluated["task"] == "digits-cnn"
+        assert abs(evaluated["accuracy"] - found["accuracy"]) <= 1e-6
+        assert abs(evaluated["loss"] - found["test_loss"]) <= 1e-6
         card = _card(path)
         assert card["hivemesh_task"] == "digits-cnn" and json.loads(card["hivemesh_task_options"]) == {}
         assert json.loads(card["hivemesh_test_accuracy"]) == {

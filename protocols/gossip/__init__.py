@@ -50,15 +50,25 @@ _MACHINES: dict[str, type[MachineBase]] = {
 
 
 def make_machine(config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
-                 seed: int | None = None, shapes: Sequence[tuple[int, ...]] | None = None) -> MachineBase:
+                 seed: int | None = None, shapes: Sequence[tuple[int, ...]] | None = None,
+                 trained_numel: int | None = None) -> MachineBase:
     """The state machine for ``config.algorithm``, as member ``name`` of ``topology``.
 
     ``params``: the trainer's flat parameter tensor, mixed in place.
     ``seed``: the run's root seed (defaults to ``config.seed``).
     ``shapes``: the model's parameter shapes in flat order (``trainer.param_shapes``), for
     compressors that work per layer (PowerSGD).
+    ``trained_numel``: how many leading elements of ``params`` the trainer's optimiser moves
+    (``trainer.flat_params``); the rest (averaged BatchNorm statistics) is mixed but takes no
+    outer-optimiser step. None: all of ``params``.
     Raises ValueError when the graph does not suit the algorithm.
     """
     cls = _MACHINES[config.algorithm]
-    return cls(config, name=name, topology=topology, params=params,
-               seed=config.seed if seed is None else seed, shapes=shapes)
+    machine = cls(config, name=name, topology=topology, params=params,
+                  seed=config.seed if seed is None else seed, shapes=shapes)
+    if trained_numel is not None:
+        if not 0 <= trained_numel <= params.numel():
+            raise ValueError(f"trained_numel must be in [0, {params.numel()}], not {trained_numel}")
+        if machine.outer is not None:
+            machine.outer.stepped = trained_numel
+    return machine

@@ -5,6 +5,11 @@ right after a round's mixing, the outer step treats ``anchor - params`` (the
 pseudo-gradient accumulated since the last outer step, after averaging) as a
 gradient for Nesterov SGD on the anchor, and the parameters restart from the
 new anchor.
+
+Only the leading ``stepped`` elements (the trained parameters) take the outer step;
+the rest of a mixed vector (BatchNorm statistics averaged like the parameters) keeps
+its mixed value: statistics are not descended, and Nesterov's overshoot could make a
+running variance negative.
 """
 
 from __future__ import annotations
@@ -27,12 +32,16 @@ class OuterNesterov:
         self.momentum_buffer = torch.zeros_like(self.anchor)
         self.last_step = 0  # steps_done at the last outer step (no second step without new local steps)
         self.outer_steps = 0
+        self.stepped: int | None = None  # elements that take the outer step; None: all of them
 
     def after_round(self, steps_done: int, params: torch.Tensor) -> bool:
         """Take the outer step if ``steps_done`` just reached a multiple of ``every``; True if taken."""
         if steps_done == self.last_step or steps_done % self.every:
             return False
-        nesterov_outer_step(params, self.anchor, self.momentum_buffer, lr=self.lr, momentum=self.momentum)
+        n = params.numel() if self.stepped is None else self.stepped
+        nesterov_outer_step(params[:n], self.anchor[:n], self.momentum_buffer[:n], lr=self.lr,
+                            momentum=self.momentum)
+        self.anchor[n:].copy_(params[n:])
         self.last_step = steps_done
         self.outer_steps += 1
         return True
