@@ -73,13 +73,17 @@ def _machine(key: str) -> Gossip:
     return machine
 
 
-def _honest(machine: MachineBase, sender: str, r: int, *, reply: bool = False) -> ParamPush:
-    """What an honest neighbour sends for round ``r`` (its parameters: 0.5 everywhere)."""
+def _honest(machine: MachineBase, sender: str, r: int, *, reply: bool = False,
+            value: torch.Tensor | None = None) -> ParamPush:
+    """What an honest neighbour sends for round ``r`` (its parameters: 0.5 everywhere), or
+    ``value`` encoded the same way (a well-formed message carrying what an insider chose)."""
     coder = Payload(machine.config.compression, numel=D, dtype=torch.float32, seed=0, name=sender)
     raw = machine.config.algorithm == "choco" and r == 0 and machine.config.choco_full_start
     x = torch.full((D,), 0.5)
     if machine.config.algorithm == "choco" and r > 0:
         x = torch.full((D,), 0.01)  # CHOCO sends q = x - x_hat: small once the copies are exact
+    if value is not None:
+        x = value
     tensors, meta, _ = coder.encode(x, r, raw=raw)
     if machine.config.algorithm == "pushsum":
         meta = {**meta, "w": 0.5}
@@ -203,25 +207,31 @@ def _feed_and_check(key: str, craft: Craft, expect: set[str] | None, sender: str
     return machine
 
 
-@pytest.mark.parametrize("key", list(CONFIGS))
+def _as_request(craft: Craft) -> Craft:
+    """The same crafted message as an AD-PSGD request (answered at once) rather than a reply."""
+    def request(r: int) -> Message:
+        message = craft(r)
+        if isinstance(message, ParamPush):
+            return ParamPush(round=message.round, tensors=message.tensors, meta=message.meta, want_reply=True)
+        return message
+    return request
+
+
+@pytest.mark.parametrize("key", [*CONFIGS, "adpsgd-request"])
 @pytest.mark.parametrize("label", [label for label, _, _ in IDENTITY_CATALOGUE])
 def test_each_crafted_message_is_counted_and_honest_rounds_go_on(key: str, label: str) -> None:
+    # Fed to a fresh machine (no warm-up): its first exchange has no history to compare with,
+    # and is where the insider filter once let any finite update through.
     _, craft, expect = next(item for item in IDENTITY_CATALOGUE if item[0] == label)
-    compressed = CONFIGS[key].compressed
-    if compressed and isinstance(craft(0), ParamPush) and "round" not in label:
-        expect = set()  # a raw vector to a compressed machine: rejected, with the operator's reason
-    if key == "adpsgd" and label == "ErrorReply refusal":
+    config_key = "adpsgd" if key == "adpsgd-request" else key
+    if key == "adpsgd-request":
+        craft = _as_request(craft)
+    if CONFIGS[config_key].compressed and isinstance(craft(0), ParamPush) and "round" not in label:
+        # a raw vector (no operator tag, or a junk one) to a compressed machine
+        expect = {"rejected_missing_op"}
+    if config_key == "adpsgd" and label == "ErrorReply refusal":
         expect = {"stale_message"}
-    machine = None
-    if key == "adpsgd" and label == "large":
-        # AD-PSGD screens one candidate at a time: on its very first exchange (no history, no own
-        # step yet) the insider filter has nothing to compare with and accepts any finite update
-        # (reported, not fixed). Once it has a history, a large update is refused:
-        machine = _machine(key)
-        _honest_round(machine, 0.1)
-        _honest_round(machine, 0.2)
-        craft = _push({"x": torch.full((D,), 1e4, dtype=torch.float16)}, want_reply=True)
-    _feed_and_check(key, craft, expect, machine=machine)
+    _feed_and_check(config_key, craft, expect)
 
 
 @pytest.mark.parametrize("key", list(CONFIGS))
@@ -329,6 +339,70 @@ def test_adpsgd_bad_replies_to_its_own_request_end_the_iteration() -> None:
         assert machine.round == 1 and machine.counters["rejected_update"] == 1
         _sane(machine)
         _honest_round(machine, 1.0)
+
+
+# ------------------------------------------------------------ cold start: the first update
+
+
+def _spike(size: float) -> torch.Tensor:
+    x = torch.zeros(D)
+    x[-1] = size
+    return x
+
+
+@pytest.mark.parametrize("size", [19.0, 1e4])
+def test_adpsgd_first_request_after_a_refusal_cannot_drag_the_parameters(size: float) -> None:
+    # The reproduction of issue 18: the insider filter had no history and no own step yet, counted
+    # the candidate in its own reference, and so accepted any finite first update (x = 19 put a
+    # parameter at 10.0, x = 1e4 at 5000).
+    machine = _machine("adpsgd")
+    assert isinstance(machine, ADPSGD) and machine.request is not None
+    start = machine.params.clone()
+    partner, r = machine.request
+    machine.handle(Received(partner, ErrorReply(code="update_refused", detail=str(r))), 0.1)
+    request = ParamPush(round=0, tensors={"x": _spike(size)}, meta={}, want_reply=True)
+    actions = machine.handle(Received(partner, request), 0.2)
+    machine.handle(WorkDone(1, 0.0), 0.3)
+    refusals = [a for a in actions if isinstance(a, Send) and isinstance(a.message, ErrorReply)]
+    assert len(refusals) == 1 and machine.counters["rejected_update"] == 1, dict(machine.counters)
+    assert torch.equal(machine.params, start)  # nothing of it was mixed
+    _honest_round(machine, 1.0)
+
+
+def test_adpsgd_first_request_from_an_honest_peer_that_started_elsewhere_is_served() -> None:
+    # Negative control of the test above: the cold reference (our own parameters' norm) still
+    # lets a first update from a peer with a different initialisation through.
+    machine = _machine("adpsgd")
+    actions = machine.handle(Received(INSIDER, _as_request(lambda r: _honest(machine, INSIDER, r))(0)), 0.2)
+    assert [type(a.message) for a in actions if isinstance(a, Send)] == [ParamPush]
+    assert machine.counters["requests_served"] == 1 and machine.counters["rejected_update"] == 0
+
+
+def _lone_first_update(key: str, value: torch.Tensor | None) -> Gossip:
+    """Round 0 of a fresh machine in which only the insider's message arrives (the honest
+    neighbour misses the deadline): one candidate, no history, no own step."""
+    machine = _machine(key)
+    machine.handle(Received(INSIDER, _honest(machine, INSIDER, 0, value=value)), 0.1)
+    if machine.phase is Phase.WORKING:
+        machine.handle(WorkDone(machine.round_steps, 0.0), 0.2)
+    machine.handle(TimerFired(machine._timer_key()), 100.0)
+    assert machine.round == 1
+    return machine
+
+
+@pytest.mark.parametrize("key", ROUND_CONFIGS)
+@pytest.mark.parametrize("size", [19.0, 1e4])
+def test_a_lone_first_update_is_judged_against_our_own_parameters(key: str, size: float) -> None:
+    machine = _lone_first_update(key, _spike(size))
+    assert machine.counters["rejected_update"] == 1, dict(machine.counters)
+    _sane(machine)
+
+
+@pytest.mark.parametrize("key", ROUND_CONFIGS)
+def test_a_lone_honest_first_update_is_mixed(key: str) -> None:
+    # Negative control: the same lone first update, honest, is accepted.
+    machine = _lone_first_update(key, None)
+    assert machine.counters["rejected_update"] == 0, dict(machine.counters)
 
 
 # ------------------------------------------------------------ compressed parts

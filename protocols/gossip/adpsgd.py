@@ -221,7 +221,7 @@ class ADPSGD(MachineBase):
             self._reject(error.reason)
             return None
         norm = self._distance(theirs, mine)
-        return theirs if self._screen([norm], self.own_step_norm)[0] else None
+        return theirs if self._screen([norm], self.own_step_norm, mine)[0] else None
 
     def _on_request(self, sender: str, message: ParamPush) -> list[Action]:
         mine = self.public if self.phase is Phase.WORKING else self.params

@@ -162,8 +162,10 @@ class MachineBase:
         self.counters["rejected_update"] += 1
         self.counters[f"rejected_{reason}"] += 1
 
-    def _screen(self, norms: Sequence[float], own_norm: float) -> list[bool]:
-        verdict = self.filter.screen(norms, own_norm)
+    def _screen(self, norms: Sequence[float], own_norm: float, origin: torch.Tensor) -> list[bool]:
+        """The insider filter's verdict on ``norms``, distances measured from ``origin`` (our own
+        value): its norm is the reference when nothing else gives one (see robust.py)."""
+        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(origin))
         self._count("rejected_update", verdict.count(False))
         return verdict
 

@@ -389,7 +389,7 @@ class RoundMachine(MachineBase):
             decoded.append((sender, r, payload))
             norms.append(norm)
         own_norm = self.step_norm if self.after and self.round_steps else self._own_norm()
-        verdict = self._screen(norms, own_norm)
+        verdict = self._screen(norms, own_norm, self.params)  # (WAITING: the parameters are ours)
         self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
         self.steps_done += self.round_steps
         self.round += 1
