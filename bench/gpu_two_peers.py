@@ -21,7 +21,6 @@ import tempfile
 import time
 from multiprocessing.queues import Queue
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -61,7 +60,7 @@ def check_training(folder: Path) -> bool:
 
 def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str, results: Queue) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_exchange import _barrier, _signed_codec
+    from bench_exchange import Mailbox, _signed_codec
 
     from peer.transport import Transport
 
@@ -72,24 +71,17 @@ def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str
     staged = torch.empty(numel, pin_memory=device == "cuda")      # what Trainer.host_params stages into
     received = torch.empty(numel, pin_memory=device == "cuda")
     seal, open_ = _signed_codec(me, other, names, lambda dtype, numel: received, staged)
-    tokens: set[bytes] = set()
     times = []
     with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
+        mailbox = Mailbox(transport, other)
         for round_index in range(repeat + 1):
-            _barrier(transport, other, round_index, tokens)
+            mailbox.barrier(round_index)
             start = time.perf_counter()
             staged.copy_(x, non_blocking=True)
             if device == "cuda":
                 torch.cuda.synchronize()
-            transport.send(other, seal(round_index))
-            got: Any = None
-            while got is None:
-                for frames in transport.poll(1.0):
-                    if len(frames) > 1:
-                        got = frames
-                    else:
-                        tokens.add(frames[0].bytes)
-            y = open_([f.buffer for f in got])
+            mailbox.send(seal(round_index))
+            y = open_([f.buffer for f in mailbox.next_data()])
             transport.wait_sent()
             x.lerp_(y.to(device, non_blocking=True), 0.5)
             if device == "cuda":
@@ -98,7 +90,7 @@ def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str
             if float(x[0]) != 2.0 or float(x[-1]) != 2.0:
                 raise AssertionError("the exchange did not average")
             x.fill_(float(1 + 2 * index))
-        _barrier(transport, other, -1, tokens)
+        mailbox.barrier(-1)
     results.put((index, times[1:]))
 
 
