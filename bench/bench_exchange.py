@@ -23,7 +23,9 @@ run on the same bytes:
   environment is untouched; skipped with a note otherwise.
 
 Loopback figures drift 30-50 % between runs here; only the same-run ratios count.
-Run: ``.venv/bin/python bench/bench_exchange.py [--numel N] [--repeat R]``.
+Run: ``.venv/bin/python bench/bench_exchange.py [--numel N] [--repeat R] [--quick]``
+(``--quick``: 100,000 parameters in 64 KiB frames, one exchange after the warm-up, no hivemind:
+a smoke run for CI, not a measurement).
 """
 
 from __future__ import annotations
@@ -337,14 +339,19 @@ def main() -> int:
                         help="python of a separate venv with hivemind installed ('' to skip)")
     parser.add_argument("--frame-mib", type=int, default=16,
                         help="payload frame size of our exchanges in MiB (default 16, the wire's limit)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, one exchange, no hivemind (a smoke run)")
     args = parser.parse_args()
+    # quick: small frames too, so that the tiny vector still crosses as several (gathered) frames
+    frame_bytes = 64 << 10 if args.quick else args.frame_mib << 20
+    if args.quick:
+        args.numel, args.repeat, args.hivemind_python = 100_000, 1, ""
     torch.set_num_threads(1)
     numel, repeat = args.numel, args.repeat
     print(f"one push-pull exchange of {numel:,} float32 ({numel * 4 / 1e6:.0f} MB each way) between two "
           f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
     rows: dict[str, float | None] = {}
     rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
-    frame_bytes = args.frame_mib << 20
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
         _wire_side, free_tcp_addresses(2), numel, repeat, "unsigned", frame_bytes)
     rows["ours signed, serial digests"] = run_pair(
