@@ -15,7 +15,9 @@ touched buffer, and a fresh ``clone``), naive top-k (``torch.topk`` on |x|)
 and naive 8-bit QSGD (``torch.rand_like`` noise). Goals: every operator >=
 0.5 GB/s both ways; top-k and QSGD >= 5x their naive versions; PowerSGD rank
 4 on the transformer shapes >= 0.5 GB/s.
-Run: ``.venv/bin/python bench/bench_compress.py [--numel N] [--repeat R] [--only SPEC,...]``.
+Run: ``.venv/bin/python bench/bench_compress.py [--numel N] [--repeat R] [--only SPEC,...] [--quick]``
+(``--quick``: every operator on each workload shrunk to about 100,000 elements, one repetition:
+a smoke run for CI, not a measurement).
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ GOAL_GBPS = 0.5
 GOAL_SPEEDUP = 5.0
 
 
-def resnet18_shapes() -> list[tuple[int, ...]]:
-    """torchvision's resnet18 (ImageNet head), parameters in registration order."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+def resnet18_shapes(width: int = 64) -> list[tuple[int, ...]]:
+    """torchvision's resnet18 (ImageNet head), parameters in registration order (real at ``width`` 64)."""
+    shapes: list[tuple[int, ...]] = [(width, 3, 7, 7), (width,), (width,)]
+    inplanes = width
+    for planes, stride in ((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)):
         for block in range(2):
             first = block == 0
             cin = inplanes if first else planes
@@ -53,7 +55,7 @@ def resnet18_shapes() -> list[tuple[int, ...]]:
             if first and (stride != 1 or inplanes != planes):
                 shapes += [(planes, inplanes, 1, 1), (planes,), (planes,)]
         inplanes = planes
-    return [*shapes, (1000, 512), (1000,)]
+    return [*shapes, (1000, 8 * width), (1000,)]
 
 
 def transformer_shapes(
@@ -65,6 +67,15 @@ def transformer_shapes(
         shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,)]  # LN, attention
         shapes += [(d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]  # LN, MLP
     return [*shapes, (d,), (d,)]
+
+
+def workload_shapes(name: str, quick: bool) -> list[tuple[int, ...]]:
+    """The named model's shapes; quick: the same layers, narrow (about 100,000 parameters each)."""
+    if name == "resnet18":
+        return resnet18_shapes(width=4) if quick else resnet18_shapes()
+    if name == "transformer":
+        return transformer_shapes(d=32, blocks=2, vocab=1024, context=64) if quick else transformer_shapes()
+    raise SystemExit(f"unknown workload {name!r} (flat, resnet18, transformer)")
 
 
 def best_time(repeat: int, work: Callable[[], object]) -> float:
@@ -152,7 +163,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="specs separated by ';' (default: all)")
     parser.add_argument("--workloads", default="flat,resnet18,transformer")
+    parser.add_argument("--quick", action="store_true",
+                        help="each workload shrunk to about 100,000 elements, one repetition (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.numel, args.repeat = 100_000, 1
     torch.set_num_threads(1)
     specs = [s for s in args.only.split(";") if s] or SPECS
     generator = torch.Generator().manual_seed(0)
@@ -160,7 +175,7 @@ def main() -> None:
         if workload == "flat":
             x, shapes = torch.randn(args.numel, generator=generator), None
         else:
-            shapes = resnet18_shapes() if workload == "resnet18" else transformer_shapes()
+            shapes = workload_shapes(workload, args.quick)
             x = torch.randn(sum(math.prod(s) for s in shapes), generator=generator)
         run_workload(workload, x, shapes, specs, args.repeat)
     print("\nratio: raw float32 message / compressed message, headers included. break-even: links slower"

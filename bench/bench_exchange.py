@@ -23,7 +23,9 @@ run on the same bytes:
   environment is untouched; skipped with a note otherwise.
 
 Loopback figures drift 30-50 % between runs here; only the same-run ratios count.
-Run: ``.venv/bin/python bench/bench_exchange.py [--numel N] [--repeat R]``.
+Run: ``.venv/bin/python bench/bench_exchange.py [--numel N] [--repeat R] [--quick]``
+(``--quick``: 100,000 parameters in 64 KiB frames, one exchange after the warm-up, no hivemind:
+a smoke run for CI, not a measurement).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -53,6 +56,7 @@ RAW_FRAME_BYTES = 4 << 20
 WIRE_FRAME_BYTES = 16 << 20
 DIGEST_THREADS = DEFAULT_WORKERS     # as peer/daemon.py
 HERE = Path(__file__).resolve().parent
+PAIR_TIMEOUT_S = 900.0   # a generous ceiling for 6 exchanges of 100 MB on a loaded machine
 SIGNED = f"ours signed (caller + {DIGEST_THREADS} digest thread(s), buffer pool; as the daemon)"
 
 
@@ -138,40 +142,61 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, mode: 
     else:
         digester, pool = ThreadDigester(DIGEST_THREADS), BufferPool(max_buffers=4)
         seal, open_ = _signed_codec(me, other, names, pool.allocate, x, frame_bytes, digester)
-    tokens: set[bytes] = set()      # barrier tokens that arrived while we waited for data
     with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
+        mailbox = Mailbox(transport, other)
         times = []
         for round_index in range(repeat + 1):
-            _barrier(transport, other, round_index, tokens)
+            mailbox.barrier(round_index)
             start = time.perf_counter()
-            transport.send(other, seal(round_index))
-            got = None
-            while got is None:
-                for frames in transport.poll(1.0):
-                    if len(frames) > 1:
-                        got = frames
-                    else:
-                        tokens.add(frames[0].bytes)
-            y = open_([f.buffer for f in got])
+            mailbox.send(seal(round_index))
+            y = open_([f.buffer for f in mailbox.next_data()])
             transport.wait_sent()              # x may be mixed only once ZeroMQ has let go of it
             x.lerp_(y, 0.5)
             times.append(time.perf_counter() - start)
             _check(x)
             x.fill_(float(1 + 2 * index))
-        _barrier(transport, other, -1, tokens)
+        mailbox.barrier(-1)
         results.put((index, times[1:]))
     if digester is not None:
         digester.close()
 
 
-def _barrier(transport: Transport, other: str, round_index: int, tokens: set[bytes]) -> None:
-    token = b"ready %d" % round_index
-    while not transport.send(other, [token]):
-        time.sleep(0.01)
-    while token not in tokens:
-        for frames in transport.poll(1.0):
-            if len(frames) == 1:
-                tokens.add(frames[0].bytes)
+class Mailbox:
+    """The other side's messages over a Transport: one-frame barrier tokens and multi-frame data.
+
+    One poll can return a token together with the data sent right behind it, so both are kept:
+    a barrier that dropped data it was not waiting for hung the exchange (often at small sizes).
+    """
+
+    def __init__(self, transport: Transport, other: str) -> None:
+        self.transport, self.other = transport, other
+        self.tokens: set[bytes] = set()
+        self.data: deque[list[Any]] = deque()
+
+    def send(self, frames: list[Any]) -> None:
+        # A dropped message would leave the other side waiting for it forever: fail instead.
+        if not self.transport.send(self.other, frames):
+            raise AssertionError(f"send to {self.other} dropped (unreachable or queue full)")
+
+    def barrier(self, round_index: int) -> None:
+        """Return once both sides have reached ``round_index``."""
+        token = b"ready %d" % round_index
+        while not self.transport.send(self.other, [token]):
+            time.sleep(0.01)    # not connected yet: IMMEDIATE refuses, and ZeroMQ reconnects
+        while token not in self.tokens:
+            self._poll()
+
+    def next_data(self) -> list[Any]:
+        while not self.data:
+            self._poll()
+        return self.data.popleft()
+
+    def _poll(self) -> None:
+        for frames in self.transport.poll(1.0):
+            if len(frames) > 1:
+                self.data.append(frames)
+            else:
+                self.tokens.add(frames[0].bytes)
 
 
 def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor, frame_bytes: int = WIRE_FRAME_BYTES) -> tuple[
@@ -253,14 +278,18 @@ def _gloo_side(index: int, init_method: str, numel: int, repeat: int, results: Q
 # ------------------------------------------------------------------ running a pair
 
 
-def run_pair(target: Callable[..., None], *args: Any) -> float:
-    """Run ``target(index, *args, results)`` in two processes; the median of the slower side's times."""
+def run_pair(target: Callable[..., None], *args: Any, timeout_s: float = PAIR_TIMEOUT_S) -> float:
+    """Run ``target(index, *args, results)`` in two processes; the median of the slower side's times.
+
+    Raises if a side fails or both have not reported within ``timeout_s`` (a hang is a failure).
+    """
     ctx = context()
     results: Queue = ctx.Queue()
     processes = [ctx.Process(target=target, args=(i, *args, results)) for i in range(2)]
     for process in processes:
         process.start()
     collected: dict[int, list[float]] = {}
+    deadline = time.monotonic() + timeout_s
     try:
         while len(collected) < 2:
             try:
@@ -270,11 +299,14 @@ def run_pair(target: Callable[..., None], *args: Any) -> float:
                 failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
                 if failed:
                     raise RuntimeError(f"{target.__name__} failed (exit codes {failed})") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{target.__name__}: no result within {timeout_s:.0f} s") from None
     finally:
         for process in processes:
-            process.join(30)
+            process.join(30 if len(collected) == 2 else 0)   # a side that failed or hung is not waited for
             if process.is_alive():
                 process.kill()
+                process.join()
     slower = [max(a, b) for a, b in zip(collected[0], collected[1], strict=True)]
     return statistics.median(slower)
 
@@ -307,14 +339,19 @@ def main() -> int:
                         help="python of a separate venv with hivemind installed ('' to skip)")
     parser.add_argument("--frame-mib", type=int, default=16,
                         help="payload frame size of our exchanges in MiB (default 16, the wire's limit)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, one exchange, no hivemind (a smoke run)")
     args = parser.parse_args()
+    # quick: small frames too, so that the tiny vector still crosses as several (gathered) frames
+    frame_bytes = 64 << 10 if args.quick else args.frame_mib << 20
+    if args.quick:
+        args.numel, args.repeat, args.hivemind_python = 100_000, 1, ""
     torch.set_num_threads(1)
     numel, repeat = args.numel, args.repeat
     print(f"one push-pull exchange of {numel:,} float32 ({numel * 4 / 1e6:.0f} MB each way) between two "
           f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
     rows: dict[str, float | None] = {}
     rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
-    frame_bytes = args.frame_mib << 20
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
         _wire_side, free_tcp_addresses(2), numel, repeat, "unsigned", frame_bytes)
     rows["ours signed, serial digests"] = run_pair(

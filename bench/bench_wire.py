@@ -8,7 +8,8 @@ faults: see the clone row), or into a buffer the driver reuses. Goal: each
 side costs at most 2x one pass of the digest the codec uses (BLAKE3, chosen
 because it ran 2-3x faster than SHA-256 here). The last two rows use the
 daemon's digest threads (peer/digests.py): they gain only where a core is free.
-Run: ``.venv/bin/python bench/bench_wire.py [--numel N] [--repeat R]``.
+Run: ``.venv/bin/python bench/bench_wire.py [--numel N] [--repeat R] [--quick]``
+(``--quick``: 100,000 parameters, one repetition: a smoke run for CI, not a measurement).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numel", type=int, default=25_000_000, help="float32 parameters")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.numel, args.repeat = 100_000, 1
     torch.set_num_threads(1)
 
     alice, bob = Identity.generate(), Identity.generate()

@@ -27,14 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Simulate scenario files (TOML) on a modelled network with the real protocol and "
                     "training code, and write one report comparing them. "
                     "'hivemesh sim calibrate --task NAME --write FILE' measures the trainer's step time.",
-        epilog="examples: hivemesh sim examples/scenario-ring-vs-allreduce-slow.toml "
-               "examples/scenario-allreduce-slow.toml --out sim-report; "
+        epilog="examples: hivemesh sim examples/scenario-ring-vs-allreduce-slow.toml --out sim-report; "
+               "hivemesh sim examples/scenario-choco.toml examples/scenario-exact-gossip.toml "
+               "--out sim-report; a shorter run of one: add --set duration_s=2; "
                "hivemesh sim calibrate --task digits-mlp --write my-scenario.toml")
     parser.add_argument("scenarios", nargs="+", metavar="SCENARIO.toml",
                         help="scenario files, or 'calibrate'")
     parser.add_argument("--out", default="sim-report", help="report directory (default: sim-report)")
     parser.add_argument("--no-plots", action="store_true", help="write report.json and metrics.csv only")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                        help="override a key in every scenario file, as TOML (dotted for tables; "
+                             "repeatable), e.g. --set duration_s=2 --set algorithm.total_steps=50")
     calibrate = parser.add_argument_group("calibrate")
     calibrate.add_argument("--task", help="task to time (default: the scenario's, else digits-mlp)")
     calibrate.add_argument("--write", metavar="SCENARIO.toml",
@@ -59,7 +63,8 @@ def simulate(args: argparse.Namespace) -> int:
     from sim.scenario import load_scenario, variants
 
     # Every file is checked before anything runs; compare_with adds baseline variants.
-    scenarios = [variant for path in args.scenarios for variant in variants(load_scenario(path))]
+    scenarios = [variant for path in args.scenarios
+                 for variant in variants(load_scenario(path, args.overrides))]
     for scenario in scenarios:
         check_scenario(scenario)
     results = []

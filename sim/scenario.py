@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -235,13 +237,19 @@ def variants(scenario: ScenarioConfig) -> list[ScenarioConfig]:
     return out
 
 
-def load_scenario(path: str | Path) -> ScenarioConfig:
-    """Read and validate a scenario file (errors name the file and the key)."""
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> ScenarioConfig:
+    """Read and validate a scenario file (errors name the file and the key).
+
+    ``overrides`` are ``KEY=VALUE`` assignments applied on top of the file before it is
+    checked (see :func:`apply_override`): a smaller run of the same scenario, say.
+    """
     path = Path(path)
     data = read_toml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table")
     data = dict(data)
+    for assignment in overrides:
+        apply_override(data, assignment, source=str(path))
     data.setdefault("name", path.stem.removeprefix("scenario-"))
     if "source" in data:
         raise ConfigError(f"{path}: unknown key 'source'")
@@ -256,3 +264,30 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     data.setdefault("name", "scenario")
     data["source"] = source
     return load(ScenarioConfig, data, source=source)
+
+
+def apply_override(data: dict[str, Any], assignment: str, *, source: str = "<scenario>") -> None:
+    """Set one dotted key of a scenario mapping from ``KEY=VALUE``, in place.
+
+    VALUE is read as a TOML value (``2``, ``0.5``, ``true``, ``"x"``, ``["a"]``); anything that
+    is not one is taken as a bare string, so ``graph.spec=ring:4`` needs no quotes. Tables on the
+    way are created if missing; the result is then checked like the file itself, so a misspelt
+    key or a wrong type is reported by name.
+    """
+    key, equals, text = assignment.partition("=")
+    names = key.strip().split(".")
+    if not equals or not all(names):
+        raise ConfigError(f"{source}: override {assignment!r}: expected KEY=VALUE (e.g. duration_s=2)")
+    try:
+        value = tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    table = data
+    for depth, name in enumerate(names[:-1]):
+        inner = table.setdefault(name, {})
+        if not isinstance(inner, dict):
+            raise ConfigError(f"{source}: override {assignment!r}: "
+                              f"'{'.'.join(names[:depth + 1])}' is not a table")
+        table[name] = inner = dict(inner)   # a copy: the caller's nested tables stay as they were
+        table = inner
+    table[names[-1]] = value

@@ -1,0 +1,88 @@
+"""bench/flaky.py reports a test that fails in some runs and exits non-zero; a steady suite passes.
+
+Negative control for the gate itself: a test that fails on every other run
+(it counts its runs in a file beside it) must show up as 1 failure in 2 runs,
+and the gate must exit 1. The temporary suite has its own pytest.ini, so it
+is collected on its own, with the ``processes`` marker the gate selects by.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GATE = ROOT / "bench" / "flaky.py"
+CEILING_S = 120.0   # two runs of a three-test pytest session; seconds when healthy
+
+SUITE = '''
+from pathlib import Path
+
+import pytest
+
+RUNS = Path(__file__).with_name("runs.txt")
+
+
+@pytest.mark.processes
+def test_fails_every_other_run() -> None:
+    done = int(RUNS.read_text()) if RUNS.exists() else 0
+    RUNS.write_text(str(done + 1))
+    assert done % 2 == 0, "fails on the second run"
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("case", ["a", "b"])
+def test_steady(case: str) -> None:
+    assert case in "ab"
+
+
+def test_not_selected_without_the_marker() -> None:
+    assert False, "the gate runs only the marked tests"
+'''
+
+
+def run_gate(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # Arguments after -- reach pytest: here they leave out Hypothesis' plugin, which the
+    # temporary suite does not use and which takes seconds to import on a loaded machine.
+    return subprocess.run([sys.executable, str(GATE), *args, str(folder), "--", "-p", "no:hypothesispytest"],
+                          capture_output=True, text=True, timeout=CEILING_S, cwd=ROOT)
+
+
+def rows(output: str) -> dict[str, tuple[int, int]]:
+    """test id -> (runs, failures) from the gate's table."""
+    found = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) == 4 and "::" in cells[0] and all(c.isdigit() for c in cells[1:]):
+            found[cells[0].rsplit("::", 1)[1]] = (int(cells[1]), int(cells[2]))
+    return found
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    processes: real processes\n")
+    (tmp_path / "test_sometimes.py").write_text(SUITE)
+    return tmp_path
+
+
+@pytest.mark.processes
+def test_the_gate_reports_a_test_that_fails_one_run_in_two(suite: Path) -> None:
+    done = run_gate(suite, "--runs", "2")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert rows(done.stdout) == {"test_fails_every_other_run": (2, 1),
+                                 "test_steady[a]": (2, 0), "test_steady[b]": (2, 0)}
+    assert "1 of 3 tests failed at least once in 2 runs" in done.stdout
+    assert (suite / "runs.txt").read_text() == "2"   # both runs were made
+
+
+@pytest.mark.processes
+def test_the_gate_passes_a_steady_selection(suite: Path) -> None:
+    done = run_gate(suite, "--runs", "2", "-k", "steady")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rows(done.stdout) == {"test_steady[a]": (2, 0), "test_steady[b]": (2, 0)}
+    assert not (suite / "runs.txt").exists()   # -k reached pytest
