@@ -34,9 +34,11 @@ import argparse
 import json
 import os
 import queue
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,7 +52,7 @@ import zmq
 
 from peer.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
 from peer.launch import context
-from peer.transport import Transport, free_tcp_addresses
+from peer.transport import Transport, listener_address, reserve_listeners
 
 RAW_FRAME_BYTES = 4 << 20
 WIRE_FRAME_BYTES = 16 << 20
@@ -86,11 +88,18 @@ def _check(x: torch.Tensor) -> None:
 # ------------------------------------------------------------------ the two sides
 
 
-def _raw_side(index: int, addresses: list[str], numel: int, repeat: int, results: Queue) -> None:
+def adopt(index: int, listeners: list[socket.socket]) -> tuple[list[str], int]:
+    """Both sides' addresses, and this side's listening socket (reserved by the parent) to serve."""
+    return [listener_address(listener) for listener in listeners], listeners[index].detach()
+
+
+def _raw_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, results: Queue) -> None:
     """Plain pyzmq DEALER -> ROUTER both ways, 4 MiB frames: the floor for moving the bytes."""
     torch.set_num_threads(1)
+    addresses, listen_fd = adopt(index, listeners)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.ROUTER)
+    inbox.setsockopt(zmq.USE_FD, listen_fd)
     inbox.bind(addresses[index])
     outbox = ctx.socket(zmq.DEALER)
     outbox.connect(addresses[1 - index])
@@ -123,8 +132,8 @@ def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> Non
             return
 
 
-def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, mode: str, frame_bytes: int,
-               results: Queue) -> None:
+def _wire_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, mode: str,
+               frame_bytes: int, results: Queue) -> None:
     """Our exchange through peer.transport: mode "unsigned" (our framing alone), "serial" (Endpoint,
     default digests) or "threads" (Endpoint with the daemon's digest threads and buffer pool)."""
     torch.set_num_threads(1)
@@ -142,7 +151,9 @@ def _wire_side(index: int, addresses: list[str], numel: int, repeat: int, mode: 
     else:
         digester, pool = ThreadDigester(DIGEST_THREADS), BufferPool(max_buffers=4)
         seal, open_ = _signed_codec(me, other, names, pool.allocate, x, frame_bytes, digester)
-    with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
+    addresses, listen_fd = adopt(index, listeners)
+    with Transport(listen=addresses[index], listen_fd=listen_fd,
+                   neighbours={other: addresses[1 - index]}) as transport:
         mailbox = Mailbox(transport, other)
         times = []
         for round_index in range(repeat + 1):
@@ -351,13 +362,13 @@ def main() -> int:
     print(f"one push-pull exchange of {numel:,} float32 ({numel * 4 / 1e6:.0f} MB each way) between two "
           f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
     rows: dict[str, float | None] = {}
-    rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, free_tcp_addresses(2), numel, repeat)
+    rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, reserve_listeners(2), numel, repeat)
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, "unsigned", frame_bytes)
+        _wire_side, reserve_listeners(2), numel, repeat, "unsigned", frame_bytes)
     rows["ours signed, serial digests"] = run_pair(
-        _wire_side, free_tcp_addresses(2), numel, repeat, "serial", frame_bytes)
-    rows[SIGNED] = run_pair(_wire_side, free_tcp_addresses(2), numel, repeat, "threads", frame_bytes)
-    (rendezvous,) = free_tcp_addresses(1)
+        _wire_side, reserve_listeners(2), numel, repeat, "serial", frame_bytes)
+    rows[SIGNED] = run_pair(_wire_side, reserve_listeners(2), numel, repeat, "threads", frame_bytes)
+    rendezvous = f"file://{tempfile.mkdtemp(prefix='hivemesh-gloo-')}/rendezvous"    # no port to pick
     rows["torch.distributed gloo all_reduce + /2"] = run_pair(_gloo_side, rendezvous, numel, repeat)
     hivemind_s, note = run_hivemind(args.hivemind_python, numel, max(3, repeat // 2))
     rows["hivemind DecentralizedAverager step"] = hivemind_s

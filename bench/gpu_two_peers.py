@@ -18,6 +18,7 @@ the CPU exchange) and exits 0 when that is correct.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import tempfile
 import time
@@ -38,9 +39,9 @@ def check_training(folder: Path, device: str) -> bool:
     network = default_network(topology="complete", task="digits-mlp", algorithm="dpsgd",
                               compression="identity", steps=200, seed=0)
     network["trainer"]["device"] = device
-    files = create_network(folder, peers=2, network=network, peer_options={"progress": False})
+    files = create_network(folder, peers=2, network=network, peer_options={"progress": False}, reserve=True)
     started = time.monotonic()
-    with PeerProcesses(files.configs) as processes:
+    with PeerProcesses(files.configs, listeners=files.listeners) as processes:
         processes.start_all()
         finished = processes.wait(600)
         codes = processes.exitcodes()
@@ -64,9 +65,10 @@ def check_training(folder: Path, device: str) -> bool:
     return ok
 
 
-def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str, results: Queue) -> None:
+def _side(index: int, listeners: list[socket.socket], numel: int, repeat: int, device: str,
+          results: Queue) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_exchange import Mailbox, _signed_codec
+    from bench_exchange import Mailbox, _signed_codec, adopt
 
     from peer.transport import Transport
 
@@ -78,7 +80,9 @@ def _side(index: int, addresses: list[str], numel: int, repeat: int, device: str
     received = torch.empty(numel, pin_memory=device == "cuda")
     seal, open_ = _signed_codec(me, other, names, lambda dtype, numel: received, staged)
     times = []
-    with Transport(listen=addresses[index], neighbours={other: addresses[1 - index]}) as transport:
+    addresses, listen_fd = adopt(index, listeners)
+    with Transport(listen=addresses[index], listen_fd=listen_fd,
+                   neighbours={other: addresses[1 - index]}) as transport:
         mailbox = Mailbox(transport, other)
         for round_index in range(repeat + 1):
             mailbox.barrier(round_index)
@@ -105,9 +109,9 @@ def time_exchange(numel: int, repeat: int, device: str) -> float:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_exchange import run_pair
 
-    from peer.transport import free_tcp_addresses
+    from peer.transport import reserve_listeners
 
-    return run_pair(_side, free_tcp_addresses(2), numel, repeat, device)
+    return run_pair(_side, reserve_listeners(2), numel, repeat, device)
 
 
 def main() -> int:
