@@ -1,7 +1,8 @@
 """A simulation scenario: graph, links, nodes, algorithm, task, faults, seed — one TOML file.
 
 Loaded once with :func:`peer.config.load_file`, so every bad key or value is
-reported with the file and the dotted key. The algorithm table holds
+reported with the file and the dotted key. Relative paths (a graph file, a task file, a
+partition file) are taken from the scenario file's folder. The algorithm table holds
 :class:`protocols.gossip.GossipConfig` fields and the trainer table
 :class:`peer.trainer.TrainerConfig` fields; both are checked against those
 classes by :func:`load_scenario`, with the same file-and-key errors.
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peer.config import ConfigError, load, read_toml
+from peer.paths import from_folder, topology_spec
 from sim.network import LinkSpec, PartitionSpec
 
 Behaviour = Literal[
@@ -247,7 +249,21 @@ def load_scenario(path: str | Path) -> ScenarioConfig:
         raise ConfigError(f"{path}: unknown key 'source'")
     data["source"] = str(path)
     scenario = load(ScenarioConfig, data, source=str(path))
-    return scenario
+    return resolve_paths(scenario, path.resolve().parent)
+
+
+def resolve_paths(scenario: ScenarioConfig, base: Path) -> ScenarioConfig:
+    """``scenario`` with its graph file, task file and partition file taken against ``base`` (the
+    scenario file's folder, not the working directory)."""
+    from peer.tasks import resolve_task_paths
+
+    name, options = resolve_task_paths(scenario.task.name, scenario.task.options, base)
+    partition = scenario.partition
+    if partition.path:
+        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
+    return dataclasses.replace(
+        scenario, graph=dataclasses.replace(scenario.graph, spec=topology_spec(base, scenario.graph.spec)),
+        task=TaskConfig(name=name, options=options), partition=partition)
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> ScenarioConfig:
