@@ -23,6 +23,7 @@ A minimal scenario::
 
     [nodes]
     step_time_ms = 50.0
+    uplink_mbps = 20.0       # shared by all of a member's links (default: unlimited)
 
     [algorithm]
     algorithm = "dpsgd"
@@ -70,8 +71,24 @@ class NodesConfig:
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
     neighbour_timeout_ms: float = 5000.0  # silent this long = down (the daemon's neighbour_timeout_s)
+    # Each member's NIC, shared by all of its links (sim/network.py); inf: unlimited, links only.
+    uplink_mbps: float = math.inf
+    downlink_mbps: float = math.inf
+    # per member, e.g. [nodes.nic.p00] uplink_mbps = 100.0; beats the graph file's node attributes,
+    # which beat the two defaults above
+    nic: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for key in ("uplink_mbps", "downlink_mbps"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"nodes.{key} must be > 0, got {getattr(self, key)}")
+        for name, nic in sorted(self.nic.items()):
+            for key, value in sorted(nic.items()):
+                if key not in ("uplink_mbps", "downlink_mbps"):
+                    raise ValueError(f"nodes.nic.{name}.{key}: unknown key "
+                                     "(known: downlink_mbps, uplink_mbps)")
+                if not value > 0:
+                    raise ValueError(f"nodes.nic.{name}.{key} must be > 0, got {value}")
         if not (math.isfinite(self.step_time_ms) and self.step_time_ms > 0):
             raise ValueError(f"nodes.step_time_ms must be > 0, got {self.step_time_ms}")
         for name, speed in sorted(self.speed.items()):
@@ -213,6 +230,8 @@ class ScenarioConfig:
             check(f"nodes.speed.{name}", name)
         for name in sorted(self.nodes.behaviour):
             check(f"nodes.behaviour.{name}", name)
+        for name in sorted(self.nodes.nic):
+            check(f"nodes.nic.{name}", name)
         for index, event in enumerate(self.faults.churn):
             check(f"faults.churn[{index}].node", event.node)
         for name in self.faults.rates.nodes:
