@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from peer.config import ConfigError
 from protocols.rng import numpy_generator
 from sim.network import LinkSpec, Network, NicSpec, uniform
 from sim.report import traffic_edges
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.world import build_world, nic_specs
+from topology import GraphError, build
 
 NBYTES = 125_000   # 1 Mbit
 FAST = LinkSpec(latency_ms=0.0, bandwidth_mbps=1000.0)
@@ -139,3 +141,22 @@ def test_parameter_server_traffic_is_drawn_through_the_server() -> None:
     assert sorted(edges) == [("p00", "server", 200.0), ("p01", "server", 200.0),
                              ("server", "p00", 200.0), ("server", "p01", 200.0)]
     assert sum(b for _, _, b in edges) == 800
+
+
+@pytest.mark.parametrize(("nodes", "needle"), [
+    ({"uplink_mbps": 0.0}, "nodes.uplink_mbps must be > 0"),
+    ({"nic": {"p00": {"uplnk_mbps": 3.0}}}, "nodes.nic.p00.uplnk_mbps: unknown key"),
+    ({"nic": {"p00": {"downlink_mbps": -1.0}}}, "nodes.nic.p00.downlink_mbps must be > 0"),
+])
+def test_a_bad_nic_setting_names_its_key(nodes: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        scenario_from_dict({"nodes": nodes}, source="s.toml")
+    assert str(error.value).startswith("s.toml") and needle in str(error.value)
+
+
+def test_a_bad_nic_in_a_graph_file_names_the_node(tmp_path: Any) -> None:
+    graph = tmp_path / "bad.edgelist"
+    graph.write_text("node p01 uplink_mbps=0\np00 p01\n")
+    with pytest.raises(GraphError) as error:
+        build(str(graph))
+    assert "node 'p01' has uplink_mbps 0.0" in str(error.value)
