@@ -103,8 +103,8 @@ START = 100.0  # every member starts here, far from its target: training moves a
 STOPPED = "p03"
 FROZEN_FROM_S, FROZEN_UNTIL_S = STEPS / 3, 2 * STEPS / 3  # step time 1 s: a third of the training
 # Bound of robust.py's rejoin rule: refused while D > multiple * r, D shrinking by W_ii
-# (1/3 on a Metropolis ring, 1/6 on exponential:8) each round after the first one back. The
-# frozen member comes back at most ~300 times its neighbours' spread here: 3 rounds on the ring.
+# (1/3 on a Metropolis ring, 1/6 on exponential:8) each round after the first one back: 4
+# rounds for a member up to 300 times its neighbours' reference away (this one: 21 times, 1 round).
 REJOIN_ROUNDS = 4
 
 
