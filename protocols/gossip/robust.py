@@ -21,9 +21,10 @@ An honest run therefore sees no refusal unless one neighbour is more than
 ``multiple`` times as far from us as the upper median of the others (and as
 our own step).
 
-Warm-up. When that evidence is silent (a reference of 0: nobody else heard
-yet, no step taken yet, or only zero differences so far), the reference is
-``scale``, the norm of our own parameters: a first update may move us at most
+Warm-up and sole senders. When no other sender gives evidence (nobody
+else heard yet, or a sole in-neighbour, as on a directed ring), or all of it
+is 0, the reference is at least ``scale``, the norm of our own parameters (our
+own step alone says nothing about how far apart honest members start): a first update may move us at most
 ``multiple`` times as far as our parameters are from the origin, and honest
 peers that start apart (different initialisations) are still heard. The
 own-step floor keeps a run of zero differences (peers that start equal) from
@@ -126,10 +127,12 @@ class NormFilter:
         own = own_norm if math.isfinite(own_norm) else 0.0
         sample = [n for name, n in current.items() if name != sender]
         reference = max(statistics.median_high([*sample, own]), own)
-        if reference > 0 or scale is None:
+        if (sample and reference > 0) or scale is None:
             return reference
+        # no other sender to compare with (a sole in-neighbour, or nothing heard yet): our own step
+        # says nothing about how far apart honest members may start, so the bound is our own size
         fallback = scale()
-        return fallback if math.isfinite(fallback) else 0.0
+        return max(reference, fallback) if math.isfinite(fallback) else reference
 
     def export(self) -> list[list[Any]]:
         """The memory as JSON-able ``[sender, norm]`` pairs, sorted by sender."""
