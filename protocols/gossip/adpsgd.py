@@ -223,9 +223,7 @@ class ADPSGD(MachineBase):
         norm = self._distance(theirs, mine)
         # judged against the other neighbours' latest norms (see robust.py); ``mine``'s norm is
         # the warm-up reference
-        accepted = self.filter.screen([norm], self.own_step_norm, scale=lambda: self._distance(mine),
-                                      senders=[sender])[0]
-        self._count("rejected_update", 0 if accepted else 1)
+        accepted = self._screen([norm], [sender], self.own_step_norm, mine)[0]
         return theirs if accepted else None
 
     def _on_request(self, sender: str, message: ParamPush) -> list[Action]:

@@ -391,9 +391,7 @@ class RoundMachine(MachineBase):
         own_norm = self.step_norm if self.after and self.round_steps else self._own_norm()
         # each candidate against the other senders of this round (see robust.py); WAITING: the
         # parameters are ours, their norm is the warm-up reference
-        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(self.params),
-                                     senders=[sender for sender, _, _ in decoded])
-        self._count("rejected_update", verdict.count(False))
+        verdict = self._screen(norms, [sender for sender, _, _ in decoded], own_norm, self.params)
         self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
         self.steps_done += self.round_steps
         self.round += 1
