@@ -43,12 +43,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--final-rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="one cell (ring:16, first shards), 40 steps")
     args = parser.parse_args()
+    specs, partitions = SPECS, PARTITIONS
+    if args.quick:
+        specs, partitions = SPECS[:1], dict(list(PARTITIONS.items())[:1])
+        args.steps, args.final_rounds, args.seeds = 40, 5, 1
     print(f"{'graph':<15} {'shards':<15} {'seed':>4} {'refused':>8} {'max/peer':>8} {'final acc':>9} "
           f"{'consensus':>10} {'wall':>6}")
     total = 0
-    for spec in SPECS:
-        for label, partition in PARTITIONS.items():
+    for spec in specs:
+        for label, partition in partitions.items():
             for seed in range(1, args.seeds + 1):
                 started = time.perf_counter()
                 result = run_scenario(honest_scenario(spec, partition, steps=args.steps,

@@ -50,8 +50,9 @@ def test_a_slow_eigenvector_near_consensus_is_not_refused() -> None:
     norms = [3.18e-6, 3.28e-6, 2.35e-7, 3.35e-7, 2.58e-7]
     senders = ["p01", "p02", "p04", "p06", "p07"]
     assert screen.screen(norms, 0.0, scale=lambda: 2.13, senders=senders) == [True] * 5
-    # ...while the same shape at the parameters' own scale is still refused (negative control)
-    big = [n * 1e5 for n in norms]
+    # ...while two neighbours 50x farther than the rest, at the parameters' own scale, are still
+    # refused (negative control; 13x apart at that scale is within the upper median's 10x of 4 votes)
+    big = [n * 1e5 * (4 if i < 2 else 1) for i, n in enumerate(norms)]
     assert screen.screen(big, 0.0, scale=lambda: 2.13, senders=senders) == [False, False, True, True, True]
 
 

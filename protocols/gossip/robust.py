@@ -4,8 +4,9 @@ The statistic. Each candidate's norm (a neighbour's difference to us, or its
 compressed update) is compared with ``multiple`` times a reference built from
 evidence the candidate does not control: the *other* senders' latest norms
 (this round's where they sent one, else the last one heard from them) and our
-own step's norm, taking the upper median of those, and never less than our
-own step's norm. Each sender has one vote, its latest, so a sender cannot
+own step's norm (when we took a step: a gossip-only round has none), taking
+the upper median of those, and never less than our own step's norm. Each
+sender has one vote, its latest, so a sender cannot
 outvote the others by sending more often, and it never votes for itself:
 with one candidate (AD-PSGD's exchanges, a round machine with one
 in-neighbour, or the only message in by the deadline) a median that counted
@@ -126,7 +127,9 @@ class NormFilter:
         """The reference for a candidate of ``sender``: what the others and our own step say."""
         own = own_norm if math.isfinite(own_norm) else 0.0
         sample = [n for name, n in current.items() if name != sender]
-        reference = max(statistics.median_high([*sample, own]), own)
+        # our step votes only when we took one: a gossip-only round's 0 would drag the median down
+        votes = [*sample, own] if own > 0 else sample
+        reference = max(statistics.median_high(votes), own) if votes else own
         if (sample and reference > 0) or scale is None:
             return reference
         # no other sender to compare with (a sole in-neighbour, or nothing heard yet): our own step
