@@ -344,7 +344,7 @@ class PeerDaemon:
         now = self.now()
         if info is not None:
             info.last_seen = now
-            if not info.up:
+            if not info.up and self._can_send(opened.sender):
                 info.up = True
                 if self._started and not self._finished:
                     self._feed(NeighbourUp(opened.sender))
@@ -463,13 +463,23 @@ class PeerDaemon:
         self._next_heartbeat = self.now() + self.config.peer.heartbeat_interval_s
         if not self.neighbours:
             return
-        beat = Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time())
-        frames = self.endpoint.seal(tuple(self.neighbours), beat)
+        frames = self.endpoint.seal(tuple(self.neighbours), self._beat())
         unreachable = set()
         for name in self.neighbours:
             if not self.transport.send(name, frames):
                 unreachable.add(name)
         self.counters.unreachable_now = unreachable
+
+    def _can_send(self, name: str) -> bool:
+        """Whether a message to ``name`` goes out now: a heartbeat is tried. A neighbour is up when
+        we hear it *and* reach it. Hearing comes first when it has just started (its connection to
+        us may be ready before ours to it); the machine resends the round's message on
+        ``NeighbourUp``, which would be lost on a connection not yet made."""
+        assert self.transport is not None
+        return self.transport.send(name, self.endpoint.seal((name,), self._beat()))
+
+    def _beat(self) -> Heartbeat:
+        return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time())
 
     def _heartbeat_if_due(self) -> None:
         if self.now() >= self._next_heartbeat:

@@ -20,15 +20,19 @@ torch.set_num_threads(1)
 
 
 class RecordingTransport:
-    """Stands in for peer.transport.Transport: every send succeeds and is remembered."""
+    """Stands in for peer.transport.Transport: every send to a reachable neighbour succeeds and is
+    remembered (all are reachable unless the test says otherwise)."""
 
     def __init__(self) -> None:
         self.sent: list[str] = []
         self.bytes_sent = 0
         self.bytes_received = 0
         self.abandoned: dict[str, int] = {}
+        self.unreachable: set[str] = set()
 
     def send(self, recipient: str, frames: Any) -> bool:
+        if recipient in self.unreachable:
+            return False
         self.sent.append(recipient)
         return True
 
@@ -79,8 +83,22 @@ def test_early_messages_from_non_neighbours_are_dropped_and_counted(fresh: PeerD
     assert fresh._snapshot()["rejections"]["early_not_neighbour"] == 50
 
 
+def test_a_neighbour_heard_is_up_only_once_we_can_reach_it(fresh: PeerDaemon) -> None:
+    # Its connection to us may be made before ours to it (it has just started): a round message
+    # resent on NeighbourUp over a connection not yet made would be lost.
+    transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
+    transport.unreachable.add("p01")
+    deliver(fresh, "p01", Heartbeat(step=0, loss=0.0, sent_at_s=0.0))
+    assert not fresh.neighbours["p01"].up and transport.sent == []
+    transport.unreachable.clear()
+    deliver(fresh, "p01", Heartbeat(step=0, loss=0.0, sent_at_s=0.0))
+    assert fresh.neighbours["p01"].up and transport.sent == ["p01"]     # the heartbeat that tried
+
+
 def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerDaemon) -> None:
     fresh._started = True
+    for info in fresh.neighbours.values():
+        info.up = True      # heard and reachable: sends below are the answers only
     transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
     for _ in range(20):
         deliver(fresh, "p01", StateSyncRequest())

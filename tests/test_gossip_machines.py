@@ -17,6 +17,7 @@ from protocols.events import (
     Finished,
     Metric,
     NeighbourDown,
+    NeighbourUp,
     Received,
     Send,
     SetTimer,
@@ -134,6 +135,25 @@ def test_a_missing_neighbour_is_left_out_at_the_deadline_and_counted() -> None:
     assert Metric("missed_deadline", 1.0) in fired
     assert Finished() in fired
     assert machine.counters["missed_deadline"] == 1
+
+
+def test_a_neighbour_that_comes_up_mid_round_is_sent_the_round_again() -> None:
+    # A late joiner (or a restarted peer) comes up after this round's message was sent into the void:
+    # without the resend, the round it joins would wait out its deadline for a message never to come.
+    topology = build("ring:4")
+    machine = make_machine(GossipConfig(total_steps=2), name="p00", topology=topology, params=torch.zeros(2))
+    assert machine.handle(NeighbourUp("p01"), 0.0) == []          # no round yet: nothing to resend
+    first = machine.handle(Start(), 0.0)
+    sent = [a for a in first if isinstance(a, Send)]
+    again = [a for a in machine.handle(NeighbourUp("p01"), 0.5) if isinstance(a, Send)]
+    assert again == [Send(("p01",), sent[0].message)]
+    assert machine.counters["resent_on_neighbour_up"] == 1
+    # the receiver applies a (sender, round) once: the resent copy is counted, never mixed twice
+    receiver = make_machine(GossipConfig(total_steps=2), name="p01", topology=topology, params=torch.zeros(2))
+    receiver.handle(Start(), 0.0)
+    for copy in (sent[0].message, again[0].message):
+        receiver.handle(Received("p00", copy), 0.6)
+    assert receiver.counters["duplicate_message"] == 1
 
 
 def test_the_round_closes_without_waiting_when_every_neighbour_is_in() -> None:

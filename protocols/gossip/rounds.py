@@ -34,6 +34,11 @@ at most one round behind ours. Without this, one straggler makes each of its
 neighbours wait a full deadline every round, their own neighbours then miss
 *them* by a hair, and the delay cascades through the graph.
 
+A neighbour that comes up (``NeighbourUp``: a late joiner, a restarted peer,
+one back from a partition) is sent this round's message again: what was sent
+while it was away is lost, and without it the round it joins would wait out
+its deadline. One that already had it counts a duplicate (never mixed twice).
+
 After ``total_steps`` local steps (or ``duration_s``), ``final_gossip_rounds``
 rounds without local work drive the peers to consensus; then ``Finished``.
 Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
@@ -203,7 +208,7 @@ class RoundMachine(MachineBase):
                 return self._settle(now, [])
             case NeighbourUp(name=who):
                 self.down.discard(who)
-                return []
+                return self._resend_to(who)
         raise TypeError(f"not an event: {event!r}")
 
     def _on_start(self, now: float) -> list[Action]:
@@ -219,6 +224,17 @@ class RoundMachine(MachineBase):
                 self.counters["restarted"] += 1
                 self.timer_set = False  # the old driver's timers died with it
                 return self._settle(now, list(self.last_sends))
+
+    def _resend_to(self, who: str) -> list[Action]:
+        """This round's message again, to a neighbour that has just come up (a late joiner, a peer
+        restarted, one back from a partition): what we sent while it was away was lost, and without
+        it the round it joins would wait out its deadline (and its neighbours theirs, for it). A
+        neighbour that had it counts a duplicate."""
+        if self.phase not in (Phase.WORKING, Phase.WAITING):
+            return []
+        resent = [Send((who,), a.message) for a in self.last_sends if who in a.recipients]
+        self._count("resent_on_neighbour_up", len(resent))
+        return list(resent)
 
     def _begin_round(self, now: float) -> list[Action]:
         if self.catch_up > self.round:
