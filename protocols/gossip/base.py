@@ -106,6 +106,10 @@ class MachineBase:
         """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``."""
         raise NotImplementedError
 
+    def notes(self) -> list[str]:
+        """What an operator should read at start-up (settings the machine chose, and why)."""
+        return []
+
     @property
     def last_round(self) -> int:
         """The highest round any honest member can be in or send: the training rounds
