@@ -11,7 +11,11 @@ Layout::
 
 Everything under ``[network]`` plus the roster goes into the run id, so a peer
 configured differently is refused by its neighbours (``config_mismatch``).
-Relative paths are relative to the config file's folder. The gossip and
+Relative paths (key, roster, data folder, a graph file as topology, a task
+file, a partition file) are relative to the config file's folder; the run id
+digests them as written, so members whose files sit in different folders
+agree (``PeerConfig.network`` resolved for use, ``network_as_written`` for the
+digest). The gossip and
 trainer tables are checked against their owners' config classes at load time,
 so a wrong key anywhere is reported here, naming the file and key.
 """
@@ -25,6 +29,7 @@ from typing import Any, Literal
 
 from peer.checkpoint import CheckpointConfig
 from peer.config import ConfigError, load, read_toml
+from peer.paths import from_folder, topology_spec
 from peer.transport import TransportConfig
 
 
@@ -125,7 +130,8 @@ class PeerConfig:
 
     source: Path
     peer: PeerSection
-    network: NetworkSection
+    network: NetworkSection              # paths resolved against the file's folder: what to use
+    network_as_written: NetworkSection   # the file's text: what the run id digests
     transport: TransportConfig
     checkpoint: CheckpointConfig
     gossip: Any                     # protocols.gossip.GossipConfig
@@ -136,7 +142,7 @@ class PeerConfig:
 
     def shared(self) -> dict[str, Any]:
         """The network-wide settings that go into the run id (with the roster)."""
-        return {"network": dataclasses.asdict(self.network)}
+        return {"network": dataclasses.asdict(self.network_as_written)}
 
 
 def load_peer_config(path: str | Path) -> PeerConfig:
@@ -149,15 +155,27 @@ def load_peer_config(path: str | Path) -> PeerConfig:
     trainer = _owned_config("peer.trainer", "TrainerConfig", network.trainer, path, "network.trainer")
     base = path.resolve().parent
     return PeerConfig(
-        source=path, peer=parsed.peer, network=parsed.network, transport=parsed.transport,
+        source=path, peer=parsed.peer, network=resolve_network_paths(parsed.network, base),
+        network_as_written=parsed.network, transport=parsed.transport,
         checkpoint=parsed.checkpoint, gossip=gossip, trainer=trainer,
         key_path=_resolve(base, parsed.peer.key), roster_path=_resolve(base, parsed.peer.roster),
         data_dir=_resolve(base, parsed.peer.data_dir))
 
 
 def _resolve(base: Path, value: str) -> Path:
-    candidate = Path(value).expanduser()
-    return candidate if candidate.is_absolute() else base / candidate
+    return Path(from_folder(base, value))
+
+
+def resolve_network_paths(network: NetworkSection, base: Path) -> NetworkSection:
+    """``network`` with its graph file, task file and partition file taken against ``base``."""
+    from peer.tasks import resolve_task_paths
+
+    task, task_options = resolve_task_paths(network.task, network.task_options, base)
+    partition = network.partition
+    if partition.path:
+        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
+    return dataclasses.replace(network, topology=topology_spec(base, network.topology), task=task,
+                               task_options=task_options, partition=partition)
 
 
 def _owned_config(module: str, name: str, data: dict[str, Any], path: Path, prefix: str) -> Any:

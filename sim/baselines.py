@@ -6,16 +6,20 @@ slowest member sets the pace), then the models are averaged exactly:
 
 * ``allreduce``: a ring all-reduce over the members in sorted order
   (reduce-scatter then all-gather): ``2 (n - 1)`` steps, each moving a chunk
-  of ``B / n`` bytes over every ring link ``names[i] -> names[i + 1]``; a
-  member forwards a chunk when it has received the previous one. On equal
-  links a round's communication takes ``2 (n - 1) (L + 8 B / (n R))``:
-  each member sends ``2 (n - 1) / n * B`` bytes.
-* ``parameter-server``: every member uploads its ``B``-byte model through
+  of ``C`` bytes (``B / n`` of parameters in an envelope) over every ring
+  link ``names[i] -> names[i + 1]``; a member forwards a chunk when it has
+  received the previous one. On equal links a round's communication takes
+  ``2 (n - 1) (L + 8 C / R)``: each member sends ``2 (n - 1) C`` bytes.
+* ``parameter-server``: every member uploads its model (``B`` bytes with its envelope) through
   the server's one link (a FIFO queue: ``n B`` bytes in), the server
   averages when all have arrived and sends the model back through the same
   link (``n B`` bytes out). A round takes at least ``2 n 8 B / R_server``.
 
-Bytes are the raw parameter bytes collective libraries move (no envelope).
+Bytes are counted as gossip counts them: each chunk or model is one message
+with its envelope (header and signature,
+:func:`protocols.compress.accounting.message_bytes`), so a byte column
+compares like with like. All-reduce chunks pass the members' NICs
+(sim/network.py); the parameter server's one link is its NIC.
 The baselines model a healthy network: loss, jitter, partitions, churn and
 attackers are for the gossip driver (a synchronous collective stalls on
 them; that is a known property, not a simulation).
@@ -23,12 +27,14 @@ them; that is a known property, not a simulation).
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
 from peer.trainer import Trainer
+from protocols.compress.accounting import message_bytes
+from protocols.gossip.payload import RAW
+from protocols.messages import ParamPush
 from sim.network import FifoLink, LinkSpec
 from sim.node import work_seconds
 from sim.world import Progress, Recorder, ScenarioResult, World, new_result
@@ -48,7 +54,9 @@ class BaselineRun:
         names = world.names
         trainer = world.trainers[names[0]]
         # what gossip would move too: the parameters, and the buffers when they are averaged
-        self.model_bytes = trainer.mixed.numel() * trainer.mixed.element_size()
+        numel, dtype = trainer.mixed.numel(), trainer.mixed.dtype
+        self.model_bytes = envelope_bytes(numel, dtype)           # one model, as a gossip message
+        self.chunk_bytes = envelope_bytes(-(-numel // len(names)), dtype)  # one all-reduce chunk
         self.bytes_sent = dict.fromkeys(names, 0)
         self.server_bytes_sent = 0
         self.rounds = 0
@@ -114,11 +122,11 @@ class BaselineRun:
         n = len(names)
         if n == 1:
             return {names[0]: start_s}
-        chunk = math.ceil(self.model_bytes / n)
-        links = [self.network.link(names[i], names[(i + 1) % n]) for i in range(n)]
+        chunk = self.chunk_bytes
         have_s = [start_s] * n  # when member i holds what it must forward next
         for _ in range(2 * (n - 1)):
-            arrivals = [links[i].send(chunk, have_s[i]) for i in range(n)]
+            arrivals = [self.network.arrival_s(names[i], names[(i + 1) % n], chunk, have_s[i])
+                        for i in range(n)]
             have_s = [arrivals[(i - 1) % n] for i in range(n)]
             for name in names:
                 self.bytes_sent[name] += chunk
@@ -163,6 +171,12 @@ class BaselineRun:
                                     "payload_bytes_sent": self.server_bytes_sent}
         result.metrics = {"rounds": float(self.rounds), "model_bytes": float(self.model_bytes)}
         result.links = self.network.traffic()
+
+
+def envelope_bytes(numel: int, dtype: torch.dtype) -> int:
+    """Wire bytes of a message carrying ``numel`` raw values, as gossip's D-PSGD sends them."""
+    tensor = torch.empty(numel, dtype=dtype, device="meta")   # sizes only: nothing allocated
+    return message_bytes(ParamPush(round=0, tensors={RAW: tensor}))
 
 
 def average_models(trainers: list[Trainer]) -> None:

@@ -1,18 +1,33 @@
-"""The link model: latency, bandwidth with FIFO queueing, loss, jitter and partitions.
+"""The link model: shared NICs, per-link latency and bandwidth with FIFO queueing, loss, jitter, partitions.
 
-Every directed link ``src -> dst`` is a FIFO pipe. A message of ``B`` bytes
-handed to it at ``now`` starts serialising when the link is free, takes
-``8 B / R`` seconds at ``R`` bits per second, and arrives ``latency`` after
-its last bit left::
+A message of ``B`` bytes from ``src`` to ``dst`` passes three FIFO stages,
+each serving messages in the order they were sent:
+
+1. ``src``'s uplink (``NicSpec.uplink_mbps``, shared by all of its links),
+2. the directed link ``src -> dst`` (its own ``bandwidth_mbps``, then ``latency_ms``),
+3. ``dst``'s downlink (``NicSpec.downlink_mbps``, shared by all links into it).
+
+Each stage is cut-through: a message starts on a stage when its first bit is
+there and the stage is free, and it leaves when both its own serialisation
+at that stage's rate (``8 B / R``) is done and its last bit has arrived from
+the stage before. Alone on an idle path a message so takes
+``8 B / min(U, R, D) + latency``; a member sending the same message to
+``k`` neighbours through an uplink slower than its links delivers the last
+copy ``k 8 B / U + latency`` after sending. With one link per member
+direction (or unlimited NICs, the default) this is exactly the per-link
+model::
 
     start   = max(now, link_free_at)
     arrival = start + 8 B / R + latency_ms / 1000 (+ jitter)
 
-so a second message sent right behind the first waits for it. Loss and
-jitter draws are counter-based (keyed by the scenario seed, the link and the
-message's index on that link), never drawn from a shared generator, so the
-same messages meet the same fate whatever order the engine ran other work
-in. A lost message still used the link's bandwidth (it was sent); a message
+Every stage is O(1) per message and decided at send time, so the downlink
+serves messages in send order, not arrival order (a message sent later
+over a much shorter link can wait behind one still in flight elsewhere).
+An unlimited NIC keeps no state at all. Loss and jitter draws are
+counter-based (keyed by the scenario seed, the link and the message's index
+on that link), never drawn from a shared generator, so the same messages
+meet the same fate whatever order the engine ran other work in. A lost
+message still used the bandwidth along its way (it was sent); a message
 sent across a cut edge of an active partition never leaves.
 """
 
@@ -51,6 +66,40 @@ class LinkSpec:
     def serialisation_s(self, nbytes: int) -> float:
         """Seconds to push ``nbytes`` onto this link (8 B / R)."""
         return 8.0 * nbytes / (self.bandwidth_mbps * 1e6)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NicSpec:
+    """One member's network interface, shared by all of its links (graph node attributes, or the
+    scenario's ``[nodes]`` table)."""
+
+    uplink_mbps: float = math.inf    # unlimited: only each link's own bandwidth counts
+    downlink_mbps: float = math.inf
+
+    def __post_init__(self) -> None:
+        for name in ("uplink_mbps", "downlink_mbps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def _stage(free_at_s: float, rate_mbps: float, nbytes: int, first_bit_s: float,
+           last_bit_s: float) -> tuple[float, float]:
+    """(start, end) of a message on a cut-through FIFO stage free from ``free_at_s`` (see module doc)."""
+    start_s = max(first_bit_s, free_at_s)
+    return start_s, max(start_s + 8.0 * nbytes / (rate_mbps * 1e6), last_bit_s)
+
+
+class NicQueue:
+    """One direction of a member's NIC: a FIFO stage every link of that member shares."""
+
+    def __init__(self, rate_mbps: float) -> None:
+        self.rate_mbps = rate_mbps
+        self.free_at_s = 0.0
+
+    def carry(self, nbytes: int, first_bit_s: float, last_bit_s: float) -> tuple[float, float]:
+        """When the message's first and last bit leave this NIC, given when they reach it."""
+        start_s, self.free_at_s = _stage(self.free_at_s, self.rate_mbps, nbytes, first_bit_s, last_bit_s)
+        return start_s, self.free_at_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,14 +169,22 @@ class FifoLink:
 
     def send(self, nbytes: int, now_s: float, extra_delay_s: float = 0.0) -> float:
         """Queue ``nbytes`` at ``now_s``; return the arrival time (FIFO order is kept)."""
-        start_s = max(now_s, self.free_at_s)
-        self.free_at_s = start_s + self.spec.serialisation_s(nbytes)
-        arrival_s = self.free_at_s + self.spec.latency_ms / 1000.0 + extra_delay_s
-        # Jitter must not reorder a FIFO stream (TCP delivers in order).
-        arrival_s = max(arrival_s, self.last_arrival_s)
-        self.last_arrival_s = arrival_s
+        _, last_bit_s = self.carry(nbytes, now_s, now_s)
+        return self.in_order(last_bit_s + extra_delay_s)
+
+    def carry(self, nbytes: int, first_bit_s: float, last_bit_s: float) -> tuple[float, float]:
+        """When the message's first and last bit reach the far end, given when they are ready to go."""
+        start_s, self.free_at_s = _stage(self.free_at_s, self.spec.bandwidth_mbps, nbytes, first_bit_s,
+                                         last_bit_s)
         self.messages += 1
         self.bytes_sent += nbytes
+        latency_s = self.spec.latency_ms / 1000.0
+        return start_s + latency_s, self.free_at_s + latency_s
+
+    def in_order(self, arrival_s: float) -> float:
+        """``arrival_s``, or later: jitter must not reorder a FIFO stream (TCP delivers in order)."""
+        arrival_s = max(arrival_s, self.last_arrival_s)
+        self.last_arrival_s = arrival_s
         return arrival_s
 
 
@@ -149,6 +206,7 @@ class Network:
         default: LinkSpec,
         seed: int,
         partitions: Sequence[PartitionSpec] = (),
+        nics: Mapping[str, NicSpec] | None = None,
     ) -> None:
         self._specs = dict(links)
         self.default = default
@@ -156,6 +214,12 @@ class Network:
         self.partitions = tuple(partitions)
         self._links: dict[tuple[str, str], FifoLink] = {}
         self.dropped: Counter[str] = Counter()
+        # Only limited NICs are stages; a member absent here (or unlimited) adds nothing to a path.
+        nics = nics or {}
+        self._uplinks = {name: NicQueue(nic.uplink_mbps) for name, nic in sorted(nics.items())
+                         if math.isfinite(nic.uplink_mbps)}
+        self._downlinks = {name: NicQueue(nic.downlink_mbps) for name, nic in sorted(nics.items())
+                           if math.isfinite(nic.downlink_mbps)}
 
     def spec(self, src: str, dst: str) -> LinkSpec:
         return self._specs.get((src, dst), self.default)
@@ -182,11 +246,25 @@ class Network:
         jitter_s = 0.0
         if spec.jitter_ms > 0:
             jitter_s = spec.jitter_ms / 1000.0 * uniform(self.seed, f"{src}->{dst}", index, "jitter")
-        arrival_s = link.send(nbytes, now_s, jitter_s)
+        arrival_s = self.arrival_s(src, dst, nbytes, now_s, jitter_s)
         if spec.loss > 0 and uniform(self.seed, f"{src}->{dst}", index, "loss") < spec.loss:
             self.dropped["lost"] += 1
             return Transfer(None, "lost")
         return Transfer(arrival_s)
+
+    def arrival_s(self, src: str, dst: str, nbytes: int, now_s: float, extra_delay_s: float = 0.0) -> float:
+        """When ``nbytes`` handed over at ``now_s`` reach ``dst``: ``src``'s uplink, the link, ``dst``'s
+        downlink, plus ``extra_delay_s`` (no loss, no partitions: :meth:`transmit` decides those)."""
+        link = self.link(src, dst)
+        first_bit_s = last_bit_s = now_s
+        uplink = self._uplinks.get(src)
+        if uplink is not None:
+            first_bit_s, last_bit_s = uplink.carry(nbytes, first_bit_s, last_bit_s)
+        first_bit_s, last_bit_s = link.carry(nbytes, first_bit_s, last_bit_s)
+        downlink = self._downlinks.get(dst)
+        if downlink is not None:
+            first_bit_s, last_bit_s = downlink.carry(nbytes, first_bit_s, last_bit_s)
+        return link.in_order(last_bit_s + extra_delay_s)
 
     def traffic(self) -> list[tuple[str, str, int, int]]:
         """``(src, dst, messages, bytes)`` for every link that carried anything, sorted."""

@@ -176,26 +176,45 @@ def _safe(name: str) -> str:
 
 
 def _draw_traffic(plt: Any, result: ScenarioResult, path: Path) -> None:
-    """Members on a circle (sorted), each link drawn with width proportional to its bytes."""
+    """Members on a circle (sorted), a parameter server in the middle, each link drawn with width
+    proportional to its bytes."""
     members = sorted(name for name, peer in result.peers.items() if peer.get("behaviour") != "server")
+    servers = sorted(name for name, peer in result.peers.items() if peer.get("behaviour") == "server")
     position = {name: (math.cos(2 * math.pi * i / len(members)), math.sin(2 * math.pi * i / len(members)))
                 for i, name in enumerate(members)}
+    position.update({name: (0.0, 0.0) for name in servers})
     figure, axes = plt.subplots(figsize=(6.0, 6.0))
-    links = [(s, d, b) for s, d, _, b in result.links if s in position and d in position]
+    links = [(s, d, b) for s, d, b in traffic_edges(result.links, members) if s in position and d in position]
     heaviest = max((b for _, _, b in links), default=0) or 1
     for src, dst, nbytes in links:
         (x0, y0), (x1, y1) = position[src], position[dst]
         axes.plot([x0, x1], [y0, y1], color="tab:blue", alpha=0.5, linewidth=0.5 + 5.0 * nbytes / heaviest)
-    for name in members:
+    for name in members + servers:
         x, y = position[name]
         behaviour = result.peers[name].get("behaviour", "honest")
-        axes.scatter([x], [y], s=60, zorder=3, color="tab:orange" if behaviour == "honest" else "tab:red")
-        if len(members) <= 40:
+        colour = {"honest": "tab:orange", "server": "tab:green"}.get(behaviour, "tab:red")
+        axes.scatter([x], [y], s=60, zorder=3, color=colour)
+        if len(members) <= 40 or behaviour == "server":
             axes.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    total = sum(b for _, _, b in links)
+    total = sum(b for _, _, _, b in result.links)
     axes.set_title(f"{result.name}: traffic per link (total {total:,} bytes)")
     axes.set_aspect("equal")
     axes.axis("off")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def traffic_edges(links: Sequence[tuple[str, str, int, int]], members: Sequence[str]
+                  ) -> list[tuple[str, str, float]]:
+    """``(src, dst, bytes)`` per drawn edge. A ``*`` end is a queue every member shares (the
+    parameter server's link, sim/baselines.py): it is drawn as one edge per member with an equal
+    share, since every member moves the same model through it."""
+    edges: list[tuple[str, str, float]] = []
+    for src, dst, _, nbytes in links:
+        if "*" in (src, dst) and members:
+            share = nbytes / len(members)
+            edges.extend((m if src == "*" else src, m if dst == "*" else dst, share) for m in members)
+        else:
+            edges.append((src, dst, float(nbytes)))
+    return edges

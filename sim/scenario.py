@@ -1,7 +1,8 @@
 """A simulation scenario: graph, links, nodes, algorithm, task, faults, seed — one TOML file.
 
 Loaded once with :func:`peer.config.load_file`, so every bad key or value is
-reported with the file and the dotted key. The algorithm table holds
+reported with the file and the dotted key. Relative paths (a graph file, a task file, a
+partition file) are taken from the scenario file's folder. The algorithm table holds
 :class:`protocols.gossip.GossipConfig` fields and the trainer table
 :class:`peer.trainer.TrainerConfig` fields; both are checked against those
 classes by :func:`load_scenario`, with the same file-and-key errors.
@@ -22,6 +23,7 @@ A minimal scenario::
 
     [nodes]
     step_time_ms = 50.0
+    uplink_mbps = 20.0       # shared by all of a member's links (default: unlimited)
 
     [algorithm]
     algorithm = "dpsgd"
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peer.config import ConfigError, load, read_toml
+from peer.paths import from_folder, topology_spec
 from sim.network import LinkSpec, PartitionSpec
 
 Behaviour = Literal[
@@ -70,8 +73,24 @@ class NodesConfig:
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
     neighbour_timeout_ms: float = 5000.0  # silent this long = down (the daemon's neighbour_timeout_s)
+    # Each member's NIC, shared by all of its links (sim/network.py); inf: unlimited, links only.
+    uplink_mbps: float = math.inf
+    downlink_mbps: float = math.inf
+    # per member, e.g. [nodes.nic.p00] uplink_mbps = 100.0; beats the graph file's node attributes,
+    # which beat the two defaults above
+    nic: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for key in ("uplink_mbps", "downlink_mbps"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"nodes.{key} must be > 0, got {getattr(self, key)}")
+        for name, nic in sorted(self.nic.items()):
+            for key, value in sorted(nic.items()):
+                if key not in ("uplink_mbps", "downlink_mbps"):
+                    raise ValueError(f"nodes.nic.{name}.{key}: unknown key "
+                                     "(known: downlink_mbps, uplink_mbps)")
+                if not value > 0:
+                    raise ValueError(f"nodes.nic.{name}.{key} must be > 0, got {value}")
         if not (math.isfinite(self.step_time_ms) and self.step_time_ms > 0):
             raise ValueError(f"nodes.step_time_ms must be > 0, got {self.step_time_ms}")
         for name, speed in sorted(self.speed.items()):
@@ -213,6 +232,8 @@ class ScenarioConfig:
             check(f"nodes.speed.{name}", name)
         for name in sorted(self.nodes.behaviour):
             check(f"nodes.behaviour.{name}", name)
+        for name in sorted(self.nodes.nic):
+            check(f"nodes.nic.{name}", name)
         for index, event in enumerate(self.faults.churn):
             check(f"faults.churn[{index}].node", event.node)
         for name in self.faults.rates.nodes:
@@ -255,7 +276,21 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> ScenarioCo
         raise ConfigError(f"{path}: unknown key 'source'")
     data["source"] = str(path)
     scenario = load(ScenarioConfig, data, source=str(path))
-    return scenario
+    return resolve_paths(scenario, path.resolve().parent)
+
+
+def resolve_paths(scenario: ScenarioConfig, base: Path) -> ScenarioConfig:
+    """``scenario`` with its graph file, task file and partition file taken against ``base`` (the
+    scenario file's folder, not the working directory)."""
+    from peer.tasks import resolve_task_paths
+
+    name, options = resolve_task_paths(scenario.task.name, scenario.task.options, base)
+    partition = scenario.partition
+    if partition.path:
+        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
+    return dataclasses.replace(
+        scenario, graph=dataclasses.replace(scenario.graph, spec=topology_spec(base, scenario.graph.spec)),
+        task=TaskConfig(name=name, options=options), partition=partition)
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> ScenarioConfig:

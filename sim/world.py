@@ -2,7 +2,8 @@
 
 A :class:`World` is built from a scenario: the topology over sorted member
 names, the network (edge attributes of the graph, else the scenario's link
-defaults), one real :class:`peer.trainer.Trainer` per member on its shard,
+defaults; each member's NIC from its node attributes or the scenario's
+``[nodes]``), one real :class:`peer.trainer.Trainer` per member on its shard,
 and an engine. The gossip driver (:mod:`sim.gossip`) and the baselines
 (:mod:`sim.baselines`) both run in a World and both hand back a
 :class:`ScenarioResult` made by the same :class:`Recorder`, so their numbers
@@ -25,8 +26,8 @@ from peer.tasks import Task, get_task
 from peer.trainer import Trainer, TrainerConfig
 from protocols.rng import numpy_generator
 from sim.engine import Engine
-from sim.network import LinkSpec, Network
-from sim.scenario import ScenarioConfig
+from sim.network import LinkSpec, Network, NicSpec
+from sim.scenario import NodesConfig, ScenarioConfig
 from topology import Topology, build
 
 Progress = Callable[[float, float], None]
@@ -69,6 +70,20 @@ def link_specs(topology: Topology, default: LinkSpec) -> dict[tuple[str, str], L
         if not topology.directed:
             specs[(v, u)] = spec
     return specs
+
+
+def nic_specs(topology: Topology, nodes: NodesConfig) -> dict[str, NicSpec]:
+    """Per member: ``[nodes.nic.NAME]``, else the graph's node attributes, else ``[nodes]``' defaults."""
+    nics = {}
+    for name in topology.names:
+        attrs = topology.graph.nodes[name]
+        values = {key: float(nodes.nic.get(name, {}).get(key, attrs.get(key, getattr(nodes, key))))
+                  for key in ("uplink_mbps", "downlink_mbps")}
+        try:
+            nics[name] = NicSpec(**values)
+        except ValueError as error:
+            raise ConfigError(f"{topology.spec}: node {name}: {error}") from None
+    return nics
 
 
 @dataclass
@@ -120,7 +135,7 @@ def build_world(scenario: ScenarioConfig) -> World:
         speed = float(topology.graph.nodes[name].get("speed", 1.0))
         speeds[name] = scenario.nodes.speed.get(name, speed)
     network = Network(link_specs(topology, scenario.links), default=scenario.links, seed=scenario.seed,
-                      partitions=scenario.faults.partitions)
+                      partitions=scenario.faults.partitions, nics=nic_specs(topology, scenario.nodes))
     return World(scenario=scenario, topology=topology, task=task, trainers=trainers, speeds=speeds,
                  network=network)
 

@@ -6,7 +6,10 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
+from protocols.compress.accounting import message_bytes
+from protocols.messages import ParamPush
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from topology import default_names
@@ -15,8 +18,16 @@ N = 4
 STEP_MS = 10.0
 LATENCY_MS = 5.0
 TASK = {"name": "logreg", "options": {"n_samples": 400, "n_features": 20}}
-MODEL_BYTES = (20 * 2 + 2) * 4  # nn.Linear(20, 2) in float32
+N_PARAMS = 20 * 2 + 2  # nn.Linear(20, 2) in float32
 MEMBERS = default_names(N)
+
+
+def _wire_bytes(values: int) -> int:
+    """A message of ``values`` float32 parameters with its envelope, counted as gossip counts it."""
+    return message_bytes(ParamPush(round=0, tensors={"x": torch.zeros(values, dtype=torch.float32)}))
+
+
+MODEL_BYTES = _wire_bytes(N_PARAMS)
 
 
 def _scenario(baseline: dict[str, Any], rounds: int, **links: float) -> Any:
@@ -32,7 +43,8 @@ def _scenario(baseline: dict[str, Any], rounds: int, **links: float) -> Any:
 def test_ring_allreduce_round_is_2n_minus_2_latencies_and_chunks_over_the_slowest_link() -> None:
     rounds = 3
     result = run_scenario(_scenario({"kind": "allreduce"}, rounds))
-    chunk = math.ceil(MODEL_BYTES / N)
+    chunk = _wire_bytes(math.ceil(N_PARAMS / N))
+    assert chunk > math.ceil(N_PARAMS / N) * 4   # the envelope is counted, as gossip counts it
     comm_s = 2 * (N - 1) * (LATENCY_MS / 1000 + 8 * chunk / 1e6)
     assert result.simulated_time_s == pytest.approx(rounds * (STEP_MS / 1000 + comm_s), rel=1e-12)
     for name in MEMBERS:

@@ -2,14 +2,15 @@
 
 Edge attributes: ``latency_ms``, ``bandwidth_mbps``, ``loss`` (and an optional
 mixing ``weight``); node attributes: ``speed`` (relative compute speed),
-``role`` (peer, gateway, edge), and anything else scalar. Every loader checks
+``uplink_mbps`` / ``downlink_mbps`` (the member's NIC, shared by all of its
+links: see sim/network.py), ``role`` (peer, gateway, edge), and anything else scalar. Every loader checks
 the graph (:func:`check_graph`) and raises GraphError naming the file and the
 node or edge at fault.
 
 Edge list format (one item a line, ``#`` starts a comment)::
 
     directed                                  # optional, before any edge
-    node p00 speed=2.0 role=gateway           # optional: attributes or isolated members
+    node p00 speed=2.0 role=gateway uplink_mbps=100   # optional: attributes or isolated members
     p00 p01 latency_ms=5 bandwidth_mbps=100 loss=0.01
 
 JSON format::
@@ -42,6 +43,11 @@ def check_graph(graph: nx.Graph, source: str = "graph") -> nx.Graph:
             speed = _as_float(data["speed"], f"{source}: node {node!r} attribute 'speed'")
             if not speed > 0 or not math.isfinite(speed):
                 raise GraphError(f"{source}: node {node!r} has speed {speed}; it must be positive")
+        for key in ("uplink_mbps", "downlink_mbps"):
+            if key in data:
+                rate = _as_float(data[key], f"{source}: node {node!r} attribute {key!r}")
+                if not rate > 0:
+                    raise GraphError(f"{source}: node {node!r} has {key} {rate}; it must be > 0")
     for a, b, data in graph.edges(data=True):
         edge = f"{source}: edge {a!r}-{b!r}"
         if a == b:

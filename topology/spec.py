@@ -63,7 +63,8 @@ def _number(spec: str, text: str, kind: type[int] | type[float]) -> float:
         raise GraphError(f"bad topology spec {spec!r}: {text!r} is not {what}") from None
 
 
-def _is_file(spec: str) -> bool:
+def is_graph_file(spec: str) -> bool:
+    """Whether ``spec`` names a graph file (by suffix or a path separator) rather than a generator."""
     return Path(spec).suffix.lower() in GRAPH_SUFFIXES or "/" in spec or "\\" in spec
 
 
@@ -76,7 +77,7 @@ def build(spec: str, names: Sequence[str] | None = None, *, seed: int = 0,
     ``max-degree`` or ``edges`` (the ``weight`` attribute of each edge).
     """
     spec = spec.strip()
-    if _is_file(spec):
+    if is_graph_file(spec):
         graph = load(spec)
         return from_graph(graph, names, weights=weights, spec=spec)
     kind, *args = spec.split(":")

@@ -11,7 +11,8 @@ simulator's hundreds of peers share one copy of the data):
 - ``charlm``: tiny character-level transformer (options ``path`` to a UTF-8 text,
   default the text shipped in ``peer/data/``, ``context``, ``width``, ``layers``,
   ``heads``); bar: test loss at least 0.5 nats/char below the text's unigram entropy.
-- ``package.module:function`` or ``path/to/file.py:function``: a custom task. The
+- ``package.module:function`` or ``path/to/file.py:function``: a custom task (in a
+  config file, a relative file path is taken from that file's folder: :func:`resolve_task_paths`). The
   function is called with the options as keyword arguments and returns a Task, or
   a mapping ``{"model": build(seed) -> nn.Module, "train": (x, y), "test": (x, y),
   "loss": fn (optional, default cross-entropy), "evaluate": fn(model, x, y) -> dict
@@ -30,12 +31,16 @@ from typing import Any
 
 from torch import nn
 
+from peer.paths import from_folder
 from peer.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
 
 __all__ = ["BUILTIN_TASKS", "Task", "TaskError", "classification_metrics", "cross_entropy",
-           "get_task", "seeded"]
+           "get_task", "resolve_task_paths", "seeded"]
 
 BUILTIN_TASKS = ("digits-mlp", "digits-cnn", "logreg", "charlm")
+
+# Built-in tasks' options that name files (a custom task's options are passed as written).
+_FILE_OPTIONS: dict[str, tuple[str, ...]] = {"charlm": ("path",)}
 
 _CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], Task] = {}
 
@@ -70,6 +75,26 @@ def _build(name: str, options: dict[str, Any]) -> Task:
     return _as_task(name, made)
 
 
+def _is_task_file(module_part: str) -> bool:
+    return module_part.endswith(".py") or "/" in module_part
+
+
+def resolve_task_paths(name: str, options: Mapping[str, Any], base: Path) -> tuple[str, dict[str, Any]]:
+    """``name`` and ``options`` with relative file paths taken against ``base`` (a config's folder).
+
+    A ``path/to/file.py:function`` task gets its file resolved; a module or built-in name is kept.
+    Built-in options that name files (``charlm``'s ``path``) are resolved too.
+    """
+    module_part, colon, function_name = name.rpartition(":")
+    if colon and _builtin(name) is None and _is_task_file(module_part):
+        name = f"{from_folder(base, module_part)}:{function_name}"
+    resolved = dict(options)
+    for key in _FILE_OPTIONS.get(name, ()):
+        if isinstance(resolved.get(key), str) and resolved[key]:
+            resolved[key] = from_folder(base, resolved[key])
+    return name, resolved
+
+
 def _builtin(name: str) -> Callable[..., Any] | None:
     if name == "digits-mlp":
         from peer.tasks.digits import digits_mlp
@@ -92,7 +117,7 @@ def _load_custom(spec: str) -> Callable[..., Any]:
     if not module_part or not function_name:
         raise TaskError(f"custom task {spec!r}: expected 'module:function'")
     try:
-        if module_part.endswith(".py") or "/" in module_part:
+        if _is_task_file(module_part):
             path = Path(module_part)
             if not path.is_file():
                 raise TaskError(f"custom task {spec!r}: no such file {path}")
