@@ -101,6 +101,9 @@ class Choco(RoundMachine):
             return [f"CHOCO {self.choice.describe()}"]
         return [f"CHOCO consensus_step {self.step:g} (set in the config)"]
 
+    def gauges(self) -> dict[str, float]:
+        return {"consensus_step": self.step}
+
     @property
     def floor_step(self) -> float:
         return self.initial_step * 2.0**-GUARD_MAX_HALVINGS
