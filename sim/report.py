@@ -69,12 +69,20 @@ def comparison(results: Sequence[ScenarioResult]) -> list[dict[str, Any]]:
             "time_to_target_s": result.time_to_target_s, "bytes_to_target": result.bytes_to_target,
             "final_mean_accuracy": last.mean_accuracy if last else None,
             "bytes_sent": result.bytes_sent, "simulated_time_s": result.simulated_time_s,
+            "refused_updates": refused_updates(result),
         }
         if first is not None:
             row["time_to_target_vs_first"] = _ratio(result.time_to_target_s, first.time_to_target_s)
             row["bytes_to_target_vs_first"] = _ratio(result.bytes_to_target, first.bytes_to_target)
         rows.append(row)
     return rows
+
+
+def refused_updates(result: ScenarioResult) -> int:
+    """Updates the gossip machines refused (every reason: the insider filter, malformed parts,
+    non-finite values), summed over the members. On an honest run anything but 0 means mixing
+    was not W-mixing, so the table shows it beside the accuracy."""
+    return int(result.metrics.get("rejected_update", 0.0))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -113,13 +121,14 @@ def comparison_table(results: Sequence[ScenarioResult]) -> str:
     rows = comparison(results)
     width = max([len("scenario"), *(len(row["name"]) for row in rows)])
     lines = [f"{'scenario':<{width}} {'kind':<18} {'final acc':>9} {'to target':>10} {'bytes to target':>16} "
-             f"{'bytes sent':>14} {'sim time':>9}"]
+             f"{'bytes sent':>14} {'sim time':>9} {'refused':>8}"]
     for row in rows:
         to_target = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f} s"
         bytes_target = "-" if row["bytes_to_target"] is None else f"{row['bytes_to_target']:,}"
         accuracy = "-" if row["final_mean_accuracy"] is None else f"{row['final_mean_accuracy']:.3f}"
         lines.append(f"{row['name']:<{width}} {row['kind'][:18]:<18} {accuracy:>9} {to_target:>10} "
-                     f"{bytes_target:>16} {row['bytes_sent']:>14,} {row['simulated_time_s']:>8.1f}s")
+                     f"{bytes_target:>16} {row['bytes_sent']:>14,} {row['simulated_time_s']:>8.1f}s "
+                     f"{row['refused_updates']:>8,}")
     return "\n".join(lines)
 
 

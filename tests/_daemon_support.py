@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from peer.cmd_init import default_network
+from peer.daemon import consensus_estimate
 from peer.export import latest_params
 from peer.launch import PeerProcesses
 from peer.netinit import NetworkFiles, create_network
@@ -135,9 +136,8 @@ def final_params(files: NetworkFiles) -> dict[str, torch.Tensor]:
 
 
 def consensus_distance(params: Mapping[str, torch.Tensor]) -> float:
-    stacked = torch.stack(list(params.values()))
-    mean = stacked.mean(dim=0)
-    return float(torch.linalg.vector_norm(stacked - mean, dim=1).max() / torch.linalg.vector_norm(mean))
+    """max_i ||x_i - mean|| / ||mean||: the daemon's own estimate, over every peer."""
+    return consensus_estimate(list(params.values()))
 
 
 def log_tail(files: NetworkFiles, name: str, lines: int = 15) -> str:

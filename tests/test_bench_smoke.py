@@ -62,6 +62,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^peak memory \(ru_maxrss\)\s+\d+ MB",
         r"^final mean accuracy\s+[\d.]+",
     ],
+    "bench_filter_grid.py": [
+        r"^graph\s+shards\s+seed\s+refused\s+max/peer\s+final acc\s+consensus\s+wall$",
+        r"^ring:16\s+\S+\s+1\s+\d+\s+\d+\s+[\d.]+\s+[\d.e+-]+\s+[\d.]+s$",
+        r"^false positives in all cells: \d+ \(goal: 0\)$",
+    ],
     "gpu_two_peers.py": [
         r"^training on (cpu|cuda): exit codes \{'p00': 0, 'p01': 0\}",
         r"^  correct: yes$",

@@ -4,7 +4,10 @@ One network run: 8 peers on a ring, D-PSGD, digits-mlp, Dirichlet(0.5). Every
 fault is placed on the peers' progress by test hooks (peer.testhooks), never
 on the wall clock, so the run is the same on an idle and on a loaded machine:
 
-1. the seven first peers train to step 60 and are held there;
+1. the seven first peers are held before their first step until all of them
+   train (p04 and p06 first wait ``start_timeout_s`` for the absent p05: the
+   others must not race ahead meanwhile, or those two would join by state
+   sync instead), then train to step 60 and are held there;
 2. p05 starts late, sees the network already running and joins by state sync
    (at round 60); then the hold is released;
 3. p03 kills itself (SIGKILL) right after step 110; its last checkpoint is the
@@ -52,15 +55,16 @@ def test_killed_peer_resumes_and_late_peer_joins_by_state_sync(tmp_path: Path) -
     late.write_text(late.read_text().replace("[peer]\n", "[peer]\nlate_join = true\n", 1))
     marks = tmp_path / "marks"
     marks.mkdir()
-    joined, rejoined = tmp_path / "gate-joined", tmp_path / "gate-rejoined"
+    started, joined, rejoined = (tmp_path / f"gate-{what}" for what in ("started", "joined", "rejoined"))
     others = [name for name in files.configs if name != "p05"]
-    hooks = {name: [hold_at(JOIN_STEP, joined, marks, name), hold_at(REJOIN_STEP, rejoined, marks, name)]
-             for name in others}
-    hooks["p03"] = [hold_at(JOIN_STEP, joined, marks, "p03"),
-                    Hook(at_step=KILL_STEP, action="kill", mark=str(marks / "p03-killed"))]
+    hooks = {name: [hold_at(0, started, marks, name), hold_at(JOIN_STEP, joined, marks, name),
+                    hold_at(REJOIN_STEP, rejoined, marks, name)] for name in others}
+    hooks["p03"] = [*hooks["p03"][:2], Hook(at_step=KILL_STEP, action="kill", mark=str(marks / "p03-killed"))]
     with peers(files) as processes:
         for name in others:
             processes.start(name, hooks[name])
+        wait_for_files(marks / f"{name}-held-0" for name in others)
+        started.touch()
         wait_for_files(marks / f"{name}-held-{JOIN_STEP}" for name in others)
         processes.start("p05", [hold_at(REJOIN_STEP, rejoined, marks, "p05")])
         late_log = wait_for_log(files, "p05", "synced from")

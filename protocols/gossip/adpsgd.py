@@ -221,7 +221,10 @@ class ADPSGD(MachineBase):
             self._reject(error.reason)
             return None
         norm = self._distance(theirs, mine)
-        return theirs if self._screen([norm], self.own_step_norm, mine)[0] else None
+        # judged against the other neighbours' latest norms (see robust.py); ``mine``'s norm is
+        # the warm-up reference
+        accepted = self._screen([norm], [sender], self.own_step_norm, mine)[0]
+        return theirs if accepted else None
 
     def _on_request(self, sender: str, message: ParamPush) -> list[Action]:
         mine = self.public if self.phase is Phase.WORKING else self.params

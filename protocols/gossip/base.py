@@ -175,10 +175,12 @@ class MachineBase:
         self.counters["rejected_update"] += 1
         self.counters[f"rejected_{reason}"] += 1
 
-    def _screen(self, norms: Sequence[float], own_norm: float, origin: torch.Tensor) -> list[bool]:
-        """The insider filter's verdict on ``norms``, distances measured from ``origin`` (our own
-        value): its norm is the reference when nothing else gives one (see robust.py)."""
-        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(origin))
+    def _screen(self, norms: Sequence[float], senders: Sequence[str], own_norm: float,
+                origin: torch.Tensor) -> list[bool]:
+        """The insider filter's verdict on ``norms`` from ``senders``, each judged against the other
+        senders (see robust.py); distances are measured from ``origin`` (our own value), whose norm
+        is the reference when nothing else gives one."""
+        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(origin), senders=senders)
         self._count("rejected_update", verdict.count(False))
         return verdict
 

@@ -43,7 +43,7 @@ class GossipConfig:
     outer_lr: float = 0.7  # DiLoCo's outer learning rate (Douillard et al. 2023)
     outer_momentum: float = 0.9  # DiLoCo's Nesterov momentum
     outer_every: int = 100  # local steps between outer steps; a multiple of local_steps
-    norm_multiple: float = 10.0  # reject updates whose norm exceeds this x the running median; 0 = off
+    norm_multiple: float = 10.0  # refuse updates over this x the other senders' median (robust.py); 0 = off
     seed: int = 0  # root of the counter-based randomness (partner choice, stochastic compressors)
 
     def __post_init__(self) -> None:

@@ -389,7 +389,9 @@ class RoundMachine(MachineBase):
             decoded.append((sender, r, payload))
             norms.append(norm)
         own_norm = self.step_norm if self.after and self.round_steps else self._own_norm()
-        verdict = self._screen(norms, own_norm, self.params)  # (WAITING: the parameters are ours)
+        # each candidate against the other senders of this round (see robust.py); WAITING: the
+        # parameters are ours, their norm is the warm-up reference
+        verdict = self._screen(norms, [sender for sender, _, _ in decoded], own_norm, self.params)
         self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
         self.steps_done += self.round_steps
         self.round += 1
