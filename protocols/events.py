@@ -122,3 +122,7 @@ class Machine(Protocol):
     def notes(self) -> list[str]:
         """What an operator should read at start-up (settings the machine chose, and why)."""
         ...
+
+    def warnings(self) -> list[str]:
+        """What an operator must not miss now (a setting the machine had to change while running)."""
+        ...

@@ -119,6 +119,12 @@ class MachineBase:
         """What an operator should read at start-up (settings the machine chose, and why)."""
         return []
 
+    def warnings(self) -> list[str]:
+        """What an operator must not miss now (a setting the machine had to change while running)."""
+        if self.counters["nonfinite_params"]:
+            return [f"own parameters not finite in {self.counters['nonfinite_params']} round(s) (not sent)"]
+        return []
+
     @property
     def last_round(self) -> int:
         """The highest round any honest member can be in or send: the training rounds

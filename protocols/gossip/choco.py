@@ -104,6 +104,14 @@ class Choco(RoundMachine):
     def gauges(self) -> dict[str, float]:
         return {"consensus_step": self.step}
 
+    def warnings(self) -> list[str]:
+        warnings = super().warnings()
+        if self.step < self.initial_step:
+            warnings.append(f"CHOCO consensus step lowered from {self.initial_step:.4g} to {self.step:.4g} "
+                            f"(guard halvings here: {self.counters['consensus_step_reduced']}, adopted from "
+                            f"a neighbour: {self.counters['consensus_step_adopted']})")
+        return warnings
+
     @property
     def floor_step(self) -> float:
         return self.initial_step * 2.0**-GUARD_MAX_HALVINGS
