@@ -25,8 +25,9 @@ every ``q`` lost while they were apart drove the simulator's run from 0.75 to
 Healing CHOCO needs the public copies re-synchronised (not done yet).
 
 The consensus step. ``consensus_step = 0`` (the default) takes it from
-``consensus_step.py``: half the largest step under which seeded CHOCO gossip
-alone converges on this W with this compressor, the same on every member. A
+``consensus_step.py``: the largest step of a √2 grid under which seeded CHOCO
+gossip alone does not grow the disagreement on this W with this compressor,
+the same on every member (that module says why not half of it). A
 guard watches what each member can see alone, the norm of its own correction
 ``x - x_hat`` (what the public copy has not caught up with yet): once the
 warm-up is over, a window whose median is ``GUARD_GROWTH`` times the smallest
