@@ -148,6 +148,7 @@ class PeerDaemon:
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
+        self._warned: set[str] = set()      # the machine's warnings already said
         self.neighbours = {name: NeighbourInfo() for name in self.parts.neighbours}
         self.counters = Counters()
         self._t0 = time.monotonic()
@@ -275,6 +276,8 @@ class PeerDaemon:
         self.state = "training"
         self._started = True
         self._train_start_s = self.now()
+        for note in self.machine.notes():
+            self.status.say(f"{self.name}: {note}")
         self._feed(Start())
         for name, info in self.neighbours.items():
             if not info.up:     # never heard: the machine's rounds go on without it until it appears
@@ -411,6 +414,7 @@ class PeerDaemon:
                     self._timer_due.pop(action.key, None)
                 case Metric():
                     self.counters.metrics[action.name] = action.value   # running totals
+                    self._machine_warnings()
                 case Finished():
                     self._finished = True
                     self._train_end_s = self.now()
@@ -633,12 +637,20 @@ class PeerDaemon:
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
+            "warnings": self.machine.warnings(),
             "timeline": self.timeline,
         }
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
             self.status.write(self._snapshot(), now=self.now(), interval_s=self.config.peer.status_interval_s)
+
+    def _machine_warnings(self) -> None:
+        """Say each new warning of the machine once (its metrics are the only time it can change)."""
+        for text in self.machine.warnings():
+            if text not in self._warned:
+                self._warned.add(text)
+                self._warn(text)
 
     def _warn(self, text: str) -> None:
         self.status.say(f"{self.name}: warning: {text}")

@@ -161,6 +161,8 @@ class GossipRun:
             self.peers[name] = SimPeer(name, index, identities[name], endpoint, self._machine(name),
                                        self.scenario.behaviour(name))
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
+        for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
+            self.result.notes.extend(n for n in peer.machine.notes() if n not in self.result.notes)
         self.recorder = Recorder(world, self.result, running=lambda n: self.peers[n].alive,
                                  bytes_sent=self._bytes_sent, progress=progress)
 

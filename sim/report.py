@@ -4,6 +4,9 @@
 with sorted keys, so rerunning the same scenarios gives the same bytes.
 Several scenarios in one report share every plot and a comparison table
 (time and bytes to the target accuracy, relative to the first scenario).
+"First reached" and "held from" are reported apart: a run can touch the
+target and fall away again (CHOCO past its stable step did, ending at 25%),
+and one that ends below its target is marked so in the table.
 matplotlib is imported only when plots are drawn (Agg backend, no display).
 """
 
@@ -42,7 +45,12 @@ def scenario_summary(result: ScenarioResult) -> dict[str, Any]:
         "target_accuracy": result.target_accuracy,
         "time_to_target_s": result.time_to_target_s,
         "bytes_to_target": result.bytes_to_target,
+        "held_target_from_s": result.held_target_from_s,
+        "bytes_to_held_target": result.bytes_to_held_target,
+        "ends_below_target": result.ends_below_target,
         "bytes_sent": result.bytes_sent,
+        "notes": list(result.notes),
+        "warnings": run_warnings(result),
         "final": {
             "mean_accuracy": last.mean_accuracy if last else None,
             "min_accuracy": last.min_accuracy if last else None,
@@ -67,6 +75,7 @@ def comparison(results: Sequence[ScenarioResult]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "name": result.name, "kind": result.kind,
             "time_to_target_s": result.time_to_target_s, "bytes_to_target": result.bytes_to_target,
+            "held_target_from_s": result.held_target_from_s, "ends_below_target": result.ends_below_target,
             "final_mean_accuracy": last.mean_accuracy if last else None,
             "bytes_sent": result.bytes_sent, "simulated_time_s": result.simulated_time_s,
             "refused_updates": refused_updates(result),
@@ -83,6 +92,22 @@ def refused_updates(result: ScenarioResult) -> int:
     non-finite values), summed over the members. On an honest run anything but 0 means mixing
     was not W-mixing, so the table shows it beside the accuracy."""
     return int(result.metrics.get("rejected_update", 0.0))
+
+
+def run_warnings(result: ScenarioResult) -> list[str]:
+    """What an operator must not miss: the machines changed a setting, or dropped their own state."""
+    warnings = []
+    reduced = int(result.metrics.get("consensus_step_reduced", 0.0))
+    if reduced:
+        steps = [p["metrics"]["consensus_step"] for p in result.peers.values()
+                 if "consensus_step" in p.get("metrics", {})]
+        lowest = f"; smallest now {min(steps):.4g}" if steps else ""
+        warnings.append(f"CHOCO's guard halved the consensus step {reduced} time(s): the public copies were "
+                        f"running away{lowest}")
+    nonfinite = int(result.metrics.get("nonfinite_params", 0.0))
+    if nonfinite:
+        warnings.append(f"{nonfinite} round(s) with non-finite parameters (not sent)")
+    return warnings
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -120,15 +145,23 @@ def comparison_table(results: Sequence[ScenarioResult]) -> str:
     """The comparison as a text table for the terminal."""
     rows = comparison(results)
     width = max([len("scenario"), *(len(row["name"]) for row in rows)])
-    lines = [f"{'scenario':<{width}} {'kind':<18} {'final acc':>9} {'to target':>10} {'bytes to target':>16} "
-             f"{'bytes sent':>14} {'sim time':>9} {'refused':>8}"]
+    lines = [f"{'scenario':<{width}} {'kind':<18} {'final acc':>11} {'first reached':>13} {'held from':>10} "
+             f"{'bytes to target':>16} {'bytes sent':>14} {'sim time':>9} {'refused':>8}"]
     for row in rows:
-        to_target = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f} s"
+        first = "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f} s"
+        held = "-" if row["held_target_from_s"] is None else f"{row['held_target_from_s']:.1f} s"
         bytes_target = "-" if row["bytes_to_target"] is None else f"{row['bytes_to_target']:,}"
         accuracy = "-" if row["final_mean_accuracy"] is None else f"{row['final_mean_accuracy']:.3f}"
-        lines.append(f"{row['name']:<{width}} {row['kind'][:18]:<18} {accuracy:>9} {to_target:>10} "
+        if row["ends_below_target"]:
+            accuracy += " <"   # ends below its target, whatever it reached on the way
+        lines.append(f"{row['name']:<{width}} {row['kind'][:18]:<18} {accuracy:>11} {first:>13} {held:>10} "
                      f"{bytes_target:>16} {row['bytes_sent']:>14,} {row['simulated_time_s']:>8.1f}s "
                      f"{row['refused_updates']:>8,}")
+    if any(row["ends_below_target"] for row in rows):
+        lines.append("< ends below its target accuracy")
+    for result in results:
+        lines.extend(f"{result.name}: {note}" for note in result.notes)
+        lines.extend(f"{result.name}: warning: {warning}" for warning in run_warnings(result))
     return "\n".join(lines)
 
 

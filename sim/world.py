@@ -173,6 +173,7 @@ class ScenarioResult:
     rejections: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)   # what the machines chose at start-up (each once)
     wall_s: float = 0.0            # real seconds; printed, never written into report.json
 
     @property
@@ -185,13 +186,43 @@ class ScenarioResult:
         point = self._target_point()
         return None if point is None else point.bytes_sent
 
+    @property
+    def held_target_from_s(self) -> float | None:
+        """From when on the mean accuracy stayed at or above the target to the end (None: it ends below)."""
+        point = self._held_point()
+        return None if point is None else point.time_s
+
+    @property
+    def bytes_to_held_target(self) -> int | None:
+        point = self._held_point()
+        return None if point is None else point.bytes_sent
+
+    @property
+    def ends_below_target(self) -> bool:
+        """A target was set and the last evaluation is under it (whatever was reached on the way)."""
+        if self.target_accuracy <= 0:
+            return False
+        return not self.trace or self.trace[-1].mean_accuracy < self.target_accuracy
+
     def _target_point(self) -> TracePoint | None:
+        """The first evaluation at or above the target (a run may fall below it again later)."""
         if self.target_accuracy <= 0:
             return None
         for point in self.trace:
             if point.mean_accuracy >= self.target_accuracy:
                 return point
         return None
+
+    def _held_point(self) -> TracePoint | None:
+        """The earliest evaluation from which every later one is at or above the target."""
+        if self.target_accuracy <= 0:
+            return None
+        held = None
+        for point in reversed(self.trace):
+            if point.mean_accuracy < self.target_accuracy:
+                break
+            held = point
+        return held
 
     @property
     def bytes_sent(self) -> int:

@@ -67,6 +67,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^ring:16\s+\S+\s+1\s+\d+\s+\d+\s+[\d.]+\s+[\d.e+-]+\s+[\d.]+s$",
         r"^false positives in all cells: \d+ \(goal: 0\)$",
     ],
+    "bench_choco_grid.py": [
+        r"^graph\s+partition\s+seed\s+gamma\s+reduced\s+exact\s+choco\s+pts\s+bytes x\s+stab\s+bars$",
+        r"^ring:16\s+dirichlet0.3\s+0\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+[\d.]+\s+(met|MISSED)",
+        r"^cells missing a bar: \d+$",
+    ],
     "gpu_two_peers.py": [
         r"^training on (cpu|cuda): exit codes \{'p00': 0, 'p01': 0\}",
         r"^  correct: yes$",

@@ -83,7 +83,7 @@ def test_a_dpsgd_equals_the_numpy_recursion_in_float64() -> None:
     ({"algorithm": "dpsgd", "local_steps": 4}, "local_steps must be 1"),
     ({"algorithm": "local", "local_steps": 0}, "local_steps must be >= 1"),
     ({"compression": "topk:fraction=0.01"}, "use it with algorithm 'choco'"),
-    ({"algorithm": "choco", "consensus_step": 0.0}, "consensus_step"),
+    ({"algorithm": "choco", "consensus_step": -0.1}, "consensus_step"),
     ({"deadline_s": 0.0}, "deadline_s"),
     ({"outer": "diloco", "algorithm": "local", "local_steps": 8, "outer_every": 12}, "multiple of"),
     ({"norm_multiple": -1.0}, "norm_multiple"),

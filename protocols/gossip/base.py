@@ -66,6 +66,7 @@ class MachineBase:
         self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
                                     every=config.outer_every) if config.outer == "diloco" else None)
         self.counters: Counter[str] = Counter()
+        self._gauges_sent: dict[str, float] = {}
         self._reset_schedule(0, 0)
 
     def _reset_schedule(self, round_index: int, steps_done: int) -> None:
@@ -89,7 +90,15 @@ class MachineBase:
         for key in sorted(self.counters):
             if self.counters[key] != before.get(key, 0):
                 actions.append(Metric(key, float(self.counters[key])))
+        for key, value in sorted(self.gauges().items()):
+            if self._gauges_sent.get(key) != value:
+                self._gauges_sent[key] = value
+                actions.append(Metric(key, value))
         return actions
+
+    def gauges(self) -> dict[str, float]:
+        """Settings the machine chose or changed while running (reported as metrics when they change)."""
+        return {}
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:
         raise NotImplementedError
@@ -105,6 +114,16 @@ class MachineBase:
     def join_at(self, round_index: int, steps_done: int) -> None:
         """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``."""
         raise NotImplementedError
+
+    def notes(self) -> list[str]:
+        """What an operator should read at start-up (settings the machine chose, and why)."""
+        return []
+
+    def warnings(self) -> list[str]:
+        """What an operator must not miss now (a setting the machine had to change while running)."""
+        if self.counters["nonfinite_params"]:
+            return [f"own parameters not finite in {self.counters['nonfinite_params']} round(s) (not sent)"]
+        return []
 
     @property
     def last_round(self) -> int:

@@ -33,7 +33,8 @@ class GossipConfig:
     total_steps: int = 1000  # local steps per peer before the final gossip rounds
     duration_s: float = 0.0  # 0 = no limit; else stop training this long after Start (asynchronous runs)
     compression: str = "identity"  # protocols.compress spec; sparsifiers need algorithm = "choco"
-    consensus_step: float = 1.0  # CHOCO's gamma: 1.0 is exact gossip; lower it for aggressive compressors
+    # CHOCO's gamma; 0 = chosen at start-up from W and the compressor (protocols/gossip/consensus_step.py)
+    consensus_step: float = 0.0
     choco_full_start: bool = True  # CHOCO's round 0 is uncompressed: public copies start exact, not at 0
     deadline_s: float = 10.0  # how long a peer whose work is done waits for a missing neighbour
     max_rounds_ahead: int = 4  # messages for later rounds are buffered up to this far ahead (memory bound)
@@ -68,8 +69,9 @@ class GossipConfig:
         if operator in SPARSIFYING_OPERATORS and self.algorithm != "choco":
             raise ValueError(f"compression {operator!r} does not approximate a whole parameter vector; "
                              "use it with algorithm 'choco'")
-        if not 0.0 < self.consensus_step <= 1.0:
-            raise ValueError(f"consensus_step must be in (0, 1], not {self.consensus_step}")
+        if not 0.0 <= self.consensus_step <= 1.0:
+            raise ValueError(f"consensus_step must be in (0, 1] (0: chosen automatically), "
+                             f"not {self.consensus_step}")
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, not {self.deadline_s}")
         if self.max_rounds_ahead < 1:
