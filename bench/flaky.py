@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # pytest's exit codes that still mean "the tests ran": all passed, some failed
 RAN = (0, 1)
 NO_TESTS = 5
+MESSAGE_CHARS = 2000    # of each failure's message, printed under the table
 
 
 @dataclass
@@ -39,13 +40,20 @@ class Tally:
     failures: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
     broken_runs: list[str] = field(default_factory=list)   # runs without a usable report
+    reasons: list[str] = field(default_factory=list)       # "run N, test: message" per failure
 
-    def add_report(self, report: Path) -> None:
+    def add_report(self, report: Path, run: int = 0) -> None:
         outcomes: dict[str, str] = {}
         for case in ElementTree.parse(report).getroot().iter("testcase"):
             test_id = node_id(case.get("classname", ""), case.get("name", ""))
-            outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
+            failure = case.find("failure")
+            if failure is None:
+                failure = case.find("error")
+            outcome = ("failed" if failure is not None
                        else "skipped" if case.find("skipped") is not None else "passed")
+            if failure is not None:     # what a flaky failure said is what finds its cause
+                message = (failure.get("message") or failure.text or "").strip()
+                self.reasons.append(f"run {run}, {test_id}: {message[:MESSAGE_CHARS]}")
             # a test with a failing call and an erroring tear-down may appear twice: failed wins
             if outcomes.get(test_id) != "failed":
                 outcomes[test_id] = outcome
@@ -92,7 +100,7 @@ def run_all(runs: int, marker: str, keyword: str | None, paths: list[str], extra
                 tally.broken_runs.append(f"run {index}: pytest exit code {done.returncode}\n"
                                          f"{done.stdout[-2000:]}")
                 continue
-            tally.add_report(report)
+            tally.add_report(report, index)
     return tally
 
 
@@ -105,6 +113,8 @@ def table(tally: Tally, runs: int) -> str:
     lines.append(f"\n{len(flaky)} of {len(ids)} tests failed at least once in {runs} runs"
                  + (f"; {len(tally.broken_runs)} runs ended without a report" if tally.broken_runs else ""))
     lines += tally.broken_runs
+    if tally.reasons:
+        lines += ["", "failures:", *tally.reasons]
     return "\n".join(lines)
 
 

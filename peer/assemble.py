@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from peer.datalock import DataDirLock
 from peer.netinit import load_roster
 from peer.peerconfig import PeerConfig
 from protocols.events import Machine
@@ -37,6 +38,7 @@ class Parts:
     endpoint: Endpoint
     trainer: Any                  # peer.trainer.Trainer
     machine: Machine
+    lock: DataDirLock             # held while the peer runs (released by the daemon, or at exit)
 
 
 def neighbour_names(topology: Topology, name: str) -> tuple[str, ...]:
@@ -119,14 +121,19 @@ def assemble(config: PeerConfig) -> Parts:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")
         neighbours[other] = tcp_address(address)
     digest = run_id({"roster": roster, **config.shared()})
-    epoch = next_epoch(config.data_dir)
-    endpoint = Endpoint(identity, roster, digest, epoch)
-    trainer = make_trainer(config, members=len(topology.names), index=index)
-    graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
-    # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
-    machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
-                                         seed=network.seed, shapes=trainer.mixed_shapes,
-                                         trained_numel=trainer.flat_params.numel()))
+    lock = DataDirLock(config.data_dir)     # before the epoch: a second peer here must change nothing
+    try:
+        epoch = next_epoch(config.data_dir)
+        endpoint = Endpoint(identity, roster, digest, epoch)
+        trainer = make_trainer(config, members=len(topology.names), index=index)
+        graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
+        # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
+        machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
+                                             seed=network.seed, shapes=trainer.mixed_shapes,
+                                             trained_numel=trainer.flat_params.numel()))
+    except BaseException:
+        lock.release()
+        raise
     return Parts(config=config, identity=identity, roster=roster, topology=topology, name=name, index=index,
                  neighbours=neighbours, run_id=digest, epoch=epoch, endpoint=endpoint, trainer=trainer,
-                 machine=machine)
+                 machine=machine, lock=lock)

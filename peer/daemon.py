@@ -181,6 +181,12 @@ class PeerDaemon:
     # ------------------------------------------------------------------ running
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.parts.lock.release()
+
+    def _run(self) -> int:
         self._install_signals()
         resumed = self._restore()
         try:

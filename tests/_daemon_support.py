@@ -21,6 +21,7 @@ import torch
 
 from peer.cmd_init import default_network
 from peer.daemon import consensus_estimate
+from peer.datalock import LOCK_FILE
 from peer.export import latest_params
 from peer.launch import PeerProcesses
 from peer.netinit import NetworkFiles, create_network
@@ -92,6 +93,22 @@ def wait_for_files(paths: Iterable[Path], timeout_s: float = CEILING_S) -> None:
         waiting = [p for p in waiting if not p.exists()]
         time.sleep(0.05)
     assert not waiting, f"never appeared in {timeout_s} s: {[str(p) for p in waiting]}"
+
+
+def wait_for_locks(files: NetworkFiles, processes: PeerProcesses, names: list[str]) -> None:
+    """Wait until each peer holds its data directory (peer.datalock): it is assembled and about to
+    listen. The ceiling is one a healthy start never reaches."""
+    deadline = time.monotonic() + CEILING_S
+    waiting = list(names)
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+        waiting = [n for n in waiting if not _holds_lock(files, n, processes.processes[n].pid)]
+    assert not waiting, f"never took their data directories in {CEILING_S} s: {waiting}\n{describe(files)}"
+
+
+def _holds_lock(files: NetworkFiles, name: str, pid: int | None) -> bool:
+    lock = files.out / "data" / name / LOCK_FILE
+    return lock.exists() and lock.read_text().strip() == str(pid)
 
 
 def wait_for_log(files: NetworkFiles, name: str, text: str, timeout_s: float = CEILING_S) -> str:

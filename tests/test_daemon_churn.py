@@ -5,9 +5,11 @@ fault is placed on the peers' progress by test hooks (peer.testhooks), never
 on the wall clock, so the run is the same on an idle and on a loaded machine:
 
 1. the seven first peers are held before their first step until all of them
-   train (p04 and p06 first wait ``start_timeout_s`` for the absent p05: the
-   others must not race ahead meanwhile, or those two would join by state
-   sync instead), then train to step 60 and are held there;
+   train (p04 and p06, started once the others hold their data directories,
+   first wait a 5 s ``start_timeout_s`` for the absent p05; the others wait
+   for their neighbours with no timeout a healthy start reaches, and must not
+   race ahead meanwhile, or those two would join by state sync instead), then
+   train to step 60 and are held there;
 2. p05 starts late, sees the network already running and joins by state sync
    (at round 60), and is held there too; then the hold is released for all
    eight at once (a joiner that trained on while its neighbours were still
@@ -47,6 +49,7 @@ from _daemon_support import (
     peers,
     status,
     wait_for_files,
+    wait_for_locks,
     wait_for_log,
 )
 
@@ -54,15 +57,28 @@ from peer.testhooks import Hook
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
+
+def set_peer_option(config: Path, key: str, value: str) -> None:
+    """Set one key of a peer config's [peer] table (written there by make_network, or added)."""
+    text = config.read_text()
+    line = re.compile(rf"^{key} = .*$", re.MULTILINE)
+    text = (line.sub(f"{key} = {value}", text, count=1) if line.search(text)
+            else text.replace("[peer]\n", f"[peer]\n{key} = {value}\n", 1))
+    config.write_text(text)
+
+
+
 JOIN_STEP, KILL_STEP, REJOIN_STEP, STEPS = 60, 110, 200, 300
 
 
 def test_killed_peer_resumes_and_late_peer_joins_by_state_sync(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", steps=STEPS, gossip={"deadline_s": 30.0},
-                         peer_options={"start_timeout_s": 5.0, "neighbour_timeout_s": 5.0},
                          sections={"checkpoint": {"every_steps": 50}})
-    late = files.configs["p05"]
-    late.write_text(late.read_text().replace("[peer]\n", "[peer]\nlate_join = true\n", 1))
+    set_peer_option(files.configs["p05"], "late_join", "true")
+    for name in ("p04", "p06"):     # they start without the absent p05
+        set_peer_option(files.configs[name], "start_timeout_s", "5.0")
+    for name in ("p02", "p04"):     # they find p03 dead; everyone else waits a ceiling (30 s)
+        set_peer_option(files.configs[name], "neighbour_timeout_s", "5.0")
     marks = tmp_path / "marks"
     marks.mkdir()
     started, joined, rejoined = (tmp_path / f"gate-{what}" for what in ("started", "joined", "rejoined"))
@@ -71,7 +87,12 @@ def test_killed_peer_resumes_and_late_peer_joins_by_state_sync(tmp_path: Path) -
                     hold_at(REJOIN_STEP, rejoined, marks, name)] for name in others}
     hooks["p03"] = [*hooks["p03"][:2], Hook(at_step=KILL_STEP, action="kill", mark=str(marks / "p03-killed"))]
     with peers(files) as processes:
+        # p04 and p06 last, once the others run: they wait 5 s for p05 only, never for a slow start
         for name in others:
+            if name not in ("p04", "p06"):
+                processes.start(name, hooks[name])
+        wait_for_locks(files, processes, [name for name in others if name not in ("p04", "p06")])
+        for name in ("p04", "p06"):
             processes.start(name, hooks[name])
         wait_for_files(marks / f"{name}-held-0" for name in others)
         started.touch()

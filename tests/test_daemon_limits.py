@@ -4,6 +4,7 @@ a real daemon's dispatch is driven directly, its transport replaced by a recorde
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -49,11 +50,12 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkFiles:
 
 
 @pytest.fixture
-def fresh(network: NetworkFiles) -> PeerDaemon:
+def fresh(network: NetworkFiles) -> Iterator[PeerDaemon]:
     """A new daemon for each test (no state carried from one test to the next), its transport a recorder."""
     found = PeerDaemon(load_peer_config(network.configs["p00"]))
     found.transport = RecordingTransport()  # type: ignore[assignment]
-    return found
+    yield found
+    found.parts.lock.release()      # the next test's daemon takes the same data directory
 
 
 def deliver(daemon: PeerDaemon, sender: str, message: Message) -> None:

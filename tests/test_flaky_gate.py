@@ -77,6 +77,9 @@ def test_the_gate_reports_a_test_that_fails_one_run_in_two(suite: Path) -> None:
                                  "test_steady[a]": (2, 0), "test_steady[b]": (2, 0)}
     assert "1 of 3 tests failed at least once in 2 runs" in done.stdout
     assert (suite / "runs.txt").read_text() == "2"   # both runs were made
+    # what the failure said, with its run: the cause of a flaky failure is found from it
+    assert "run 2, test_sometimes.py::test_fails_every_other_run: AssertionError: fails on the second run" \
+        in done.stdout
 
 
 @pytest.mark.processes

@@ -65,6 +65,7 @@ def _peer_network(folder: Path) -> Path:
 
 def _run_id(config_path: Path) -> bytes:
     parts = assemble(load_peer_config(config_path))
+    parts.lock.release()
     return parts.run_id
 
 

@@ -1,0 +1,48 @@
+"""One running peer per data directory: an exclusive lock taken before anything in it is touched.
+
+A second ``hivemesh peer`` started on the data directory of a running one
+would bump its epoch file (so the running peer's next messages look replayed
+from an old epoch), then write over its checkpoints and status before it
+failed on the port. So the peer takes ``DATA_DIR/lock`` first, with
+``flock`` (released by the kernel when the process dies, however it dies: a
+SIGKILLed peer leaves no stale lock), and writes its PID into it for the
+message the second one prints.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+from topology.errors import HivemeshError
+
+LOCK_FILE = "lock"
+
+
+class DataDirLock:
+    """The held lock of one data directory; ``release()`` (or process exit) lets it go."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / LOCK_FILE
+        handle: IO[str] = self.path.open("a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise HivemeshError(f"data directory {data_dir} is in use by another peer (pid {holder}): "
+                                "stop that one first, or give this one its own data_dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle: IO[str] | None = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()     # closing the descriptor drops the flock
+            self._handle = None
