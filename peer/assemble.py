@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from peer.netinit import load_roster
 from peer.peerconfig import PeerConfig
@@ -124,9 +124,9 @@ def assemble(config: PeerConfig) -> Parts:
     trainer = make_trainer(config, members=len(topology.names), index=index)
     graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
     # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
-    machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
-                                         seed=network.seed, shapes=trainer.mixed_shapes,
-                                         trained_numel=trainer.flat_params.numel()))
+    machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
+                                    seed=network.seed, shapes=trainer.mixed_shapes,
+                                    trained_numel=trainer.flat_params.numel())
     return Parts(config=config, identity=identity, roster=roster, topology=topology, name=name, index=index,
                  neighbours=neighbours, run_id=digest, epoch=epoch, endpoint=endpoint, trainer=trainer,
                  machine=machine)
