@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from peer.datalock import DataDirLock
 from peer.netinit import load_roster
@@ -128,9 +128,9 @@ def assemble(config: PeerConfig) -> Parts:
         trainer = make_trainer(config, members=len(topology.names), index=index)
         graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
-        machine = cast(Machine, make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
-                                             seed=network.seed, shapes=trainer.mixed_shapes,
-                                             trained_numel=trainer.flat_params.numel()))
+        machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
+                                        seed=network.seed, shapes=trainer.mixed_shapes,
+                                        trained_numel=trainer.flat_params.numel())
     except BaseException:
         lock.release()
         raise

@@ -24,24 +24,24 @@ included) holds it, so a 100 MB model does not page-fault on every message.
 
 Steps: the machine's ``steps_done`` is the schedule position; when it skips
 rounds to catch up after a partition (protocols/gossip/rounds.py, "Catching
-up"), the skipped steps count as done and the trainer's step (its learning
-rate schedule) is advanced to match, as after a state sync. ``step`` in the
-status is the trainer's (it leads ``steps_done`` by the steps of a round
-still open), ``steps_done`` the machine's.
+up"), or a state sync is adopted, it emits ``SetTrainerStep`` and the trainer's
+step (its learning rate schedule) is set to match. ``step`` in the status is
+the trainer's (it leads ``steps_done`` by the steps of a round still open),
+``steps_done`` the machine's.
 
 Start-up: the epoch is incremented and stored before the first message; a
 checkpoint, if any, is restored; the peer then waits until it has heard every
 neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
 neighbours for their state (StateSyncRequest) and adopts the first usable
-answer (an unusable one is counted and it waits on for another).
+answer (an unusable one is counted and it waits on for another). Answering and
+adopting are protocols/node's ``StateSync``, the simulator's too.
 
 What a neighbour sends cannot grow memory or work without bound: messages
-heard before training starts are kept per neighbour, only the newest
-``max_rounds_ahead + 1`` (the rounds the machine can buffer; once it starts,
-or catches up after a state sync, older ones are stale), and none from
-non-neighbours; a neighbour's state-sync requests are answered at most once
-per ``sync_answer_interval_s``. Each refusal is counted by reason in the
-status's ``rejections`` (with the wire's own).
+heard before training starts are held by protocols/node's ``EarlyMessages``
+(per neighbour, the newest ``max_rounds_ahead + 1``, none from
+non-neighbours); a neighbour's state-sync requests are answered at most once
+per ``sync_answer_interval_s`` (``StateSync``). Each refusal is counted by
+reason in the status's ``rejections`` (with the wire's own).
 Test hooks (peer/testhooks.py) hold, kill or stop the peer when its trainer
 reaches a given step, so process tests place faults on progress, not time.
 
@@ -58,11 +58,11 @@ import math
 import signal
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -84,19 +84,17 @@ from protocols.events import (
     Received,
     Send,
     SetTimer,
+    SetTrainerStep,
     Start,
     StartWork,
     TimerFired,
     WorkDone,
 )
-from protocols.gossip.base import MachineBase
-from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
-SYNC_TIMEOUT_S = 10.0      # wait this long for a state-sync answer before asking again
-SYNC_ATTEMPTS = 6          # then train from the checkpoint (or the initial model) alone
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
 
@@ -162,11 +160,12 @@ class PeerDaemon:
         self._last_loss = math.nan
         self._last_eval: dict[str, float] = {}
         self._last_eval_step = -1
-        # machine messages heard before Start, per neighbour, newest kept: (arrival number, message)
-        self._early: dict[str, deque[tuple[int, Opened]]] = {}
-        self._early_count = itertools.count()
+        neighbours = frozenset(self.parts.neighbours)
+        node_config = NodeConfig(sync_answer_interval_s=config.peer.sync_answer_interval_s)
+        self.sync = StateSync(node_config, neighbours)
+        # machine messages heard before Start (the machine buffers max_rounds_ahead rounds past its own)
+        self.early = EarlyMessages(neighbours, per_neighbour=config.gossip.max_rounds_ahead + 1)
         self._sync_answer: tuple[str, SyncOffer] | None = None
-        self._sync_answered_at: dict[str, float] = {}     # requester -> when we last sent it our state
         self._train_start_s = math.nan
         self._train_end_s = math.nan
         self._next_heartbeat = 0.0
@@ -264,18 +263,20 @@ class PeerDaemon:
         """Ask the neighbours for their current state; adopt the first answer."""
         self.state = "syncing"
         targets = sorted(self.neighbours, key=lambda n: (not self.neighbours[n].up, n))
-        for attempt in range(SYNC_ATTEMPTS):
+        attempts = self.sync.config.sync_attempts
+        for attempt in range(attempts):
             if not targets or self._stop_signal is not None:
                 return
             self._send(Send(tuple(targets), StateSyncRequest(reason="join")))
-            deadline = self.now() + SYNC_TIMEOUT_S
+            deadline = self.now() + self.sync.config.sync_timeout_s
             while self._sync_answer is None and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)
                 self._heartbeat_if_due()
             if self._sync_answer is not None:
                 self._adopt(*self._sync_answer)
                 return
-            self._warn(f"no state-sync answer (attempt {attempt + 1}/{SYNC_ATTEMPTS})")
+            self._warn(f"no state-sync answer (attempt {attempt + 1}/{attempts})")
+        self.sync.no_answer()
         self._warn("training on without state sync")
 
     def _train(self) -> None:
@@ -289,10 +290,8 @@ class PeerDaemon:
             if not info.up:     # never heard: the machine's rounds go on without it until it appears
                 self.counters.neighbour_down[name] += 1
                 self._feed(NeighbourDown(name))
-        early = sorted(itertools.chain.from_iterable(self._early.values()), key=lambda item: item[0])
-        self._early.clear()
-        for _, opened in early:
-            self._feed(Received(opened.sender, opened.message))
+        for sender, message in self.early.release():
+            self._feed(Received(sender, message))
         while not self._finished and self._stop_signal is None:
             if self._work and not self._held():
                 self._do_work(self._work.pop(0))
@@ -369,43 +368,23 @@ class PeerDaemon:
                         info.latency_ms = latency_ms
             case StateSyncRequest():
                 self._answer_sync(opened.sender)
-            case StateSyncResponse():   # only a neighbour was asked
-                if self._sync_answer is None and self.state == "syncing" and info is not None:
+            case StateSyncResponse():
+                if self._sync_answer is None and self.state == "syncing":
                     self._take_sync_answer(opened.sender, message)
             case _:
                 if info is not None:
                     self._remember_params(info, message)
                 if not self._started:
-                    self._keep_early(opened)
+                    self.early.hold(opened.sender, message)
                 elif not self._finished:
                     self._feed(Received(opened.sender, message))
-
-    def _keep_early(self, opened: Opened) -> None:
-        """Hold a message heard before Start: neighbours only, the newest ``max_rounds_ahead + 1`` each."""
-        if opened.sender not in self.neighbours:
-            self.counters.rejected["early_not_neighbour"] += 1
-            return
-        kept = self._early.setdefault(opened.sender,
-                                      deque(maxlen=self.config.gossip.max_rounds_ahead + 1))
-        if len(kept) == kept.maxlen:
-            self.counters.rejected["early_overflow"] += 1    # the oldest one goes
-        kept.append((next(self._early_count), opened))
 
     def _feed(self, event: Event) -> None:
         """Hand one event to the machine and carry out what it asks, in order."""
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()    # the machine may mix tensors that are still being sent
-        actions = self.machine.handle(event, self.now())
-        self._follow_schedule()
-        self._carry_out(actions)
-
-    def _follow_schedule(self) -> None:
-        """Steps the machine skipped to catch up count as done: the trainer's step (and with it the
-        learning-rate schedule) moves on to the machine's ``steps_done``, as after a state sync."""
-        done = getattr(self.machine, "steps_done", None)
-        if isinstance(done, int) and done > self.trainer.step:
-            self.trainer.step = done
+        self._carry_out(self.machine.handle(event, self.now()))
 
     def _carry_out(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -425,6 +404,8 @@ class PeerDaemon:
                     self._finished = True
                     self._train_end_s = self.now()
                     self.timeline["finished"] = time.time()
+                case SetTrainerStep():
+                    self.trainer.step = action.step     # the learning-rate schedule follows the network
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
@@ -522,51 +503,37 @@ class PeerDaemon:
     # ------------------------------------------------------------------ state sync
 
     def _answer_sync(self, requester: str) -> None:
-        if requester not in self.neighbours:
-            self.counters.rejected["sync_request_not_neighbour"] += 1
-            return
-        if not self._started:
-            return      # we have nothing better than the initial model to offer yet
-        now = self.now()
-        last = self._sync_answered_at.get(requester)
-        if last is not None and now - last < self.config.peer.sync_answer_interval_s:
-            self.counters.rejected["sync_request_too_often"] += 1    # each answer is the whole model
-            return
-        self._sync_answered_at[requester] = now
-        round_index, steps_done = sync_position(self.machine)
-        meta = {"round": round_index, "steps_done": steps_done, "trainer_step": self.trainer.step}
+        if not self.sync.may_answer(requester, self.now(), started=self._started):
+            return      # counted by reason
         # what the machine mixes (parameters, and buffers when averaged) as it is between rounds;
         # a copy, since mixing goes on while it is sent
         params = self.trainer.host_mixed().detach().clone()
-        self._send(Send((requester,), StateSyncResponse(round=round_index, tensors={"params": params},
-                                                       meta=meta)))
+        self._send(Send((requester,), self.sync.answer(self.machine, params, trainer_step=self.trainer.step)))
 
     def _take_sync_answer(self, sender: str, message: StateSyncResponse) -> None:
         """Keep a usable state-sync answer for ``_state_sync``; an unusable one is counted and the wait
         goes on (another neighbour, or the next attempt, may answer well)."""
-        offer = check_sync_response(message, cast(MachineBase, self.machine))
+        offer = self.sync.check(sender, message, self.machine)
         if isinstance(offer, SyncOffer):
             self._sync_answer = (sender, offer)
             return
-        self.counters.rejected[f"sync_answer_{offer.reason}"] += 1    # never adopted, never raised
         self._warn(f"state sync from {sender}: unusable answer ({offer}); waiting for another")
 
     def _adopt(self, sender: str, offer: SyncOffer) -> None:
-        round_index, steps_done = offer.round, offer.steps_done
-        own_round, _ = sync_position(self.machine)
-        if round_index < own_round:
-            self.status.say(f"{self.name}: {sender} is behind us (round {round_index}); "
-                            "kept our state")
-            return
-        if not getattr(self.machine, "JOINABLE", True):
-            self._warn(f"algorithm {self.config.gossip.algorithm!r} cannot join by state sync "
-                       "(its shared state cannot be handed over); training on from our own state")
-            return
-        with torch.no_grad():
-            self.trainer.mixed.copy_(offer.params)
-        self.machine.join_at(round_index, steps_done)    # type: ignore[attr-defined]
-        self.trainer.step = steps_done       # the learning-rate schedule follows the network
-        self.status.say(f"{self.name}: synced from {sender}: round {round_index}, step {steps_done}")
+        assert self.transport is not None
+        if self.transport.pending_sends():
+            self.transport.wait_sent()    # adopting overwrites the parameters in place
+        outcome, actions = self.sync.adopt(offer, self.machine)
+        self._carry_out(actions)
+        match outcome:
+            case Adoption.KEPT:
+                self.status.say(f"{self.name}: {sender} is behind us (round {offer.round}); kept our state")
+            case Adoption.REFUSED:
+                self._warn(f"algorithm {self.config.gossip.algorithm!r} cannot join by state sync "
+                           "(its shared state cannot be handed over); training on from our own state")
+            case Adoption.ADOPTED:
+                self.status.say(f"{self.name}: synced from {sender}: round {offer.round}, "
+                                f"step {offer.steps_done}")
 
     # ------------------------------------------------------------------ persistence
 
@@ -602,26 +569,19 @@ class PeerDaemon:
         return consensus_estimate(vectors)
 
     def _remember_params(self, info: NeighbourInfo, message: Message) -> None:
-        tensors = getattr(message, "tensors", None)
-        gossip = self.config.gossip
-        if not tensors or gossip.compressed or gossip.algorithm not in ("dpsgd", "local", "adpsgd"):
-            return      # compressed or push-sum messages are not the sender's parameters
         if self.trainer.flat_params.numel() > 10_000_000:
             return      # big models: no copy per message just for the estimate
-        numel = self.trainer.mixed.numel()
-        for tensor in tensors.values():
-            if tensor.is_floating_point() and tensor.numel() == numel:
-                # the estimate is over parameters: a mixed vector's buffers (its tail) are left out
-                params = tensor.detach().reshape(-1)[:self.trainer.flat_params.numel()]
-                info.params = params.to(torch.float32).clone()
-                return
+        params = self.machine.sender_params(message)    # None: compressed, push-sum shares, ...
+        if params is not None:
+            # the estimate is over parameters: a mixed vector's buffers (its tail) are left out
+            info.params = params[:self.trainer.flat_params.numel()].to(torch.float32).clone()
 
     def _snapshot(self) -> dict[str, Any]:
         assert self.transport is not None
         now = self.now()
         return {
             "name": self.name, "state": self.state, "epoch": self.parts.epoch, "uptime_s": round(now, 3),
-            "step": self.trainer.step, "steps_done": getattr(self.machine, "steps_done", None),
+            "step": self.trainer.step, "steps_done": self.machine.position[1],
             "loss": self._last_loss,
             "train_s": (self._train_end_s if self._finished else now) - self._train_start_s,
             "accuracy": self._last_eval.get("accuracy", math.nan),
@@ -636,7 +596,9 @@ class PeerDaemon:
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
             "messages_accepted": self.counters.messages_accepted,
-            "rejections": dict(self.endpoint.rejections + self.counters.rejected),
+            "rejections": dict(self.endpoint.rejections + self.counters.rejected + self.sync.rejected
+                               + self.early.rejected),
+            "sync_answers_sent": self.sync.answers_sent,
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
             "abandoned_sends": dict(self.transport.abandoned),
@@ -671,12 +633,6 @@ def consensus_estimate(vectors: Sequence[torch.Tensor]) -> float:
     mean = stacked.mean(dim=0)
     scale = float(torch.linalg.vector_norm(mean)) or 1.0
     return float(max(torch.linalg.vector_norm(v - mean) for v in stacked)) / scale
-
-
-def sync_position(machine: Any) -> tuple[int, int]:
-    """(round, local steps done) of a round-based machine, from its exported state."""
-    _, meta = machine.export_state()
-    return int(meta.get("round", 0)), int(meta.get("steps_done", 0))
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:

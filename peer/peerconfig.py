@@ -31,6 +31,7 @@ from peer.checkpoint import CheckpointConfig
 from peer.config import ConfigError, load, read_toml
 from peer.paths import from_folder, topology_spec
 from peer.transport import TransportConfig
+from protocols.node.config import SYNC_ANSWER_INTERVAL_S
 
 
 def _empty() -> dict[str, Any]:
@@ -58,7 +59,7 @@ class PeerSection:
     # after finishing, keep answering neighbours this long (their last round may need us)
     finish_grace_s: float = 3.0
     # answer a neighbour's state-sync request (a full model) at most this often: a joiner asks every 10 s
-    sync_answer_interval_s: float = 5.0
+    sync_answer_interval_s: float = SYNC_ANSWER_INTERVAL_S
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
     eval_every_steps: int = 50       # test-set evaluation for metrics and status; 0 = only at the end
     progress: bool = True            # one progress line per status refresh on the console

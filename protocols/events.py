@@ -9,11 +9,14 @@ virtual for the simulator); timers are actions, never sleeps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from protocols.messages import Message
+
+if TYPE_CHECKING:
+    from protocols.gossip.config import GossipConfig
 
 # ---------------------------------------------------------------- events in
 
@@ -102,7 +105,18 @@ class Finished:
     """The machine has done all the work it was configured for."""
 
 
-Action = Send | StartWork | SetTimer | CancelTimer | Metric | Finished
+@dataclass(frozen=True)
+class SetTrainerStep:
+    """Set the trainer's step counter (and with it its learning-rate schedule) to ``step``.
+
+    The schedule position moved without local work: rounds skipped to catch up, or a state sync
+    adopted. Both drivers apply it, so a simulated peer's learning rate follows the network as a
+    real one's does (the step is the machine's ``steps_done``, never behind the trainer's)."""
+
+    step: int
+
+
+Action = Send | StartWork | SetTimer | CancelTimer | Metric | Finished | SetTrainerStep
 
 # ------------------------------------------------------------ the machine
 
@@ -111,7 +125,38 @@ ProtocolState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 
 
 class Machine(Protocol):
-    """An algorithm as a pure state machine."""
+    """An algorithm as a pure state machine: everything a driver (or the Node) asks of one.
+
+    Drivers use a machine through this interface only: no ``getattr``, no casts, no branching on
+    the algorithm's name."""
+
+    config: GossipConfig
+    params: torch.Tensor
+    """The flat vector the machine mixes in place (the trainer's ``mixed``): a state sync copies into it."""
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(round, steps_done): where the machine is in the schedule, without exporting its state."""
+        ...
+
+    @property
+    def joinable(self) -> bool:
+        """Whether ``join_at`` can take a neighbour's state (False: its shared state cannot move)."""
+        ...
+
+    @property
+    def last_round(self) -> int:
+        """The highest round any honest member can be in or send."""
+        ...
+
+    def join_at(self, round_index: int, steps_done: int) -> None:
+        """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``;
+        raises HivemeshError when not ``joinable``."""
+        ...
+
+    def sender_params(self, message: Message) -> torch.Tensor | None:
+        """The sender's own parameters, flat, when ``message`` carries them whole; None otherwise."""
+        ...
 
     def handle(self, event: Event, now: float) -> list[Action]: ...
 

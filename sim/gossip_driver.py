@@ -16,11 +16,14 @@ checkpoint (as if it checkpointed every step); a restart restores trainer,
 machine and replay windows from it with the next epoch, and feeds ``Start``.
 
 A member that joins late or restarts first asks its neighbours for their
-state, as the daemon does (``StateSyncRequest``; the first answer from a
-neighbour at least as far along is adopted: its parameters, and the machine
-fast-forwarded to its round with ``join_at``), then feeds ``Start``; with no
-answer within ``SYNC_TIMEOUT_S`` it starts from what it has. Messages that
-arrive meanwhile are held and fed after ``Start``.
+state, as the daemon does, with the same code (protocols/node's
+``StateSync``: answers rate-limited per requester; the first usable answer
+checked, then adopted unless behind us or the algorithm cannot join, with the
+trainer's step following), then feeds ``Start``; with no answer within
+``NodeConfig.sync_timeout_s`` it starts from what it has. Messages that arrive
+meanwhile are held as the daemon holds them (``EarlyMessages``: per
+neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
+catch-up or an adopted sync) sets the trainer's step, as in the daemon.
 
 Liveness follows the daemon's rule: a neighbour is down once nothing of it
 was accepted for ``neighbour_timeout_ms`` (``NeighbourDown``), and up again
@@ -61,25 +64,23 @@ from protocols.events import (
     Received,
     Send,
     SetTimer,
+    SetTrainerStep,
     Start,
     StartWork,
     TimerFired,
     WorkDone,
 )
-from protocols.gossip.base import MachineBase
-from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest, StateSyncResponse
+from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
 from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
 from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
-from topology.errors import HivemeshError
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
-SYNC_TIMEOUT_S = 10.0  # the daemon's wait for a state-sync answer (peer/daemon.py)
 
 
 def gossip_config(scenario: ScenarioConfig) -> Any:
@@ -97,7 +98,7 @@ class SimPeer:
     """One member: its trainer, machine, endpoint, liveness and counters."""
 
     def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, machine: Machine,
-                 behaviour: str) -> None:
+                 behaviour: str, *, sync: StateSync, early: EarlyMessages) -> None:
         self.name = name
         self.index = index
         self.identity = identity
@@ -127,11 +128,11 @@ class SimPeer:
         self.last_heard: dict[str, float] = {}  # neighbour -> when something of it was last accepted
         self.down: set[str] = set()             # neighbours this member's machine was told are down
         self.syncing = False                    # waiting for a state-sync answer; machine not started
-        self.held: list[Received] = []          # messages that arrived while syncing
-        self.state_sync: Counter[str] = Counter()  # adopted / kept / refused / no_answer
+        self.sync = sync                        # answers given, and what became of our own syncs
+        self.early = early                      # messages that arrived while syncing
 
     def all_rejections(self) -> Counter[str]:
-        return self.rejections + self.endpoint.rejections
+        return self.rejections + self.endpoint.rejections + self.sync.rejected + self.early.rejected
 
 
 class GossipRun:
@@ -155,11 +156,15 @@ class GossipRun:
             for i, name in enumerate(names)))
         self.run_id = run_id({"scenario": self.scenario.name, "seed": self.scenario.seed})
         self.rogue = sim_identity(self.scenario.seed, "rogue", "forged-key")
+        self.node_config = NodeConfig()
         self.peers: dict[str, SimPeer] = {}
         for index, name in enumerate(names):
             endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
-            self.peers[name] = SimPeer(name, index, identities[name], endpoint, self._machine(name),
-                                       self.scenario.behaviour(name))
+            neighbours = frozenset(world.neighbours(name))
+            self.peers[name] = SimPeer(
+                name, index, identities[name], endpoint, self._machine(name), self.scenario.behaviour(name),
+                sync=StateSync(self.node_config, neighbours),
+                early=EarlyMessages(neighbours, per_neighbour=self.config.max_rounds_ahead + 1))
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
         for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
             self.result.notes.extend(n for n in peer.machine.notes() if n not in self.result.notes)
@@ -170,10 +175,10 @@ class GossipRun:
         trainer = self.world.trainers[name]
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average";
         # the shapes as the daemon gives them (peer/assemble.py), so per-layer compressors match it
-        machine = self._make_machine(self.config, name=name, topology=cast(Any, self.world.topology),
-                                     params=trainer.mixed, seed=self.scenario.seed,
-                                     shapes=trainer.mixed_shapes, trained_numel=trainer.flat_params.numel())
-        return cast(Machine, machine)
+        machine: Machine = self._make_machine(
+            self.config, name=name, topology=cast(Any, self.world.topology), params=trainer.mixed,
+            seed=self.scenario.seed, shapes=trainer.mixed_shapes, trained_numel=trainer.flat_params.numel())
+        return machine
 
     def _bytes_sent(self) -> int:
         return sum(peer.bytes_sent for _, peer in sorted(self.peers.items()))
@@ -245,7 +250,8 @@ class GossipRun:
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
-                "state_sync": dict(sorted(peer.state_sync.items())),
+                "state_sync": dict(sorted(peer.sync.outcomes.items())),
+                "sync_answers_sent": peer.sync.answers_sent,
                 "rejections": dict(sorted(peer.all_rejections().items())),
                 "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
             }
@@ -273,7 +279,8 @@ class GossipRun:
         if sync and neighbours:
             peer.syncing = True
             self._send(peer, Send(neighbours, StateSyncRequest(reason="join")))
-            self.engine.after(SYNC_TIMEOUT_S, functools.partial(self._sync_timeout, peer, peer.incarnation))
+            self.engine.after(self.node_config.sync_timeout_s,
+                              functools.partial(self._sync_timeout, peer, peer.incarnation))
             return
         self._begin(peer)
 
@@ -282,9 +289,8 @@ class GossipRun:
         peer.syncing = False
         interrupted = peer.pending_work  # only set when a crash cut work short
         self._feed(peer, Start())
-        held, peer.held = peer.held, []
-        for event in held:
-            self._feed(peer, event)
+        for sender, message in peer.early.release():
+            self._feed(peer, Received(sender, message))
         if interrupted is not None and peer.pending_work is interrupted:
             # It crashed mid-work: the restored state already holds those steps (they are
             # deterministic), but the time to do them again is spent again.
@@ -294,41 +300,26 @@ class GossipRun:
 
     def _sync_timeout(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.syncing:
-            peer.state_sync["no_answer"] += 1
+            peer.sync.no_answer()
             self._begin(peer)
 
     def _answer_sync(self, peer: SimPeer, requester: str) -> None:
-        if peer.syncing or requester not in self.world.neighbours(peer.name):
-            return  # nothing better than the initial model to offer yet
-        _, meta = peer.machine.export_state()
-        round_index, steps_done = int(meta.get("round", 0)), int(meta.get("steps_done", 0))
-        params = self.world.trainers[peer.name].mixed.detach().clone()  # buffers too when averaged
-        self._send(peer, Send((requester,), StateSyncResponse(
-            round=round_index, tensors={"params": params},
-            meta={"round": round_index, "steps_done": steps_done,
-                  "trainer_step": self.world.trainers[peer.name].step})))
+        if not peer.sync.may_answer(requester, self.engine.now_s, started=not peer.syncing):
+            return  # counted by reason
+        trainer = self.world.trainers[peer.name]
+        params = trainer.mixed.detach().clone()  # buffers too when averaged
+        answer = peer.sync.answer(peer.machine, params, trainer_step=trainer.step)
+        self._send(peer, Send((requester,), answer))
 
     def _adopt(self, peer: SimPeer, sender: str, message: StateSyncResponse) -> None:
-        trainer = self.world.trainers[peer.name]
-        offer = check_sync_response(message, cast(MachineBase, peer.machine))
+        offer = peer.sync.check(sender, message, peer.machine)
         if not isinstance(offer, SyncOffer):
-            peer.state_sync[f"unusable_{offer.reason}"] += 1  # wait for another answer or the timeout
-            return
-        round_index, steps_done = offer.round, offer.steps_done
-        _, meta = peer.machine.export_state()
-        if round_index < int(meta.get("round", 0)):
-            peer.state_sync["kept"] += 1  # the neighbour is behind us: keep our own state
-        else:
-            try:
-                peer.machine.join_at(round_index, steps_done)  # type: ignore[attr-defined]
-            except HivemeshError:
-                peer.state_sync["refused"] += 1  # the algorithm cannot hand its state over (CHOCO)
-            else:
-                with torch.no_grad():
-                    trainer.mixed.copy_(offer.params)
-                trainer.step = steps_done  # the learning-rate schedule follows the network
-                peer.pending_work = None   # superseded by the adopted state
-                peer.state_sync["adopted"] += 1
+            return  # counted; wait for another answer or the timeout
+        outcome, actions = peer.sync.adopt(offer, peer.machine)
+        for action in actions:
+            self._act(peer, action)
+        if outcome is Adoption.ADOPTED:
+            peer.pending_work = None  # superseded by the adopted state
         self._begin(peer)
 
     def _churn(self, event: ChurnEvent) -> None:
@@ -362,7 +353,7 @@ class GossipRun:
                 peer.endpoint.export_state())
         peer.alive = False
         peer.syncing = False
-        peer.held = []
+        peer.early.clear()
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
         peer.timers.clear()
 
@@ -414,6 +405,8 @@ class GossipRun:
                 peer.finished = True
                 if all(p.finished or not p.alive for _, p in sorted(self.peers.items())):
                     self.engine.stop()
+            case SetTrainerStep(step=step):
+                self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
 
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:
@@ -491,7 +484,7 @@ class GossipRun:
                 if peer.syncing:
                     self._adopt(peer, sender, message)
             case _ if peer.syncing:
-                peer.held.append(Received(sender, message))
+                peer.early.hold(sender, message)
             case _:
                 self._feed(peer, Received(sender, message))
 

@@ -71,17 +71,16 @@ def test_early_messages_are_capped_per_neighbour_keeping_the_newest(fresh: PeerD
     for r in range(1000):
         deliver(fresh, "p01", ParamPush(round=r))
     deliver(fresh, "p03", ParamPush(round=0))
-    kept = [cast(ParamPush, opened.message).round for _, opened in fresh._early["p01"]]
+    kept = [cast(ParamPush, message).round for message in fresh.early.held("p01")]
     assert kept == list(range(1000 - cap, 1000))
-    assert len(fresh._early["p03"]) == 1      # one neighbour's flood does not crowd out another
-    assert fresh.counters.rejected["early_overflow"] == 1000 - cap
+    assert len(fresh.early.held("p03")) == 1      # one neighbour's flood does not crowd out another
+    assert fresh._snapshot()["rejections"]["early_overflow"] == 1000 - cap
 
 
 def test_early_messages_from_non_neighbours_are_dropped_and_counted(fresh: PeerDaemon) -> None:
     for r in range(50):
         deliver(fresh, "p02", ParamPush(round=r))
-    assert "p02" not in fresh._early
-    assert fresh.counters.rejected["early_not_neighbour"] == 50
+    assert fresh.early.held("p02") == []
     assert fresh._snapshot()["rejections"]["early_not_neighbour"] == 50
 
 
@@ -106,13 +105,14 @@ def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerD
         deliver(fresh, "p01", StateSyncRequest())
     deliver(fresh, "p03", StateSyncRequest())     # another requester has its own allowance
     assert transport.sent == ["p01", "p03"]
-    assert fresh.counters.rejected["sync_request_too_often"] == 19
-    fresh._sync_answered_at["p01"] -= fresh.config.peer.sync_answer_interval_s   # the interval passes
+    assert fresh._snapshot()["rejections"]["sync_request_too_often"] == 19
+    fresh._t0 -= fresh.config.peer.sync_answer_interval_s     # the daemon's clock: the interval passes
     deliver(fresh, "p01", StateSyncRequest())
     assert transport.sent == ["p01", "p03", "p01"]
     deliver(fresh, "p02", StateSyncRequest())     # not a neighbour: never answered
     assert transport.sent == ["p01", "p03", "p01"]
-    assert fresh.counters.rejected["sync_request_not_neighbour"] == 1
+    assert fresh._snapshot()["rejections"]["sync_request_not_neighbour"] == 1
+    assert fresh._snapshot()["sync_answers_sent"] == 3
 
 
 def sync_answer(numel: int, *, value: float = 0.5) -> StateSyncResponse:
@@ -126,8 +126,8 @@ def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaem
     deliver(fresh, "p01", sync_answer(numel + 1))
     deliver(fresh, "p01", sync_answer(numel, value=math.nan))
     assert fresh._sync_answer is None
-    assert fresh.counters.rejected["sync_answer_wrong_length"] == 1
-    assert fresh.counters.rejected["sync_answer_nonfinite"] == 1
+    assert fresh.sync.rejected["sync_answer_wrong_length"] == 1
+    assert fresh.sync.rejected["sync_answer_nonfinite"] == 1
     deliver(fresh, "p03", sync_answer(numel))
     assert fresh._sync_answer is not None
     sender, offer = fresh._sync_answer

@@ -1,4 +1,4 @@
-"""Acceptance h: protocols/ is pure -- no sockets, threads, clocks or global randomness.
+"""Acceptance h: protocols/ (gossip/, node/, ...) is pure -- no sockets, threads, clocks or global randomness.
 
 An AST scan of every module under protocols/, and every gossip machine run
 with the clock and the global random generators patched to raise.
@@ -94,6 +94,7 @@ def test_h_the_scan_finds_what_it_looks_for() -> None:
 def test_h_protocols_has_no_socket_thread_clock_or_global_random_use() -> None:
     files = sorted(PROTOCOLS.rglob("*.py"))
     assert any(f.parent.name == "gossip" for f in files)
+    assert any(f.parent.name == "node" for f in files)  # the Node is protocol too
     found = [hit for f in files for hit in impurities(f.read_text(), str(f.relative_to(PROTOCOLS.parent)))]
     assert found == []
 

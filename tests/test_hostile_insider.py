@@ -25,7 +25,6 @@ from protocols.compress import BadParts
 from protocols.events import Received, Send, Start, TimerFired, WorkDone
 from protocols.gossip import ADPSGD, GossipConfig, MachineBase, Phase, PushSum, RoundMachine, make_machine
 from protocols.gossip.payload import Payload
-from protocols.gossip.sync import SyncOffer, check_sync_response
 from protocols.messages import (
     ClientUpdate,
     ErrorReply,
@@ -39,6 +38,7 @@ from protocols.messages import (
     StateSyncRequest,
     StateSyncResponse,
 )
+from protocols.node.check import SyncOffer, check_sync_response
 from topology import build
 
 D = 6  # parameters per peer

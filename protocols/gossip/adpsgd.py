@@ -57,6 +57,8 @@ def _int_or(text: str, default: int) -> int:
 
 
 class ADPSGD(MachineBase):
+    SENDS_OWN_PARAMS = True  # a request or reply carries x_i (through the operator)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.topology.directed:
@@ -67,14 +69,8 @@ class ADPSGD(MachineBase):
         self.sent: torch.Tensor | None = None  # what the outstanding request carried (decoded)
         self.own_step_norm = 0.0
 
-    def join_at(self, round_index: int, steps_done: int) -> None:
-        """Continue as a member that adopted a neighbour's parameters (state sync); feed Start next."""
-        if round_index < 0 or steps_done < 0:
-            raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
-        self._reset_schedule(round_index, steps_done)
+    def _forget_exchanges(self) -> None:
         self.public, self.correction, self.request, self.sent = None, None, None, None
-        if self.outer is not None:
-            self.outer.rebase(self.params, steps_done)
 
     # ------------------------------------------------------------ events
 

@@ -17,7 +17,8 @@ from protocols.gossip.config import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from protocols.gossip.payload import Payload
 from protocols.gossip.robust import NormFilter
-from protocols.messages import ParamPush
+from protocols.messages import Message, ParamPush
+from topology.errors import HivemeshError
 
 
 class GraphView(Protocol):
@@ -48,6 +49,9 @@ class Phase(Enum):
 
 class MachineBase:
     """Shared plumbing; subclasses implement ``_dispatch`` and their own state."""
+
+    JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
+    SENDS_OWN_PARAMS = False  # True: an uncompressed message is the sender's parameter vector itself
 
     def __init__(self, config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
                  seed: int, shapes: Sequence[tuple[int, ...]] | None = None) -> None:
@@ -111,9 +115,55 @@ class MachineBase:
         """Continue exactly where ``export_state`` was taken (same config, name and topology)."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------ what a driver or the Node asks
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(round, steps_done): the schedule position, read without exporting the state (which
+        copies every tensor the machine holds)."""
+        return self.round, self.steps_done
+
+    @property
+    def joinable(self) -> bool:
+        """Whether a state sync can hand this algorithm a neighbour's state (``join_at``)."""
+        return self.JOINABLE
+
     def join_at(self, round_index: int, steps_done: int) -> None:
-        """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``."""
-        raise NotImplementedError
+        """Continue as a member that adopted a neighbour's parameters (state sync).
+
+        The caller has copied the neighbour's parameters into ``params``; the machine goes back to
+        IDLE at the start of ``round_index`` with ``steps_done`` local steps counted and nothing
+        buffered; feed ``Start`` next. Raises HivemeshError when the algorithm is not ``joinable``.
+        """
+        if not self.joinable:
+            raise HivemeshError(f"algorithm {self.config.algorithm!r} cannot join by state sync: "
+                                "restart the run, or use dpsgd, local, pushsum or adpsgd")
+        if round_index < 0 or steps_done < 0:
+            raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
+        self._reset_schedule(round_index, steps_done)
+        self._forget_exchanges()
+        if self.outer is not None:
+            self.outer.rebase(self.params, steps_done)
+        self._joined()
+
+    def _forget_exchanges(self) -> None:
+        """``join_at``: drop what was buffered or in flight for the rounds left behind."""
+
+    def _joined(self) -> None:
+        """``join_at``: reset the algorithm's own state for the adopted parameters."""
+
+    def sender_params(self, message: Message) -> torch.Tensor | None:
+        """The sender's own parameters (its whole mixed vector, flat) when ``message`` carries them
+        uncompressed, else None: compressed values, push-sum shares and CHOCO's differences are
+        not the sender's parameters. The driver's consensus estimate reads this, so it never
+        needs to know which algorithm sends what."""
+        if not self.SENDS_OWN_PARAMS or self.config.compressed or not isinstance(message, ParamPush):
+            return None
+        numel = self.params.numel()
+        for tensor in message.tensors.values():
+            if tensor.is_floating_point() and tensor.numel() == numel:
+                return tensor.detach().reshape(-1)
+        return None
 
     def notes(self) -> list[str]:
         """What an operator should read at start-up (settings the machine chose, and why)."""

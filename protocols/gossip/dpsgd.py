@@ -27,6 +27,8 @@ from protocols.messages import ParamPush
 class DPSGD(RoundMachine):
     """Synchronous gossip of the whole parameter vector on an undirected (doubly stochastic) graph."""
 
+    SENDS_OWN_PARAMS = True  # round t's message is x_t (through the operator)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.topology.directed:

@@ -97,6 +97,7 @@ from protocols.events import (
     Received,
     Send,
     SetTimer,
+    SetTrainerStep,
     Start,
     StartWork,
     TimerFired,
@@ -104,7 +105,6 @@ from protocols.events import (
 )
 from protocols.gossip.base import MachineBase, Phase, export_messages, restore_messages
 from protocols.messages import ParamPush
-from topology.errors import HivemeshError
 
 Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
 
@@ -114,7 +114,6 @@ class RoundMachine(MachineBase):
 
     KEEPS_LATE = False  # True: a message for a closed round is applied at the next mix
     LATE_ANY_AGE = False  # with KEEPS_LATE: whatever its age (else up to max_rounds_ahead old)
-    JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
     CATCHES_UP = True  # False: never jumps to a round far ahead (see "Catching up")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -160,26 +159,11 @@ class RoundMachine(MachineBase):
     def _restore_extra(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         pass
 
-    def join_at(self, round_index: int, steps_done: int) -> None:
-        """Continue as a member that adopted a neighbour's parameters (state sync).
-
-        The driver has copied the neighbour's parameters into ``params``; the
-        machine goes back to IDLE at the start of ``round_index`` with
-        ``steps_done`` local steps counted and empty buffers; feed ``Start`` next.
-        """
-        if not self.JOINABLE:
-            raise HivemeshError(f"algorithm {self.config.algorithm!r} cannot join by state sync: "
-                                "restart the run, or use dpsgd, local, pushsum or adpsgd")
-        if round_index < 0 or steps_done < 0:
-            raise ValueError(f"join_at needs round_index, steps_done >= 0, not {round_index}, {steps_done}")
-        self._reset_schedule(round_index, steps_done)
+    def _forget_exchanges(self) -> None:
         self.laggards, self.caught_up = set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
         self.catch_up = 0
         self.anchor, self.step_norm = None, 0.0
-        if self.outer is not None:
-            self.outer.rebase(self.params, steps_done)
-        self._joined()
 
     # ------------------------------------------------------------ events
 
@@ -237,17 +221,20 @@ class RoundMachine(MachineBase):
         return list(resent)
 
     def _begin_round(self, now: float) -> list[Action]:
-        if self.catch_up > self.round:
-            self._skip_rounds(now)
+        actions: list[Action] = []
+        if self.catch_up > self.round and self._skip_rounds(now):
+            # the skipped steps count as done: the trainer's step (its learning-rate schedule)
+            # follows, before the next round's work is asked for
+            actions.append(SetTrainerStep(self.steps_done))
         if not self._schedule_round(now):
-            return [Finished()]
+            return [*actions, Finished()]
         if self.after and self.round_steps:
             self.last_sends = []  # sent on WorkDone, from the post-step parameters
             if self.config.norm_multiple > 0:
                 self.anchor = self.params.detach().clone()
         else:
             self.last_sends = self._round_messages(self.round)
-        actions: list[Action] = list(self.last_sends)
+        actions += self.last_sends
         if self.round_steps:
             self.phase = Phase.WORKING
             actions.append(StartWork(self.round_steps))
@@ -277,8 +264,9 @@ class RoundMachine(MachineBase):
         else:
             self._count(counter, len(box))
 
-    def _skip_rounds(self, now: float) -> None:
-        """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above).
+    def _skip_rounds(self, now: float) -> int:
+        """Jump from ``self.round`` to ``self.catch_up`` (see "Catching up" above); returns the
+        steps skipped (counted as done).
 
         Arithmetic, not a loop over the skipped rounds: a jump may be long (a run bounded by
         ``duration_s`` may have a huge ``total_steps``), and only buffered rounds need visiting.
@@ -299,6 +287,7 @@ class RoundMachine(MachineBase):
             self._drop_far_rounds(self.round + config.max_rounds_ahead)
         self._count("rounds_skipped", skipped)
         self._count("steps_skipped", steps)
+        return steps
 
     def _settle(self, now: float, actions: list[Action]) -> list[Action]:
         """Close every round that is complete (a loop, not recursion: buffered rounds may

@@ -1,4 +1,4 @@
-"""State sync answers checked before anything is adopted (pure; the drivers call it).
+"""State-sync answers checked before anything is adopted (pure; protocols/node/sync.py calls it).
 
 A joiner (or a restarted peer) copies a neighbour's parameters and jumps to
 its round (``join_at``). The answer comes from a roster member, so it is
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from protocols.compress import BadParts
-from protocols.gossip.base import MachineBase
+from protocols.events import Machine
 from protocols.messages import Scalar, StateSyncResponse
 
 
@@ -38,7 +38,7 @@ def _count(value: Scalar | None) -> int | None:
     return value
 
 
-def check_sync_response(message: StateSyncResponse, machine: MachineBase) -> SyncOffer | BadParts:
+def check_sync_response(message: StateSyncResponse, machine: Machine) -> SyncOffer | BadParts:
     """The offer ``message`` makes to ``machine``, or why it must be ignored (returned, not raised)."""
     params = message.tensors.get("params")
     if params is None:

@@ -1,0 +1,24 @@
+"""The member around its algorithm: what the daemon and the simulator both decide, written once.
+
+Pure, under the machines' sans-IO contract (no sockets, threads, clocks or
+global RNG; time is the ``now`` handed in). Today it holds:
+
+* :class:`StateSync` (sync.py): answer or refuse a neighbour's state-sync request
+  (rate-limited per requester), and check then adopt an answer, in one order;
+* :class:`EarlyMessages` (early.py): messages heard before Start, capped per
+  neighbour, newest kept, refusals counted by reason;
+* :class:`NodeConfig` (config.py): their settings, one definition.
+
+The trainer step a catch-up implies is an action (``SetTrainerStep``,
+protocols/events.py) emitted by the machine that skipped, and by
+``StateSync.adopt``; drivers apply it, never decide it.
+"""
+
+from __future__ import annotations
+
+from protocols.node.check import SyncOffer, check_sync_response
+from protocols.node.config import NodeConfig
+from protocols.node.early import EarlyMessages
+from protocols.node.sync import Adoption, StateSync
+
+__all__ = ["Adoption", "EarlyMessages", "NodeConfig", "StateSync", "SyncOffer", "check_sync_response"]

@@ -1,0 +1,115 @@
+"""State sync, both sides, in one order for both drivers.
+
+Answering. A neighbour that joins late, or restarts, asks for our state; the
+answer is the whole model, so each requester is answered at most once per
+``sync_answer_interval_s`` (a flood from one neighbour costs one model per
+interval, and never crowds out another requester). Only neighbours are
+answered, and only once we have started: before Start we have nothing better
+than the initial model to offer. Every refusal is counted by reason.
+
+Adopting. An answer is checked first (protocols/node/check.py: a roster
+member may still send nonsense). A usable one is then judged in this order:
+
+1. behind us (its round is before ours): keep our own state;
+2. the algorithm cannot take a neighbour's state (``machine.joinable`` is
+   False: CHOCO's public copies): keep our own state;
+3. otherwise adopt: copy the parameters into the machine's vector, then
+   ``join_at`` (which rebases the outer optimiser on the copied values), and
+   emit ``SetTrainerStep`` so the learning-rate schedule follows the network.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import Enum
+
+import torch
+
+from protocols.compress import BadParts
+from protocols.events import Action, Machine, SetTrainerStep
+from protocols.messages import StateSyncResponse
+from protocols.node.check import SyncOffer, check_sync_response
+from protocols.node.config import NodeConfig
+
+
+class Adoption(Enum):
+    ADOPTED = "adopted"
+    KEPT = "kept"  # the answer was behind us
+    REFUSED = "refused"  # the algorithm cannot join by state sync
+
+
+class StateSync:
+    """One member's state sync: whom it answers, and what it makes of an answer.
+
+    ``rejected`` counts refusals by reason (a driver shows them with the wire's own);
+    ``outcomes`` counts what became of this member's own syncs (adopted, kept, refused, no_answer);
+    ``answers_sent`` counts the answers it gave.
+    """
+
+    def __init__(self, config: NodeConfig, neighbours: frozenset[str] | set[str]) -> None:
+        self.config = config
+        self.neighbours = frozenset(neighbours)
+        self.rejected: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.answers_sent = 0
+        self._answered_at: dict[str, float] = {}  # requester -> when we last sent it our state
+
+    # ------------------------------------------------------------ answering
+
+    def may_answer(self, requester: str, now: float, *, started: bool) -> bool:
+        """Whether to answer ``requester``'s request now (True: the answer is counted as sent)."""
+        if requester not in self.neighbours:
+            self.rejected["sync_request_not_neighbour"] += 1
+            return False
+        if not started:
+            self.rejected["sync_request_not_started"] += 1
+            return False
+        last = self._answered_at.get(requester)
+        if last is not None and now - last < self.config.sync_answer_interval_s:
+            self.rejected["sync_request_too_often"] += 1
+            return False
+        self._answered_at[requester] = now
+        self.answers_sent += 1
+        return True
+
+    @staticmethod
+    def answer(machine: Machine, params: torch.Tensor, *, trainer_step: int) -> StateSyncResponse:
+        """The answer: ``params`` (a copy of what the machine mixes, taken by the driver wherever the
+        trainer keeps it) and where we are in the schedule."""
+        round_index, steps_done = machine.position
+        return StateSyncResponse(round=round_index, tensors={"params": params},
+                                 meta={"round": round_index, "steps_done": steps_done,
+                                       "trainer_step": trainer_step})
+
+    # ------------------------------------------------------------ adopting
+
+    def check(self, sender: str, message: StateSyncResponse, machine: Machine) -> SyncOffer | BadParts:
+        """The usable offer in ``sender``'s answer, or why not (counted by reason; the wait goes on,
+        for another neighbour or the next attempt)."""
+        verdict = (check_sync_response(message, machine) if sender in self.neighbours
+                   else BadParts("not_neighbour", "only neighbours were asked"))
+        if isinstance(verdict, BadParts):
+            self.rejected[f"sync_answer_{verdict.reason}"] += 1
+        return verdict
+
+    def adopt(self, offer: SyncOffer, machine: Machine) -> tuple[Adoption, list[Action]]:
+        """Judge a checked offer (see the module docstring for the order) and carry it out on the
+        machine; the actions are for the driver (the trainer's step)."""
+        own_round, _ = machine.position
+        actions: list[Action] = []
+        if offer.round < own_round:
+            outcome = Adoption.KEPT
+        elif not machine.joinable:
+            outcome = Adoption.REFUSED
+        else:
+            with torch.no_grad():
+                machine.params.copy_(offer.params)
+            machine.join_at(offer.round, offer.steps_done)
+            outcome = Adoption.ADOPTED
+            actions.append(SetTrainerStep(offer.steps_done))
+        self.outcomes[outcome.value] += 1
+        return outcome, actions
+
+    def no_answer(self) -> None:
+        """Every attempt went unanswered: the member goes on from its own state."""
+        self.outcomes["no_answer"] += 1
