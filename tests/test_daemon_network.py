@@ -197,8 +197,9 @@ CHOCO_STEPS = 450    # more steps than D-PSGD's 300, and still far fewer bytes
 
 def test_b_choco_top1_is_within_2_points_with_20x_fewer_payload_bytes(dpsgd_run: DpsgdRun,
                                                                       tmp_path: Path) -> None:
+    # no consensus_step: each peer chooses it at start-up from the mixing matrix and the compressor
     files = make_network(tmp_path / "net", algorithm="choco", compression="topk:fraction=0.01",
-                         steps=CHOCO_STEPS, gossip={"consensus_step": 0.1})
+                         steps=CHOCO_STEPS)
     with peers(files) as processes:
         processes.start_all()
         finished = processes.wait(CEILING_S)
@@ -207,6 +208,13 @@ def test_b_choco_top1_is_within_2_points_with_20x_fewer_payload_bytes(dpsgd_run:
     choco = {name: status(files, name) for name in files.configs}
     exact = dpsgd_run.statuses
     assert all(found["step"] == CHOCO_STEPS and found["rejections"] == {} for found in choco.values())
+    # every member chose the same step, said so at start-up, and its guard never had to lower it
+    chosen = {found["metrics"]["consensus_step"] for found in choco.values()}
+    assert len(chosen) == 1 and 0 < chosen.pop() <= 1, chosen
+    assert all(found["warnings"] == [] and "consensus_step_reduced" not in found["metrics"]
+               for found in choco.values()), describe(files)
+    assert all("CHOCO consensus_step" in (files.out / "data" / name / "peer.log").read_text()
+               for name in files.configs)
     choco_accuracy = [found["accuracy"] for found in choco.values()]
     exact_accuracy = [found["accuracy"] for found in exact.values()]
     assert sum(choco_accuracy) / 8 >= sum(exact_accuracy) / 8 - 0.02, (choco_accuracy, exact_accuracy)
