@@ -118,7 +118,8 @@ class Counters:
     unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
-    neighbour_down: Counter[str] = field(default_factory=Counter)   # times each was reported down
+    neighbour_down: Counter[str] = field(default_factory=Counter)   # times each went silent (timeout)
+    absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
 
 
 class PeerDaemon:
@@ -287,8 +288,8 @@ class PeerDaemon:
             self.status.say(f"{self.name}: {note}")
         self._feed(Start())
         for name, info in self.neighbours.items():
-            if not info.up:     # never heard: the machine's rounds go on without it until it appears
-                self.counters.neighbour_down[name] += 1
+            if not info.up:     # not heard (or not reachable) yet: the rounds go on without it until it is
+                self.counters.absent_at_start[name] += 1
                 self._feed(NeighbourDown(name))
         for sender, message in self.early.release():
             self._feed(Received(sender, message))
@@ -601,6 +602,7 @@ class PeerDaemon:
             "sync_answers_sent": self.sync.answers_sent,
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
+            "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},

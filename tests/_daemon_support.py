@@ -128,6 +128,7 @@ def no_neighbour_lost(files: NetworkFiles) -> None:
     for name in files.configs:
         found = status(files, name)
         assert found.get("neighbour_down", {}) == {}, f"{name}: {found.get('neighbour_down')}"
+        assert found.get("absent_at_start", {}) == {}, f"{name}: {found.get('absent_at_start')}"
         assert found["metrics"].get("missed_deadline", 0) == 0, f"{name}: a round missed its deadline"
 
 

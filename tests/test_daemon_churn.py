@@ -25,8 +25,9 @@ The one timeout that must fire is the protocol under test: a 5 s neighbour
 timeout drops the dead p03 from its neighbours' rounds. The round deadline
 (30 s) and every wait of the test itself are ceilings a healthy run never
 reaches, and the test asserts that none was: no round missed a message, no
-step was skipped to catch up, and no neighbour was reported down but the
-absent p05 (at the start) and the dead p03. A joiner and a restarted peer
+step was skipped to catch up, no neighbour went silent but the dead p03, and
+none was absent at the start but p05 (and, for p05, at most one neighbour
+it had not reached yet when it started: held, it loses nothing by it). A joiner and a restarted peer
 lose nothing because their neighbours resend the round on hearing them
 (before that, p05 waited out its round's deadline for messages sent before
 it started, and the ring stalled behind it).
@@ -115,14 +116,22 @@ def test_killed_peer_resumes_and_late_peer_joins_by_state_sync(tmp_path: Path) -
 
     late_log, restarted_log = (wait_for_log(files, name, "synced from") for name in ("p05", "p03"))
     statuses = {name: status(files, name) for name in files.configs}
-    expected_down = {"p02": {"p03": 1}, "p04": {"p03": 1, "p05": 1}, "p06": {"p05": 1}}
+    # p03's death is the one silence; p05 is absent when p04 and p06 start. The joiner itself may
+    # start before it has heard (and reached) its second neighbour: that one is left out of its
+    # rounds until it is, which costs nothing here (p05 is held until everyone is released)
+    silent = {"p02": {"p03": 1}, "p04": {"p03": 1}}
+    absent = {"p04": {"p05": 1}, "p06": {"p05": 1}}
     for name, found in statuses.items():
         # every peer ran every round and every step: none waited out a deadline or fell behind
         assert found["state"] == "finished" and found["metrics"]["round"] == STEPS, describe(files)
         assert found["step"] == found["steps_done"] == STEPS, describe(files)
         assert "missed_deadline" not in found["metrics"] and "steps_skipped" not in found["metrics"], \
             f"{name}: {found['metrics']}\n{describe(files)}"
-        assert found["neighbour_down"] == expected_down.get(name, {}), f"{name}: {found['neighbour_down']}"
+        assert found["neighbour_down"] == silent.get(name, {}), f"{name}: {found['neighbour_down']}"
+        if name == "p05":
+            assert set(found["absent_at_start"]) <= {"p04", "p06"} and len(found["absent_at_start"]) <= 1
+        else:
+            assert found["absent_at_start"] == absent.get(name, {}), f"{name}: {found['absent_at_start']}"
         assert found["accuracy"] >= 0.90, f"{name}: accuracy {found['accuracy']}"
     assert consensus_distance(final_params(files)) < 1e-2
     # p03 restarted in a new epoch from its last checkpoint before the kill, then caught up by state sync
