@@ -46,7 +46,7 @@ def scenario(graph: str, partition: dict[str, Any], seed: int, algorithm: dict[s
 
 def stability(result: ScenarioResult) -> float:
     """Median consensus distance over the last 10% of the trace / the median around one third of it."""
-    distances = [p.consensus_distance for p in result.trace]
+    distances = [p.consensus_rms for p in result.trace]
     n = len(distances)
     last = distances[n - max(1, n // 10):]
     third = distances[n // 3 - max(1, n // 20): n // 3 + max(1, n // 20)]
@@ -69,7 +69,7 @@ def run_cell(graph: str, partition: str, seed: int, steps: int) -> dict[str, Any
         "exact_acc": final_accuracy(exact), "choco_acc": final_accuracy(choco),
         "bytes_ratio": sum(p["bytes_sent"] for p in exact.peers.values())
         / max(1, sum(p["bytes_sent"] for p in choco.peers.values())),
-        "stability": stability(choco), "nan": not all(p.consensus_distance == p.consensus_distance
+        "stability": stability(choco), "nan": not all(p.consensus_rms == p.consensus_rms
                                                        for p in choco.trace),
         "p00": metrics,
     }

@@ -63,7 +63,7 @@ def main() -> None:
                 last = result.trace[-1]
                 total += refused
                 print(f"{spec:<15} {label:<15} {seed:>4} {refused:>8} {worst:>8} {last.mean_accuracy:>9.3f} "
-                      f"{last.consensus_distance:>10.2e} {time.perf_counter() - started:>5.1f}s", flush=True)
+                      f"{last.consensus_rms:>10.2e} {time.perf_counter() - started:>5.1f}s", flush=True)
     print(f"false positives in all cells: {total} (goal: 0)")
 
 

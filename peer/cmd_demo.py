@@ -124,6 +124,7 @@ def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: f
     from peer.export import latest_params
     from peer.peerconfig import load_peer_config
     from peer.statefiles import human_bytes
+    from protocols.consensus import max_relative_distance
 
     statuses = _statuses(configs)
     params = {}
@@ -132,12 +133,7 @@ def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: f
             params[name] = latest_params(load_peer_config(path))[0].to(torch.float64)
         except Exception:   # a peer that crashed before its first checkpoint: reported below
             continue
-    consensus = float("nan")
-    if len(params) > 1:
-        stacked = torch.stack(list(params.values()))
-        mean = stacked.mean(dim=0)
-        spread = torch.linalg.vector_norm(stacked - mean, dim=1).max()
-        consensus = float(spread / torch.linalg.vector_norm(mean))
+    consensus = max_relative_distance(list(params.values())) if len(params) > 1 else float("nan")
     print(f"\n{'peer':<6} {'exit':>4} {'step':>5} {'accuracy':>8} {'sent':>9} {'received':>9} "
           f"{'rejected':>8}")
     total_sent = total_received = 0
@@ -157,7 +153,7 @@ def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: f
     accuracies = [s["accuracy"] for s in statuses.values() if isinstance(s.get("accuracy"), float)]
     print(f"\naccuracy: min {min(accuracies, default=float('nan')):.4f}, "
           f"mean {sum(accuracies) / max(len(accuracies), 1):.4f} over {len(accuracies)} peers")
-    print(f"consensus distance max_i ||x_i - mean|| / ||mean||: {consensus:.2e}")
+    print(f"consensus distance max_i ||x_i - mean|| / ||mean|| (relative): {consensus:.2e}")
     print(f"bytes moved: {human_bytes(total_sent)} sent, {human_bytes(total_received)} received, "
           f"in {elapsed_s:.1f} s (process start-up included)")
     if failed:

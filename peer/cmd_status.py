@@ -63,8 +63,8 @@ def render(status: dict[str, Any]) -> str:
            if status.get("steps_done") not in (None, status.get("step")) else "")
         + f"  loss {_num(status.get('loss'), '.4f')}  "
         f"accuracy {_num(status.get('accuracy'), '.4f')} (at step {status.get('eval_step')})",
-        f"  consensus distance (estimated from neighbours' last parameters) "
-        f"{_num(status.get('consensus_estimate'), '.2e')}",
+        f"  consensus distance, max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last "
+        f"parameters (relative) {_num(status.get('consensus_max_relative'), '.2e')}",
         f"  bytes out {human_bytes(status.get('bytes_sent', 0))}"
         f"  in {human_bytes(status.get('bytes_received', 0))}"
         f"  (gossip payload out {human_bytes(status.get('payload_bytes_sent', 0))})",

@@ -73,6 +73,7 @@ from peer.peerconfig import PeerConfig, load_peer_config
 from peer.statefiles import CheckpointStore, StatusWriter
 from peer.testhooks import Hook, Hooks, hooks_from_environment
 from peer.transport import Transport, TransportError
+from protocols.consensus import max_relative_distance
 from protocols.events import (
     Action,
     CancelTimer,
@@ -564,10 +565,12 @@ class PeerDaemon:
     # ------------------------------------------------------------------ status
 
     def _consensus_estimate(self) -> float:
-        """:func:`consensus_estimate` over {self} ∪ neighbours, from the last full parameters heard."""
-        vectors = [self.trainer.flat_params.detach().cpu()]
-        vectors += [info.params for info in self.neighbours.values() if info.params is not None]
-        return consensus_estimate(vectors)
+        """``max_relative_distance`` over {self} ∪ neighbours, from the last full parameters heard;
+        nan (unknown, not 0) before any neighbour's parameters arrived."""
+        heard = [info.params for info in self.neighbours.values() if info.params is not None]
+        if not heard:
+            return math.nan
+        return max_relative_distance([self.trainer.flat_params.detach().cpu(), *heard])
 
     def _remember_params(self, info: NeighbourInfo, message: Message) -> None:
         if self.trainer.flat_params.numel() > 10_000_000:
@@ -587,7 +590,7 @@ class PeerDaemon:
             "train_s": (self._train_end_s if self._finished else now) - self._train_start_s,
             "accuracy": self._last_eval.get("accuracy", math.nan),
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
-            "consensus_estimate": self._consensus_estimate(),
+            "consensus_max_relative": self._consensus_estimate(),
             "neighbours": {
                 name: {"up": info.up, "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
                        else None, "latency_ms": info.latency_ms, "step": info.step}
@@ -624,17 +627,6 @@ class PeerDaemon:
 
     def _warn(self, text: str) -> None:
         self.status.say(f"{self.name}: warning: {text}")
-
-
-def consensus_estimate(vectors: Sequence[torch.Tensor]) -> float:
-    """max_i ||x_i - mean|| / ||mean|| over ``vectors`` (in float64); nan for fewer than two vectors,
-    and the absolute distance when the mean is 0."""
-    if len(vectors) < 2:
-        return math.nan
-    stacked = torch.stack([v.to(torch.float64) for v in vectors])
-    mean = stacked.mean(dim=0)
-    scale = float(torch.linalg.vector_norm(mean)) or 1.0
-    return float(max(torch.linalg.vector_norm(v - mean) for v in stacked)) / scale
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:

@@ -23,7 +23,7 @@ from peer.statefiles import json_safe
 from sim.world import ScenarioResult, TracePoint
 
 TRACE_FIELDS = ("time_s", "bytes_sent", "mean_loss", "mean_accuracy", "min_accuracy",
-                "consensus_distance", "running")
+                "consensus_rms", "running")
 
 
 def final_point(result: ScenarioResult) -> TracePoint | None:
@@ -55,7 +55,7 @@ def scenario_summary(result: ScenarioResult) -> dict[str, Any]:
             "mean_accuracy": last.mean_accuracy if last else None,
             "min_accuracy": last.min_accuracy if last else None,
             "mean_loss": last.mean_loss if last else None,
-            "consensus_distance": last.consensus_distance if last else None,
+            "consensus_rms": last.consensus_rms if last else None,
         },
         "peers": result.peers,
         "rejections": result.rejections,
@@ -181,8 +181,8 @@ def draw_plots(results: Sequence[ScenarioResult], out: Path) -> list[Path]:
         ("accuracy_vs_bytes.png", "bytes_sent", "mean_accuracy", "bytes sent (all members)",
          "mean test accuracy"),
         ("loss_vs_bytes.png", "bytes_sent", "mean_loss", "bytes sent (all members)", "mean test loss"),
-        ("consensus_vs_time.png", "time_s", "consensus_distance", "simulated time (s)",
-         "distance to consensus"),
+        ("consensus_vs_time.png", "time_s", "consensus_rms", "simulated time (s)",
+         "consensus distance, RMS of ||x_i - mean|| (parameter units)"),
     ]
     for filename, x_name, y_name, x_label, y_label in panels:
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
@@ -192,7 +192,7 @@ def draw_plots(results: Sequence[ScenarioResult], out: Path) -> list[Path]:
             axes.plot(xs, ys, label=f"{result.name} ({result.kind})")
         if x_name == "bytes_sent" and any(r.bytes_sent for r in results):
             axes.set_xscale("symlog")
-        if y_name == "consensus_distance":
+        if y_name == "consensus_rms":
             axes.set_yscale("symlog", linthresh=1e-6)
         target = max((r.target_accuracy for r in results), default=0.0)
         if y_name == "mean_accuracy" and target > 0:

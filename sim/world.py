@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from peer.config import ConfigError, load
 from peer.partition import partition
 from peer.tasks import Task, get_task
 from peer.trainer import Trainer, TrainerConfig
+from protocols.consensus import rms_distance
 from protocols.rng import numpy_generator
 from sim.engine import Engine
 from sim.network import LinkSpec, Network, NicSpec
@@ -152,7 +151,7 @@ class TracePoint:
     mean_loss: float
     mean_accuracy: float
     min_accuracy: float
-    consensus_distance: float   # sqrt(mean_i ||x_i - mean||^2) over honest running members
+    consensus_rms: float   # protocols.consensus.rms_distance over honest running members (parameter units)
     running: int
 
 
@@ -229,15 +228,6 @@ class ScenarioResult:
         return sum(int(p["bytes_sent"]) for p in self.peers.values())
 
 
-def consensus_distance(params: list[torch.Tensor]) -> float:
-    """sqrt(mean_i ||x_i - mean||^2), in float64, summing members in the given (sorted) order."""
-    if len(params) < 2:
-        return 0.0
-    stacked = torch.stack([p.detach().to(torch.float64) for p in params])
-    mean = stacked.mean(dim=0)
-    return float((stacked - mean).pow(2).sum(dim=1).mean().sqrt())
-
-
 class Recorder:
     """Evaluates the honest running members every ``eval_every_s`` and keeps the trace."""
 
@@ -291,7 +281,8 @@ class Recorder:
             time_s=self.world.engine.now_s, bytes_sent=self.bytes_sent(),
             mean_loss=_mean(losses), mean_accuracy=_mean(accuracies),
             min_accuracy=min(accuracies) if accuracies else math.nan,
-            consensus_distance=consensus_distance([self.world.trainers[n].flat_params for n in names]),
+            consensus_rms=(rms_distance([self.world.trainers[n].flat_params for n in names]) if names
+                           else math.nan),   # nobody running: unknown
             running=len(names))
         if self.result.trace and self.result.trace[-1].time_s == point.time_s:
             self.result.trace[-1] = point

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from peer.cmd_init import default_network
-from peer.daemon import consensus_estimate
 from peer.datalock import LOCK_FILE
 from peer.export import latest_params
 from peer.launch import PeerProcesses
@@ -28,6 +27,7 @@ from peer.netinit import NetworkFiles, create_network
 from peer.peerconfig import load_peer_config
 from peer.statefiles import read_status
 from peer.testhooks import Hook
+from protocols.consensus import max_relative_distance
 
 # Timings for 8 processes on a busy 2-core machine: fast heartbeats, and silences a healthy run never
 # reaches (a 3 s stall of a loaded machine must not look like a dead neighbour).
@@ -153,9 +153,9 @@ def final_params(files: NetworkFiles) -> dict[str, torch.Tensor]:
             for name, path in files.configs.items()}
 
 
-def consensus_distance(params: Mapping[str, torch.Tensor]) -> float:
-    """max_i ||x_i - mean|| / ||mean||: the daemon's own estimate, over every peer."""
-    return consensus_estimate(list(params.values()))
+def consensus_max_relative(params: Mapping[str, torch.Tensor]) -> float:
+    """max_i ||x_i - mean|| / ||mean|| over every peer (the measure of a peer's status estimate)."""
+    return max_relative_distance(list(params.values()))
 
 
 def log_tail(files: NetworkFiles, name: str, lines: int = 15) -> str:

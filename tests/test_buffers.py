@@ -21,7 +21,8 @@ from gossip_driver import digits_network
 
 from peer.tasks import get_task
 from peer.trainer import Trainer, TrainerConfig
-from protocols.gossip import GossipConfig, consensus_distance
+from protocols.consensus import max_relative_distance
+from protocols.gossip import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from sim.gossip_driver import GossipRun
 from sim.scenario import scenario_from_dict
@@ -46,8 +47,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 def _spreads(trainers: dict[str, Any]) -> tuple[float, float]:
     """(buffer, parameter) consensus distances over the peers."""
     names = sorted(trainers)
-    return (consensus_distance([trainers[n].flat_buffers for n in names]),
-            consensus_distance([trainers[n].flat_params for n in names]))
+    return (max_relative_distance([trainers[n].flat_buffers for n in names]),
+            max_relative_distance([trainers[n].flat_params for n in names]))
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

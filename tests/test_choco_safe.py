@@ -68,7 +68,7 @@ def test_a_report_tells_first_reached_from_held_and_marks_a_run_that_ends_below(
         run = ScenarioResult(name="r", source="-", kind="gossip:choco", seed=0, n_members=2, n_params=1,
                              target_accuracy=0.9)
         run.trace = [TracePoint(time_s=float(t), bytes_sent=10 * t, mean_loss=0.0, mean_accuracy=a,
-                                min_accuracy=a, consensus_distance=0.0, running=2)
+                                min_accuracy=a, consensus_rms=0.0, running=2)
                      for t, a in enumerate(accuracies)]
         return run
 
@@ -94,7 +94,7 @@ def test_default_choco_top1_on_ring16_dirichlet_ends_close_to_exact_gossip_with_
                                   STEPS, "choco"))
     # Assert: ran to the end, without NaN or exception, and the three claims at the end
     assert all(peer["finished"] and peer["steps"] == STEPS for peer in choco.peers.values())
-    assert all(math.isfinite(p.consensus_distance) and math.isfinite(p.mean_loss) for p in choco.trace)
+    assert all(math.isfinite(p.consensus_rms) and math.isfinite(p.mean_loss) for p in choco.trace)
     assert any("consensus_step 0.08" in note for note in choco.notes), choco.notes
     accuracies = (final_accuracy(choco), final_accuracy(exact))
     assert accuracies[0] >= accuracies[1] - 0.03, accuracies
@@ -115,7 +115,7 @@ def test_a_too_large_consensus_step_trips_the_guard_and_the_run_does_not_diverge
     assert choco.metrics["consensus_step_reduced"] > 0
     assert all(peer["metrics"]["consensus_step"] < 0.5 for peer in choco.peers.values())
     assert all(peer["finished"] for peer in choco.peers.values())
-    assert all(math.isfinite(p.consensus_distance) for p in choco.trace)
+    assert all(math.isfinite(p.consensus_rms) for p in choco.trace)
     assert stability(choco) <= 1.2
     from sim.report import run_warnings
 

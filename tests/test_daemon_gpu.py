@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _daemon_support import consensus_distance, describe, final_params, make_network, peers, status
+from _daemon_support import consensus_max_relative, describe, final_params, make_network, peers, status
 
 pytestmark = [pytest.mark.gpu, pytest.mark.processes]
 
@@ -26,4 +26,4 @@ def test_two_peers_train_and_gossip_on_one_gpu(tmp_path: Path) -> None:
         assert found["state"] == "finished" and found["step"] == 200
         assert found["accuracy"] >= 0.90, describe(files)
         assert found["rejections"] == {}
-    assert consensus_distance(final_params(files)) < 1e-2
+    assert consensus_max_relative(final_params(files)) < 1e-2

@@ -79,5 +79,5 @@ def test_sigint_mid_training_checkpoints_exits_0_and_a_restart_resumes_from_that
     assert "p01: SIGINT: checkpoint written at step" in _log(files, "p01")
     assert latest_params(p00)[1] > stopped_at
     # the real daemon fills in the status's consensus estimate (its maths: test_status_consensus.py)
-    estimate = status(files, "p01")["consensus_estimate"]
+    estimate = status(files, "p01")["consensus_max_relative"]
     assert isinstance(estimate, float) and math.isfinite(estimate) and estimate >= 0

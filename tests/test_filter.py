@@ -31,8 +31,9 @@ import pytest
 import torch
 from gossip_driver import Driver, QuadraticWorker
 
+from protocols.consensus import max_relative_distance
 from protocols.events import TimerFired, WorkDone
-from protocols.gossip import GossipConfig, consensus_distance, make_machine
+from protocols.gossip import GossipConfig, make_machine
 from protocols.gossip.robust import NormFilter
 from protocols.rng import numpy_generator
 from sim.report import comparison_table, write_report
@@ -167,7 +168,7 @@ def frozen_member_run(spec: str, *, old_filter: bool = False) -> tuple[list[tupl
     driver.start()
     driver.run()
     assert driver.finished == set(topology.names)
-    return log, consensus_distance([w.flat_params for w in workers.values()])
+    return log, max_relative_distance([w.flat_params for w in workers.values()])
 
 
 def _refusal_times(log: list[tuple[float, int]]) -> list[float]:

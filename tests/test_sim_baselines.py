@@ -50,7 +50,7 @@ def test_ring_allreduce_round_is_2n_minus_2_latencies_and_chunks_over_the_slowes
     for name in MEMBERS:
         assert result.peers[name]["bytes_sent"] == rounds * 2 * (N - 1) * chunk  # 2 (n-1)/n B per round
         assert result.peers[name]["steps"] == rounds
-    assert result.trace[-1].consensus_distance == 0.0  # exact averaging
+    assert result.trace[-1].consensus_rms == 0.0  # exact averaging
 
 
 def test_allreduce_waits_for_the_slowest_member_and_link() -> None:

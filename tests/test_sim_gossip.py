@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 import torch
 
+from protocols.consensus import rms_distance
 from protocols.rng import numpy_generator
 from sim.gossip_driver import GossipRun
 from sim.report import write_report
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.world import World, build_world, consensus_distance
+from sim.world import World, build_world
 from topology import Topology
 from topology.analysis import second_eigenvalue_modulus
 
@@ -71,7 +72,7 @@ def run_averaging(world: World) -> list[float]:
     distances = []
     for k in range(AVERAGING_ROUNDS):
         world.engine.run(until_s=(k + 0.5) * AVERAGING_LATENCY_S)  # between rounds k and k + 1
-        distances.append(consensus_distance(list(stacked_params(world))))
+        distances.append(rms_distance(list(stacked_params(world))))
     return distances
 
 
@@ -209,11 +210,11 @@ def test_training_survives_churn_and_a_healing_partition(algorithm: str) -> None
     before = [p for p in trace if p.time_s < 0.75]
     during = [p for p in trace if 1.25 < p.time_s < 2.75]
     after = [p for p in trace if p.time_s > 2.75]
-    pre_fault = before[-1].consensus_distance
+    pre_fault = before[-1].consensus_rms
     # The split makes the halves drift apart; healing brings them back below the pre-fault level.
-    assert max(p.consensus_distance for p in during) > pre_fault
-    assert min(p.consensus_distance for p in after) < pre_fault
-    assert after[-1].consensus_distance < pre_fault
+    assert max(p.consensus_rms for p in during) > pre_fault
+    assert min(p.consensus_rms for p in after) < pre_fault
+    assert after[-1].consensus_rms < pre_fault
     # Training went on throughout, and the crashed member came back and caught up.
     assert after[-1].mean_accuracy > during[0].mean_accuracy > before[0].mean_accuracy
     assert result.peers["p03"]["restarts"] == 1 and result.peers["p03"]["finished"]
@@ -260,5 +261,5 @@ def test_a_late_joiner_syncs_state_from_a_neighbour_and_catches_up(algorithm: st
     assert joiner["state_sync"] == {"adopted": 1} and joiner["finished"]
     assert joiner["steps"] == 100  # it took over its neighbour's step count and finished with the rest
     assert [p.running for p in result.trace][:2] == [7, 7] and result.trace[-1].running == 8
-    assert result.trace[-1].consensus_distance < result.trace[0].consensus_distance
+    assert result.trace[-1].consensus_rms < result.trace[0].consensus_rms
     assert joiner["final_accuracy"] >= 0.85

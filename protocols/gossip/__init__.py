@@ -22,7 +22,6 @@ from protocols.gossip.base import GraphView, MachineBase, Phase
 from protocols.gossip.choco import Choco
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.dpsgd import DPSGD
-from protocols.gossip.mixing import consensus_distance
 from protocols.gossip.pushsum import PushSum
 from protocols.gossip.rounds import RoundMachine
 
@@ -36,7 +35,6 @@ __all__ = [
     "Phase",
     "PushSum",
     "RoundMachine",
-    "consensus_distance",
     "make_machine",
 ]
 

@@ -40,12 +40,3 @@ def nesterov_outer_step(params: torch.Tensor, anchor: torch.Tensor, momentum_buf
     anchor.sub_(delta.add_(momentum_buffer, alpha=momentum), alpha=lr)
     params.copy_(anchor)
 
-
-def consensus_distance(vectors: Sequence[torch.Tensor]) -> float:
-    """``max_i ||x_i - mean|| / ||mean||``: how far the peers are from agreeing (0 = consensus)."""
-    if not vectors:
-        raise ValueError("consensus_distance of no vectors")
-    stacked = torch.stack([v.detach().to(torch.float64) for v in vectors])
-    mean = stacked.mean(dim=0)
-    spread = (stacked - mean).norm(dim=1).max()
-    return float(spread / mean.norm().clamp_min(torch.finfo(torch.float64).tiny))
