@@ -32,6 +32,7 @@ from protocols.events import (
     Received,
     Send,
     SetTimer,
+    SetTrainerStep,
     Start,
     StartWork,
     TimerFired,
@@ -47,6 +48,7 @@ class Worker(Protocol):
     """What the driver needs of a trainer (``peer.trainer.Trainer`` is one)."""
 
     flat_params: torch.Tensor
+    step: int   # where the learning-rate schedule stands; SetTrainerStep moves it, as in both real drivers
 
     def run_steps(self, n: int) -> float: ...
 
@@ -182,6 +184,8 @@ class Driver:
             case Finished():
                 self.finished.add(name)
                 self.finished_at.setdefault(name, self.now)
+            case SetTrainerStep(step=step):
+                self.workers[name].step = step
 
     def _open(self, item: _Item) -> Event | None:
         assert self.endpoints is not None
@@ -225,6 +229,7 @@ class LogRegWorker:
         self.y = torch.from_numpy(y)
         self.lr = lr
         self.flat_params = torch.from_numpy(w0.copy())
+        self.step = 0
 
     @staticmethod
     def gradient(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -237,6 +242,7 @@ class LogRegWorker:
             p = torch.sigmoid(z)
             loss += float(torch.nn.functional.binary_cross_entropy_with_logits(z, self.y))
             self.flat_params -= self.lr * (self.x.T @ (p - self.y)) / len(self.y)
+            self.step += 1
         return loss / max(n, 1)
 
 
@@ -299,9 +305,9 @@ class Network:
         return accuracy
 
     def consensus(self, names: Sequence[str] | None = None) -> float:
-        from protocols.gossip import consensus_distance
+        from protocols.consensus import max_relative_distance
 
-        return consensus_distance([self.trainers[n].flat_params for n in (names or self.names)])
+        return max_relative_distance([self.trainers[n].flat_params for n in (names or self.names)])
 
 
 def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0.1, batch_size: int = 16,
