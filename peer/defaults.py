@@ -14,11 +14,14 @@ _TASK_LR = {"digits-mlp": 0.1, "digits-cnn": 0.05, "logreg": 0.5, "charlm": 0.05
 
 
 def gossip_table(*, algorithm: str, compression: str, steps: int, seed: int) -> dict[str, Any]:
+    """``compression`` "identity" (the CLI's default): the algorithm's own suggestion (CHOCO: top-1%)."""
+    from protocols.gossip import suggested_compression
+
     table: dict[str, Any] = {"algorithm": algorithm, "total_steps": steps, "seed": seed}
+    if compression == "identity":
+        compression = suggested_compression(algorithm)
     if compression != "identity":
         table["compression"] = compression
-    if algorithm == "choco" and compression == "identity":
-        table["compression"] = "topk:fraction=0.01"
     return table
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "PushSum",
     "RoundMachine",
     "make_machine",
+    "suggested_compression",
 ]
 
 _MACHINES: dict[str, type[MachineBase]] = {
@@ -45,6 +46,11 @@ _MACHINES: dict[str, type[MachineBase]] = {
     "pushsum": PushSum,
     "adpsgd": ADPSGD,
 }
+
+
+def suggested_compression(algorithm: str) -> str:
+    """The compression a new network of ``algorithm`` starts from (its machine's choice)."""
+    return _MACHINES[algorithm].SUGGESTED_COMPRESSION
 
 
 def make_machine(config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,

@@ -52,6 +52,7 @@ class MachineBase:
 
     JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
     SENDS_OWN_PARAMS = False  # True: an uncompressed message is the sender's parameter vector itself
+    SUGGESTED_COMPRESSION = "identity"  # what a new network's config starts from (`hivemesh init`)
 
     def __init__(self, config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
                  seed: int, shapes: Sequence[tuple[int, ...]] | None = None) -> None:

@@ -76,6 +76,7 @@ def mixing_matrix(topology: GraphView) -> np.ndarray:
 class Choco(RoundMachine):
     KEEPS_LATE = True
     JOINABLE = False  # a joiner's public copy and its neighbours' views of it would disagree
+    SUGGESTED_COMPRESSION = "topk:fraction=0.01"  # CHOCO's point: exact gossip needs no public copies
     CATCHES_UP = False  # views of x_hat_j missing q's lost in a partition must not be re-mixed: see below
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
