@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 import torch
+from _hostile import BOUND, CONFIGS, HONEST, INSIDER, ME, ROUND_CONFIGS, D, crafted, honest_push
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols.compress import BadParts
 from protocols.events import Received, Send, Start, TimerFired, WorkDone
 from protocols.gossip import ADPSGD, GossipConfig, MachineBase, Phase, PushSum, RoundMachine, make_machine
-from protocols.gossip.payload import Payload
 from protocols.messages import (
     ClientUpdate,
     ErrorReply,
@@ -41,27 +41,6 @@ from protocols.messages import (
 from protocols.node.check import SyncOffer, check_sync_response
 from topology import build
 
-D = 6  # parameters per peer
-ME = "p00"  # the victim; on ring:4 its neighbours are p01 and p03, p02 is not one
-INSIDER = "p01"
-HONEST = "p03"
-BOUND = 10.0  # honest values are O(1): anything past this was dragged by the insider
-
-CONFIGS: dict[str, GossipConfig] = {
-    "dpsgd": GossipConfig(algorithm="dpsgd", total_steps=30),
-    "local": GossipConfig(algorithm="local", local_steps=2, total_steps=30, final_gossip_rounds=2),
-    "after": GossipConfig(algorithm="local", local_steps=2, mixing="after", total_steps=30),
-    "diloco": GossipConfig(algorithm="local", local_steps=1, total_steps=30, outer="diloco", outer_every=2),
-    "choco": GossipConfig(algorithm="choco", total_steps=30),
-    "choco-topk": GossipConfig(algorithm="choco", total_steps=30, compression="topk:fraction=0.5",
-                               choco_full_start=False),
-    "dpsgd-qsgd": GossipConfig(algorithm="dpsgd", total_steps=30, compression="qsgd:bits=4,bucket=16"),
-    "pushsum": GossipConfig(algorithm="pushsum", total_steps=30),
-    "adpsgd": GossipConfig(algorithm="adpsgd", total_steps=30),
-}
-ROUND_CONFIGS = [k for k in CONFIGS if k != "adpsgd"]
-
-
 Gossip = RoundMachine | ADPSGD
 
 
@@ -71,23 +50,6 @@ def _machine(key: str) -> Gossip:
     assert isinstance(machine, RoundMachine | ADPSGD)
     machine.handle(Start(), 0.0)
     return machine
-
-
-def _honest(machine: MachineBase, sender: str, r: int, *, reply: bool = False,
-            value: torch.Tensor | None = None) -> ParamPush:
-    """What an honest neighbour sends for round ``r`` (its parameters: 0.5 everywhere), or
-    ``value`` encoded the same way (a well-formed message carrying what an insider chose)."""
-    coder = Payload(machine.config.compression, numel=D, dtype=torch.float32, seed=0, name=sender)
-    raw = machine.config.algorithm == "choco" and r == 0 and machine.config.choco_full_start
-    x = torch.full((D,), 0.5)
-    if machine.config.algorithm == "choco" and r > 0:
-        x = torch.full((D,), 0.01)  # CHOCO sends q = x - x_hat: small once the copies are exact
-    if value is not None:
-        x = value
-    tensors, meta, _ = coder.encode(x, r, raw=raw)
-    if machine.config.algorithm == "pushsum":
-        meta = {**meta, "w": 0.5}
-    return ParamPush(round=r, tensors=tensors, meta=meta, want_reply=False)
 
 
 def _sane(machine: MachineBase) -> None:
@@ -105,7 +67,7 @@ def _honest_round(machine: Gossip, now: float) -> float:
             machine.handle(Start(), now)
         if machine.request is not None:
             partner, r = machine.request
-            machine.handle(Received(partner, _honest(machine, partner, r)), now)
+            machine.handle(Received(partner, honest_push(machine, partner, r)), now)
         if machine.phase is Phase.WORKING:
             machine.handle(WorkDone(machine.round_steps, 0.0), now)
         if machine.round == before and machine.phase is Phase.WAITING:
@@ -113,7 +75,7 @@ def _honest_round(machine: Gossip, now: float) -> float:
     else:
         r = machine.round
         for j in sorted(machine.topology.in_neighbours(ME, r)):
-            machine.handle(Received(j, _honest(machine, j, r)), now)
+            machine.handle(Received(j, honest_push(machine, j, r)), now)
         if machine.phase is Phase.WORKING:
             machine.handle(WorkDone(machine.round_steps, 0.0), now)
         if machine.round == r and machine.phase is Phase.WAITING:
@@ -237,7 +199,8 @@ def test_each_crafted_message_is_counted_and_honest_rounds_go_on(key: str, label
 @pytest.mark.parametrize("key", list(CONFIGS))
 @pytest.mark.parametrize("sender", ["p02", ME, "zz-not-in-roster", ""])
 def test_messages_from_a_non_neighbour_or_from_ourselves_are_counted(key: str, sender: str) -> None:
-    machine = _feed_and_check(key, lambda r: _honest(_machine(key), INSIDER, r), {"not_neighbour"}, sender)
+    machine = _feed_and_check(key, lambda r: honest_push(_machine(key), INSIDER, r), {"not_neighbour"},
+                              sender)
     assert machine.counters["not_neighbour"] == 1
 
 
@@ -294,8 +257,8 @@ def test_a_far_round_within_the_schedule_is_a_jump_of_constant_cost_not_a_loop()
     machine = make_machine(config, name=ME, topology=build("ring:4"), params=torch.zeros(D))
     assert isinstance(machine, RoundMachine)
     machine.handle(Start(), 0.0)
-    machine.handle(Received(HONEST, _honest(machine, HONEST, 1)), 0.1)  # buffered, then skipped
-    machine.handle(Received(INSIDER, _honest(machine, INSIDER, 10**9)), 0.2)
+    machine.handle(Received(HONEST, honest_push(machine, HONEST, 1)), 0.1)  # buffered, then skipped
+    machine.handle(Received(INSIDER, honest_push(machine, INSIDER, 10**9)), 0.2)
     machine.handle(WorkDone(1, 0.0), 1.0)
     assert machine.round == 10**9 and machine.steps_done == 10**9
     assert machine.counters["rounds_skipped"] == 10**9 - 1 and machine.counters["stale_message"] == 1
@@ -305,7 +268,7 @@ def test_a_far_round_within_the_schedule_is_a_jump_of_constant_cost_not_a_loop()
 def test_a_flood_of_want_reply_duplicates_is_counted_once_applied_never() -> None:
     for key in ROUND_CONFIGS:
         machine = _machine(key)
-        message = _honest(machine, INSIDER, 0)
+        message = honest_push(machine, INSIDER, 0)
         flood = ParamPush(round=0, tensors=message.tensors, meta=message.meta, want_reply=True)
         for _ in range(50):
             actions = machine.handle(Received(INSIDER, flood), 0.5)
@@ -317,7 +280,7 @@ def test_a_flood_of_want_reply_duplicates_is_counted_once_applied_never() -> Non
 def test_adpsgd_serves_a_request_flood_without_dying_and_refuses_bad_requests() -> None:
     machine = _machine("adpsgd")
     assert isinstance(machine, ADPSGD)
-    good = _honest(machine, INSIDER, 0)
+    good = honest_push(machine, INSIDER, 0)
     bad = ParamPush(round=0, tensors={"x": NAN}, meta={}, want_reply=True)
     for i in range(40):
         message = (ParamPush(round=i % 20, tensors=good.tensors, meta={}, want_reply=True) if i % 2
@@ -373,7 +336,8 @@ def test_adpsgd_first_request_from_an_honest_peer_that_started_elsewhere_is_serv
     # Negative control of the test above: the cold reference (our own parameters' norm) still
     # lets a first update from a peer with a different initialisation through.
     machine = _machine("adpsgd")
-    actions = machine.handle(Received(INSIDER, _as_request(lambda r: _honest(machine, INSIDER, r))(0)), 0.2)
+    request = _as_request(lambda r: honest_push(machine, INSIDER, r))(0)
+    actions = machine.handle(Received(INSIDER, request), 0.2)
     assert [type(a.message) for a in actions if isinstance(a, Send)] == [ParamPush]
     assert machine.counters["requests_served"] == 1 and machine.counters["rejected_update"] == 0
 
@@ -382,7 +346,7 @@ def _lone_first_update(key: str, value: torch.Tensor | None) -> Gossip:
     """Round 0 of a fresh machine in which only the insider's message arrives (the honest
     neighbour misses the deadline): one candidate, no history, no own step."""
     machine = _machine(key)
-    machine.handle(Received(INSIDER, _honest(machine, INSIDER, 0, value=value)), 0.1)
+    machine.handle(Received(INSIDER, honest_push(machine, INSIDER, 0, value=value)), 0.1)
     if machine.phase is Phase.WORKING:
         machine.handle(WorkDone(machine.round_steps, 0.0), 0.2)
     machine.handle(TimerFired(machine._timer_key()), 100.0)
@@ -456,52 +420,9 @@ def test_crafted_compressed_parts_are_counted_by_reason(key: str, label: str) ->
 
 # ------------------------------------------------------------ random streams (hypothesis)
 
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-           torch.int16, torch.int32, torch.int64, torch.bool]
-_FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)
-_SCALARS = st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), _FLOATS, st.text(max_size=8),
-                     st.booleans())
-_NAMES = st.sampled_from(["x", "y", "q/op", "q/values", "q/indices", "q/codes", "q/norms", "q/signs", "q/p",
-                          "q/q", "q/exact", "q/sub/x"])
-_META_KEYS = st.sampled_from(["w", "q/op", "q/numel", "q/norm", "q/scale", "q/seed", "zz", "q/sub/w"])
-_ROUNDS = st.one_of(st.integers(min_value=-3, max_value=6), st.sampled_from([-(2**63), 2**62, 2**64 - 1, 31]))
-
-
-@st.composite
-def _tensors(draw: st.DrawFn) -> torch.Tensor:
-    dtype = draw(st.sampled_from(_DTYPES))
-    numel = draw(st.sampled_from([0, 1, 3, D - 1, D, D + 1, 2 * D]))
-    values = draw(st.lists(_FLOATS if dtype.is_floating_point else st.integers(0, 1), min_size=numel,
-                           max_size=numel))
-    t = torch.tensor(values, dtype=torch.float64).to(dtype)
-    return t.view(2, 3) if numel == D and draw(st.booleans()) else t
-
-
-_OTHER_KINDS = st.one_of(
-    st.builds(ErrorReply, code=st.sampled_from(["update_refused", "config_mismatch", ""]),
-              detail=st.one_of(st.text(max_size=5), _ROUNDS.map(str))),
-    st.builds(Heartbeat, step=_ROUNDS, loss=_FLOATS, sent_at_s=_FLOATS),
-    st.builds(ParamPull, round=_ROUNDS),
-    st.builds(StateSyncRequest, reason=st.text(max_size=5)),
-)
-
-
-@st.composite
-def _crafted(draw: st.DrawFn) -> tuple[str, Message]:
-    sender = draw(st.sampled_from([INSIDER, HONEST, "p02", ME]))
-    if draw(st.integers(0, 4)) == 0:
-        return sender, draw(_OTHER_KINDS)
-    tensors = draw(st.dictionaries(_NAMES, _tensors(), max_size=3))
-    meta = draw(st.dictionaries(_META_KEYS, _SCALARS, max_size=4))
-    if draw(st.booleans()):
-        meta["q/op"] = draw(st.sampled_from(["topk", "qsgd", "sign", "identity"]))
-        meta["q/numel"] = draw(st.sampled_from([D, D - 1, 0, -1, 2**62]))
-    return sender, ParamPush(round=draw(_ROUNDS), tensors=tensors, meta=meta, want_reply=draw(st.booleans()))
-
-
 @pytest.mark.parametrize("key", list(CONFIGS))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stream=st.lists(_crafted(), min_size=1, max_size=6))
+@given(stream=st.lists(crafted(), min_size=1, max_size=6))
 def test_random_crafted_streams_never_kill_a_machine(key: str, stream: list[tuple[str, Message]]) -> None:
     machine = _machine(key)
     now = 0.5
