@@ -546,6 +546,9 @@ class PeerDaemon:
         trainer_state, protocol_state, extra = state
         self.trainer.load_state_dict(trainer_state)
         self.machine.restore_state(protocol_state)
+        # the machine reports counters and gauges only when they change: start from where they are
+        self.counters.metrics.update({k: float(v) for k, v in self.machine.counters.items()})
+        self.counters.metrics.update(self.machine.gauges())
         endpoint_state = extra.get("endpoint")
         if isinstance(endpoint_state, dict):
             self.endpoint.restore_state(endpoint_state)

@@ -8,6 +8,7 @@ virtual for the simulator); timers are actions, never sleeps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -156,6 +157,15 @@ class Machine(Protocol):
 
     def sender_params(self, message: Message) -> torch.Tensor | None:
         """The sender's own parameters, flat, when ``message`` carries them whole; None otherwise."""
+        ...
+
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """Running totals by name (reported as ``Metric`` actions when they change)."""
+        ...
+
+    def gauges(self) -> dict[str, float]:
+        """Settings the machine chose or changed while running (``Metric`` actions when they change)."""
         ...
 
     def handle(self, event: Event, now: float) -> list[Action]: ...

@@ -158,7 +158,7 @@ class ADPSGD(MachineBase):
         if not self._schedule_round(now, can_gossip=partner is not None):
             return [Finished()]
         actions: list[Action] = []
-        if partner is not None:
+        if partner is not None and self._sendable(self.params):
             tensors, meta, self.sent = self.payload.encode(self.params, self.round)
             self.request = (partner, self.round)
             actions.append(Send((partner,), ParamPush(round=self.round, tensors=tensors, meta=meta,
@@ -225,7 +225,7 @@ class ADPSGD(MachineBase):
     def _on_request(self, sender: str, message: ParamPush) -> list[Action]:
         mine = self.public if self.phase is Phase.WORKING else self.params
         assert mine is not None
-        theirs = self._screened(sender, message, mine)
+        theirs = self._screened(sender, message, mine) if self._sendable(mine) else None
         if theirs is None:
             # refuse rather than stay silent: the requester gives up at once instead of at its deadline
             return [Send((sender,), ErrorReply(code=REFUSED, detail=str(message.round)))]

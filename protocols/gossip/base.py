@@ -227,6 +227,14 @@ class MachineBase:
         if n:
             self.counters[key] += n
 
+    def _sendable(self, own: torch.Tensor) -> bool:
+        """Whether our own values can go out: non-finite ones (a diverged trainer) are counted and
+        never sent, since a neighbour would refuse them and mixing them would spread the damage."""
+        if bool(torch.isfinite(own).all()):
+            return True
+        self._count("nonfinite_params")
+        return False
+
     def _reject(self, reason: str) -> None:
         """An update refused before the filter's screen (malformed, non-finite...)."""
         self.counters["rejected_update"] += 1
@@ -263,6 +271,7 @@ class MachineBase:
             "start_s": self.start_s,
             "timer_set": self.timer_set,
             "down": sorted(self.down),
+            "gauges_sent": dict(sorted(self._gauges_sent.items())),   # so a restore re-sends none
         }
         if self.outer is not None:
             outer_tensors, outer_meta = self.outer.export()
@@ -287,6 +296,7 @@ class MachineBase:
         self.start_s = None if meta["start_s"] is None else float(meta["start_s"])
         self.timer_set = bool(meta["timer_set"])
         self.down = set(meta["down"])
+        self._gauges_sent = {str(k): float(v) for k, v in meta.get("gauges_sent", {}).items()}
         if self.outer is not None:
             self.outer.restore(dict(tensors), meta)
         prefix = "compressor/"

@@ -144,7 +144,7 @@ class Choco(RoundMachine):
     def _round_messages(self, t: int) -> list[Send]:
         difference = self.params - self.x_hat
         correction = self._distance(difference)
-        if not math.isfinite(correction):
+        if not math.isfinite(correction):    # finite parameters, but x - x_hat overflowed
             self._count("nonfinite_params")   # never sent: a neighbour would refuse it anyway
             return []
         self._guard(correction)

@@ -37,6 +37,9 @@ class DPSGD(RoundMachine):
         self.sent: torch.Tensor | None = None
 
     def _round_messages(self, t: int) -> list[Send]:
+        if not self._sendable(self.params):
+            self.sent = self.params.clone()     # the mix keeps its reference; nothing goes out
+            return []
         tensors, meta, self.sent = self.payload.encode(self.params, t)
         recipients = tuple(sorted(self.topology.out_neighbours(self.name, t)))
         return [Send(recipients, ParamPush(round=t, tensors=tensors, meta=meta))] if recipients else []

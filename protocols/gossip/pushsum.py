@@ -81,7 +81,9 @@ class PushSum(RoundMachine):
     def _round_messages(self, t: int) -> list[Send]:
         self.before = self.params.detach().clone()
         out = self.topology.out_neighbours(self.name, t)
-        shares = {k: share for k, share in out.items() if k not in self.down}
+        # non-finite parameters (a diverged trainer): nothing goes out, and the weight stays here
+        sendable = self._sendable(self.params)
+        shares = {k: share for k, share in out.items() if k not in self.down and sendable}
         sends: list[Send] = []
         if shares:
             tensors, meta, _ = self.payload.encode(self.params, t)

@@ -319,6 +319,7 @@ class RoundMachine(MachineBase):
     def _on_message(self, sender: str, message: ParamPush, now: float) -> list[Action]:
         r = message.round
         if self.phase is Phase.FINISHED:
+            self.counters["after_finish"] += 1    # (push-sum: its weight share leaves the network here)
             return []
         if not 0 <= r <= self.last_round:
             self.counters["bad_round"] += 1  # no member can be in that round (see MachineBase.last_round)
