@@ -41,16 +41,6 @@ class Parts:
     lock: DataDirLock             # held while the peer runs (released by the daemon, or at exit)
 
 
-def neighbour_names(topology: Topology, name: str) -> tuple[str, ...]:
-    """In- and out-neighbours over the whole schedule period, sorted."""
-    found: set[str] = set()
-    for t in range(topology.period):
-        found.update(topology.in_neighbours(name, t))
-        found.update(topology.out_neighbours(name, t))
-    found.discard(name)
-    return tuple(sorted(found))
-
-
 def tcp_address(address: str) -> str:
     """A roster or listen address as ZeroMQ wants it ("host:port" gets "tcp://")."""
     return address if address.startswith("tcp://") else f"tcp://{address}"
@@ -115,7 +105,7 @@ def assemble(config: PeerConfig) -> Parts:
     topology = build(network.topology, peer_names, seed=network.seed, weights=network.weights)
     index = topology.names.index(name)
     neighbours = {}
-    for other in neighbour_names(topology, name):
+    for other in topology.neighbours(name):
         address = roster.member(other).address
         if not address:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")

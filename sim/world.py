@@ -95,7 +95,6 @@ class World:
     speeds: dict[str, float]
     engine: Engine = field(default_factory=Engine)
     network: Network | None = None
-    _neighbours: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -105,16 +104,8 @@ class World:
         return tuple(n for n in self.names if self.scenario.behaviour(n) in ("honest", "crash"))
 
     def neighbours(self, name: str) -> tuple[str, ...]:
-        """Everyone ``name`` exchanges with in any round of the schedule, sorted (worked out once:
-        the failure detector asks for every member at each check)."""
-        known = self._neighbours.get(name)
-        if known is None:
-            found: set[str] = set()
-            for t in range(self.topology.period):
-                found.update(self.topology.in_neighbours(name, t))
-                found.update(self.topology.out_neighbours(name, t))
-            known = self._neighbours[name] = tuple(sorted(found))
-        return known
+        """Everyone ``name`` exchanges with in any round of the schedule (the topology's, as the daemon's)."""
+        return self.topology.neighbours(name)
 
 
 def build_world(scenario: ScenarioConfig) -> World:
