@@ -83,16 +83,9 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
 
 def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
     """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
-    from peer.partition import partition
-    from peer.tasks import get_task
-    from peer.trainer import Trainer
+    from peer.build import build_trainers
 
-    network = config.network
-    task = get_task(network.task, **network.task_options)
-    part = network.partition
-    shards = partition(task.labels, members, scheme=part.scheme, seed=network.seed,
-                       alpha=part.alpha, shards_per_member=part.shards_per_member, path=part.path or None)
-    return Trainer(task, config.trainer, shards[index], seed=network.seed, member_index=index)
+    return build_trainers(config.network, config.trainer, members=members, indices=(index,))[1][index]
 
 
 def assemble(config: PeerConfig) -> Parts:

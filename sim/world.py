@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from peer.config import ConfigError, load
-from peer.partition import partition
-from peer.tasks import Task, get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.build import build_trainers
+from peer.config import ConfigError
+from peer.tasks import Task
+from peer.trainer import Trainer
 from protocols.rng import numpy_generator
 from sim.engine import Engine
 from sim.network import LinkSpec, Network, NicSpec
@@ -42,14 +42,6 @@ def resolve_graph_spec(scenario: ScenarioConfig) -> str:
     if spec.endswith(GRAPH_FILE_SUFFIXES) and not Path(spec).is_absolute():
         return str(Path(scenario.source).parent / spec)
     return spec
-
-
-def trainer_config(scenario: ScenarioConfig) -> TrainerConfig:
-    data = dict(scenario.trainer)
-    steps = scenario.steps or int(scenario.algorithm.get("total_steps", 0))
-    if steps and "total_steps" not in data:
-        data["total_steps"] = steps  # the horizon of a decaying learning rate
-    return load(TrainerConfig, data, source=scenario.source, prefix="trainer")
 
 
 def link_specs(topology: Topology, default: LinkSpec) -> dict[tuple[str, str], LinkSpec]:
@@ -114,13 +106,8 @@ def build_world(scenario: ScenarioConfig) -> World:
                      weights=scenario.graph.weights)
     names = topology.names
     scenario.check_names(names)
-    task = get_task(scenario.task.name, **scenario.task.options)
-    config = trainer_config(scenario)
-    part = scenario.partition
-    shards = partition(task.labels, len(names), scheme=part.scheme, seed=scenario.seed, alpha=part.alpha,
-                       shards_per_member=part.shards_per_member, path=part.path or None)
-    trainers = {name: Trainer(task, config, shards[i], seed=scenario.seed, member_index=i)
-                for i, name in enumerate(names)}
+    task, by_index = build_trainers(scenario.network(), scenario.trainer_config(), members=len(names))
+    trainers = {name: by_index[i] for i, name in enumerate(names)}
     speeds = {}
     for name in names:
         speed = float(topology.graph.nodes[name].get("speed", 1.0))
