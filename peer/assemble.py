@@ -41,16 +41,6 @@ class Parts:
     lock: DataDirLock             # held while the peer runs (released by the daemon, or at exit)
 
 
-def neighbour_names(topology: Topology, name: str) -> tuple[str, ...]:
-    """In- and out-neighbours over the whole schedule period, sorted."""
-    found: set[str] = set()
-    for t in range(topology.period):
-        found.update(topology.in_neighbours(name, t))
-        found.update(topology.out_neighbours(name, t))
-    found.discard(name)
-    return tuple(sorted(found))
-
-
 def tcp_address(address: str) -> str:
     """A roster or listen address as ZeroMQ wants it ("host:port" gets "tcp://")."""
     return address if address.startswith("tcp://") else f"tcp://{address}"
@@ -93,16 +83,9 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
 
 def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
     """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
-    from peer.partition import partition
-    from peer.tasks import get_task
-    from peer.trainer import Trainer
+    from peer.build import build_trainers
 
-    network = config.network
-    task = get_task(network.task, **network.task_options)
-    part = network.partition
-    shards = partition(task.labels, members, scheme=part.scheme, seed=network.seed,
-                       alpha=part.alpha, shards_per_member=part.shards_per_member, path=part.path or None)
-    return Trainer(task, config.trainer, shards[index], seed=network.seed, member_index=index)
+    return build_trainers(config.network, config.trainer, members=members, indices=(index,))[1][index]
 
 
 def assemble(config: PeerConfig) -> Parts:
@@ -115,7 +98,7 @@ def assemble(config: PeerConfig) -> Parts:
     topology = build(network.topology, peer_names, seed=network.seed, weights=network.weights)
     index = topology.names.index(name)
     neighbours = {}
-    for other in neighbour_names(topology, name):
+    for other in topology.neighbours(name):
         address = roster.member(other).address
         if not address:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")

@@ -25,6 +25,13 @@ class ConfigError(HivemeshError, ValueError):
     """A config file (or mapping) that does not match its schema."""
 
 
+# Keys that were renamed: refused with the new name rather than converted, so that one
+# spelling is in use (peer.schema says why each was renamed).
+RENAMED_KEYS: dict[str, str] = {
+    "neighbour_timeout_ms": "neighbour_timeout_s (seconds: divide the old value by 1000)",
+}
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, turning I/O and syntax errors into ConfigError."""
     path = Path(path)
@@ -133,9 +140,13 @@ def _convert_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        bad = f"{key}.{unknown[0]}" if key else unknown[0]
+        name = next((k for k in unknown if k in RENAMED_KEYS), unknown[0])
+        bad = f"{key}.{name}" if key else name
+        section = f"table [{key}]" if key else "the top-level table"
+        if name in RENAMED_KEYS:
+            raise ConfigError(f"{source}: key '{bad}' in {section} was renamed: use {RENAMED_KEYS[name]}")
         raise ConfigError(
-            f"{source}: unknown key '{bad}' (known keys here: {', '.join(sorted(fields))})")
+            f"{source}: unknown key '{bad}' in {section} (known keys here: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, field in fields.items():
         sub = f"{key}.{name}" if key else name

@@ -92,7 +92,7 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
-from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
+from protocols.node import Adoption, EarlyMessages, StateSync, SyncOffer
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
@@ -163,7 +163,7 @@ class PeerDaemon:
         self._last_eval: dict[str, float] = {}
         self._last_eval_step = -1
         neighbours = frozenset(self.parts.neighbours)
-        node_config = NodeConfig(sync_answer_interval_s=config.peer.sync_answer_interval_s)
+        node_config = config.peer.node_config()
         self.sync = StateSync(node_config, neighbours)
         # machine messages heard before Start (the machine buffers max_rounds_ahead rounds past its own)
         self.early = EarlyMessages(neighbours, per_neighbour=config.gossip.max_rounds_ahead + 1)

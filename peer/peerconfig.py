@@ -5,9 +5,14 @@ Layout::
     [peer]        who this peer is and where its files live (per peer)
     [transport]   socket limits and timings (per peer, peer.transport.TransportConfig)
     [checkpoint]  interval and retention (per peer, peer.checkpoint.CheckpointConfig)
-    [network]     what every member must agree on: topology, seed, task, partition,
-      [network.gossip]   protocols.gossip.GossipConfig
-      [network.trainer]  peer.trainer.TrainerConfig
+    [network]     what every member must agree on: topology, seed, task (peer.schema.NetworkSection),
+      [network.partition] peer.schema.PartitionConfig
+      [network.gossip]   protocols.gossip.GossipConfig (peer.schema.gossip_config)
+      [network.trainer]  peer.trainer.TrainerConfig (peer.schema.trainer_config)
+
+``[network]`` and ``[peer]``'s liveness and state-sync keys are the schema a
+scenario shares (peer.schema, protocols.node.NodeConfig): the same table gives
+the same settings, defaults and errors in ``hivemesh sim``.
 
 Everything under ``[network]`` plus the roster goes into the run id, so a peer
 configured differently is refused by its neighbours (``config_mismatch``).
@@ -25,22 +30,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from peer.checkpoint import CheckpointConfig
 from peer.config import ConfigError, load, read_toml
-from peer.paths import from_folder, topology_spec
+from peer.paths import from_folder
+from peer.schema import NetworkSection, PartitionConfig, gossip_config, resolve_network_paths, trainer_config
 from peer.transport import TransportConfig
-from protocols.node.config import SYNC_ANSWER_INTERVAL_S
-
-
-def _empty() -> dict[str, Any]:
-    return {}
+from protocols.node.config import NodeConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class PeerSection:
-    """This member: name, files, timings of the daemon loop."""
+class PeerSection(NodeConfig):
+    """This member: name, files, timings of the daemon loop.
+
+    The liveness and state-sync keys (``neighbour_timeout_s``, ``sync_answer_interval_s``,
+    ``sync_timeout_s``, ``sync_attempts``) are protocols.node.NodeConfig's, shared with a
+    scenario's ``[nodes]``: one name, default and check for both.
+    """
 
     name: str
     key: str                      # identity key file (hivemesh keygen / init)
@@ -52,67 +59,26 @@ class PeerSection:
     curve: bool = False           # CurveZMQ encryption with the roster's curve keys as allowlist
     # signed liveness messages; also what `hivemesh status` shows as last-seen and latency
     heartbeat_interval_s: float = 1.0
-    # a neighbour silent this long is reported down (the machine's deadlines still decide rounds)
-    neighbour_timeout_s: float = 5.0
     # wait this long for every neighbour before the first round (slow starts, many processes)
     start_timeout_s: float = 60.0
     # after finishing, keep answering neighbours this long (their last round may need us)
     finish_grace_s: float = 3.0
-    # answer a neighbour's state-sync request (a full model) at most this often: a joiner asks every 10 s
-    sync_answer_interval_s: float = SYNC_ANSWER_INTERVAL_S
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
     eval_every_steps: int = 50       # test-set evaluation for metrics and status; 0 = only at the end
     progress: bool = True            # one progress line per status refresh on the console
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("name", "key", "roster", "data_dir"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        for name in ("heartbeat_interval_s", "neighbour_timeout_s", "start_timeout_s", "status_interval_s"):
+        for name in ("heartbeat_interval_s", "start_timeout_s", "status_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.finish_grace_s < 0:
             raise ValueError("finish_grace_s must be >= 0")
-        if not self.sync_answer_interval_s >= 0:
-            raise ValueError(f"sync_answer_interval_s must be >= 0, got {self.sync_answer_interval_s}")
         if self.eval_every_steps < 0:
             raise ValueError("eval_every_steps must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PartitionSection:
-    """How the task's training set is split over the members (peer.partition)."""
-
-    scheme: Literal["iid", "dirichlet", "shards", "file"] = "dirichlet"
-    alpha: float = 0.5            # Dirichlet label skew; 0.5 is the usual "strongly non-iid" setting
-    shards_per_member: int = 2
-    path: str = ""
-
-    def __post_init__(self) -> None:
-        if self.alpha <= 0:
-            raise ValueError("alpha must be positive")
-        if self.shards_per_member < 1:
-            raise ValueError("shards_per_member must be at least 1")
-        if self.scheme == "file" and not self.path:
-            raise ValueError("scheme 'file' needs a path")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NetworkSection:
-    """What all members agree on (digested into the run id)."""
-
-    topology: str = "ring"            # a topology spec or graph file, over the roster's peer names
-    weights: str = "metropolis"       # mixing weights for undirected graphs
-    seed: int = 0
-    task: str = "digits-mlp"
-    task_options: dict[str, Any] = field(default_factory=_empty)
-    partition: PartitionSection = field(default_factory=PartitionSection)
-    gossip: dict[str, Any] = field(default_factory=_empty)   # protocols.gossip.GossipConfig
-    trainer: dict[str, Any] = field(default_factory=_empty)  # peer.trainer.TrainerConfig
-
-    def __post_init__(self) -> None:
-        if not self.topology:
-            raise ValueError("topology must not be empty")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,8 +118,8 @@ def load_peer_config(path: str | Path) -> PeerConfig:
     raw = read_toml(path)
     parsed = load(PeerFile, raw, source=str(path))
     network = parsed.network
-    gossip = _owned_config("protocols.gossip.config", "GossipConfig", network.gossip, path, "network.gossip")
-    trainer = _owned_config("peer.trainer", "TrainerConfig", network.trainer, path, "network.trainer")
+    gossip = gossip_config(network, source=str(path), prefix="network.gossip")
+    trainer = trainer_config(network, source=str(path), prefix="network.trainer")
     base = path.resolve().parent
     return PeerConfig(
         source=path, peer=parsed.peer, network=resolve_network_paths(parsed.network, base),
@@ -167,24 +133,5 @@ def _resolve(base: Path, value: str) -> Path:
     return Path(from_folder(base, value))
 
 
-def resolve_network_paths(network: NetworkSection, base: Path) -> NetworkSection:
-    """``network`` with its graph file, task file and partition file taken against ``base``."""
-    from peer.tasks import resolve_task_paths
-
-    task, task_options = resolve_task_paths(network.task, network.task_options, base)
-    partition = network.partition
-    if partition.path:
-        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
-    return dataclasses.replace(network, topology=topology_spec(base, network.topology), task=task,
-                               task_options=task_options, partition=partition)
-
-
-def _owned_config(module: str, name: str, data: dict[str, Any], path: Path, prefix: str) -> Any:
-    import importlib
-
-    cls = getattr(importlib.import_module(module), name)
-    return load(cls, data, source=str(path), prefix=prefix)
-
-
-__all__ = ["ConfigError", "NetworkSection", "PartitionSection", "PeerConfig",
+__all__ = ["ConfigError", "NetworkSection", "PartitionConfig", "PeerConfig",
            "PeerFile", "PeerSection", "load_peer_config"]

@@ -7,6 +7,7 @@ file, so every later run of that file is reproducible.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 import time
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from peer.config import load
 from peer.tasks import get_task
 from peer.trainer import Trainer, TrainerConfig
 from sim.scenario import load_scenario
@@ -25,20 +25,19 @@ CHUNKS = 5  # time several chunks and take the median: robust to a busy neighbou
 def measure_step_ms(path: Path, *, task_name: str | None = None, batch_size: int = 0,
                     steps: int = 200) -> float:
     """Median milliseconds per local step of the scenario's task and trainer (or the options given)."""
-    trainer_data: dict[str, object] = {}
+    config = TrainerConfig()
     task_options: dict[str, object] = {}
     scenario_task = "digits-mlp"
     if path.exists():
         scenario = load_scenario(path)
-        trainer_data = dict(scenario.trainer)
+        config = scenario.trainer_config()   # the trainer the simulation models, by the same rules
         scenario_task = scenario.task.name
         task_options = dict(scenario.task.options)
     if task_name and task_name != scenario_task:
         task_options = {}
     task = get_task(task_name or scenario_task, **task_options)
     if batch_size:
-        trainer_data["batch_size"] = batch_size
-    config = load(TrainerConfig, trainer_data, source=str(path), prefix="trainer")
+        config = dataclasses.replace(config, batch_size=batch_size)
     trainer = Trainer(task, config, np.arange(task.n_train), seed=0, member_index=0)
     trainer.run_steps(max(1, steps // 10))  # warm-up: allocator, first-call costs
     chunk = max(1, steps // CHUNKS)

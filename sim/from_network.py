@@ -11,13 +11,15 @@ read here: the daemon's own modules (and ZeroMQ) are never imported.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from peer.config import ConfigError, read_toml
-from peer.paths import from_folder, topology_spec
+from peer.config import ConfigError, load, read_toml
+from peer.paths import from_folder
 from peer.roster_file import read as read_roster
-from peer.tasks import resolve_task_paths
+from peer.schema import NetworkSection, resolve_network_paths
+from protocols.node.config import NodeConfig
 from sim.scenario import ScenarioConfig, scenario_from_dict
 
 
@@ -30,25 +32,19 @@ def scenario_from_peer_file(path: str | Path, **overrides: Any) -> ScenarioConfi
         raise ConfigError(f"{path}: missing key 'peer.roster'")
     base = path.resolve().parent   # the peer file's relative paths are relative to its folder
     names = tuple(member.name for member in read_roster(from_folder(base, peer["roster"])).with_role("peer"))
-    network = data.get("network", {})
-    partition = dict(network.get("partition", {}))
-    partition.setdefault("scheme", "dirichlet")  # the daemon's default (peer.peerconfig.PartitionSection)
-    task, task_options, topology = (network.get("task", "digits-mlp"), network.get("task_options", {}),
-                                    network.get("topology", "ring"))
-    if isinstance(partition.get("path"), str) and partition["path"]:
-        partition["path"] = from_folder(base, partition["path"])
-    if isinstance(task, str) and isinstance(task_options, dict):   # else the scenario's checks name the key
-        task, task_options = resolve_task_paths(task, task_options, base)
-    if isinstance(topology, str):
-        topology = topology_spec(base, topology)
+    # the peer file's own schema, defaults and checks (peer.schema), then its paths as the daemon takes them
+    network = resolve_network_paths(load(NetworkSection, data.get("network", {}), source=str(path),
+                                         prefix="network"), base)
     scenario: dict[str, Any] = {
         "name": path.stem,
-        "seed": network.get("seed", 0),
-        "graph": {"spec": topology, "weights": network.get("weights", "metropolis"), "members": list(names)},
-        "task": {"name": task, "options": task_options},
-        "partition": partition,
-        "algorithm": dict(network.get("gossip", {})),
-        "trainer": dict(network.get("trainer", {})),
+        "seed": network.seed,
+        "graph": {"spec": network.topology, "weights": network.weights, "members": list(names)},
+        "task": {"name": network.task, "options": network.task_options},
+        "partition": dataclasses.asdict(network.partition),
+        "algorithm": dict(network.gossip),
+        "trainer": dict(network.trainer),
+        # [peer]'s liveness and state-sync keys are [nodes]' (both protocols.node.NodeConfig)
+        "nodes": {f.name: peer[f.name] for f in dataclasses.fields(NodeConfig) if f.name in peer},
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(scenario.get(key), dict):

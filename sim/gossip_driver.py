@@ -26,7 +26,7 @@ neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
 catch-up or an adopted sync) sets the trainer's step, as in the daemon.
 
 Liveness follows the daemon's rule: a neighbour is down once nothing of it
-was accepted for ``neighbour_timeout_ms`` (``NeighbourDown``), and up again
+was accepted for ``neighbour_timeout_s`` (``NeighbourDown``), and up again
 at its next accepted message (``NeighbourUp``). The daemon's 1-second
 heartbeats are modelled, not sent: a running neighbour whose frames verify
 (honest, crash-before-crashing, sign-flip, noise) and whose link is not cut
@@ -50,7 +50,6 @@ from typing import Any, cast
 
 import torch
 
-from peer.config import load
 from protocols.codec import encode
 from protocols.events import (
     Action,
@@ -72,26 +71,15 @@ from protocols.events import (
 )
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest, StateSyncResponse
-from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
+from protocols.node import Adoption, EarlyMessages, StateSync, SyncOffer
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
 from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
-from sim.scenario import ChurnEvent, ScenarioConfig
+from sim.scenario import ChurnEvent
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
-
-
-def gossip_config(scenario: ScenarioConfig) -> Any:
-    """The scenario's [algorithm] table as a GossipConfig (errors name the file and key)."""
-    from protocols.gossip import GossipConfig
-
-    data = dict(scenario.algorithm)
-    data.setdefault("seed", scenario.seed)
-    if scenario.steps:
-        data.setdefault("total_steps", scenario.steps)
-    return load(GossipConfig, data, source=scenario.source, prefix="algorithm")
 
 
 class SimPeer:
@@ -146,7 +134,7 @@ class GossipRun:
         self.engine = world.engine
         assert world.network is not None
         self.network = world.network
-        self.config = gossip_config(world.scenario)
+        self.config = world.scenario.gossip_config()
         self._make_machine = make_machine
         names = world.names
         identities = {name: sim_identity(self.scenario.seed, name) for name in names}
@@ -156,7 +144,7 @@ class GossipRun:
             for i, name in enumerate(names)))
         self.run_id = run_id({"scenario": self.scenario.name, "seed": self.scenario.seed})
         self.rogue = sim_identity(self.scenario.seed, "rogue", "forged-key")
-        self.node_config = NodeConfig()
+        self.node_config = self.scenario.nodes.node_config()
         self.peers: dict[str, SimPeer] = {}
         for index, name in enumerate(names):
             endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
@@ -209,7 +197,7 @@ class GossipRun:
     def _check_liveness(self) -> None:
         """The failure detector of every running member, every quarter of the timeout."""
         now = self.engine.now_s
-        timeout_s = self.scenario.nodes.neighbour_timeout_ms / 1000.0
+        timeout_s = self.node_config.neighbour_timeout_s
         for name, peer in sorted(self.peers.items()):
             if not peer.alive or peer.syncing:
                 continue

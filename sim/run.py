@@ -5,17 +5,14 @@ from __future__ import annotations
 import sys
 
 from sim.scenario import ScenarioConfig
-from sim.world import Progress, ScenarioResult, build_world, trainer_config
+from sim.world import Progress, ScenarioResult, build_world
 from topology.errors import HivemeshError
 
 
 def check_scenario(scenario: ScenarioConfig) -> None:
-    """Validate the tables checked against other components' classes, before anything runs."""
-    trainer_config(scenario)
-    if scenario.baseline.kind == "none":
-        from sim.gossip_driver import gossip_config
-
-        gossip_config(scenario)
+    """Validate the tables checked against other components' classes, before anything runs
+    (a ``compare_with`` variant is made after loading: its tables are checked here)."""
+    scenario.check_tables()
 
 
 def run_scenario(scenario: ScenarioConfig, progress: Progress | None = None) -> ScenarioResult:

@@ -1,11 +1,17 @@
 """A simulation scenario: graph, links, nodes, algorithm, task, faults, seed — one TOML file.
 
-Loaded once with :func:`peer.config.load_file`, so every bad key or value is
+Loaded once with :func:`peer.config.load`, so every bad key or value is
 reported with the file and the dotted key. Relative paths (a graph file, a task file, a
-partition file) are taken from the scenario file's folder. The algorithm table holds
-:class:`protocols.gossip.GossipConfig` fields and the trainer table
-:class:`peer.trainer.TrainerConfig` fields; both are checked against those
-classes by :func:`load_scenario`, with the same file-and-key errors.
+partition file) are taken from the scenario file's folder. The settings a scenario
+shares with a peer file are one schema (:mod:`peer.schema`): ``[partition]`` is
+:class:`peer.schema.PartitionConfig` (as ``[network.partition]``); ``[algorithm]`` holds
+:class:`protocols.gossip.GossipConfig` fields and ``[trainer]``
+:class:`peer.trainer.TrainerConfig` fields, both checked when the scenario is loaded
+by the same functions as a peer file's ``[network.gossip]`` and ``[network.trainer]``;
+``[nodes]``' liveness and state-sync keys are :class:`protocols.node.NodeConfig`'s, as
+in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeout_ms`` is
+refused with the new name). :meth:`ScenarioConfig.network` gives the shared settings
+as a peer file's ``[network]``.
 
 A minimal scenario::
 
@@ -43,7 +49,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peer.config import ConfigError, load, read_toml
-from peer.paths import from_folder, topology_spec
+from peer.schema import NetworkSection, PartitionConfig, gossip_config, resolve_network_paths, trainer_config
+from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 
 Behaviour = Literal[
@@ -64,15 +71,22 @@ class GraphConfig:
     weights: str = "metropolis"  # mixing weights; Metropolis-Hastings is safe on any undirected graph
     members: tuple[str, ...] = ()  # member names (sorted by the topology); empty: p00, p01, ... from spec
 
+    def __post_init__(self) -> None:
+        if not self.spec:
+            raise ValueError("spec must not be empty")
+
 
 @dataclass(frozen=True, kw_only=True)
-class NodesConfig:
+class NodesConfig(NodeConfig):
+    """The members' model. Its liveness and state-sync keys (``neighbour_timeout_s``,
+    ``sync_answer_interval_s``, ``sync_timeout_s``, ``sync_attempts``) are
+    protocols.node.NodeConfig's, as in a peer file's ``[peer]``."""
+
     step_time_ms: float = 10.0   # one local SGD step; measure it with `hivemesh sim calibrate`
     speed: dict[str, float] = field(default_factory=dict)  # per member; 0.25 = four times slower
     behaviour: dict[str, Behaviour] = field(default_factory=dict)  # members not named are honest
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
-    neighbour_timeout_ms: float = 5000.0  # silent this long = down (the daemon's neighbour_timeout_s)
     # Each member's NIC, shared by all of its links (sim/network.py); inf: unlimited, links only.
     uplink_mbps: float = math.inf
     downlink_mbps: float = math.inf
@@ -81,6 +95,7 @@ class NodesConfig:
     nic: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("uplink_mbps", "downlink_mbps"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"nodes.{key} must be > 0, got {getattr(self, key)}")
@@ -100,8 +115,6 @@ class NodesConfig:
             raise ValueError(f"straggle_probability must be in [0, 1], got {self.straggle_probability}")
         if self.straggle_slowdown < 1.0:
             raise ValueError(f"straggle_slowdown must be >= 1, got {self.straggle_slowdown}")
-        if not self.neighbour_timeout_ms > 0:
-            raise ValueError(f"neighbour_timeout_ms must be > 0, got {self.neighbour_timeout_ms}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,13 +122,9 @@ class TaskConfig:
     name: str = "digits-mlp"  # small, real, ships with scikit-learn: no download
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of peer.tasks.get_task
 
-
-@dataclass(frozen=True, kw_only=True)
-class PartitionConfig:
-    scheme: Literal["iid", "dirichlet", "shards", "file"] = "iid"
-    alpha: float = 0.5           # Dirichlet concentration: 0.5 is the usual "non-iid" setting
-    shards_per_member: int = 2   # the classic FedAvg pathological split
-    path: str = ""               # for scheme = "file"
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must not be empty")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +225,27 @@ class ScenarioConfig:
         if self.baseline.kind != "none" and self.compare_with:
             raise ValueError("compare_with is for gossip scenarios (it adds baselines to compare with)")
 
+    def network(self) -> NetworkSection:
+        """The settings a peer file keeps under ``[network]``, in that schema (peer.schema)."""
+        return NetworkSection(topology=self.graph.spec, weights=self.graph.weights, seed=self.seed,
+                              task=self.task.name, task_options=dict(self.task.options),
+                              partition=self.partition, gossip=dict(self.algorithm),
+                              trainer=dict(self.trainer))
+
+    def gossip_config(self) -> Any:
+        """The [algorithm] table as a GossipConfig, by the peer file's rules (errors name the key)."""
+        return gossip_config(self.network(), source=self.source, prefix="algorithm", steps=self.steps)
+
+    def trainer_config(self) -> Any:
+        """The [trainer] table as a TrainerConfig, by the peer file's rules (errors name the key)."""
+        return trainer_config(self.network(), source=self.source, prefix="trainer", steps=self.steps)
+
+    def check_tables(self) -> None:
+        """Check the tables other components own, as a peer file's loader does (errors name the key)."""
+        if self.baseline.kind == "none":
+            self.gossip_config()
+        self.trainer_config()
+
     def behaviour(self, name: str) -> str:
         return self.nodes.behaviour.get(name, "honest")
 
@@ -276,21 +306,17 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> ScenarioCo
         raise ConfigError(f"{path}: unknown key 'source'")
     data["source"] = str(path)
     scenario = load(ScenarioConfig, data, source=str(path))
+    scenario.check_tables()
     return resolve_paths(scenario, path.resolve().parent)
 
 
 def resolve_paths(scenario: ScenarioConfig, base: Path) -> ScenarioConfig:
     """``scenario`` with its graph file, task file and partition file taken against ``base`` (the
-    scenario file's folder, not the working directory)."""
-    from peer.tasks import resolve_task_paths
-
-    name, options = resolve_task_paths(scenario.task.name, scenario.task.options, base)
-    partition = scenario.partition
-    if partition.path:
-        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
+    scenario file's folder, not the working directory), by the peer file's rule."""
+    network = resolve_network_paths(scenario.network(), base)
     return dataclasses.replace(
-        scenario, graph=dataclasses.replace(scenario.graph, spec=topology_spec(base, scenario.graph.spec)),
-        task=TaskConfig(name=name, options=options), partition=partition)
+        scenario, graph=dataclasses.replace(scenario.graph, spec=network.topology),
+        task=TaskConfig(name=network.task, options=network.task_options), partition=network.partition)
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> ScenarioConfig:
@@ -298,7 +324,9 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     data = dict(data)
     data.setdefault("name", "scenario")
     data["source"] = source
-    return load(ScenarioConfig, data, source=source)
+    scenario = load(ScenarioConfig, data, source=source)
+    scenario.check_tables()
+    return scenario
 
 
 def apply_override(data: dict[str, Any], assignment: str, *, source: str = "<scenario>") -> None:

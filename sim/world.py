@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.config import ConfigError, load
-from peer.partition import partition
-from peer.tasks import Task, get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.build import build_trainers
+from peer.config import ConfigError
+from peer.tasks import Task
+from peer.trainer import Trainer
 from protocols.consensus import rms_distance
 from protocols.rng import numpy_generator
 from sim.engine import Engine
@@ -41,14 +41,6 @@ def resolve_graph_spec(scenario: ScenarioConfig) -> str:
     if spec.endswith(GRAPH_FILE_SUFFIXES) and not Path(spec).is_absolute():
         return str(Path(scenario.source).parent / spec)
     return spec
-
-
-def trainer_config(scenario: ScenarioConfig) -> TrainerConfig:
-    data = dict(scenario.trainer)
-    steps = scenario.steps or int(scenario.algorithm.get("total_steps", 0))
-    if steps and "total_steps" not in data:
-        data["total_steps"] = steps  # the horizon of a decaying learning rate
-    return load(TrainerConfig, data, source=scenario.source, prefix="trainer")
 
 
 def link_specs(topology: Topology, default: LinkSpec) -> dict[tuple[str, str], LinkSpec]:
@@ -94,7 +86,6 @@ class World:
     speeds: dict[str, float]
     engine: Engine = field(default_factory=Engine)
     network: Network | None = None
-    _neighbours: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -104,16 +95,8 @@ class World:
         return tuple(n for n in self.names if self.scenario.behaviour(n) in ("honest", "crash"))
 
     def neighbours(self, name: str) -> tuple[str, ...]:
-        """Everyone ``name`` exchanges with in any round of the schedule, sorted (worked out once:
-        the failure detector asks for every member at each check)."""
-        known = self._neighbours.get(name)
-        if known is None:
-            found: set[str] = set()
-            for t in range(self.topology.period):
-                found.update(self.topology.in_neighbours(name, t))
-                found.update(self.topology.out_neighbours(name, t))
-            known = self._neighbours[name] = tuple(sorted(found))
-        return known
+        """Everyone ``name`` exchanges with in any round of the schedule (the topology's, as the daemon's)."""
+        return self.topology.neighbours(name)
 
 
 def build_world(scenario: ScenarioConfig) -> World:
@@ -122,13 +105,8 @@ def build_world(scenario: ScenarioConfig) -> World:
                      weights=scenario.graph.weights)
     names = topology.names
     scenario.check_names(names)
-    task = get_task(scenario.task.name, **scenario.task.options)
-    config = trainer_config(scenario)
-    part = scenario.partition
-    shards = partition(task.labels, len(names), scheme=part.scheme, seed=scenario.seed, alpha=part.alpha,
-                       shards_per_member=part.shards_per_member, path=part.path or None)
-    trainers = {name: Trainer(task, config, shards[i], seed=scenario.seed, member_index=i)
-                for i, name in enumerate(names)}
+    task, by_index = build_trainers(scenario.network(), scenario.trainer_config(), members=len(names))
+    trainers = {name: by_index[i] for i, name in enumerate(names)}
     speeds = {}
     for name in names:
         speed = float(topology.graph.nodes[name].get("speed", 1.0))

@@ -109,7 +109,7 @@ def test_a_simulated_joiner_adopts_averaged_buffers_and_ends_with_the_others() -
         world = build_world(scenario_from_dict({
             "seed": 3, "duration_s": 5.0, "eval_every_s": 100.0, "steps": 30,
             "graph": {"spec": "complete:4"}, "links": {"latency_ms": 5.0, "bandwidth_mbps": 1000.0},
-            "nodes": {"step_time_ms": 20.0, "neighbour_timeout_ms": 500.0},
+            "nodes": {"step_time_ms": 20.0, "neighbour_timeout_s": 0.5},
             "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.2, "final_gossip_rounds": 1},
             "partition": {"scheme": "dirichlet", "alpha": 0.5},
             "task": {"name": "digits-cnn"}, "trainer": {"lr": 0.05, "buffers": buffers},

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from peer import tomlout
-from peer.assemble import identity_and_roster, neighbour_names, next_epoch
+from peer.assemble import identity_and_roster, next_epoch
 from peer.cli import main
 from peer.config import ConfigError
 from peer.netinit import load_roster
@@ -104,9 +104,12 @@ def test_epoch_increments_at_every_start(tmp_path: Path) -> None:
 
 def test_neighbours_cover_the_whole_schedule() -> None:
     names = tuple(f"p{i}" for i in range(8))
-    assert neighbour_names(build("ring", names), "p0") == ("p1", "p7")
+    assert build("ring", names).neighbours("p0") == ("p1", "p7")
     one_peer = build("one-peer-exponential:8", names)
     assert one_peer.period == 3
-    union = set(neighbour_names(one_peer, "p0"))
+    union = set(one_peer.neighbours("p0"))
     assert len(union) == 3 and "p0" not in union    # one partner per round, a new one each round
     assert all(set(one_peer.in_neighbours("p0", t)) <= union for t in range(3))
+    directed = build("directed-exponential:8", names)   # whom p0 sends to and whom it hears from
+    assert set(directed.neighbours("p0")) == {*directed.in_neighbours("p0"), *directed.out_neighbours("p0")}
+    assert set(directed.in_neighbours("p0")) != set(directed.out_neighbours("p0"))

@@ -32,7 +32,7 @@ jitter_ms = 3.0
 [nodes]
 step_time_ms = 10.0
 straggle_probability = 0.2
-neighbour_timeout_ms = 500.0
+neighbour_timeout_s = 0.5
 behaviour = { p02 = "sign-flip", p05 = "forged-signature" }
 
 [algorithm]

@@ -162,7 +162,7 @@ ATTACKERS = {"p01": "sign-flip", "p04": "noise", "p06": "stale-replay", "p11": "
 def test_attackers_of_every_kind_are_refused_or_filtered_and_honest_peers_reach_the_target() -> None:
     scenario = gossip_scenario(
         graph={"spec": "torus:4x4"}, steps=80, duration_s=30.0, eval_every_s=1.0,
-        nodes={"step_time_ms": 20.0, "behaviour": ATTACKERS, "neighbour_timeout_ms": 1000.0},
+        nodes={"step_time_ms": 20.0, "behaviour": ATTACKERS, "neighbour_timeout_s": 1.0},
         algorithm={"algorithm": "dpsgd", "deadline_s": 0.5, "norm_multiple": 3.0})
     result = run_scenario(scenario)
     honest = {n: p for n, p in result.peers.items() if p["behaviour"] == "honest"}
@@ -198,7 +198,7 @@ def test_training_survives_churn_and_a_healing_partition(algorithm: str) -> None
     scenario = gossip_scenario(
         graph={"spec": "exponential:16"}, steps=110, duration_s=40.0, eval_every_s=0.25,
         target_accuracy=0.0, links={"latency_ms": 10.0, "bandwidth_mbps": 100.0, "loss": 0.01},
-        nodes={"step_time_ms": 25.0, "neighbour_timeout_ms": 500.0},
+        nodes={"step_time_ms": 25.0, "neighbour_timeout_s": 0.5},
         algorithm={"algorithm": algorithm, "deadline_s": 0.2},
         trainer={"lr": 0.1, "lr_decay": "cosine"},
         faults={"churn": [{"node": "p03", "kind": "crash", "at_s": 0.75},
@@ -254,7 +254,7 @@ def test_a_late_joiner_syncs_state_from_a_neighbour_and_catches_up(algorithm: st
     # and steps added to x = w z were amplified by 1 / w)
     result = run_scenario(gossip_scenario(
         graph={"spec": spec}, duration_s=10.0, eval_every_s=0.5, steps=100,
-        nodes={"step_time_ms": 20.0, "neighbour_timeout_ms": 500.0},
+        nodes={"step_time_ms": 20.0, "neighbour_timeout_s": 0.5},
         algorithm={"algorithm": algorithm, "deadline_s": 0.2},
         faults={"churn": [{"node": "p05", "kind": "join", "at_s": 1.0}]}))
     joiner = result.peers["p05"]

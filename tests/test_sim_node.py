@@ -26,7 +26,7 @@ def ring_scenario(**overrides: Any) -> Any:
     data: dict[str, Any] = {
         "seed": 3, "duration_s": 60.0, "eval_every_s": 100.0, "graph": {"spec": "ring:4"},
         "links": {"latency_ms": 1.0, "bandwidth_mbps": 1000.0},
-        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_ms": 200.0},
+        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_s": 0.2},
         "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.05, "total_steps": STEPS, "max_rounds_ahead": 4},
         "task": {"name": "logreg", "options": {"n_samples": 400, "n_features": 10}},
         "trainer": {"lr": 0.1, "lr_decay": "cosine"},
@@ -39,7 +39,7 @@ def test_the_simulators_catch_up_moves_the_trainers_step_like_the_daemons() -> N
     # Prepare: the ring's halves are cut apart while one half runs four times slower, so they end
     # far more than max_rounds_ahead rounds apart and the slow half jumps once the cut heals.
     scenario = ring_scenario(
-        nodes={"step_time_ms": 10.0, "neighbour_timeout_ms": 200.0, "speed": {"p02": 0.25, "p03": 0.25}},
+        nodes={"step_time_ms": 10.0, "neighbour_timeout_s": 0.2, "speed": {"p02": 0.25, "p03": 0.25}},
         faults={"partitions": [{"start_s": 0.1, "end_s": 0.6, "groups": [["p00", "p01"]]}]})
     # Execute
     result = run_scenario(scenario)

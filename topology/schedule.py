@@ -38,6 +38,7 @@ class Topology:
     _index: dict[str, int] = field(init=False, repr=False)
     _in: tuple[tuple[dict[str, float], ...], ...] = field(init=False, repr=False)
     _out: tuple[tuple[dict[str, float], ...], ...] = field(init=False, repr=False)
+    _neighbours: tuple[tuple[str, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if list(self.names) != sorted(set(self.names)):
@@ -60,6 +61,9 @@ class Topology:
             outs.append(tuple(self._row(matrix[:, i], i) for i in range(len(self.names))))
         object.__setattr__(self, "_in", tuple(ins))
         object.__setattr__(self, "_out", tuple(outs))
+        # the union over the period, worked out once: drivers ask for it at every liveness check
+        neighbours = (sorted({j for rows in (*ins, *outs) for j in rows[i]}) for i in range(len(self.names)))
+        object.__setattr__(self, "_neighbours", tuple(tuple(names) for names in neighbours))
 
     def _row(self, values: np.ndarray, own: int) -> dict[str, float]:
         return {self.names[j]: float(values[j]) for j in np.flatnonzero(values > 0) if j != own}
@@ -91,6 +95,13 @@ class Topology:
     def out_neighbours(self, name: str, t: int = 0) -> dict[str, float]:
         """{k: W_t[k, i]} for every k != i with W_t[k, i] > 0, in name order: whom ``name`` sends to."""
         return dict(self._out[t % self.period][self.index(name)])
+
+    def neighbours(self, name: str) -> tuple[str, ...]:
+        """Everyone ``name`` hears from or sends to in any round of the schedule, sorted, never itself.
+
+        The one neighbour set of every driver: whom a peer connects to and whose silence it watches.
+        """
+        return self._neighbours[self.index(name)]
 
     def self_weight(self, name: str, t: int = 0) -> float:
         """W_t[i, i]: the share of its own value a member keeps in round t."""

@@ -1,0 +1,149 @@
+"""The one schema of the settings a peer file and a scenario share, loaded by both.
+
+``hivemesh peer`` reads them from ``[network]`` (and ``[peer]``) of a peer file,
+``hivemesh sim`` from a scenario; each setting has one dataclass field here (or
+in its owner's config class), one default and one validation, so the same
+table gives the same object, or the same error, through either loader.
+
+=================  ===========================  ===========================  =================
+setting            peer file                    scenario                     defined by
+=================  ===========================  ===========================  =================
+root seed          network.seed                 seed                         NetworkSection
+topology           network.topology             graph.spec                   NetworkSection
+mixing weights     network.weights              graph.weights                NetworkSection
+task               network.task, task_options   task.name, task.options      NetworkSection
+partition          [network.partition]          [partition]                  PartitionConfig
+gossip algorithm   [network.gossip]             [algorithm]                  gossip_config
+trainer            [network.trainer]            [trainer]                    trainer_config
+liveness, sync     [peer] neighbour_timeout_s,  [nodes] neighbour_timeout_s, NodeConfig
+                   sync_answer_interval_s, ...  sync_answer_interval_s, ...  (protocols.node)
+=================  ===========================  ===========================  =================
+
+Where the two disagreed, one choice was made:
+
+* ``partition.scheme`` defaults to ``"iid"`` (the daemon said ``"dirichlet"``). The
+  default is the split with no parameter; label skew is an experiment's choice,
+  written down where it is made. Every network ``hivemesh init`` and ``hivemesh
+  demo`` write names its scheme (dirichlet by default), so only hand-written
+  peer files without ``[network.partition]`` change, and the run id digests
+  the partition in full, so members of different versions refuse each other
+  rather than train on different splits. Every scenario, example and test kept
+  its split; the simulator's default was the one results relied on.
+* the neighbour timeout is ``neighbour_timeout_s`` (seconds, 5 s) in both; a
+  scenario's old ``nodes.neighbour_timeout_ms`` is refused with an error naming
+  the new key (``peer.config.RENAMED_KEYS``), not converted: one spelling, not
+  two generations side by side.
+* the trainer's decay horizon ``trainer.total_steps``, when not given, is the
+  scenario's ``steps``, else ``gossip.total_steps`` as written (the simulator's
+  rule; the daemon used to leave it at 0 and refuse a decaying schedule).
+* ``gossip.seed`` defaults to the root seed in both (the machines are seeded from
+  the root seed by both drivers anyway).
+
+Layouts differ (a peer file nests the shared settings under ``[network]``); the
+values do not: :func:`sim.scenario.ScenarioConfig.network` gives a scenario's as
+a :class:`NetworkSection`. Only TOML and dataclasses here: no ZeroMQ, no torch at
+import time (the trainer's config class is imported when a table is checked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from peer.config import load
+from peer.paths import from_folder, topology_spec
+
+Scheme = Literal["iid", "dirichlet", "shards", "file"]
+
+
+def _empty() -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionConfig:
+    """How the task's training set is split over the members (peer.partition)."""
+
+    scheme: Scheme = "iid"        # no label skew unless asked (see the module docstring)
+    alpha: float = 0.5            # Dirichlet label skew; 0.5 is the usual "strongly non-iid" setting
+    shards_per_member: int = 2    # the classic FedAvg pathological split
+    path: str = ""                # for scheme = "file": a JSON list of index lists, one per member
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"alpha must be positive, got {self.alpha}")
+        if self.shards_per_member < 1:
+            raise ValueError(f"shards_per_member must be at least 1, got {self.shards_per_member}")
+        if self.scheme == "file" and not self.path:
+            raise ValueError("scheme 'file' needs a path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSection:
+    """What all members agree on (a peer file digests it into the run id)."""
+
+    topology: str = "ring"            # a topology spec or graph file, over the members' names
+    weights: str = "metropolis"       # mixing weights; Metropolis-Hastings is safe on any undirected graph
+    seed: int = 0                     # the one root of all randomness in the run
+    task: str = "digits-mlp"          # small, real, ships with scikit-learn: no download
+    task_options: dict[str, Any] = field(default_factory=_empty)  # keyword options of peer.tasks.get_task
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    gossip: dict[str, Any] = field(default_factory=_empty)   # protocols.gossip.GossipConfig: gossip_config
+    trainer: dict[str, Any] = field(default_factory=_empty)  # peer.trainer.TrainerConfig: trainer_config
+
+    def __post_init__(self) -> None:
+        if not self.topology:
+            raise ValueError("topology must not be empty")
+        if not self.task:
+            raise ValueError("task must not be empty")
+
+
+def resolve_network_paths(network: NetworkSection, base: Path) -> NetworkSection:
+    """``network`` with its graph file, task file and partition file taken against ``base`` (the
+    folder of the file that names them, never the working directory)."""
+    from peer.tasks import resolve_task_paths
+
+    task, task_options = resolve_task_paths(network.task, network.task_options, base)
+    partition = network.partition
+    if partition.path:
+        partition = dataclasses.replace(partition, path=from_folder(base, partition.path))
+    return dataclasses.replace(network, topology=topology_spec(base, network.topology), task=task,
+                               task_options=task_options, partition=partition)
+
+
+def gossip_config(network: NetworkSection, *, source: str, prefix: str, steps: int = 0) -> Any:
+    """``network.gossip`` as a GossipConfig; errors name ``source`` and ``prefix.key``.
+
+    ``seed`` defaults to the root seed; ``total_steps`` to ``steps`` when that is set (a
+    scenario's own step budget), else GossipConfig's default.
+    """
+    from protocols.gossip.config import GossipConfig
+
+    data = dict(network.gossip)
+    data.setdefault("seed", network.seed)
+    if steps:
+        data.setdefault("total_steps", steps)
+    return load(GossipConfig, data, source=source, prefix=prefix)
+
+
+def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: int = 0) -> Any:
+    """``network.trainer`` as a TrainerConfig; errors name ``source`` and ``prefix.key``.
+
+    ``total_steps`` (the horizon of a decaying learning rate) defaults to ``steps``, else to
+    the gossip table's ``total_steps``: the trainer decays over the run it is part of.
+    """
+    from peer.trainer import TrainerConfig
+
+    data = dict(network.trainer)
+    written = network.gossip.get("total_steps", 0)
+    # a wrong type there is gossip_config's error to report, under its own key
+    horizon = steps or (written if isinstance(written, int) and not isinstance(written, bool) else 0)
+    if horizon and "total_steps" not in data:
+        data["total_steps"] = horizon
+    return load(TrainerConfig, data, source=source, prefix=prefix)
+
+
+__all__ = ["NetworkSection", "PartitionConfig", "gossip_config", "resolve_network_paths", "trainer_config"]
