@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise HivemeshError(f"{folder}: no status yet (has this peer been started?)")
         pid = status.get("pid")
         status["running"] = isinstance(pid, int) and pid_alive(pid) and status.get("state") not in (
-            "finished", "stopped")
+            "finished", "stopped", "stranded")
         status["age_s"] = time.time() - float(status.get("updated_at", 0.0))
         statuses.append(status)
     if args.json:
@@ -69,12 +69,15 @@ def render(status: dict[str, Any]) -> str:
         f"  in {human_bytes(status.get('bytes_received', 0))}"
         f"  (gossip payload out {human_bytes(status.get('payload_bytes_sent', 0))})",
     ]
+    if status.get("stranded"):
+        lines.append(f"  stopped short: {status['stranded']}")
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
     lines.append("  neighbours:")
     for name, info in sorted((status.get("neighbours") or {}).items()):
         seen = info.get("last_seen_s")
-        lines.append(f"    {name:<12} {'up' if info.get('up') else 'DOWN':<5} "
+        presence = info.get("presence") or ("up" if info.get("up") else "down")
+        lines.append(f"    {name:<12} {presence if presence == 'up' else presence.upper():<11} "
                      f"last seen {_num(seen, '.1f', ' s ago') if seen is not None else 'never'}  "
                      f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}  step {info.get('step')}")
     metrics = status.get("metrics") or {}

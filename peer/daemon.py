@@ -47,6 +47,18 @@ reaches a given step, so process tests place faults on progress, not time.
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
+
+Neighbours that are gone for good (protocols/node/liveness.py decides): a
+finishing peer says so in its heartbeats during its finish grace, and a
+neighbour that then goes silent is recorded as finished, not down. A peer
+with no neighbour up and one finished stops training alone; so does a peer
+restarted from a checkpoint that hears no neighbour within
+``neighbour_timeout_s`` and gets no answer to one state-sync attempt (its
+neighbours finished while it was away). Either says why in one line naming
+the neighbours, writes a checkpoint if it trained, and exits with status
+``EXIT_STRANDED`` (3): the run did not complete for it. While it waits for its
+neighbours at start-up it says whom it waits for, on change only
+(``waiting for p01, p03 (1/3 up)``), and its status shows the same.
 """
 
 from __future__ import annotations
@@ -92,12 +104,23 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
-from protocols.node import Adoption, EarlyMessages, StateSync, SyncOffer
+from protocols.node import (
+    Adoption,
+    EarlyMessages,
+    Presence,
+    StateSync,
+    SyncOffer,
+    Verdict,
+    reason,
+    verdict,
+    waiting_line,
+)
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
+EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
 
 
 @dataclass
@@ -106,7 +129,15 @@ class NeighbourInfo:
     latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
     step: int = -1
     up: bool = False
+    finished: bool = False            # its last heartbeat said it has finished its run
     params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
+
+    def presence(self) -> Presence:
+        if self.up:
+            return Presence.UP
+        if self.last_seen == -math.inf:
+            return Presence.NEVER_HEARD
+        return Presence.FINISHED if self.finished else Presence.DOWN
 
 
 @dataclass
@@ -120,6 +151,8 @@ class Counters:
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
     neighbour_down: Counter[str] = field(default_factory=Counter)   # times each went silent (timeout)
+    neighbour_finished: Counter[str] = field(default_factory=Counter)  # went silent after saying it finished
+    test_cut_dropped: Counter[str] = field(default_factory=Counter)  # "sent"/"received" by a cut test hook
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
 
 
@@ -171,6 +204,8 @@ class PeerDaemon:
         self._train_start_s = math.nan
         self._train_end_s = math.nan
         self._next_heartbeat = 0.0
+        self._stranded = ""     # why this peer stops short of the end (protocols/node/liveness.py)
+        self._resumed = False
         self.state = "starting"
 
     # ------------------------------------------------------------------ time
@@ -189,7 +224,7 @@ class PeerDaemon:
 
     def _run(self) -> int:
         self._install_signals()
-        resumed = self._restore()
+        resumed = self._resumed = self._restore()
         try:
             self.transport = Transport(listen=self._listen_address(), neighbours=self.parts.neighbours,
                                        config=self.config.transport, curve=self._curve_keys(),
@@ -200,9 +235,14 @@ class PeerDaemon:
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
             if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
-                self._state_sync()
+                # restarted and nobody heard: the neighbours are likely gone; one attempt tells
+                unanswered = self._state_sync(attempts=1 if resumed and self._nobody_heard() else None)
                 self.timeline["synced"] = time.time()
-            if self._stop_signal is None:
+                if self._stop_signal is None:
+                    self._judge_neighbours(start_wait_over=unanswered)
+                if unanswered and not self._stranded:
+                    self._warn("training on without state sync")
+            if self._stop_signal is None and not self._stranded:
                 self._train()
             return self._shutdown()
         finally:
@@ -246,14 +286,25 @@ class PeerDaemon:
         """
         self.state = "waiting for neighbours"
         deadline = self.now() + self.config.peer.start_timeout_s
+        # a restarted peer that hears nobody in this long waits no more (see _judge_neighbours)
+        quiet_until = self.now() + self.config.peer.neighbour_timeout_s
         gossip = self.config.gossip
         ahead_steps = gossip.max_rounds_ahead * gossip.local_steps
+        said = ""
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
             if all(info.up for info in self.neighbours.values()) and not self.counters.unreachable_now:
                 return False
             if any(info.step > ahead_steps for info in self.neighbours.values()):
                 return True
+            if self._resumed and self.now() >= quiet_until and self._nobody_heard():
+                return False
+            line = waiting_line({name: info.presence() for name, info in self.neighbours.items()})
+            if line and line != said:    # on change only
+                said = line
+                self.status.say(f"{self.name}: {line}")
+            self.state = line or "waiting for neighbours"
+            self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
         missing = sorted(n for n, info in self.neighbours.items() if not info.up)
         if missing:
@@ -261,25 +312,38 @@ class PeerDaemon:
                        f"{', '.join(missing)}; starting without them (their rounds will be left out)")
         return False
 
-    def _state_sync(self) -> None:
-        """Ask the neighbours for their current state; adopt the first answer."""
+    def _nobody_heard(self) -> bool:
+        return bool(self.neighbours) and all(info.last_seen == -math.inf for info in self.neighbours.values())
+
+    def _judge_neighbours(self, *, start_wait_over: bool) -> None:
+        """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
+        presence = {name: info.presence() for name, info in self.neighbours.items()}
+        outcome = verdict(presence, resumed=self._resumed, start_wait_over=start_wait_over)
+        if outcome is not Verdict.GO_ON and not self._stranded:
+            self._stranded = reason(presence, outcome)
+            self.timeline["stranded"] = time.time()
+
+    def _state_sync(self, attempts: int | None = None) -> bool:
+        """Ask the neighbours for their current state; adopt the first answer (``attempts``: the
+        config's ``sync_attempts`` unless given). True when every attempt went unanswered."""
         self.state = "syncing"
         targets = sorted(self.neighbours, key=lambda n: (not self.neighbours[n].up, n))
-        attempts = self.sync.config.sync_attempts
+        attempts = attempts or self.sync.config.sync_attempts
         for attempt in range(attempts):
             if not targets or self._stop_signal is not None:
-                return
+                return False
             self._send(Send(tuple(targets), StateSyncRequest(reason="join")))
             deadline = self.now() + self.sync.config.sync_timeout_s
             while self._sync_answer is None and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)
                 self._heartbeat_if_due()
+                self._write_status()    # "syncing", for `hivemesh status`
             if self._sync_answer is not None:
                 self._adopt(*self._sync_answer)
-                return
+                return False
             self._warn(f"no state-sync answer (attempt {attempt + 1}/{attempts})")
         self.sync.no_answer()
-        self._warn("training on without state sync")
+        return True
 
     def _train(self) -> None:
         self.state = "training"
@@ -294,7 +358,7 @@ class PeerDaemon:
                 self._feed(NeighbourDown(name))
         for sender, message in self.early.release():
             self._feed(Received(sender, message))
-        while not self._finished and self._stop_signal is None:
+        while not self._finished and self._stop_signal is None and not self._stranded:
             if self._work and not self._held():
                 self._do_work(self._work.pop(0))
                 self._pump(0.0)
@@ -305,7 +369,7 @@ class PeerDaemon:
 
     def _held(self) -> bool:
         """A test hook holds training at this step (or has just stopped the peer)."""
-        held = self.hooks.holding(self.trainer.step) or self._stop_signal is not None
+        held = self.hooks.holding(self.trainer.step, self.now()) or self._stop_signal is not None
         self.state = "held by a test hook" if held else "training"
         return held
 
@@ -324,6 +388,14 @@ class PeerDaemon:
             self.transport.wait_sent(timeout_s=5.0)
             self._write_status(force=True)
             return 0
+        if self._stranded:
+            self.state = "stranded"
+            if self._started:
+                self._checkpoint(final=False)    # what it trained is kept
+            self._write_status(force=True)
+            self.status.say(f"{self.name}: {self._stranded}; exiting at step {self.trainer.step} "
+                            f"(status {EXIT_STRANDED})")
+            return EXIT_STRANDED
         self.state = "stopped"
         self._checkpoint(final=False)
         self._write_status(force=True)
@@ -344,6 +416,9 @@ class PeerDaemon:
         """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
         assert self.transport is not None
         for frames in self.transport.poll(timeout_s):
+            if self.hooks.cutting(self.now()):
+                self.counters.test_cut_dropped["received"] += 1
+                continue
             opened = self.endpoint.open([f.buffer for f in frames])
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
@@ -363,6 +438,7 @@ class PeerDaemon:
             case Heartbeat():
                 if info is not None:
                     info.step = message.step
+                    info.finished = message.finished
                     latency_ms = heartbeat_latency_ms(message.sent_at_s, time.time())
                     if latency_ms is None:
                         self.counters.rejected["heartbeat_bad_latency"] += 1
@@ -426,6 +502,9 @@ class PeerDaemon:
             if recipient not in self.neighbours:
                 self.counters.unreachable[recipient] += 1
                 continue
+            if self.hooks.cutting(self.now()):
+                self.counters.test_cut_dropped["sent"] += 1
+                continue
             if self.transport.send(recipient, frames):
                 self.counters.messages_sent += 1
                 self.counters.wire_bytes_sent += size
@@ -456,6 +535,9 @@ class PeerDaemon:
         self._next_heartbeat = self.now() + self.config.peer.heartbeat_interval_s
         if not self.neighbours:
             return
+        if self.hooks.cutting(self.now()):
+            self.counters.test_cut_dropped["sent"] += len(self.neighbours)
+            return
         frames = self.endpoint.seal(tuple(self.neighbours), self._beat())
         unreachable = set()
         for name in self.neighbours:
@@ -469,10 +551,14 @@ class PeerDaemon:
         us may be ready before ours to it); the machine resends the round's message on
         ``NeighbourUp``, which would be lost on a connection not yet made."""
         assert self.transport is not None
+        if self.hooks.cutting(self.now()):
+            self.counters.test_cut_dropped["sent"] += 1
+            return False
         return self.transport.send(name, self.endpoint.seal((name,), self._beat()))
 
     def _beat(self) -> Heartbeat:
-        return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time())
+        return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time(),
+                         finished=self._finished)
 
     def _heartbeat_if_due(self) -> None:
         if self.now() >= self._next_heartbeat:
@@ -484,10 +570,15 @@ class PeerDaemon:
         for name, info in self.neighbours.items():
             if info.up and now - info.last_seen > self.config.peer.neighbour_timeout_s:
                 info.up = False
-                self.counters.neighbour_down[name] += 1
-                self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
+                if info.finished:
+                    self.counters.neighbour_finished[name] += 1
+                    self.status.say(f"{self.name}: neighbour {name} has finished")
+                else:
+                    self.counters.neighbour_down[name] += 1
+                    self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
                 if self._started and not self._finished:
                     self._feed(NeighbourDown(name))
+                    self._judge_neighbours(start_wait_over=True)
         every = self.config.peer.eval_every_steps
         if every and self.trainer.step - max(self._last_eval_step, 0) >= every:
             self._evaluate()
@@ -595,7 +686,8 @@ class PeerDaemon:
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
             "consensus_max_relative": self._consensus_estimate(),
             "neighbours": {
-                name: {"up": info.up, "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
+                name: {"up": info.up, "presence": info.presence().value,
+                       "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
                        else None, "latency_ms": info.latency_ms, "step": info.step}
                 for name, info in self.neighbours.items()},
             "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
@@ -608,6 +700,9 @@ class PeerDaemon:
             "sync_answers_sent": self.sync.answers_sent,
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
+            "neighbour_finished": dict(self.counters.neighbour_finished),
+            "test_cut_dropped": dict(self.counters.test_cut_dropped),
+            "stranded": self._stranded,
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Heartbeat.finished
 
 Scalar = int | float | str | bool
 TensorMap = Mapping[str, torch.Tensor]
@@ -73,12 +73,16 @@ class StateSyncResponse:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Liveness plus a little progress, so neighbours can show last-seen and latency."""
+    """Liveness plus a little progress, so neighbours can show last-seen and latency.
+
+    ``finished``: the sender has finished its run (sent during its finish grace), so its
+    neighbours record it as finished, not down, once it goes silent."""
 
     KIND: ClassVar[str] = "heartbeat"
     step: int
     loss: float = float("nan")
     sent_at_s: float = 0.0
+    finished: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from protocols.events import (
 from protocols.gossip import GossipConfig, PushSum, make_machine
 from protocols.messages import ParamPush
 from topology import build
+from topology.analysis import diameter
 
 
 def _push(round_index: int, x: torch.Tensor, **meta: float) -> ParamPush:
@@ -260,7 +261,12 @@ def test_synchronous_algorithms_realign_their_rounds_after_a_healing_partition(
     assert max(gap for t, _, gap in trace if start_s < t < end_s) > config.max_rounds_ahead
     assert max(d for t, d, _ in trace if start_s < t < end_s) > before
     assert driver.finished == set(names)
-    assert max(gap for t, _, gap in trace if t > end_s + 10.0) <= 1, "rounds did not re-align"
+    # In step again: a member that waits for each in-neighbour is at most one round ahead of it, so
+    # at most ``diameter`` rounds ahead of anyone. (A member cut off from all its in-neighbours
+    # waits out a deadline per round rather than racing ahead alone, so the halves need not heal
+    # into the single round they started from: pushsum's p00 hears only the other half.)
+    settled = max(gap for t, _, gap in trace if t > end_s + 10.0)
+    assert settled <= diameter(topology), f"rounds did not re-align: {settled} apart"
     assert trace[-1][1] < before / 2, (before, trace[-1][1])
     assert sum(m.counters["rounds_skipped"] for m in machines.values()) > 0
     # the skipped steps move each trainer's schedule too (SetTrainerStep), as in both real drivers

@@ -16,7 +16,6 @@ from protocols.events import (
     CancelTimer,
     Finished,
     Metric,
-    NeighbourDown,
     NeighbourUp,
     Received,
     Send,
@@ -466,22 +465,20 @@ def test_gossip_config_loads_from_toml_data_and_errors_name_the_key() -> None:
 
 
 def test_rounds_that_need_no_waiting_follow_one_another_without_recursion() -> None:
-    # Both neighbours down: each of 5000 gossip-only rounds is complete as soon as it starts.
+    # No neighbour in the topology: each of 5000 gossip-only rounds is complete as soon as it starts.
+    # (Neighbours that are down are waited for: tests/test_gossip_alone.py.)
     machine = make_machine(GossipConfig(total_steps=0, final_gossip_rounds=5000), name="p00",
-                           topology=build("ring:3"), params=torch.zeros(2))
-    machine.handle(NeighbourDown("p01"), 0.0)
-    machine.handle(NeighbourDown("p02"), 0.0)
+                           topology=build("ring:1"), params=torch.zeros(2))
     actions = machine.handle(Start(), 0.0)
     assert Finished() in actions
     assert machine.export_state()[1]["round"] == 5000
 
 
 def test_adpsgd_alone_trains_then_finishes_without_gossip() -> None:
+    # No neighbour in the topology. (Neighbours that are down are waited for: test_gossip_alone.py.)
     params = torch.zeros(2)
     machine = make_machine(GossipConfig(algorithm="adpsgd", total_steps=2, final_gossip_rounds=5000),
-                           name="p00", topology=build("ring:3"), params=params)
-    machine.handle(NeighbourDown("p01"), 0.0)
-    machine.handle(NeighbourDown("p02"), 0.0)
+                           name="p00", topology=build("ring:1"), params=params)
     assert machine.handle(Start(), 0.0) == [StartWork(1)]
     assert StartWork(1) in machine.handle(WorkDone(1, 0.0), 1.0)
     assert Finished() in machine.handle(WorkDone(1, 0.0), 2.0)

@@ -11,7 +11,7 @@ from blake3 import blake3
 from wire_helpers import Network, flip, make_network, resign
 
 from protocols.codec import REASONS, Policy, encode
-from protocols.messages import ClientUpdate, Heartbeat, ParamPull, ParamPush, RoundStart
+from protocols.messages import PROTOCOL_VERSION, ClientUpdate, Heartbeat, ParamPull, ParamPush, RoundStart
 from protocols.wire import Endpoint, Opened, Rejection, wire_size
 
 
@@ -180,7 +180,7 @@ def _set_manifest(index: int, position: int, value: Any) -> Any:
 
 
 @pytest.mark.parametrize(("mutate", "policy", "reason"), [
-    (lambda h: h.update(v=2), Policy(), "unknown_version"),
+    (lambda h: h.update(v=PROTOCOL_VERSION + 1), Policy(), "unknown_version"),
     (lambda h: h.update(k="no_such_kind"), Policy(), "unknown_kind"),
     (lambda h: h.update(e="one"), Policy(), "malformed_header"),
     (lambda h: h.update(t="not a list"), Policy(), "malformed_header"),

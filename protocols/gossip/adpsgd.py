@@ -16,6 +16,13 @@ Training stops after ``total_steps`` or ``duration_s`` (peers of different
 speeds do different numbers of steps), then ``final_gossip_rounds``
 iterations average without local work. After ``Finished`` a machine still
 answers requests, so slower peers can finish their own iterations.
+
+An iteration with no live neighbour to pick (every one down: a cut link) is
+not skipped at once, which would race the member alone through its remaining
+steps: it does its local work, then waits for a neighbour to come back
+(``NeighbourUp``) or for its deadline, and counts ``rounds_alone``. So a
+cut-off member keeps its pace and averages again once the link returns, as
+the round machines do (protocols/gossip/rounds.py).
 """
 
 from __future__ import annotations
@@ -68,9 +75,11 @@ class ADPSGD(MachineBase):
         self.request: tuple[str, int] | None = None  # (partner, iteration) awaiting a reply
         self.sent: torch.Tensor | None = None  # what the outstanding request carried (decoded)
         self.own_step_norm = 0.0
+        self.alone = False  # this iteration found no live neighbour: it waits (see the module docstring)
 
     def _forget_exchanges(self) -> None:
         self.public, self.correction, self.request, self.sent = None, None, None, None
+        self.alone = False
 
     # ------------------------------------------------------------ events
 
@@ -113,7 +122,8 @@ class ADPSGD(MachineBase):
             case TimerFired(key=key):
                 if self.phase is Phase.WAITING and key == self._timer_key():
                     self.timer_set = False
-                    self.counters["missed_deadline"] += 1
+                    if not self.alone:  # (an iteration alone asked nobody: counted as rounds_alone)
+                        self.counters["missed_deadline"] += 1
                     return self._close_request(now)
                 return []
             case NeighbourDown(name=who):
@@ -123,19 +133,26 @@ class ADPSGD(MachineBase):
                 return []
             case NeighbourUp(name=who):
                 self.down.discard(who)
+                if self.alone and self.phase is Phase.WAITING:
+                    return self._close_request(now)  # a partner again: the next iteration picks it
+                self.alone = False  # (still working: the iteration ends at WorkDone, without a wait)
                 return []
         raise TypeError(f"not an event: {event!r}")
 
     def _give_up(self, now: float) -> list[Action]:
         if self.request is None:
+            if self.alone and self.phase is Phase.WAITING:  # restarted while waiting alone: wait again
+                self.timer_set = False
+                return self._wait(now)
             return []
         self.counters["missed_deadline"] += 1
         return self._close_request(now)
 
     def _close_request(self, now: float) -> list[Action]:
-        """The outstanding exchange is over (answered, refused or given up): the iteration
-        ends now if the local work is done, else at WorkDone."""
+        """The outstanding exchange is over (answered, refused or given up; alone: a neighbour came
+        up or the deadline passed): the iteration ends now if the local work is done, else at WorkDone."""
         self.request, self.sent = None, None
+        self.alone = False
         if self.phase is Phase.WAITING:
             return self._cancel_timer() + self._end_iteration(now)
         return []
@@ -154,9 +171,13 @@ class ADPSGD(MachineBase):
 
     def _begin(self, now: float) -> list[Action]:
         partner = self._partner(self.round)
-        # (once training is over with nobody left to average with: no point going on)
-        if not self._schedule_round(now, can_gossip=partner is not None):
+        # every neighbour down: wait for one (see the module docstring); none in the topology at
+        # all: once training is over there is nobody to average with and no point going on
+        self.alone = partner is None and bool(self._neighbours(self.round, live_only=False))
+        if not self._schedule_round(now, can_gossip=partner is not None or self.alone):
             return [Finished()]
+        if self.alone:
+            self.counters["rounds_alone"] += 1
         actions: list[Action] = []
         if partner is not None and self._sendable(self.params):
             tensors, meta, self.sent = self.payload.encode(self.params, self.round)
@@ -179,8 +200,12 @@ class ADPSGD(MachineBase):
             self.params.add_(self.correction)
             self.public, self.correction = None, None
         self.phase = Phase.WAITING
-        if self.request is None:
+        if self.request is None and not self.alone:
             return self._end_iteration(now)
+        return self._wait(now)
+
+    def _wait(self, now: float) -> list[Action]:
+        """Wait for the reply (or, alone, for a neighbour to come up) until the deadline."""
         self.timer_set = True
         return [SetTimer(self._timer_key(), now + self.config.deadline_s)]
 
@@ -253,6 +278,7 @@ class ADPSGD(MachineBase):
         meta.update({
             "request": None if self.request is None else list(self.request),
             "own_step_norm": self.own_step_norm,
+            "alone": self.alone,
         })
         return tensors, meta
 
@@ -263,3 +289,4 @@ class ADPSGD(MachineBase):
         request = meta["request"]
         self.request = None if request is None else (str(request[0]), int(request[1]))
         self.own_step_norm = float(meta["own_step_norm"])
+        self.alone = bool(meta.get("alone", False))

@@ -34,6 +34,16 @@ at most one round behind ours. Without this, one straggler makes each of its
 neighbours wait a full deadline every round, their own neighbours then miss
 *them* by a hair, and the delay cascades through the graph.
 
+A member with no in-neighbour left to wait for (every one down, e.g. a cut
+link, or a laggard) does not close its rounds at once: that would race it
+alone through its remaining steps, finished before the link returns. Each
+such round waits for the first message of any in-neighbour, or its deadline,
+and one that closes with no in-neighbour's message counts ``rounds_alone``.
+So a cut-off member keeps its place in the schedule (a round per deadline),
+mixes again once its neighbours are back (catching up by a jump when they
+are far ahead, see "Catching up"), and finishes by the same rules as
+everyone else.
+
 A neighbour that comes up (``NeighbourUp``: a late joiner, a restarted peer,
 one back from a partition) is sent this round's message again: what was sent
 while it was away is lost, and without it the round it joins would wait out
@@ -314,7 +324,14 @@ class RoundMachine(MachineBase):
 
     def _complete(self) -> bool:
         box = self.inbox.get(self.round, {})
-        return all(j in box for j in self._expected(self.round))
+        expected = self._expected(self.round)
+        if expected:
+            return all(j in box for j in expected)
+        # Nobody left to wait for (every in-neighbour down or lagging). Closing at once would race
+        # the member alone through its remaining steps, finishing before a cut heals (``all([])``
+        # is true); the first arrival or the deadline closes the round instead, so it keeps its
+        # place in the schedule. A member with no in-neighbour in the topology has nothing to wait for.
+        return bool(box) or not self.topology.in_neighbours(self.name, self.round)
 
     def _on_message(self, sender: str, message: ParamPush, now: float) -> list[Action]:
         r = message.round
@@ -379,6 +396,8 @@ class RoundMachine(MachineBase):
         box = self.inbox.pop(t, {})
         missing = {j for j in self._live(t) if j not in box}
         self._count("missed_deadline", len(missing))
+        if not box and self.topology.in_neighbours(self.name, t):
+            self._count("rounds_alone")  # no in-neighbour's message for this round: mixed with ourselves only
         self.laggards = (self.laggards | missing) - self.caught_up
         self.caught_up = set()
         arrivals = [(j, t, box[j]) for j in sorted(box)]

@@ -7,7 +7,9 @@ global RNG; time is the ``now`` handed in). Today it holds:
   (rate-limited per requester), and check then adopt an answer, in one order;
 * :class:`EarlyMessages` (early.py): messages heard before Start, capped per
   neighbour, newest kept, refusals counted by reason;
-* :class:`NodeConfig` (config.py): their settings, one definition.
+* :class:`NodeConfig` (config.py): their settings, one definition;
+* :func:`verdict` (liveness.py): whether a member can go on, from its neighbours'
+  presence (up, down, finished, never heard), and the one line saying why not.
 
 The trainer step a catch-up implies is an action (``SetTrainerStep``,
 protocols/events.py) emitted by the machine that skipped, and by
@@ -19,6 +21,8 @@ from __future__ import annotations
 from protocols.node.check import SyncOffer, check_sync_response
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
+from protocols.node.liveness import Presence, Verdict, reason, verdict, waiting_line
 from protocols.node.sync import Adoption, StateSync
 
-__all__ = ["Adoption", "EarlyMessages", "NodeConfig", "StateSync", "SyncOffer", "check_sync_response"]
+__all__ = ["Adoption", "EarlyMessages", "NodeConfig", "Presence", "StateSync", "SyncOffer", "Verdict",
+           "check_sync_response", "reason", "verdict", "waiting_line"]

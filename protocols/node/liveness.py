@@ -1,0 +1,82 @@
+"""Whether a member can go on, from what it knows of its neighbours: one table for both drivers.
+
+Each neighbour is in one of four states (a driver tracks them: the daemon from
+heartbeats, the simulator from its modelled ones):
+
+* ``NEVER_HEARD``: nothing accepted from it since we started;
+* ``UP``: heard within the neighbour timeout;
+* ``DOWN``: silent past the timeout (crashed, stopped, or a cut link that may heal);
+* ``FINISHED``: it said it had finished (``Heartbeat.finished``, sent during its
+  finish grace), then went silent: it will never send again.
+
+The verdict, first matching row (``verdict`` below; the tests enumerate it):
+
+=====================================  =========================================
+neighbours                             verdict
+=====================================  =========================================
+none in the topology                   go on (a lone member trains alone by design)
+at least one UP                        go on
+none UP, at least one FINISHED         stop: the run is over around us
+none UP, none FINISHED, resumed, none  stop: a restarted member whose neighbours
+  ever heard, start wait over            are gone (finished, most likely) waits no more
+otherwise (DOWN, or still starting)    go on: a cut heals, a neighbour restarts;
+                                         the rounds wait for it (gossip/rounds.py)
+=====================================  =========================================
+
+A member that stops says why in one line naming its neighbours (``reason``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+
+
+class Presence(Enum):
+    NEVER_HEARD = "never heard"
+    UP = "up"
+    DOWN = "down"
+    FINISHED = "finished"
+
+
+class Verdict(Enum):
+    GO_ON = "go on"
+    NEIGHBOURS_FINISHED = "neighbours finished"
+    NOBODY_RUNNING = "nobody running"
+
+
+def verdict(presence: Mapping[str, Presence], *, resumed: bool, start_wait_over: bool) -> Verdict:
+    """The table above. ``resumed``: the member restarted from a checkpoint; ``start_wait_over``:
+    its wait for neighbours at start-up (and its last state-sync attempt) has ended."""
+    states = set(presence.values())
+    if not presence or Presence.UP in states:
+        return Verdict.GO_ON
+    if Presence.FINISHED in states:
+        return Verdict.NEIGHBOURS_FINISHED
+    if resumed and start_wait_over and states == {Presence.NEVER_HEARD}:
+        return Verdict.NOBODY_RUNNING
+    return Verdict.GO_ON
+
+
+def reason(presence: Mapping[str, Presence], outcome: Verdict) -> str:
+    """One line saying why the member stops, naming each neighbour by what became of it."""
+    groups: dict[Presence, list[str]] = {}
+    for name in sorted(presence):
+        groups.setdefault(presence[name], []).append(name)
+    parts = [f"{', '.join(names)} {state.value}" for state, names in sorted(groups.items(),
+                                                                           key=lambda kv: kv[0].value)]
+    match outcome:
+        case Verdict.NEIGHBOURS_FINISHED:
+            return f"no live neighbour left ({'; '.join(parts)}): the run is over around us"
+        case Verdict.NOBODY_RUNNING:
+            return (f"no neighbour running ({'; '.join(parts)}, and no state-sync answer): "
+                    "they have finished or are down")
+    return ""
+
+
+def waiting_line(presence: Mapping[str, Presence]) -> str:
+    """``waiting for p01, p03 (1/3 up)``: whom a member still waits for (empty when none)."""
+    missing = sorted(name for name, state in presence.items() if state is not Presence.UP)
+    if not missing:
+        return ""
+    return f"waiting for {', '.join(missing)} ({len(presence) - len(missing)}/{len(presence)} up)"
