@@ -67,4 +67,4 @@ def test_a_ring_member_cut_off_for_15_s_keeps_its_place_and_ends_in_consensus() 
     params = {name: trainers[name].flat_params.detach() for name in sorted(trainers)}
     distance = relative_distance(params["p02"], [v for n, v in params.items() if n != "p02"])
     assert distance < 1e-3, distance
-    assert result.trace[-1].consensus_distance < 1e-3
+    assert result.trace[-1].consensus_rms < 1e-3
