@@ -26,7 +26,7 @@ def cut_ring_scenario() -> Any:
     return scenario_from_dict({
         "seed": 5, "duration_s": 120.0, "eval_every_s": 1000.0, "graph": {"spec": "ring:4"},
         "links": {"latency_ms": 50.0, "bandwidth_mbps": 1000.0},
-        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_ms": 500.0},
+        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_s": 0.5},
         "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.5, "total_steps": STEPS, "max_rounds_ahead": 4,
                       "final_gossip_rounds": 12},
         "task": {"name": "logreg", "options": {"n_samples": 400, "n_features": 10}},
