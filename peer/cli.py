@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -65,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hivemesh: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`hivemesh status | head -2`): what it chose not to read is no error;
+        # stdout goes to /dev/null so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
