@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,14 +49,58 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
     }
 
 
+def _named(option: str, check: Callable[[], T]) -> T:
+    """``check()``, with any error it raises made one line that names the command-line option."""
+    from peer.config import ConfigError
+    from topology.errors import HivemeshError
+
+    try:
+        return check()
+    except (ConfigError, HivemeshError, ValueError, KeyError, TypeError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise HivemeshError(f"{option}: {message}") from None
+
+
+def check_network(network: dict[str, Any], *, peers: int) -> None:
+    """Every spec ``init`` writes, checked as a peer checks it at start-up, so that a mistake is one
+    error now (naming the option) rather than a failure later on every peer."""
+    import torch
+
+    from peer.config import load
+    from peer.schema import NetworkSection, gossip_config, trainer_config
+    from peer.tasks import get_task
+    from protocols.compress import from_spec
+    from protocols.gossip import make_machine
+    from topology import build, default_names
+    from topology.errors import HivemeshError
+
+    if peers < 1:
+        raise HivemeshError("--peers must be at least 1")
+    if int(network["gossip"].get("total_steps", 1)) < 1:
+        raise HivemeshError("--steps must be at least 1")
+    names = default_names(peers)
+    section = _named("--partition/--alpha", lambda: load(NetworkSection, network, source="hivemesh init",
+                                                         prefix="network"))
+    topology = _named("--topology", lambda: build(section.topology, names, seed=section.seed))
+    _named("--task", lambda: get_task(section.task, **section.task_options))
+    only_algorithm = NetworkSection(gossip={"algorithm": section.gossip.get("algorithm")})
+    _named("--algorithm", lambda: gossip_config(only_algorithm, source="hivemesh init", prefix="gossip"))
+    _named("--compression", lambda: from_spec(str(section.gossip.get("compression", "identity"))))
+    gossip = _named("--compression", lambda: gossip_config(section, source="hivemesh init",
+                                                           prefix="network.gossip"))
+    _named("--steps", lambda: trainer_config(section, source="hivemesh init", prefix="network.trainer"))
+    # the algorithm on this graph (D-PSGD refuses a directed one, say)
+    _named("--algorithm", lambda: make_machine(gossip, name=names[0], topology=topology,
+                                               params=torch.zeros(1)))
+
+
 def run(args: argparse.Namespace) -> int:
     from peer.netinit import create_network
-    from topology import build, default_names
 
-    network = default_network(topology=args.topology, task=args.task, algorithm=args.algorithm,
-                              compression=args.compression, steps=args.steps, seed=args.seed,
-                              partition=args.partition, alpha=args.alpha)
-    build(args.topology, default_names(args.peers), seed=args.seed)   # a bad spec fails before any file
+    network = _named("--algorithm", lambda: default_network(
+        topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
+        steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
+    check_network(network, peers=args.peers)      # before any file is written
     files = create_network(args.out, peers=args.peers, network=network, host=args.host,
                            base_port=args.base_port, peer_options={"curve": True} if args.curve else None)
     print(f"created a network of {args.peers} peers in {files.out}")

@@ -50,6 +50,8 @@ _MACHINES: dict[str, type[MachineBase]] = {
 
 def suggested_compression(algorithm: str) -> str:
     """The compression a new network of ``algorithm`` starts from (its machine's choice)."""
+    if algorithm not in _MACHINES:
+        raise ValueError(f"unknown algorithm {algorithm!r}: expected one of {', '.join(sorted(_MACHINES))}")
     return _MACHINES[algorithm].SUGGESTED_COMPRESSION
 
 
