@@ -3,12 +3,17 @@
 hivemesh loads a task named ``module:function`` or ``path/to/file.py:function``
 and calls the function with the task's options as keyword arguments. ``examples/``
 is not an installed package, so name this file by its path (relative to the
-directory the command runs in, or absolute)::
+folder of the config file that names it, or absolute)::
 
-    # peer.toml / scenario.toml
+    # scenario.toml
     [task]
     name = "examples/custom_task.py:make_task"
     options = { hidden = 16 }
+
+    # peer.toml (the task is part of what every member agrees on)
+    [network]
+    task = "examples/custom_task.py:make_task"
+    task_options = { hidden = 16 }
 
 or put ``examples`` on ``PYTHONPATH`` and use the module form::
 

@@ -22,9 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Inspect a communication graph: mixing matrix, spectral gap, diameter, "
                     "expected consensus rate, traffic per round.")
     commands = parser.add_subparsers(title="topology commands", metavar="COMMAND")
-    spec_help = ("ring:16, torus:4x4, exponential:32, one-peer-exponential:16, complete:8, star:8, "
-                 "hypercube:16, regular:16:4, erdos-renyi:16:0.3, watts-strogatz:16:4:0.2, directed-ring:8, "
-                 "directed-exponential:8, or a .graphml/.json/.edgelist file")
+    from topology.spec import SPEC_HELP as spec_help  # the one list, beside the kinds it names
 
     show = commands.add_parser("show", help="print a topology's figures of merit (or JSON); optionally plot",
                                description="Print a topology's figures of merit.")
