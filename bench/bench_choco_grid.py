@@ -10,7 +10,7 @@ stable). Issue bars: accuracy within 3 points, at least 20x fewer bytes,
 stability <= 1.2.
 
 Both algorithms train with the trainer a new network starts from
-(``peer/defaults.py``: for digits-mlp SGD at lr 0.1, batch 32, cosine decay to
+(``peer/files/defaults.py``: for digits-mlp SGD at lr 0.1, batch 32, cosine decay to
 0 over the budget). With a constant lr 0.05 instead, one cell of 18
 (ring:16, Dirichlet(0.3), seed 1) ended 3.16 points below exact D-PSGD: at a
 constant step the peers' disagreement, and with it CHOCO's gap, never shrinks.
@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from peer.defaults import trainer_table
+from peer.files.defaults import trainer_table
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.world import ScenarioResult

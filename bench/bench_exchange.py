@@ -11,10 +11,10 @@ run on the same bytes:
   sends, gather into a reused buffer, mix) with the digests and the Ed25519
   signature left out;
 - ours signed, serial digests: Endpoint.seal (BLAKE3 per frame + Ed25519 over
-  the header) -> peer.transport -> Endpoint.open (verify, decode into a reused
+  the header) -> peer.net.transport -> Endpoint.open (verify, decode into a reused
   buffer) -> mix, hashing one frame after another;
 - ours signed: the same as the daemon runs it: frames hashed on the daemon's
-  digest thread(s) and the caller (peer/digests.py ThreadDigester; open copies while they hash)
+  digest thread(s) and the caller (peer/net/digests.py ThreadDigester; open copies while they hash)
   and gathered into its receive-buffer pool (BufferPool);
 - torch.distributed gloo all_reduce of the same tensor between two processes
   (+ the division that makes it an average);
@@ -50,13 +50,13 @@ import msgpack
 import torch
 import zmq
 
-from peer.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
-from peer.launch import context
-from peer.transport import Transport, listener_address, reserve_listeners
+from peer.net.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
+from peer.net.transport import Transport, listener_address, reserve_listeners
+from peer.runtime.launch import context
 
 RAW_FRAME_BYTES = 4 << 20
 WIRE_FRAME_BYTES = 16 << 20
-DIGEST_THREADS = DEFAULT_WORKERS     # as peer/daemon.py
+DIGEST_THREADS = DEFAULT_WORKERS     # as peer/runtime/daemon.py
 HERE = Path(__file__).resolve().parent
 PAIR_TIMEOUT_S = 900.0   # a generous ceiling for 6 exchanges of 100 MB on a loaded machine
 SIGNED = f"ours signed (caller + {DIGEST_THREADS} digest thread(s), buffer pool; as the daemon)"
@@ -134,7 +134,7 @@ def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> Non
 
 def _wire_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, mode: str,
                frame_bytes: int, results: Queue) -> None:
-    """Our exchange through peer.transport: mode "unsigned" (our framing alone), "serial" (Endpoint,
+    """Our exchange through peer.net.transport: mode "unsigned" (our framing alone), "serial" (Endpoint,
     default digests) or "threads" (Endpoint with the daemon's digest threads and buffer pool)."""
     torch.set_num_threads(1)
     names = ["alice", "bob"]

@@ -63,8 +63,8 @@ def simulate(peers: int, rounds: int, verify_fraction: float) -> tuple[float, fl
 
 def plain_loop(peers: int, rounds: int) -> float:
     """The same SGD and mixing maths as a bare torch loop: the floor a simulator cannot go below."""
-    from peer.partition import partition
-    from peer.tasks import get_task
+    from peer.train.partition import partition
+    from peer.train.tasks import get_task
     from topology import build
 
     sc = scenario(peers, rounds, 1.0)

@@ -7,7 +7,7 @@ so the receiver gathers it into one tensor: into fresh memory by default (page
 faults: see the clone row), or into a buffer the driver reuses. Goal: each
 side costs at most 2x one pass of the digest the codec uses (BLAKE3, chosen
 because it ran 2-3x faster than SHA-256 here). The last two rows use the
-daemon's digest threads (peer/digests.py): they gain only where a core is free.
+daemon's digest threads (peer/net/digests.py): they gain only where a core is free.
 Run: ``.venv/bin/python bench/bench_wire.py [--numel N] [--repeat R] [--quick]``
 (``--quick``: 100,000 parameters, one repetition: a smoke run for CI, not a measurement).
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from blake3 import blake3
 
-from peer.digests import ThreadDigester
+from peer.net.digests import ThreadDigester
 from protocols.identity import Identity
 from protocols.messages import ParamPush
 from protocols.roster import Roster, run_id

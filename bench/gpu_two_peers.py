@@ -29,12 +29,12 @@ import torch
 
 
 def check_training(folder: Path, device: str) -> bool:
-    from peer.cmd_init import default_network
-    from peer.export import latest_params
-    from peer.launch import PeerProcesses
-    from peer.netinit import create_network
-    from peer.peerconfig import load_peer_config
-    from peer.statefiles import read_status
+    from peer.cli.init import default_network
+    from peer.files.statefiles import read_status
+    from peer.runtime.export import latest_params
+    from peer.runtime.launch import PeerProcesses
+    from peer.runtime.netinit import create_network
+    from peer.runtime.peerconfig import load_peer_config
 
     network = default_network(topology="complete", task="digits-mlp", algorithm="dpsgd",
                               compression="identity", steps=200, seed=0)
@@ -70,7 +70,7 @@ def _side(index: int, listeners: list[socket.socket], numel: int, repeat: int, d
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_exchange import Mailbox, _signed_codec, adopt
 
-    from peer.transport import Transport
+    from peer.net.transport import Transport
 
     torch.set_num_threads(1)
     names = ["alice", "bob"]
@@ -109,7 +109,7 @@ def time_exchange(numel: int, repeat: int, device: str) -> float:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_exchange import run_pair
 
-    from peer.transport import reserve_listeners
+    from peer.net.transport import reserve_listeners
 
     return run_pair(_side, reserve_listeners(2), numel, repeat, device)
 

@@ -19,9 +19,9 @@ or put ``examples`` on ``PYTHONPATH`` and use the module form::
 
     PYTHONPATH=examples hivemesh sim scenario.toml    # name = "custom_task:make_task"
 
-In Python: ``peer.tasks.get_task("examples/custom_task.py:make_task", hidden=16)``.
+In Python: ``peer.train.tasks.get_task("examples/custom_task.py:make_task", hidden=16)``.
 
-The function returns either a :class:`peer.tasks.Task` or, as here, a plain mapping:
+The function returns either a :class:`peer.train.tasks.Task` or, as here, a plain mapping:
 
 - ``"model"``: a function ``seed -> torch.nn.Module``; the same seed must give the
   same initial weights (every member starts from the same model);

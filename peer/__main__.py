@@ -1,5 +1,5 @@
 import sys
 
-from peer.cli import main
+from peer.cli.main import main
 
 sys.exit(main())

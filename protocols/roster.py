@@ -1,7 +1,7 @@
 """The roster: the one source of membership (names, public ids, roles, addresses).
 
 Pure data: ``Roster.from_dict`` validates a plain mapping (as read from the
-roster TOML by ``peer.roster_file``) and names every bad entry; ``to_dict``
+roster TOML by ``peer.files.roster_file``) and names every bad entry; ``to_dict``
 gives it back. ``run_id`` digests the network's shared configuration so that
 peers configured differently refuse each other (``config_mismatch``).
 """

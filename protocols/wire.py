@@ -62,7 +62,7 @@ class Endpoint:
     costs a page fault per 4 KiB: about 2x a digest pass for 100 MB here).
     ``digest`` hashes payload frames on seal and open (a :data:`DigestStarter`):
     serially unless the driver hands in one that hashes on threads (the
-    daemon does: peer/digests.py); the bytes on the wire are the same.
+    daemon does: peer/net/digests.py); the bytes on the wire are the same.
     """
 
     def __init__(self, identity: Identity, roster: Roster, run_id: bytes, epoch: int,

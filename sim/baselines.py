@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from peer.trainer import Trainer
+from peer.train.trainer import Trainer
 from protocols.compress.accounting import message_bytes
 from protocols.gossip.payload import RAW
 from protocols.messages import ParamPush

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 from sim.scenario import load_scenario
 
 CHUNKS = 5  # time several chunks and take the median: robust to a busy neighbour process

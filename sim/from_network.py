@@ -15,10 +15,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from peer.config import ConfigError, load, read_toml
-from peer.paths import from_folder
-from peer.roster_file import read as read_roster
-from peer.schema import NetworkSection, resolve_network_paths
+from peer.files.config import ConfigError, load, read_toml
+from peer.files.paths import from_folder
+from peer.files.roster_file import read as read_roster
+from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
 from sim.scenario import ScenarioConfig, scenario_from_dict
 
@@ -32,7 +32,8 @@ def scenario_from_peer_file(path: str | Path, **overrides: Any) -> ScenarioConfi
         raise ConfigError(f"{path}: missing key 'peer.roster'")
     base = path.resolve().parent   # the peer file's relative paths are relative to its folder
     names = tuple(member.name for member in read_roster(from_folder(base, peer["roster"])).with_role("peer"))
-    # the peer file's own schema, defaults and checks (peer.schema), then its paths as the daemon takes them
+    # the peer file's own schema, defaults and checks (peer.files.schema), then its paths as the daemon
+    # takes them
     network = resolve_network_paths(load(NetworkSection, data.get("network", {}), source=str(path),
                                          prefix="network"), base)
     scenario: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """The simulator's driver of the gossip state machines: the same machines the daemon drives.
 
-For each member: a real :class:`peer.trainer.Trainer`, a machine from
+For each member: a real :class:`peer.train.trainer.Trainer`, a machine from
 :func:`protocols.gossip.make_machine` mixing the trainer's ``mixed`` vector in
 place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
 
@@ -162,7 +162,7 @@ class GossipRun:
     def _machine(self, name: str) -> Machine:
         trainer = self.world.trainers[name]
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average";
-        # the shapes as the daemon gives them (peer/assemble.py), so per-layer compressors match it
+        # the shapes as the daemon gives them (peer/runtime/assemble.py), so per-layer compressors match it
         machine: Machine = self._make_machine(
             self.config, name=name, topology=cast(Any, self.world.topology), params=trainer.mixed,
             seed=self.scenario.seed, shapes=trainer.mixed_shapes, trained_numel=trainer.flat_params.numel())

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.statefiles import json_safe
+from peer.files.statefiles import json_safe
 from sim.world import ScenarioResult, TracePoint
 
 TRACE_FIELDS = ("time_s", "bytes_sent", "mean_loss", "mean_accuracy", "min_accuracy",

@@ -1,12 +1,12 @@
 """A simulation scenario: graph, links, nodes, algorithm, task, faults, seed — one TOML file.
 
-Loaded once with :func:`peer.config.load`, so every bad key or value is
+Loaded once with :func:`peer.files.config.load`, so every bad key or value is
 reported with the file and the dotted key. Relative paths (a graph file, a task file, a
 partition file) are taken from the scenario file's folder. The settings a scenario
-shares with a peer file are one schema (:mod:`peer.schema`): ``[partition]`` is
-:class:`peer.schema.PartitionConfig` (as ``[network.partition]``); ``[algorithm]`` holds
+shares with a peer file are one schema (:mod:`peer.files.schema`): ``[partition]`` is
+:class:`peer.files.schema.PartitionConfig` (as ``[network.partition]``); ``[algorithm]`` holds
 :class:`protocols.gossip.GossipConfig` fields and ``[trainer]``
-:class:`peer.trainer.TrainerConfig` fields, both checked when the scenario is loaded
+:class:`peer.train.trainer.TrainerConfig` fields, both checked when the scenario is loaded
 by the same functions as a peer file's ``[network.gossip]`` and ``[network.trainer]``;
 ``[nodes]``' liveness and state-sync keys are :class:`protocols.node.NodeConfig`'s, as
 in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeout_ms`` is
@@ -48,8 +48,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from peer.config import ConfigError, load, read_toml
-from peer.schema import NetworkSection, PartitionConfig, gossip_config, resolve_network_paths, trainer_config
+from peer.files.config import ConfigError, load, read_toml
+from peer.files.schema import (
+    NetworkSection,
+    PartitionConfig,
+    gossip_config,
+    resolve_network_paths,
+    trainer_config,
+)
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 
@@ -120,7 +126,7 @@ class NodesConfig(NodeConfig):
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     name: str = "digits-mlp"  # small, real, ships with scikit-learn: no download
-    options: dict[str, Any] = field(default_factory=dict)  # keyword options of peer.tasks.get_task
+    options: dict[str, Any] = field(default_factory=dict)  # keyword options of peer.train.tasks.get_task
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -201,7 +207,7 @@ class ScenarioConfig:
     algorithm: dict[str, Any] = field(default_factory=dict)   # protocols.gossip.GossipConfig fields
     baseline: BaselineConfig = field(default_factory=BaselineConfig)  # instead of gossip
     task: TaskConfig = field(default_factory=TaskConfig)
-    trainer: dict[str, Any] = field(default_factory=dict)     # peer.trainer.TrainerConfig fields
+    trainer: dict[str, Any] = field(default_factory=dict)     # peer.train.trainer.TrainerConfig fields
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
@@ -226,7 +232,7 @@ class ScenarioConfig:
             raise ValueError("compare_with is for gossip scenarios (it adds baselines to compare with)")
 
     def network(self) -> NetworkSection:
-        """The settings a peer file keeps under ``[network]``, in that schema (peer.schema)."""
+        """The settings a peer file keeps under ``[network]``, in that schema (peer.files.schema)."""
         return NetworkSection(topology=self.graph.spec, weights=self.graph.weights, seed=self.seed,
                               task=self.task.name, task_options=dict(self.task.options),
                               partition=self.partition, gossip=dict(self.algorithm),

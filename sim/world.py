@@ -3,7 +3,7 @@
 A :class:`World` is built from a scenario: the topology over sorted member
 names, the network (edge attributes of the graph, else the scenario's link
 defaults; each member's NIC from its node attributes or the scenario's
-``[nodes]``), one real :class:`peer.trainer.Trainer` per member on its shard,
+``[nodes]``), one real :class:`peer.train.trainer.Trainer` per member on its shard,
 and an engine. The gossip driver (:mod:`sim.gossip`) and the baselines
 (:mod:`sim.baselines`) both run in a World and both hand back a
 :class:`ScenarioResult` made by the same :class:`Recorder`, so their numbers
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.build import build_trainers
-from peer.config import ConfigError
-from peer.tasks import Task
-from peer.trainer import Trainer
+from peer.files.config import ConfigError
+from peer.train.build import build_trainers
+from peer.train.tasks import Task
+from peer.train.trainer import Trainer
 from protocols.consensus import rms_distance
 from protocols.rng import numpy_generator
 from sim.engine import Engine

@@ -1,6 +1,6 @@
 """Helpers for the process tests of the peer daemon: make a network, run it, read what it left.
 
-Process tests place their faults on the peers' progress (peer.testhooks), not on
+Process tests place their faults on the peers' progress (peer.runtime.testhooks), not on
 the wall clock, and their timeouts are ceilings a healthy run never reaches:
 ``TEST_PEER_OPTIONS`` gives a neighbour 30 s of silence before it is reported
 down, and a test that needs every round complete asserts ``no_neighbour_lost``.
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from peer.cmd_init import default_network
-from peer.datalock import LOCK_FILE
-from peer.export import latest_params
-from peer.launch import PeerProcesses
-from peer.netinit import NetworkFiles, create_network
-from peer.peerconfig import load_peer_config
-from peer.statefiles import read_status
-from peer.testhooks import Hook
+from peer.cli.init import default_network
+from peer.files.statefiles import read_status
+from peer.runtime.datalock import LOCK_FILE
+from peer.runtime.export import latest_params
+from peer.runtime.launch import PeerProcesses
+from peer.runtime.netinit import NetworkFiles, create_network
+from peer.runtime.peerconfig import load_peer_config
+from peer.runtime.testhooks import Hook
 from protocols.consensus import max_relative_distance
 
 # Timings for 8 processes on a busy 2-core machine: fast heartbeats, and silences a healthy run never
@@ -96,7 +96,7 @@ def wait_for_files(paths: Iterable[Path], timeout_s: float = CEILING_S) -> None:
 
 
 def wait_for_locks(files: NetworkFiles, processes: PeerProcesses, names: list[str]) -> None:
-    """Wait until each peer holds its data directory (peer.datalock): it is assembled and about to
+    """Wait until each peer holds its data directory (peer.runtime.datalock): it is assembled and about to
     listen. The ceiling is one a healthy start never reaches."""
     deadline = time.monotonic() + CEILING_S
     waiting = list(names)

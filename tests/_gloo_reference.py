@@ -39,8 +39,8 @@ def run_rank(rank: int, world: int, init_method: str, config_path: str, steps: i
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     torch.set_num_threads(1)
-    from peer.assemble import make_trainer
-    from peer.peerconfig import load_peer_config
+    from peer.runtime.assemble import make_trainer
+    from peer.runtime.peerconfig import load_peer_config
 
     config = load_peer_config(config_path)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)

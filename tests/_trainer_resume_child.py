@@ -13,10 +13,10 @@ import sys
 import torch
 from torch import nn
 
-from peer import checkpoint
-from peer.partition import partition
-from peer.tasks import Task, get_task, seeded
-from peer.trainer import Trainer, TrainerConfig
+from peer.train import checkpoint
+from peer.train.partition import partition
+from peer.train.tasks import Task, get_task, seeded
+from peer.train.trainer import Trainer, TrainerConfig
 
 SHARD = 0  # its shard has 168 samples: 9 steps an epoch, the last one of 8
 CONFIG = TrainerConfig(optimizer="adamw", lr=2e-3, weight_decay=0.01, batch_size=20, warmup_steps=4,

@@ -45,7 +45,7 @@ from protocols.wire import Endpoint, Opened, wire_size
 
 
 class Worker(Protocol):
-    """What the driver needs of a trainer (``peer.trainer.Trainer`` is one)."""
+    """What the driver needs of a trainer (``peer.train.trainer.Trainer`` is one)."""
 
     flat_params: torch.Tensor
     step: int   # where the learning-rate schedule stands; SetTrainerStep moves it, as in both real drivers
@@ -317,9 +317,9 @@ def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0
                    observe: Callable[[Driver], None] | None = None,
                    trainer_options: Mapping[str, Any] | None = None) -> Network:
     """``n`` peers training ``task`` on Dirichlet(``alpha``) shards, gossiping by ``config``."""
-    from peer.partition import partition
-    from peer.tasks import get_task
-    from peer.trainer import Trainer, TrainerConfig
+    from peer.train.partition import partition
+    from peer.train.tasks import get_task
+    from peer.train.trainer import Trainer, TrainerConfig
     from protocols.gossip import make_machine
     from topology import build
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from gossip_driver import digits_network
 
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 from protocols.consensus import max_relative_distance
 from protocols.gossip import GossipConfig
 from protocols.gossip.diloco import OuterNesterov

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from peer import checkpoint
-from peer.checkpoint import CheckpointConfig, CheckpointError, CheckpointSchedule, load_latest, save
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.train import checkpoint
+from peer.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointSchedule, load_latest, save
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 
 torch.set_num_threads(1)
 

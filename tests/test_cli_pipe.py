@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from peer.statefiles import write_json_atomic
+from peer.files.statefiles import write_json_atomic
 
 
 def _status_into_a_closed_pipe(folder: Path) -> subprocess.CompletedProcess[bytes]:

@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from peer.config import ConfigError, load
+from peer.files.config import ConfigError, load
 
 
 @dataclass(frozen=True, kw_only=True)

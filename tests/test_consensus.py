@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer.cli import main
-from peer.daemon import NeighbourInfo, PeerDaemon
-from peer.statefiles import write_json_atomic
+from peer.cli.main import main
+from peer.files.statefiles import write_json_atomic
+from peer.runtime.daemon import NeighbourInfo, PeerDaemon
 from protocols.consensus import max_relative_distance, rms_distance
 
 # mean (1, 1), |mean| = sqrt 2; distances to it sqrt 2, sqrt 2 and 2. Each plausible slip gives another

@@ -1,7 +1,7 @@
 """Acceptance (d) of the daemon: a peer killed with SIGKILL mid-training, and a peer that starts late.
 
 One network run: 8 peers on a ring, D-PSGD, digits-mlp, Dirichlet(0.5). Every
-fault is placed on the peers' progress by test hooks (peer.testhooks), never
+fault is placed on the peers' progress by test hooks (peer.runtime.testhooks), never
 on the wall clock, so the run is the same on an idle and on a loaded machine:
 
 1. the seven first peers are held before their first step until all of them
@@ -55,7 +55,7 @@ from _daemon_support import (
     wait_for_log,
 )
 
-from peer.testhooks import Hook
+from peer.runtime.testhooks import Hook
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

@@ -24,12 +24,12 @@ from _daemon_support import (
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from peer.assemble import make_trainer
-from peer.cli import main
-from peer.export import latest_params
-from peer.peerconfig import load_peer_config
-from peer.statefiles import CheckpointStore, read_status
-from peer.tasks import get_task
+from peer.cli.main import main
+from peer.files.statefiles import CheckpointStore, read_status
+from peer.runtime.assemble import make_trainer
+from peer.runtime.export import latest_params
+from peer.runtime.peerconfig import load_peer_config
+from peer.train.tasks import get_task
 
 pytestmark = pytest.mark.processes
 

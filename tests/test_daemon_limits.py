@@ -10,9 +10,9 @@ from typing import Any, cast
 import pytest
 import torch
 
-from peer.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
-from peer.netinit import NetworkFiles
-from peer.peerconfig import PeerSection, load_peer_config
+from peer.runtime.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
+from peer.runtime.netinit import NetworkFiles
+from peer.runtime.peerconfig import PeerSection, load_peer_config
 from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
 from protocols.wire import Opened
 from tests._daemon_support import make_network
@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 
 class RecordingTransport:
-    """Stands in for peer.transport.Transport: every send to a reachable neighbour succeeds and is
+    """Stands in for peer.net.transport.Transport: every send to a reachable neighbour succeeds and is
     remembered (all are reachable unless the test says otherwise)."""
 
     def __init__(self) -> None:

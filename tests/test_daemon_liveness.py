@@ -2,7 +2,7 @@
 a member with nobody left to train with stops, saying why, instead of training alone.
 
 Rings of three peers (digits-mlp), a short neighbour timeout (2 s: these tests are about
-silence), faults placed on progress by test hooks (peer/testhooks.py). The one wall-clock
+silence), faults placed on progress by test hooks (peer/runtime/testhooks.py). The one wall-clock
 duration is the fault itself: a 15 s cut of one peer's messages, both ways (the ``cut`` hook,
 which the daemon honours in its send and receive paths, counting what it drops).
 """
@@ -25,8 +25,8 @@ from _daemon_support import (
     wait_for_log,
 )
 
-from peer.daemon import EXIT_STRANDED
-from peer.testhooks import Hook
+from peer.runtime.daemon import EXIT_STRANDED
+from peer.runtime.testhooks import Hook
 from protocols.node import NodeConfig
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]

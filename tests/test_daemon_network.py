@@ -42,8 +42,8 @@ from _daemon_support import (
     wait_for_files,
 )
 
-from peer.netinit import NetworkFiles, load_roster
-from peer.transport import Transport, listener_address, reserve_listeners
+from peer.net.transport import Transport, listener_address, reserve_listeners
+from peer.runtime.netinit import NetworkFiles, load_roster
 from protocols.identity import Identity
 from protocols.messages import Heartbeat
 from protocols.roster import Member, Roster

@@ -31,11 +31,11 @@ from _daemon_support import CEILING_S, TEST_PEER_OPTIONS, describe, no_neighbour
 from _gloo_reference import run_rank
 from safetensors.torch import load_file
 
-from peer.cmd_init import default_network
-from peer.export import latest_trainer_state
-from peer.launch import context
-from peer.netinit import NetworkFiles, create_network
-from peer.peerconfig import load_peer_config
+from peer.cli.init import default_network
+from peer.runtime.export import latest_trainer_state
+from peer.runtime.launch import context
+from peer.runtime.netinit import NetworkFiles, create_network
+from peer.runtime.peerconfig import load_peer_config
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from peer import tomlout
-from peer.assemble import identity_and_roster, next_epoch
-from peer.cli import main
-from peer.config import ConfigError
-from peer.netinit import load_roster
-from peer.peerconfig import load_peer_config
+from peer.cli.main import main
+from peer.files import tomlout
+from peer.files.config import ConfigError
+from peer.runtime.assemble import identity_and_roster, next_epoch
+from peer.runtime.netinit import load_roster
+from peer.runtime.peerconfig import load_peer_config
 from protocols.identity import Identity
 from topology import build
 from topology.errors import HivemeshError

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from _daemon_support import describe, log_tail, make_network, peers, status
 
-from peer.checkpoint import list_checkpoints
-from peer.export import latest_params
-from peer.netinit import NetworkFiles
-from peer.peerconfig import load_peer_config
-from peer.statefiles import CHECKPOINT_DIR, read_status
+from peer.files.statefiles import CHECKPOINT_DIR, read_status
+from peer.runtime.export import latest_params
+from peer.runtime.netinit import NetworkFiles
+from peer.runtime.peerconfig import load_peer_config
+from peer.train.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.processes
 

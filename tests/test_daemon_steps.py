@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from peer.daemon import PeerDaemon
+from peer.runtime.daemon import PeerDaemon
 from protocols.events import SetTrainerStep
 
 

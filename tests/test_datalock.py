@@ -1,4 +1,4 @@
-"""One running peer per data directory (peer/datalock.py).
+"""One running peer per data directory (peer/runtime/datalock.py).
 
 A second peer on a running peer's data directory used to bump its epoch file
 before it failed on the port. Now it is refused first, naming the PID that
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _daemon_support import CEILING_S, make_network, peers, wait_for_locks
 
-from peer.datalock import DataDirLock
+from peer.runtime.datalock import DataDirLock
 from topology.errors import HivemeshError
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from peer.cli import main
+from peer.cli.main import main
 
 
 @pytest.mark.processes

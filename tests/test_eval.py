@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from peer.cli import main
-from peer.cmd_eval import evaluate_export
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.cli.eval import evaluate_export
+from peer.cli.main import main
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 
 
 def _trained(dtype: str = "float32") -> Trainer:

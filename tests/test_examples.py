@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from peer.cli import main
+from peer.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("scenario-*.toml"))

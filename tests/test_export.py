@@ -1,4 +1,4 @@
-"""peer/export.py without processes: a checkpoint's trainer state -> the model's whole state dict."""
+"""peer/runtime/export.py without processes: a checkpoint's trainer state -> the model's whole state dict."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from peer.checkpoint import load_latest, save
-from peer.export import average_states, model_state
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.runtime.export import average_states, model_state
+from peer.train.checkpoint import load_latest, save
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 from topology.errors import HivemeshError
 
 
@@ -23,7 +23,7 @@ def _trained(task_name: str, *, dtype: str = "float32", steps: int = 3) -> Train
 
 
 def _through_disk(trainer: Trainer, folder: Path) -> dict[str, torch.Tensor]:
-    """The trainer tensors as a checkpoint written by peer.checkpoint holds them (format unchanged)."""
+    """The trainer tensors as a checkpoint written by peer.train.checkpoint holds them (format unchanged)."""
     save(folder, trainer.state_dict())
     loaded = load_latest(folder)
     assert loaded is not None

@@ -11,7 +11,7 @@ import pytest
 import torch
 from gossip_driver import Driver, LogRegWorker, QuadraticWorker
 
-from peer.config import ConfigError, load
+from peer.files.config import ConfigError, load
 from protocols.events import (
     CancelTimer,
     Finished,

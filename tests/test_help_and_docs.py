@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from peer.cli import main
-from peer.config import load
-from peer.schema import NetworkSection
+from peer.cli.main import main
+from peer.files.config import load
+from peer.files.schema import NetworkSection
 from sim.scenario import scenario_from_dict
 from topology import KINDS
 

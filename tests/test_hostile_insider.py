@@ -230,7 +230,7 @@ def test_pushsum_refuses_impossible_weight_shares(label: str) -> None:
 def test_buffered_hostile_messages_never_break_a_checkpoint(key: str, tmp_path: Path) -> None:
     # The checkpoint's metadata is strict JSON: a buffered message with a NaN scalar made the
     # save raise, so the peer died without saving what it had trained.
-    from peer import checkpoint
+    from peer.train import checkpoint
 
     machine = _machine(key)
     odd = {"x": GOOD, "y/z": torch.ones(2, 3, dtype=torch.int64), "": torch.zeros(0, dtype=torch.bool)}

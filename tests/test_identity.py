@@ -11,7 +11,7 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from peer.cli import main
+from peer.cli.main import main
 from protocols.identity import (
     Identity,
     KeyFileError,
@@ -216,7 +216,7 @@ def test_roster_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str
                  "--role", "gateway"]) == 2
     assert "needs an address" in capsys.readouterr().err
 
-    from peer import roster_file
+    from peer.files import roster_file
     roster = roster_file.read(roster_path)
     assert roster.names == ("alice", "bob")
     assert roster.member("alice").curve_key == alice.curve_public_key

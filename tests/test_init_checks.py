@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.cli import main
+from peer.cli.main import main
 
 BAD = [
     (["--task", "digits-mpl"], "--task"),

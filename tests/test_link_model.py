@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from peer.config import ConfigError
+from peer.files.config import ConfigError
 from protocols.rng import numpy_generator
 from sim.network import LinkSpec, Network, NicSpec, uniform
 from sim.report import traffic_edges

@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peer.partition import (
+from peer.train.partition import (
     PartitionError,
     expected_dirichlet_entropy,
     label_entropy,

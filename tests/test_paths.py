@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from peer.assemble import assemble
-from peer.netinit import create_network, load_roster
-from peer.peerconfig import load_peer_config
+from peer.runtime.assemble import assemble
+from peer.runtime.netinit import create_network, load_roster
+from peer.runtime.peerconfig import load_peer_config
 from protocols.roster import run_id
 from sim.from_network import scenario_from_peer_file
 from sim.gossip_driver import GossipRun

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from peer import tomlout
-from peer.config import ConfigError
-from peer.peerconfig import load_peer_config
-from peer.schema import PartitionConfig
+from peer.files import tomlout
+from peer.files.config import ConfigError
+from peer.files.schema import PartitionConfig
+from peer.runtime.peerconfig import load_peer_config
 from sim.scenario import load_scenario
 
 PEER = {"name": "p00", "key": "p00.key", "roster": "roster.toml", "data_dir": "data"}
-# the scenario's name for each table a peer file holds (peer.schema's inventory)
+# the scenario's name for each table a peer file holds (peer.files.schema's inventory)
 SCENARIO_TABLE = {"network.partition": "partition", "network.gossip": "algorithm",
                   "network.trainer": "trainer", "peer": "nodes"}
 
@@ -77,7 +77,7 @@ def test_empty_tables_give_the_same_defaults(tmp_path: Path) -> None:
     peer, scenario = load_peer_config(peer_path), load_scenario(scenario_path)
 
     assert peer.network.partition == scenario.partition
-    assert scenario.partition.scheme == "iid"     # the one default (peer.schema says why)
+    assert scenario.partition.scheme == "iid"     # the one default (peer.files.schema says why)
     assert peer.gossip == scenario.gossip_config()
     assert peer.trainer == scenario.trainer_config()
     assert peer.peer.node_config() == scenario.nodes.node_config()

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.cli import main
+from peer.cli.main import main
 from sim import calibrate
 from sim.scenario import load_scenario
 

@@ -63,7 +63,7 @@ def test_two_processes_with_different_hash_seeds_write_byte_identical_reports(tm
     for hash_seed in ("1", "4242"):
         out = tmp_path / f"out-{hash_seed}"
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        command = [sys.executable, "-m", "peer.cli", "sim", str(scenario), "--out", str(out),
+        command = [sys.executable, "-m", "peer.cli.main", "sim", str(scenario), "--out", str(out),
                    "--no-plots", "--quiet"]
         runs.append((out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
     for _, process in runs:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.config import ConfigError
+from peer.files.config import ConfigError
 from sim.engine import Engine
 from sim.network import FifoLink, LinkSpec, Network, PartitionSpec
 from sim.scenario import load_scenario

@@ -1,4 +1,5 @@
-"""The test hooks a peer honours (peer.testhooks): when they fire, what they hold, what they refuse."""
+"""The test hooks a peer honours (peer.runtime.testhooks): when they fire, what they hold, what they
+refuse."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from peer.testhooks import ENVIRONMENT_VARIABLE, Hook, Hooks, hooks_from_environment, hooks_json, parse_hooks
+from peer.runtime.testhooks import (
+    ENVIRONMENT_VARIABLE,
+    Hook,
+    Hooks,
+    hooks_from_environment,
+    hooks_json,
+    parse_hooks,
+)
 from topology.errors import HivemeshError
 
 

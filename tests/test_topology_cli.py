@@ -1,11 +1,11 @@
-"""`hivemesh topology show/save`, run in-process through peer.cli.main."""
+"""`hivemesh topology show/save`, run in-process through peer.cli.main.main."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from peer.cli import main
+from peer.cli.main import main
 
 
 def test_show_json_reports_the_figures(capsys: pytest.CaptureFixture[str]) -> None:

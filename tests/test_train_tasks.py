@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from peer.tasks import TaskError, get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.train.tasks import TaskError, get_task
+from peer.train.trainer import Trainer, TrainerConfig
 
 torch.set_num_threads(1)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from peer import checkpoint
-from peer.tasks import get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.train import checkpoint
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig
 
 STEPS = 100  # ~1 s on one CPU thread; the CPU run reaches 0.96 test accuracy
 ACCURACY_BAR = 0.9

@@ -16,7 +16,7 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from peer.transport import (
+from peer.net.transport import (
     CurveKeys,
     Transport,
     TransportConfig,

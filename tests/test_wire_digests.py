@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.digests import BufferPool, ThreadDigester
+from peer.net.digests import BufferPool, ThreadDigester
 from protocols.codec import Policy, frame_digest, serial_digests
 from protocols.messages import Message, ParamPush
 from protocols.wire import Opened, Rejection

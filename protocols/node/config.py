@@ -2,7 +2,7 @@
 definition for both drivers.
 
 A peer file's ``[peer]`` table and a scenario's ``[nodes]`` table both extend it
-(peer.peerconfig.PeerSection, sim.scenario.NodesConfig), so these keys have one
+(peer.runtime.peerconfig.PeerSection, sim.scenario.NodesConfig), so these keys have one
 name, one default and one validation in both files.
 """
 

@@ -26,7 +26,7 @@ class ConfigError(HivemeshError, ValueError):
 
 
 # Keys that were renamed: refused with the new name rather than converted, so that one
-# spelling is in use (peer.schema says why each was renamed).
+# spelling is in use (peer.files.schema says why each was renamed).
 RENAMED_KEYS: dict[str, str] = {
     "neighbour_timeout_ms": "neighbour_timeout_s (seconds: divide the old value by 1000)",
 }

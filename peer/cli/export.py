@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.export import export_model
+    from peer.runtime.export import export_model
 
     written = export_model(args.config, args.out)
     print(f"wrote {written.tensors} tensors ({written.parameters:,} parameters, "

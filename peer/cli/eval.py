@@ -1,6 +1,6 @@
 """``hivemesh eval``: rebuild an export's model from its model card and score it on the task's test split.
 
-The card (written by :func:`peer.export.model_card`) names the task, its options and
+The card (written by :func:`peer.runtime.export.model_card`) names the task, its options and
 seed; the model is built from them, cast to the export's dtype, loaded strictly
 (every parameter and buffer, nothing extra) and evaluated with the task's own
 evaluation, the one a peer's status reports, so the two agree.
@@ -78,7 +78,7 @@ def evaluate_export(path: str | Path) -> dict[str, Any]:
 def _evaluate(path: Path, task_name: str | None) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    from peer.tasks import get_task
+    from peer.train.tasks import get_task
 
     card = read_card(path, task_name)
     state = load_file(str(path))

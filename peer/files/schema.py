@@ -31,7 +31,7 @@ Where the two disagreed, one choice was made:
   its split; the simulator's default was the one results relied on.
 * the neighbour timeout is ``neighbour_timeout_s`` (seconds, 5 s) in both; a
   scenario's old ``nodes.neighbour_timeout_ms`` is refused with an error naming
-  the new key (``peer.config.RENAMED_KEYS``), not converted: one spelling, not
+  the new key (``peer.files.config.RENAMED_KEYS``), not converted: one spelling, not
   two generations side by side.
 * the trainer's decay horizon ``trainer.total_steps``, when not given, is the
   scenario's ``steps``, else ``gossip.total_steps`` as written (the simulator's
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from peer.config import load
-from peer.paths import from_folder, topology_spec
+from peer.files.config import load
+from peer.files.paths import from_folder, topology_spec
 
 Scheme = Literal["iid", "dirichlet", "shards", "file"]
 
@@ -65,7 +65,7 @@ def _empty() -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class PartitionConfig:
-    """How the task's training set is split over the members (peer.partition)."""
+    """How the task's training set is split over the members (peer.train.partition)."""
 
     scheme: Scheme = "iid"        # no label skew unless asked (see the module docstring)
     alpha: float = 0.5            # Dirichlet label skew; 0.5 is the usual "strongly non-iid" setting
@@ -89,10 +89,12 @@ class NetworkSection:
     weights: str = "metropolis"       # mixing weights; Metropolis-Hastings is safe on any undirected graph
     seed: int = 0                     # the one root of all randomness in the run
     task: str = "digits-mlp"          # small, real, ships with scikit-learn: no download
-    task_options: dict[str, Any] = field(default_factory=_empty)  # keyword options of peer.tasks.get_task
+    # keyword options of peer.train.tasks.get_task
+    task_options: dict[str, Any] = field(default_factory=_empty)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     gossip: dict[str, Any] = field(default_factory=_empty)   # protocols.gossip.GossipConfig: gossip_config
-    trainer: dict[str, Any] = field(default_factory=_empty)  # peer.trainer.TrainerConfig: trainer_config
+    # peer.train.trainer.TrainerConfig: trainer_config
+    trainer: dict[str, Any] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         if not self.topology:
@@ -104,7 +106,7 @@ class NetworkSection:
 def resolve_network_paths(network: NetworkSection, base: Path) -> NetworkSection:
     """``network`` with its graph file, task file and partition file taken against ``base`` (the
     folder of the file that names them, never the working directory)."""
-    from peer.tasks import resolve_task_paths
+    from peer.train.tasks import resolve_task_paths
 
     task, task_options = resolve_task_paths(network.task, network.task_options, base)
     partition = network.partition
@@ -135,7 +137,7 @@ def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: 
     ``total_steps`` (the horizon of a decaying learning rate) defaults to ``steps``, else to
     the gossip table's ``total_steps``: the trainer decays over the run it is part of.
     """
-    from peer.trainer import TrainerConfig
+    from peer.train.trainer import TrainerConfig
 
     data = dict(network.trainer)
     written = network.gossip.get("total_steps", 0)

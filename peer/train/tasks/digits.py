@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.tasks.base import Task, seeded
+from peer.train.tasks.base import Task, seeded
 
 TEST_FRACTION = 0.2  # 360 test images: enough to resolve 1% accuracy differences
 SPLIT_SEED = 0  # the split is part of the task's definition, never the run's seed

@@ -9,7 +9,7 @@ simulator's hundreds of peers share one copy of the data):
   ``n_classes``, ``binary``, ``test_samples``, ``data_seed``); bar: full training
   loss within 1e-3 of the float64 optimum.
 - ``charlm``: tiny character-level transformer (options ``path`` to a UTF-8 text,
-  default the text shipped in ``peer/data/``, ``context``, ``width``, ``layers``,
+  default the text shipped in ``peer/train/data/``, ``context``, ``width``, ``layers``,
   ``heads``); bar: test loss at least 0.5 nats/char below the text's unigram entropy.
 - ``package.module:function`` or ``path/to/file.py:function``: a custom task (in a
   config file, a relative file path is taken from that file's folder: :func:`resolve_task_paths`). The
@@ -31,8 +31,8 @@ from typing import Any
 
 from torch import nn
 
-from peer.paths import from_folder
-from peer.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
+from peer.files.paths import from_folder
+from peer.train.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
 
 __all__ = ["BUILTIN_TASKS", "Task", "TaskError", "classification_metrics", "cross_entropy",
            "get_task", "resolve_task_paths", "seeded"]
@@ -97,16 +97,16 @@ def resolve_task_paths(name: str, options: Mapping[str, Any], base: Path) -> tup
 
 def _builtin(name: str) -> Callable[..., Any] | None:
     if name == "digits-mlp":
-        from peer.tasks.digits import digits_mlp
+        from peer.train.tasks.digits import digits_mlp
         return digits_mlp
     if name == "digits-cnn":
-        from peer.tasks.digits import digits_cnn
+        from peer.train.tasks.digits import digits_cnn
         return digits_cnn
     if name == "logreg":
-        from peer.tasks.logreg import logreg
+        from peer.train.tasks.logreg import logreg
         return logreg
     if name == "charlm":
-        from peer.tasks.charlm import charlm
+        from peer.train.tasks.charlm import charlm
         return charlm
     return None
 

@@ -4,7 +4,7 @@
 status endpoint that ``hivemesh status`` reads (a file rather than a socket:
 it needs no extra port, works across a firewall for whoever can read the data
 folder, and still tells what a crashed peer last did). ``metrics.jsonl`` gets
-one JSON object per evaluation. Checkpoints go through :mod:`peer.checkpoint`.
+one JSON object per evaluation. Checkpoints go through :mod:`peer.train.checkpoint`.
 """
 
 from __future__ import annotations
@@ -111,19 +111,19 @@ def human_bytes(count: float) -> str:
 
 
 class CheckpointStore:
-    """A peer's checkpoints (trainer + protocol state + driver extras), through peer.checkpoint."""
+    """A peer's checkpoints (trainer + protocol state + driver extras), through peer.train.checkpoint."""
 
     def __init__(self, data_dir: Path, *, keep: int) -> None:
         self.directory = data_dir / CHECKPOINT_DIR
         self.keep = keep
 
     def save(self, trainer_state: dict[str, Any], protocol_state: Any, extra: dict[str, Any]) -> None:
-        from peer.checkpoint import save
+        from peer.train.checkpoint import save
 
         save(self.directory, trainer_state, protocol_state, extra=extra, keep=self.keep)
 
     def load_latest(self) -> tuple[dict[str, Any], Any, dict[str, Any]] | None:
-        from peer.checkpoint import load_latest
+        from peer.train.checkpoint import load_latest
 
         if not self.directory.exists():
             return None

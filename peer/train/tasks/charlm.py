@@ -1,6 +1,6 @@
 """A tiny character-level transformer on a text file the user names.
 
-The default text (``peer/data/hive.txt``, about 7 KB, written for this project and
+The default text (``peer/train/data/hive.txt``, about 7 KB, written for this project and
 free to use) trains in a few seconds on one CPU thread. The text is split once:
 the first 90% trains, the last 10% tests. Training samples are windows of
 ``context`` characters starting every ``stride`` characters; test windows do not
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.tasks.base import Task, TaskError, seeded
+from peer.train.tasks.base import Task, TaskError, seeded
 
-DEFAULT_TEXT = "hive.txt"  # in peer/data/
+DEFAULT_TEXT = "hive.txt"  # in peer/train/data/
 TEST_FRACTION = 0.1  # the tail of the text: unseen sentences, same style
 BAR_BELOW_UNIGRAM = 0.5  # nats/char the model must beat the unigram entropy by
 
@@ -33,7 +33,7 @@ def read_text(path: str | None) -> str:
     """The text at ``path`` (None: the shipped one), cached per process."""
     try:
         if path is None:
-            return (resources.files("peer") / "data" / DEFAULT_TEXT).read_text(encoding="utf-8")
+            return (resources.files("peer.train") / "data" / DEFAULT_TEXT).read_text(encoding="utf-8")
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TaskError(f"charlm: no such text file {path}") from None

@@ -1,7 +1,7 @@
 """One builder of the members' task, data shards and trainers, for the daemon and the simulator.
 
-The daemon (peer.assemble) builds its own member's trainer, the simulator
-(sim.world) every member's, both from a :class:`peer.schema.NetworkSection`, so a
+The daemon (peer.runtime.assemble) builds its own member's trainer, the simulator
+(sim.world) every member's, both from a :class:`peer.files.schema.NetworkSection`, so a
 simulated member trains on the very shard, data order and initial model its
 deployed twin would. No ZeroMQ here: the simulator imports it.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from peer.partition import partition
-from peer.schema import NetworkSection
-from peer.tasks import Task, get_task
-from peer.trainer import Trainer, TrainerConfig
+from peer.files.schema import NetworkSection
+from peer.train.partition import partition
+from peer.train.tasks import Task, get_task
+from peer.train.trainer import Trainer, TrainerConfig
 
 
 def build_trainers(network: NetworkSection, config: TrainerConfig, *, members: int,

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from peer import roster_file
+    from peer.files import roster_file
     from protocols.identity import Identity
     from protocols.roster import Member, RosterError
 
@@ -58,7 +58,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    from peer import roster_file
+    from peer.files import roster_file
     from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
@@ -71,7 +71,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from peer import roster_file
+    from peer.files import roster_file
 
     roster = roster_file.read(args.roster)
     if not len(roster):

@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from peer.peerconfig import load_peer_config
-    from peer.statefiles import pid_alive, read_status
+    from peer.files.statefiles import pid_alive, read_status
+    from peer.runtime.peerconfig import load_peer_config
     from topology.errors import HivemeshError
 
     folders = [load_peer_config(path).data_dir for path in args.config] + [Path(d) for d in args.data_dir]
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(status: dict[str, Any]) -> str:
-    from peer.statefiles import format_number as _num
-    from peer.statefiles import human_bytes
+    from peer.files.statefiles import format_number as _num
+    from peer.files.statefiles import human_bytes
 
     lines = [
         f"peer {status.get('name')}: {status.get('state')}"

@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, out: Path) -> int:
-    from peer.cmd_init import default_network
-    from peer.launch import PeerProcesses
-    from peer.netinit import create_network
+    from peer.cli.init import default_network
+    from peer.runtime.launch import PeerProcesses
+    from peer.runtime.netinit import create_network
     from topology import build, default_names
 
     build(args.topology, default_names(args.peers), seed=args.seed)   # a bad spec fails before any file
@@ -77,7 +77,7 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
 
 
 def _statuses(configs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    from peer.statefiles import read_status
+    from peer.files.statefiles import read_status
 
     found = {}
     for name, path in configs.items():
@@ -88,7 +88,7 @@ def _statuses(configs: dict[str, Path]) -> dict[str, dict[str, Any]]:
 
 
 def _watch(processes: Any, configs: dict[str, Path], started: float) -> None:
-    from peer.statefiles import human_bytes
+    from peer.files.statefiles import human_bytes
 
     interactive = sys.stdout.isatty()
     last_print = 0.0
@@ -121,9 +121,9 @@ def _watch(processes: Any, configs: dict[str, Path], started: float) -> None:
 def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: float) -> int:
     import torch
 
-    from peer.export import latest_params
-    from peer.peerconfig import load_peer_config
-    from peer.statefiles import human_bytes
+    from peer.files.statefiles import human_bytes
+    from peer.runtime.export import latest_params
+    from peer.runtime.peerconfig import load_peer_config
     from protocols.consensus import max_relative_distance
 
     statuses = _statuses(configs)

@@ -293,7 +293,7 @@ def reserve_listeners(count: int, host: str = "127.0.0.1") -> list[socket.socket
     """``count`` TCP sockets bound to free ports of ``host`` (port 0) and listening.
 
     The caller keeps them for as long as the addresses are in use and hands each to the process
-    that serves it (a Transport's ``listen_fd``; ``peer.launch.PeerProcesses`` passes them to its
+    that serves it (a Transport's ``listen_fd``; ``peer.runtime.launch.PeerProcesses`` passes them to its
     children). Connections that arrive while no process serves a port wait in its backlog.
     """
     listeners = []

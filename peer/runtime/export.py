@@ -5,7 +5,7 @@ task's model: every parameter and every persistent buffer (BatchNorm running sta
 ``num_batches_tracked`` included), in the dtype the peers trained in. A model rebuilt from
 parameters alone would have running means 0 and variances 1, and score far below the peer.
 
-The trainer state in a checkpoint holds them flat (peer/trainer.py, ``Trainer.state_dict``):
+The trainer state in a checkpoint holds them flat (peer/train/trainer.py, ``Trainer.state_dict``):
 trainable parameters in ``model.parameters()`` order as ``params``, floating buffers in
 ``model.buffers()`` order as ``buffers``, integer buffers by name as ``int_buffer.<name>``.
 
@@ -30,9 +30,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from peer.peerconfig import PeerConfig, load_peer_config
-from peer.statefiles import CheckpointStore, read_status
-from peer.tasks import Task, get_task
+from peer.files.statefiles import CheckpointStore, read_status
+from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.train.tasks import Task, get_task
 from topology.errors import HivemeshError
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from peer import tomlout
-from peer.config import read_toml
+from peer.files import tomlout
+from peer.files.config import read_toml
 from protocols.roster import Roster
 
 HEADER = "# hivemesh roster: the one source of membership (edit with `hivemesh roster`)\n"

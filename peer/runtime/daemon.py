@@ -16,7 +16,7 @@ Before anything may change a tensor in place (training, or any event the
 machine handles, since mixing happens there) the driver waits until ZeroMQ
 has released every zero-copy frame it was given (``Transport.wait_sent``).
 
-The wire's two driver hooks (peer/digests.py): payload digests are computed
+The wire's two driver hooks (peer/net/digests.py): payload digests are computed
 on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
 hash, and the loop's thread hashes too), and multi-frame tensors are gathered into a pool of reused receive
 buffers, one handed out again only once nothing (the machine's round buffers
@@ -42,7 +42,7 @@ heard before training starts are held by protocols/node's ``EarlyMessages``
 non-neighbours); a neighbour's state-sync requests are answered at most once
 per ``sync_answer_interval_s`` (``StateSync``). Each refusal is counted by
 reason in the status's ``rejections`` (with the wire's own).
-Test hooks (peer/testhooks.py) hold, kill or stop the peer when its trainer
+Test hooks (peer/runtime/testhooks.py) hold, kill or stop the peer when its trainer
 reaches a given step, so process tests place faults on progress, not time.
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
@@ -78,13 +78,13 @@ from typing import Any
 
 import torch
 
-from peer.assemble import Parts, assemble, tcp_address
-from peer.checkpoint import CheckpointSchedule
-from peer.digests import BufferPool, ThreadDigester
-from peer.peerconfig import PeerConfig, load_peer_config
-from peer.statefiles import CheckpointStore, StatusWriter
-from peer.testhooks import Hook, Hooks, hooks_from_environment
-from peer.transport import Transport, TransportError
+from peer.files.statefiles import CheckpointStore, StatusWriter
+from peer.net.digests import BufferPool, ThreadDigester
+from peer.net.transport import Transport, TransportError
+from peer.runtime.assemble import Parts, assemble, tcp_address
+from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
 from protocols.events import (
     Action,
@@ -161,8 +161,8 @@ class PeerDaemon:
 
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
                  hooks: Sequence[Hook] = ()) -> None:
-        """``listen_fd``: a listening socket already bound to this peer's address (peer.launch);
-        ``hooks``: test hooks (peer.testhooks)."""
+        """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
+        ``hooks``: test hooks (peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -255,7 +255,7 @@ class PeerDaemon:
     def _curve_keys(self) -> Any:
         if not self.config.peer.curve:
             return None
-        from peer.transport import CurveKeys
+        from peer.net.transport import CurveKeys
 
         roster = self.parts.roster
         missing = [n for n in self.parts.neighbours if not roster.member(n).curve_key]
@@ -744,7 +744,7 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
     """Load the config, run the peer, return the exit code (errors as one line on stderr).
 
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
-    bound to the peer's address (peer.launch). Test hooks come from the environment."""
+    bound to the peer's address (peer.runtime.launch). Test hooks come from the environment."""
     try:
         config = load_peer_config(config_path)
         if quiet:

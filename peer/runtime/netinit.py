@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer import roster_file, tomlout
-from peer.transport import free_tcp_addresses, listener_address, reserve_listeners
+from peer.files import roster_file, tomlout
+from peer.net.transport import free_tcp_addresses, listener_address, reserve_listeners
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
 from topology import default_names
@@ -35,7 +35,7 @@ class NetworkFiles:
     configs: dict[str, Path]   # member name -> its config file
     keys: dict[str, Path]
     # member name -> a socket bound to its address, when the ports were reserved (``reserve=True``):
-    # hand them to peer.launch.PeerProcesses, which passes each to its peer
+    # hand them to peer.runtime.launch.PeerProcesses, which passes each to its peer
     listeners: dict[str, socket.socket] = field(default_factory=dict)
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peer.datalock import DataDirLock
-from peer.netinit import load_roster
-from peer.peerconfig import PeerConfig
+from peer.runtime.datalock import DataDirLock
+from peer.runtime.netinit import load_roster
+from peer.runtime.peerconfig import PeerConfig
 from protocols.events import Machine
 from protocols.identity import Identity
 from protocols.roster import Roster, run_id
@@ -36,7 +36,7 @@ class Parts:
     run_id: bytes
     epoch: int
     endpoint: Endpoint
-    trainer: Any                  # peer.trainer.Trainer
+    trainer: Any                  # peer.train.trainer.Trainer
     machine: Machine
     lock: DataDirLock             # held while the peer runs (released by the daemon, or at exit)
 
@@ -83,7 +83,7 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
 
 def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
     """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
-    from peer.build import build_trainers
+    from peer.train.build import build_trainers
 
     return build_trainers(config.network, config.trainer, members=members, indices=(index,))[1][index]
 

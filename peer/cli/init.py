@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def default_network(*, topology: str, task: str, algorithm: str, compression: str, steps: int, seed: int,
                     partition: str = "dirichlet", alpha: float = 0.5) -> dict[str, Any]:
     """The [network] table of a new network (what every member agrees on)."""
-    from peer.defaults import gossip_table, trainer_table
+    from peer.files.defaults import gossip_table, trainer_table
 
     return {
         "topology": topology,
@@ -51,7 +51,7 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
 
 def _named(option: str, check: Callable[[], T]) -> T:
     """``check()``, with any error it raises made one line that names the command-line option."""
-    from peer.config import ConfigError
+    from peer.files.config import ConfigError
     from topology.errors import HivemeshError
 
     try:
@@ -66,9 +66,9 @@ def check_network(network: dict[str, Any], *, peers: int) -> None:
     error now (naming the option) rather than a failure later on every peer."""
     import torch
 
-    from peer.config import load
-    from peer.schema import NetworkSection, gossip_config, trainer_config
-    from peer.tasks import get_task
+    from peer.files.config import load
+    from peer.files.schema import NetworkSection, gossip_config, trainer_config
+    from peer.train.tasks import get_task
     from protocols.compress import from_spec
     from protocols.gossip import make_machine
     from topology import build, default_names
@@ -95,7 +95,7 @@ def check_network(network: dict[str, Any], *, peers: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.netinit import create_network
+    from peer.runtime.netinit import create_network
 
     network = _named("--algorithm", lambda: default_network(
         topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,

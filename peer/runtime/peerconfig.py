@@ -3,15 +3,15 @@
 Layout::
 
     [peer]        who this peer is and where its files live (per peer)
-    [transport]   socket limits and timings (per peer, peer.transport.TransportConfig)
-    [checkpoint]  interval and retention (per peer, peer.checkpoint.CheckpointConfig)
-    [network]     what every member must agree on: topology, seed, task (peer.schema.NetworkSection),
-      [network.partition] peer.schema.PartitionConfig
-      [network.gossip]   protocols.gossip.GossipConfig (peer.schema.gossip_config)
-      [network.trainer]  peer.trainer.TrainerConfig (peer.schema.trainer_config)
+    [transport]   socket limits and timings (per peer, peer.net.transport.TransportConfig)
+    [checkpoint]  interval and retention (per peer, peer.train.checkpoint.CheckpointConfig)
+    [network]     what every member must agree on: topology, seed, task (peer.files.schema.NetworkSection),
+      [network.partition] peer.files.schema.PartitionConfig
+      [network.gossip]   protocols.gossip.GossipConfig (peer.files.schema.gossip_config)
+      [network.trainer]  peer.train.trainer.TrainerConfig (peer.files.schema.trainer_config)
 
 ``[network]`` and ``[peer]``'s liveness and state-sync keys are the schema a
-scenario shares (peer.schema, protocols.node.NodeConfig): the same table gives
+scenario shares (peer.files.schema, protocols.node.NodeConfig): the same table gives
 the same settings, defaults and errors in ``hivemesh sim``.
 
 Everything under ``[network]`` plus the roster goes into the run id, so a peer
@@ -32,11 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.checkpoint import CheckpointConfig
-from peer.config import ConfigError, load, read_toml
-from peer.paths import from_folder
-from peer.schema import NetworkSection, PartitionConfig, gossip_config, resolve_network_paths, trainer_config
-from peer.transport import TransportConfig
+from peer.files.config import ConfigError, load, read_toml
+from peer.files.paths import from_folder
+from peer.files.schema import (
+    NetworkSection,
+    PartitionConfig,
+    gossip_config,
+    resolve_network_paths,
+    trainer_config,
+)
+from peer.net.transport import TransportConfig
+from peer.train.checkpoint import CheckpointConfig
 from protocols.node.config import NodeConfig
 
 
@@ -102,7 +108,7 @@ class PeerConfig:
     transport: TransportConfig
     checkpoint: CheckpointConfig
     gossip: Any                     # protocols.gossip.GossipConfig
-    trainer: Any                    # peer.trainer.TrainerConfig
+    trainer: Any                    # peer.train.trainer.TrainerConfig
     key_path: Path
     roster_path: Path
     data_dir: Path

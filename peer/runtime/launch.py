@@ -6,10 +6,10 @@ forked from a ``forkserver`` that has imported torch and the daemon once
 with one torch thread. Used by ``hivemesh demo`` and the process tests. Each
 peer's stdout and stderr go to ``DATA_DIR/peer.log``.
 
-Listening sockets: given ``listeners`` (peer.transport.reserve_listeners), a
+Listening sockets: given ``listeners`` (peer.net.transport.reserve_listeners), a
 peer adopts its bound socket instead of binding its address itself, so the
 port is never free for another process to take, not even across a restart.
-Test hooks (peer.testhooks) are passed per start.
+Test hooks (peer.runtime.testhooks) are passed per start.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from peer.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
+from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
 
-PRELOAD = ["torch", "sklearn.datasets", "peer.daemon", "peer.trainer", "peer.tasks", "peer.tasks.digits",
-           "peer.partition", "protocols.wire", "protocols.gossip"]
+PRELOAD = ["torch", "sklearn.datasets", "peer.runtime.daemon", "peer.train.trainer", "peer.train.tasks",
+           "peer.train.tasks.digits", "peer.train.partition", "protocols.wire", "protocols.gossip"]
 
 _context: multiprocessing.context.ForkServerContext | None = None
 
@@ -51,7 +51,7 @@ def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.so
     import torch
 
     torch.set_num_threads(1)
-    from peer.daemon import run_peer
+    from peer.runtime.daemon import run_peer
 
     os.environ[ENVIRONMENT_VARIABLE] = hooks
     listen_fd = listener.detach() if listener is not None else None
@@ -73,7 +73,7 @@ class PeerProcesses:
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
 
     def log_path(self, name: str) -> Path:
-        from peer.peerconfig import load_peer_config
+        from peer.runtime.peerconfig import load_peer_config
 
         data_dir = load_peer_config(self.configs[name]).data_dir
         data_dir.mkdir(parents=True, exist_ok=True)

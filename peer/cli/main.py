@@ -1,6 +1,6 @@
 """The ``hivemesh`` command line.
 
-Each subcommand lives in its own ``peer/cmd_*.py`` module exposing
+Each subcommand lives in its own ``peer/cli/*.py`` module exposing
 ``register(subparsers)``; registration must stay light (no torch import), so
 that ``hivemesh --help`` and ``hivemesh topology show`` start fast. Errors a
 user can fix (:class:`HivemeshError`) are printed as one line, never as a
@@ -20,16 +20,16 @@ from topology.errors import HivemeshError
 
 # Order here is the order in `hivemesh --help`.
 COMMAND_MODULES = (
-    "peer.cmd_demo",
-    "peer.cmd_topology",
-    "peer.cmd_init",
-    "peer.cmd_peer",
-    "peer.cmd_status",
-    "peer.cmd_export",
-    "peer.cmd_eval",
-    "peer.cmd_keygen",
-    "peer.cmd_roster",
-    "peer.cmd_sim",
+    "peer.cli.demo",
+    "peer.cli.topology",
+    "peer.cli.init",
+    "peer.cli.peer",
+    "peer.cli.status",
+    "peer.cli.export",
+    "peer.cli.eval",
+    "peer.cli.keygen",
+    "peer.cli.roster",
+    "peer.cli.sim",
 )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.tasks.base import Task, TaskError, cross_entropy, seeded
+from peer.train.tasks.base import Task, TaskError, cross_entropy, seeded
 from protocols.rng import numpy_generator
 
 BAR_GAP = 1e-3  # "within 1e-3 of the optimum's loss" (full training loss)

@@ -17,6 +17,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.daemon import run_peer
+    from peer.runtime.daemon import run_peer
 
     return run_peer(args.config, quiet=args.quiet)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.tasks.base import EVAL_BATCH, Task
+from peer.train.tasks.base import EVAL_BATCH, Task
 from protocols.rng import derive_seed, torch_generator
 from topology.errors import HivemeshError
 

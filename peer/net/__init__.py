@@ -1,0 +1,1 @@
+"""Networking: the ZeroMQ transport and the threads that digest payloads."""
