@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from protocols.events import Send
+from protocols.gossip.admission import Lateness
 from protocols.gossip.base import GraphView
 from protocols.gossip.consensus_step import ConsensusStepChoice, choose_consensus_step
 from protocols.gossip.rounds import Candidate, RoundMachine
@@ -74,7 +75,7 @@ def mixing_matrix(topology: GraphView) -> np.ndarray:
 
 
 class Choco(RoundMachine):
-    KEEPS_LATE = True
+    LATENESS = Lateness.RECENT  # q's lost to a closed round would leave the views x_hat_j wrong
     JOINABLE = False  # a joiner's public copy and its neighbours' views of it would disagree
     SUGGESTED_COMPRESSION = "topk:fraction=0.01"  # CHOCO's point: exact gossip needs no public copies
     CATCHES_UP = False  # views of x_hat_j missing q's lost in a partition must not be re-mixed: see below

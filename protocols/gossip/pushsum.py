@@ -37,6 +37,7 @@ import torch
 
 from protocols.compress import BadParts
 from protocols.events import Send
+from protocols.gossip.admission import Lateness
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush, Scalar
 
@@ -60,8 +61,7 @@ def weight_share(meta: Mapping[str, Scalar], limit: float) -> float | None:
 
 
 class PushSum(RoundMachine):
-    KEEPS_LATE = True
-    LATE_ANY_AGE = True  # a weight share is mass whenever it is added
+    LATENESS = Lateness.ANY_AGE  # a weight share is mass whenever it is added
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

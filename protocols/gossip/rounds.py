@@ -85,6 +85,10 @@ away, and the parts that fell behind follow one another like a Lamport clock.
 The other side needs nothing: it already treats the peers behind as
 laggards, and hears from them in step again once they have jumped. CHOCO does
 not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
+
+Which message is buffered, jumped to, kept late or dropped is one table over
+(how far its round is, whether the machine may jump, how its kind treats late
+messages): protocols/gossip/admission.py.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.gossip.admission import Admission, Distance, Lateness, admission, distance_of
 from protocols.gossip.base import MachineBase, Phase, export_messages, restore_messages
 from protocols.messages import ParamPush
 
@@ -122,8 +127,7 @@ Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
 class RoundMachine(MachineBase):
     """The round/deadline/buffer state machine; subclasses supply the maths."""
 
-    KEEPS_LATE = False  # True: a message for a closed round is applied at the next mix
-    LATE_ANY_AGE = False  # with KEEPS_LATE: whatever its age (else up to max_rounds_ahead old)
+    LATENESS = Lateness.NEVER  # a message for a closed round: dropped, or applied at the next mix
     CATCHES_UP = True  # False: never jumps to a round far ahead (see "Catching up")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -263,13 +267,13 @@ class RoundMachine(MachineBase):
         return list(self.last_sends)
 
     def _drop_far_rounds(self, horizon: int) -> None:
-        """Buffered rounds beyond ``horizon``: late messages (KEEPS_LATE) or dropped."""
+        """Buffered rounds beyond ``horizon``: late messages (if the kind keeps them) or dropped."""
         for later in [k for k in self.inbox if k > horizon]:
             self._retire(self.inbox.pop(later), "dropped_future")
 
     def _retire(self, box: dict[str, ParamPush], counter: str) -> None:
-        """A buffered round that will never be mixed as such: late messages (KEEPS_LATE), else counted."""
-        if self.KEEPS_LATE:
+        """A buffered round never mixed as such: late messages (if the kind keeps them), else counted."""
+        if self.LATENESS is not Lateness.NEVER:
             self.late += sorted(box.items())
         else:
             self._count(counter, len(box))
@@ -352,15 +356,14 @@ class RoundMachine(MachineBase):
         if sender in self.laggards and r >= self.round - 1:
             self.caught_up.add(sender)  # waited for again from the next round on
         horizon = self.round + self.config.max_rounds_ahead
-        far = r > horizon
-        jump = self.CATCHES_UP and far and r > self.catch_up and not self.training_over
-        buffered = not far or jump or (r == self.catch_up > self.round)
-        any_age = self.KEEPS_LATE and self.LATE_ANY_AGE
-        if not buffered and not any_age:
-            self.counters["dropped_future"] += 1  # older than the round to jump to, or training is over
+        distance = distance_of(r, round_now=self.round, max_rounds_ahead=self.config.max_rounds_ahead,
+                               catch_up=self.catch_up)
+        verdict = admission(distance, may_jump=self.CATCHES_UP and not self.training_over,
+                            lateness=self.LATENESS)
+        if verdict is Admission.DROP_FUTURE:
+            self.counters["dropped_future"] += 1  # short of the round to jump to, or no jump now
             return []
-        oldest = self.round - (self.config.max_rounds_ahead if self.KEEPS_LATE else 0)
-        if r < oldest and not any_age:
+        if verdict is Admission.STALE:
             self.counters["stale_message"] += 1
             return []
         seen = self.seen.setdefault(sender, set())
@@ -373,15 +376,15 @@ class RoundMachine(MachineBase):
         seen.add(r)
         newest = max(seen)
         self.seen[sender] = {s for s in seen if s >= newest - self.config.max_rounds_ahead}
-        if jump:
-            self.catch_up = r
-            self._drop_far_rounds(horizon)  # keep one far round only
-        if far and buffered:
-            self.caught_up.add(sender)  # ahead, not lagging: waited for in the round we jump to
-        if r < self.round or not buffered:
+        if verdict is Admission.LATE:
             self.late.append((sender, message))  # push-sum, CHOCO: the sums stay right at any mix
             self.counters["late_message"] += 1
             return []
+        if verdict is Admission.JUMP:
+            self.catch_up = r
+            self._drop_far_rounds(horizon)  # keep one far round only
+        if distance in (Distance.BEYOND_TARGET, Distance.AT_TARGET):
+            self.caught_up.add(sender)  # ahead, not lagging: waited for in the round we jump to
         self.inbox.setdefault(r, {})[sender] = message
         if r == self.round or self.catch_up > self.round:
             return self._settle(now, [])
