@@ -25,14 +25,18 @@ meanwhile are held as the daemon holds them (``EarlyMessages``: per
 neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
 catch-up or an adopted sync) sets the trainer's step, as in the daemon.
 
-Liveness follows the daemon's rule: a neighbour is down once nothing of it
-was accepted for ``neighbour_timeout_s`` (``NeighbourDown``), and up again
-at its next accepted message (``NeighbourUp``). The daemon's 1-second
-heartbeats are modelled, not sent: a running neighbour whose frames verify
-(honest, crash-before-crashing, sign-flip, noise) and whose link is not cut
-counts as heard at each check; forgers and replayers are never heard, so
-their honest neighbours stop waiting for them. A member that leaves says
-goodbye: its neighbours are told at once.
+Liveness is the daemon's failure detector, the same code
+(protocols/node/neighbours.py): a neighbour is up from its first accepted
+message, down once nothing of it was accepted for ``neighbour_timeout_s``
+(``NeighbourDown``), and up again at its next accepted message
+(``NeighbourUp``); at ``Start`` the neighbours not heard yet are told down.
+The daemon's 1-second heartbeats are modelled, not sent: a running neighbour
+whose frames verify (honest, crash-before-crashing, sign-flip, noise) and
+whose link is not cut counts as heard when a member starts and at each
+check; forgers and replayers are never heard, so their honest neighbours do
+not wait for them. The members there from the start start together, as
+processes launched at once hear one another before training. A member that
+leaves says goodbye: its neighbours are told at once.
 
 ``verify_fraction < 1`` (scale runs only): each honest message is opened by
 the codec with that probability (a counter-based draw per link and message);
@@ -46,6 +50,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
@@ -71,7 +76,7 @@ from protocols.events import (
 )
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest, StateSyncResponse
-from protocols.node import Adoption, EarlyMessages, StateSync, SyncOffer
+from protocols.node import Adoption, EarlyMessages, Neighbour, Neighbourhood, StateSync, SyncOffer
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
@@ -86,7 +91,8 @@ class SimPeer:
     """One member: its trainer, machine, endpoint, liveness and counters."""
 
     def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, machine: Machine,
-                 behaviour: str, *, sync: StateSync, early: EarlyMessages) -> None:
+                 behaviour: str, *, sync: StateSync, early: EarlyMessages, neighbours: Iterable[str],
+                 neighbour_timeout_s: float) -> None:
         self.name = name
         self.index = index
         self.identity = identity
@@ -112,12 +118,17 @@ class SimPeer:
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
-        self.started_at_s = 0.0
-        self.last_heard: dict[str, float] = {}  # neighbour -> when something of it was last accepted
-        self.down: set[str] = set()             # neighbours this member's machine was told are down
+        self.neighbour_names = tuple(sorted(neighbours))
+        self.neighbour_timeout_s = neighbour_timeout_s
+        self.neighbourhood = self.fresh_neighbourhood()
         self.syncing = False                    # waiting for a state-sync answer; machine not started
         self.sync = sync                        # answers given, and what became of our own syncs
         self.early = early                      # messages that arrived while syncing
+
+    def fresh_neighbourhood(self) -> Neighbourhood[Neighbour]:
+        """What a (re)started member knows of its neighbours: nothing yet."""
+        return Neighbourhood({name: Neighbour() for name in self.neighbour_names},
+                             timeout_s=self.neighbour_timeout_s)
 
     def all_rejections(self) -> Counter[str]:
         return self.rejections + self.endpoint.rejections + self.sync.rejected + self.early.rejected
@@ -152,7 +163,8 @@ class GossipRun:
             self.peers[name] = SimPeer(
                 name, index, identities[name], endpoint, self._machine(name), self.scenario.behaviour(name),
                 sync=StateSync(self.node_config, neighbours),
-                early=EarlyMessages(neighbours, per_neighbour=self.config.max_rounds_ahead + 1))
+                early=EarlyMessages(neighbours, per_neighbour=self.config.max_rounds_ahead + 1),
+                neighbours=neighbours, neighbour_timeout_s=self.node_config.neighbour_timeout_s)
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
         for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
             self.result.notes.extend(n for n in peer.machine.notes() if n not in self.result.notes)
@@ -184,9 +196,9 @@ class GossipRun:
         churn = churn_events(self.scenario, self.world.names)
         joins_later = {e.node for e in churn if e.kind == "join"}
         first_join = {e.node: e.at_s for e in sorted(churn, key=lambda e: e.at_s) if e.kind == "join"}
-        for name, peer in sorted(self.peers.items()):
-            if name not in joins_later or first_join[name] <= 0.0:
-                self.engine.at(0.0, functools.partial(self._start, peer))
+        first = [peer for name, peer in sorted(self.peers.items())
+                 if name not in joins_later or first_join[name] <= 0.0]
+        self.engine.at(0.0, functools.partial(self._start_together, first))
         for event in churn:
             if event.kind == "join" and event.at_s <= 0.0:
                 continue
@@ -195,22 +207,18 @@ class GossipRun:
         self.engine.at(0.0, self._check_liveness)
 
     def _check_liveness(self) -> None:
-        """The failure detector of every running member, every quarter of the timeout."""
+        """Every running member's failure detector (protocols/node/neighbours.py), every quarter of
+        the timeout: the heartbeats that arrive are heard, then the silent neighbours go down."""
         now = self.engine.now_s
-        timeout_s = self.node_config.neighbour_timeout_s
         for name, peer in sorted(self.peers.items()):
             if not peer.alive or peer.syncing:
                 continue
             for other in self.world.neighbours(name):
                 if self._heartbeat_arrives(other, name, now):
                     self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
-                    if not peer.alive:
-                        break
-                heard = peer.last_heard.get(other, peer.started_at_s)
-                if other not in peer.down and now - heard > timeout_s:
-                    peer.down.add(other)
-                    self._feed(peer, NeighbourDown(other))
-        self.engine.at(now + timeout_s / 4, self._check_liveness)
+            for other in peer.neighbourhood.expire(now):
+                self._feed(peer, NeighbourDown(other))
+        self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
     def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
         sender = self.peers[src]
@@ -218,9 +226,7 @@ class GossipRun:
                 and not self.network.partitioned(src, dst, now))
 
     def _heard(self, peer: SimPeer, sender: str) -> None:
-        peer.last_heard[sender] = self.engine.now_s
-        if sender in peer.down and not peer.syncing:
-            peer.down.discard(sender)
+        if peer.neighbourhood.heard(sender, self.engine.now_s) and not peer.syncing:
             self._feed(peer, NeighbourUp(sender))
 
     def end(self, wall_s: float = 0.0) -> ScenarioResult:
@@ -257,13 +263,23 @@ class GossipRun:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _start_together(self, peers: list[SimPeer]) -> None:
+        """The members there from the start: launched at once, they hear one another's heartbeats
+        before any trains (the daemon's wait for its neighbours)."""
+        for peer in peers:
+            peer.alive = True
+        for peer in peers:
+            self._start(peer)
+
     def _start(self, peer: SimPeer, *, sync: bool = False) -> None:
+        now = self.engine.now_s
         peer.alive = True
         peer.started = True
-        peer.started_at_s = self.engine.now_s
-        peer.last_heard.clear()
-        peer.down.clear()  # a (re)started machine presumes its neighbours up, as the daemon's does
+        peer.neighbourhood = peer.fresh_neighbourhood()
         neighbours = self.world.neighbours(peer.name)
+        for other in neighbours:  # the heartbeats that reach it while it starts
+            if self._heartbeat_arrives(other, peer.name, now):
+                peer.neighbourhood.heard(other, now)
         if sync and neighbours:
             peer.syncing = True
             self._send(peer, Send(neighbours, StateSyncRequest(reason="join")))
@@ -277,6 +293,8 @@ class GossipRun:
         peer.syncing = False
         interrupted = peer.pending_work  # only set when a crash cut work short
         self._feed(peer, Start())
+        for other in peer.neighbourhood.absent():  # as the daemon: the rounds go on without it until heard
+            self._feed(peer, NeighbourDown(other))
         for sender, message in peer.early.release():
             self._feed(peer, Received(sender, message))
         if interrupted is not None and peer.pending_work is interrupted:
@@ -319,8 +337,7 @@ class GossipRun:
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
                 for other in self.world.neighbours(peer.name):
                     neighbour = self.peers[other]
-                    if neighbour.alive and peer.name not in neighbour.down:
-                        neighbour.down.add(peer.name)
+                    if neighbour.neighbourhood.goodbye(peer.name) and not neighbour.syncing:
                         self._feed(neighbour, NeighbourDown(peer.name))
         elif event.kind == "restart":
             if peer.alive or peer.checkpoint is None:

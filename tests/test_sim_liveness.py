@@ -55,7 +55,7 @@ def test_a_ring_member_cut_off_for_15_s_keeps_its_place_and_ends_in_consensus() 
     assert cut.alive and not cut.finished, trainers["p02"].step
     assert trainers["p02"].step < STEPS
     assert cut.metric_last.get("rounds_alone", 0) > 0
-    assert cut.down == {"p01", "p03"}
+    assert set(cut.neighbourhood.absent()) == {"p01", "p03"}
     # Execute: the rest of the run.
     run.engine.run(until_s=run.scenario.duration_s)
     result = run.end()

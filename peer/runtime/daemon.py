@@ -107,7 +107,8 @@ from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncRe
 from protocols.node import (
     Adoption,
     EarlyMessages,
-    Presence,
+    Neighbour,
+    Neighbourhood,
     StateSync,
     SyncOffer,
     Verdict,
@@ -124,20 +125,12 @@ EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone):
 
 
 @dataclass
-class NeighbourInfo:
-    last_seen: float = -math.inf      # monotonic time of the last accepted message
-    latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
-    step: int = -1
-    up: bool = False
-    finished: bool = False            # its last heartbeat said it has finished its run
-    params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
+class NeighbourInfo(Neighbour):
+    """What protocols/node/neighbours.py tracks (up, last seen on the monotonic clock, step,
+    finished), plus what only the daemon shows."""
 
-    def presence(self) -> Presence:
-        if self.up:
-            return Presence.UP
-        if self.last_seen == -math.inf:
-            return Presence.NEVER_HEARD
-        return Presence.FINISHED if self.finished else Presence.DOWN
+    latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
+    params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
 
 
 @dataclass
@@ -182,7 +175,9 @@ class PeerDaemon:
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
         self._warned: set[str] = set()      # the machine's warnings already said
-        self.neighbours = {name: NeighbourInfo() for name in self.parts.neighbours}
+        self.neighbourhood = Neighbourhood({name: NeighbourInfo() for name in self.parts.neighbours},
+                                           timeout_s=config.peer.neighbour_timeout_s)
+        self.neighbours = self.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
         self._timers: list[tuple[float, int, str]] = []
@@ -352,10 +347,9 @@ class PeerDaemon:
         for note in self.machine.notes():
             self.status.say(f"{self.name}: {note}")
         self._feed(Start())
-        for name, info in self.neighbours.items():
-            if not info.up:     # not heard (or not reachable) yet: the rounds go on without it until it is
-                self.counters.absent_at_start[name] += 1
-                self._feed(NeighbourDown(name))
+        for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
+            self.counters.absent_at_start[name] += 1
+            self._feed(NeighbourDown(name))
         for sender, message in self.early.release():
             self._feed(Received(sender, message))
         while not self._finished and self._stop_signal is None and not self._stranded:
@@ -428,17 +422,15 @@ class PeerDaemon:
         info = self.neighbours.get(opened.sender)
         now = self.now()
         if info is not None:
-            info.last_seen = now
-            if not info.up and self._can_send(opened.sender):
-                info.up = True
-                if self._started and not self._finished:
-                    self._feed(NeighbourUp(opened.sender))
+            reachable = info.up or self._can_send(opened.sender)  # (tried only when it matters)
+            came_up = self.neighbourhood.heard(opened.sender, now, reachable=reachable)
+            if came_up and self._started and not self._finished:
+                self._feed(NeighbourUp(opened.sender))
         message = opened.message
         match message:
             case Heartbeat():
                 if info is not None:
-                    info.step = message.step
-                    info.finished = message.finished
+                    self.neighbourhood.beat(opened.sender, step=message.step, finished=message.finished)
                     latency_ms = heartbeat_latency_ms(message.sent_at_s, time.time())
                     if latency_ms is None:
                         self.counters.rejected["heartbeat_bad_latency"] += 1
@@ -567,18 +559,17 @@ class PeerDaemon:
     def _periodic(self) -> None:
         self._heartbeat_if_due()
         now = self.now()
-        for name, info in self.neighbours.items():
-            if info.up and now - info.last_seen > self.config.peer.neighbour_timeout_s:
-                info.up = False
-                if info.finished:
-                    self.counters.neighbour_finished[name] += 1
-                    self.status.say(f"{self.name}: neighbour {name} has finished")
-                else:
-                    self.counters.neighbour_down[name] += 1
-                    self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
-                if self._started and not self._finished:
-                    self._feed(NeighbourDown(name))
-                    self._judge_neighbours(start_wait_over=True)
+        for name in self.neighbourhood.expire(now):
+            info = self.neighbours[name]
+            if info.finished:
+                self.counters.neighbour_finished[name] += 1
+                self.status.say(f"{self.name}: neighbour {name} has finished")
+            else:
+                self.counters.neighbour_down[name] += 1
+                self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
+            if self._started and not self._finished:
+                self._feed(NeighbourDown(name))
+                self._judge_neighbours(start_wait_over=True)
         every = self.config.peer.eval_every_steps
         if every and self.trainer.step - max(self._last_eval_step, 0) >= every:
             self._evaluate()

@@ -8,6 +8,8 @@ global RNG; time is the ``now`` handed in). Today it holds:
 * :class:`EarlyMessages` (early.py): messages heard before Start, capped per
   neighbour, newest kept, refusals counted by reason;
 * :class:`NodeConfig` (config.py): their settings, one definition;
+* :class:`Neighbourhood` (neighbours.py): the failure detector, up/down/finished
+  per neighbour from what was heard and when;
 * :func:`verdict` (liveness.py): whether a member can go on, from its neighbours'
   presence (up, down, finished, never heard), and the one line saying why not.
 
@@ -22,7 +24,8 @@ from protocols.node.check import SyncOffer, check_sync_response
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Presence, Verdict, reason, verdict, waiting_line
+from protocols.node.neighbours import Neighbour, Neighbourhood
 from protocols.node.sync import Adoption, StateSync
 
-__all__ = ["Adoption", "EarlyMessages", "NodeConfig", "Presence", "StateSync", "SyncOffer", "Verdict",
-           "check_sync_response", "reason", "verdict", "waiting_line"]
+__all__ = ["Adoption", "EarlyMessages", "Neighbour", "Neighbourhood", "NodeConfig", "Presence", "StateSync",
+           "SyncOffer", "Verdict", "check_sync_response", "reason", "verdict", "waiting_line"]
