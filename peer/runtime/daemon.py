@@ -740,13 +740,14 @@ def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
     return max(latency_ms, 0.0)
 
 
-def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None) -> int:
+def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None,
+             overrides: Sequence[str] = ()) -> int:
     """Load the config, run the peer, return the exit code (errors as one line on stderr).
 
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
     bound to the peer's address (peer.runtime.launch). Test hooks come from the environment."""
     try:
-        config = load_peer_config(config_path)
+        config = load_peer_config(config_path, overrides)   # overrides: `hivemesh peer --set`
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()
