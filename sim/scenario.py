@@ -97,8 +97,8 @@ class NodesConfig(NodeConfig):
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
     # Each member's NIC, shared by all of its links (sim/network.py); inf: unlimited, links only.
-    uplink_mbps: float = math.inf
-    downlink_mbps: float = math.inf
+    uplink_mbps: float = math.inf     # what a member can send, over all of its links together
+    downlink_mbps: float = math.inf   # what a member can receive, over all of its links together
     # per member, e.g. [nodes.nic.p00] uplink_mbps = 100.0; beats the graph file's node attributes,
     # which beat the two defaults above
     nic: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -138,9 +138,9 @@ class TaskConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ChurnEvent:
-    node: str
-    kind: Literal["crash", "restart", "leave", "join"]
-    at_s: float
+    node: str                                          # the member it happens to
+    kind: Literal["crash", "restart", "leave", "join"]  # crash/leave: down; restart/join: up again
+    at_s: float                                        # simulated time of the event
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.at_s) and self.at_s >= 0):
@@ -267,8 +267,7 @@ class ScenarioConfig:
             topology = build(spec or self.graph.spec, self.graph.members or None, seed=self.seed,
                              weights=self.graph.weights)
         except HivemeshError as error:
-            key = "graph.members" if self.graph.members and "members" in str(error) else "graph.spec"
-            raise ConfigError(f"{self.source}: key '{key}': {error}", key=key) from None
+            raise ConfigError(f"{self.source}: key 'graph.spec': {error}", key="graph.spec") from None
         self.check_names(topology.names)
         return topology
 

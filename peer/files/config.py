@@ -155,7 +155,10 @@ def _convert(tp: Any, value: Any, source: str, key: str) -> Any:
     if origin is Literal:
         if value in get_args(tp) and type(value) in {type(a) for a in get_args(tp)}:
             return value
-        raise _expected(source, key, tp, value)
+        words = [a for a in get_args(tp) if isinstance(a, str)]
+        guess = nearest(value, words) if isinstance(value, str) else ""
+        raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}{guess}",
+                          key=key)
     if origin in (Union, types.UnionType):
         for option in get_args(tp):
             if option is type(None):

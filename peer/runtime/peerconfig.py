@@ -56,7 +56,7 @@ class PeerSection(NodeConfig):
     scenario's ``[nodes]``: one name, default and check for both.
     """
 
-    name: str
+    name: str                     # this member's name on the roster
     key: str                      # identity key file (hivemesh keygen / init)
     roster: str                   # roster TOML: the one source of membership
     data_dir: str                 # checkpoints, epoch, metrics, status
