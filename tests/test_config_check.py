@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -299,3 +301,23 @@ def test_sim_set_refuses_an_unknown_key_naming_it(tmp_path: Path, capsys: pytest
 def test_set_needs_key_equals_value(network: Path) -> None:
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_peer_config(network / "p00.toml", ["peer.eval_every_steps"])
+
+
+def test_a_port_in_use_names_the_file_and_the_key(network: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # in this process: the peer fails at its bind, before any neighbour is waited for
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(["peer", "--config", str(network / "p02.toml"), "--quiet",
+                     "--set", f"peer.listen=tcp://127.0.0.1:{port}"])
+    finally:
+        for number, handler in saved.items():   # the daemon installs its own; give pytest its back
+            signal.signal(number, handler)
+        holder.close()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{network / 'p02.toml'}: key 'peer.listen': peer p02: cannot listen on" in err
+    assert "Address already in use" in err

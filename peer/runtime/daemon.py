@@ -230,7 +230,10 @@ class PeerDaemon:
                                        config=self.config.transport, curve=self._curve_keys(),
                                        listen_fd=self._listen_fd)
         except TransportError as error:
-            raise HivemeshError(f"peer {self.name}: {error}") from None
+            # name where the address came from: the peer's own listen key, else its roster entry
+            where = ("key 'peer.listen'" if self.config.peer.listen else
+                     f"key 'peer.roster' ({self.name!r}'s address in {self.config.roster_path})")
+            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}") from None
         try:
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
