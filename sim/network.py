@@ -111,10 +111,10 @@ class PartitionSpec:
     in either direction. Give one or both.
     """
 
-    start_s: float
+    start_s: float           # simulated time the links are cut
     end_s: float = math.inf  # a partition that never heals unless told otherwise
-    groups: tuple[tuple[str, ...], ...] = ()
-    edges: tuple[tuple[str, ...], ...] = ()
+    groups: tuple[tuple[str, ...], ...] = ()  # members in different groups cannot talk
+    edges: tuple[tuple[str, ...], ...] = ()   # pairs of members that cannot talk, either way
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):

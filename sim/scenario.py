@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from peer.files.config import ConfigError, load, read_toml
+from peer.files.config import INTERNAL, ConfigError, apply_override, load, read_toml
 from peer.files.schema import (
+    GOSSIP_TABLE,
+    TRAINER_TABLE,
     NetworkSection,
     PartitionConfig,
     gossip_config,
@@ -58,6 +59,8 @@ from peer.files.schema import (
 )
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
+from topology import Topology
+from topology.errors import HivemeshError
 
 Behaviour = Literal[
     "honest",            # follows the protocol
@@ -94,8 +97,8 @@ class NodesConfig(NodeConfig):
     straggle_probability: float = 0.0  # chance a unit of work is slowed down (transient stragglers)
     straggle_slowdown: float = 4.0     # how much slower such a unit of work is
     # Each member's NIC, shared by all of its links (sim/network.py); inf: unlimited, links only.
-    uplink_mbps: float = math.inf
-    downlink_mbps: float = math.inf
+    uplink_mbps: float = math.inf     # what a member can send, over all of its links together
+    downlink_mbps: float = math.inf   # what a member can receive, over all of its links together
     # per member, e.g. [nodes.nic.p00] uplink_mbps = 100.0; beats the graph file's node attributes,
     # which beat the two defaults above
     nic: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -104,7 +107,7 @@ class NodesConfig(NodeConfig):
         super().__post_init__()
         for key in ("uplink_mbps", "downlink_mbps"):
             if not getattr(self, key) > 0:
-                raise ValueError(f"nodes.{key} must be > 0, got {getattr(self, key)}")
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
         for name, nic in sorted(self.nic.items()):
             for key, value in sorted(nic.items()):
                 if key not in ("uplink_mbps", "downlink_mbps"):
@@ -113,7 +116,7 @@ class NodesConfig(NodeConfig):
                 if not value > 0:
                     raise ValueError(f"nodes.nic.{name}.{key} must be > 0, got {value}")
         if not (math.isfinite(self.step_time_ms) and self.step_time_ms > 0):
-            raise ValueError(f"nodes.step_time_ms must be > 0, got {self.step_time_ms}")
+            raise ValueError(f"step_time_ms must be > 0, got {self.step_time_ms}")
         for name, speed in sorted(self.speed.items()):
             if not (math.isfinite(speed) and speed > 0):
                 raise ValueError(f"nodes.speed.{name} must be > 0, got {speed}")
@@ -135,13 +138,13 @@ class TaskConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ChurnEvent:
-    node: str
-    kind: Literal["crash", "restart", "leave", "join"]
-    at_s: float
+    node: str                                          # the member it happens to
+    kind: Literal["crash", "restart", "leave", "join"]  # crash/leave: down; restart/join: up again
+    at_s: float                                        # simulated time of the event
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.at_s) and self.at_s >= 0):
-            raise ValueError(f"churn at_s must be >= 0, got {self.at_s}")
+            raise ValueError(f"at_s must be >= 0, got {self.at_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,7 +188,7 @@ class BaselineConfig:
 
     def __post_init__(self) -> None:
         if self.local_steps < 1:
-            raise ValueError(f"baseline.local_steps must be >= 1, got {self.local_steps}")
+            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
         if self.server_bandwidth_mbps < 0:
             raise ValueError("baseline.server_bandwidth_mbps must be >= 0")
 
@@ -204,14 +207,17 @@ class ScenarioConfig:
     graph: GraphConfig = field(default_factory=GraphConfig)
     links: LinkSpec = field(default_factory=LinkSpec)
     nodes: NodesConfig = field(default_factory=NodesConfig)
-    algorithm: dict[str, Any] = field(default_factory=dict)   # protocols.gossip.GossipConfig fields
+    # protocols.gossip.GossipConfig fields
+    algorithm: dict[str, Any] = field(default_factory=dict, metadata=GOSSIP_TABLE)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)  # instead of gossip
     task: TaskConfig = field(default_factory=TaskConfig)
-    trainer: dict[str, Any] = field(default_factory=dict)     # peer.train.trainer.TrainerConfig fields
+    # peer.train.trainer.TrainerConfig fields
+    trainer: dict[str, Any] = field(default_factory=dict, metadata=TRAINER_TABLE)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
-    source: str = "<scenario>"     # the file it came from, for error messages and the report
+    # the file it came from, for error messages and the report (the loader's, not the file's)
+    source: str = field(default="<scenario>", metadata=INTERNAL)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -252,6 +258,19 @@ class ScenarioConfig:
             self.gossip_config()
         self.trainer_config()
 
+    def topology(self, spec: str = "") -> Topology:
+        """The graph (``spec``: the graph spec, default ``graph.spec``) with every member the
+        scenario names checked against it; errors name the file and the key."""
+        from topology import build
+
+        try:
+            topology = build(spec or self.graph.spec, self.graph.members or None, seed=self.seed,
+                             weights=self.graph.weights)
+        except HivemeshError as error:
+            raise ConfigError(f"{self.source}: key 'graph.spec': {error}", key="graph.spec") from None
+        self.check_names(topology.names)
+        return topology
+
     def behaviour(self, name: str) -> str:
         return self.nodes.behaviour.get(name, "honest")
 
@@ -262,7 +281,8 @@ class ScenarioConfig:
         def check(key: str, name: str) -> None:
             if name not in known:
                 raise ConfigError(f"{self.source}: key '{key}': no member {name!r} in the graph "
-                                  f"(members: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})")
+                                  f"(members: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})",
+                                  key=key)
 
         for name in sorted(self.nodes.speed):
             check(f"nodes.speed.{name}", name)
@@ -308,10 +328,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> ScenarioCo
     for assignment in overrides:
         apply_override(data, assignment, source=str(path))
     data.setdefault("name", path.stem.removeprefix("scenario-"))
-    if "source" in data:
-        raise ConfigError(f"{path}: unknown key 'source'")
-    data["source"] = str(path)
-    scenario = load(ScenarioConfig, data, source=str(path))
+    scenario = dataclasses.replace(load(ScenarioConfig, data, source=str(path)), source=str(path))
     scenario.check_tables()
     return resolve_paths(scenario, path.resolve().parent)
 
@@ -329,34 +346,6 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     """Build a scenario from a mapping shaped like the TOML file (tests, calibrate)."""
     data = dict(data)
     data.setdefault("name", "scenario")
-    data["source"] = source
-    scenario = load(ScenarioConfig, data, source=source)
+    scenario = dataclasses.replace(load(ScenarioConfig, data, source=source), source=source)
     scenario.check_tables()
     return scenario
-
-
-def apply_override(data: dict[str, Any], assignment: str, *, source: str = "<scenario>") -> None:
-    """Set one dotted key of a scenario mapping from ``KEY=VALUE``, in place.
-
-    VALUE is read as a TOML value (``2``, ``0.5``, ``true``, ``"x"``, ``["a"]``); anything that
-    is not one is taken as a bare string, so ``graph.spec=ring:4`` needs no quotes. Tables on the
-    way are created if missing; the result is then checked like the file itself, so a misspelt
-    key or a wrong type is reported by name.
-    """
-    key, equals, text = assignment.partition("=")
-    names = key.strip().split(".")
-    if not equals or not all(names):
-        raise ConfigError(f"{source}: override {assignment!r}: expected KEY=VALUE (e.g. duration_s=2)")
-    try:
-        value = tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        value = text.strip()
-    table = data
-    for depth, name in enumerate(names[:-1]):
-        inner = table.setdefault(name, {})
-        if not isinstance(inner, dict):
-            raise ConfigError(f"{source}: override {assignment!r}: "
-                              f"'{'.'.join(names[:depth + 1])}' is not a table")
-        table[name] = inner = dict(inner)   # a copy: the caller's nested tables stay as they were
-        table = inner
-    table[names[-1]] = value

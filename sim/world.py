@@ -27,7 +27,7 @@ from protocols.rng import numpy_generator
 from sim.engine import Engine
 from sim.network import LinkSpec, Network, NicSpec
 from sim.scenario import NodesConfig, ScenarioConfig
-from topology import Topology, build
+from topology import Topology
 
 Progress = Callable[[float, float], None]
 """Called with (simulated seconds so far, simulated seconds in all) at each evaluation."""
@@ -101,10 +101,8 @@ class World:
 
 def build_world(scenario: ScenarioConfig) -> World:
     """Topology, links, speeds and one trainer per member, from the scenario."""
-    topology = build(resolve_graph_spec(scenario), scenario.graph.members or None, seed=scenario.seed,
-                     weights=scenario.graph.weights)
+    topology = scenario.topology(resolve_graph_spec(scenario))
     names = topology.names
-    scenario.check_names(names)
     task, by_index = build_trainers(scenario.network(), scenario.trainer_config(), members=len(names))
     trainers = {name: by_index[i] for i, name in enumerate(names)}
     speeds = {}

@@ -144,7 +144,7 @@ def test_parameter_server_traffic_is_drawn_through_the_server() -> None:
 
 
 @pytest.mark.parametrize(("nodes", "needle"), [
-    ({"uplink_mbps": 0.0}, "nodes.uplink_mbps must be > 0"),
+    ({"uplink_mbps": 0.0}, "key 'nodes.uplink_mbps': uplink_mbps must be > 0"),
     ({"nic": {"p00": {"uplnk_mbps": 3.0}}}, "nodes.nic.p00.uplnk_mbps: unknown key"),
     ({"nic": {"p00": {"downlink_mbps": -1.0}}}, "nodes.nic.p00.downlink_mbps must be > 0"),
 ])

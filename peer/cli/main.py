@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "peer.cli.demo",
     "peer.cli.topology",
     "peer.cli.init",
+    "peer.cli.config",
     "peer.cli.peer",
     "peer.cli.status",
     "peer.cli.export",

@@ -13,10 +13,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "SIGINT or SIGTERM writes a checkpoint and exits 0; starting again resumes.")
     parser.add_argument("--config", required=True, help="the peer's config file (written by `hivemesh init`)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on the console")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                        help="override a key of the config file, as TOML (dotted for tables; repeatable), "
+                             "e.g. --set peer.eval_every_steps=10 --set checkpoint.every_steps=0; "
+                             "a [network] key changes the run id, so give every peer the same; "
+                             "every key: hivemesh config reference")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.daemon import run_peer
 
-    return run_peer(args.config, quiet=args.quiet)
+    return run_peer(args.config, quiet=args.quiet, overrides=args.overrides)

@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                         help="override a key in every scenario file, as TOML (dotted for tables; "
-                             "repeatable), e.g. --set duration_s=2 --set algorithm.total_steps=50")
+                             "repeatable), e.g. --set duration_s=2 --set algorithm.total_steps=50; "
+                             "every key: hivemesh config reference")
     calibrate = parser.add_argument_group("calibrate")
     calibrate.add_argument("--task", help="task to time (default: the scenario's, else digits-mlp)")
     calibrate.add_argument("--write", metavar="SCENARIO.toml",

@@ -48,7 +48,9 @@ import time (the trainer's config class is imported when a table is checked).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +63,23 @@ Scheme = Literal["iid", "dirichlet", "shards", "file"]
 
 def _empty() -> dict[str, Any]:
     return {}
+
+
+# A table kept as plain data here and checked against its owner's config class (imported only
+# then: TrainerConfig's module imports torch). The loaders and `hivemesh config reference` both
+# read the class from here.
+GOSSIP_TABLE: Mapping[str, Any] = {"checked_as": "protocols.gossip.config:GossipConfig"}
+TRAINER_TABLE: Mapping[str, Any] = {"checked_as": "peer.train.trainer:TrainerConfig"}
+
+
+def checked_as(metadata: Mapping[str, Any]) -> type | None:
+    """The config class a plain table (field ``metadata``) is checked against, if any."""
+    target = metadata.get("checked_as")
+    if target is None:
+        return None
+    module, name = target.split(":")
+    cls: type = getattr(importlib.import_module(module), name)
+    return cls
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +111,10 @@ class NetworkSection:
     # keyword options of peer.train.tasks.get_task
     task_options: dict[str, Any] = field(default_factory=_empty)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
-    gossip: dict[str, Any] = field(default_factory=_empty)   # protocols.gossip.GossipConfig: gossip_config
+    # protocols.gossip.GossipConfig: gossip_config
+    gossip: dict[str, Any] = field(default_factory=_empty, metadata=GOSSIP_TABLE)
     # peer.train.trainer.TrainerConfig: trainer_config
-    trainer: dict[str, Any] = field(default_factory=_empty)
+    trainer: dict[str, Any] = field(default_factory=_empty, metadata=TRAINER_TABLE)
 
     def __post_init__(self) -> None:
         if not self.topology:
@@ -122,13 +142,11 @@ def gossip_config(network: NetworkSection, *, source: str, prefix: str, steps: i
     ``seed`` defaults to the root seed; ``total_steps`` to ``steps`` when that is set (a
     scenario's own step budget), else GossipConfig's default.
     """
-    from protocols.gossip.config import GossipConfig
-
     data = dict(network.gossip)
     data.setdefault("seed", network.seed)
     if steps:
         data.setdefault("total_steps", steps)
-    return load(GossipConfig, data, source=source, prefix=prefix)
+    return load(_owner(GOSSIP_TABLE), data, source=source, prefix=prefix)
 
 
 def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: int = 0) -> Any:
@@ -137,15 +155,20 @@ def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: 
     ``total_steps`` (the horizon of a decaying learning rate) defaults to ``steps``, else to
     the gossip table's ``total_steps``: the trainer decays over the run it is part of.
     """
-    from peer.train.trainer import TrainerConfig
-
     data = dict(network.trainer)
     written = network.gossip.get("total_steps", 0)
     # a wrong type there is gossip_config's error to report, under its own key
     horizon = steps or (written if isinstance(written, int) and not isinstance(written, bool) else 0)
     if horizon and "total_steps" not in data:
         data["total_steps"] = horizon
-    return load(TrainerConfig, data, source=source, prefix=prefix)
+    return load(_owner(TRAINER_TABLE), data, source=source, prefix=prefix)
 
 
-__all__ = ["NetworkSection", "PartitionConfig", "gossip_config", "resolve_network_paths", "trainer_config"]
+def _owner(metadata: Mapping[str, Any]) -> type:
+    cls = checked_as(metadata)
+    assert cls is not None, "a table constant names its class"
+    return cls
+
+
+__all__ = ["GOSSIP_TABLE", "TRAINER_TABLE", "NetworkSection", "PartitionConfig", "checked_as",
+           "gossip_config", "resolve_network_paths", "trainer_config"]

@@ -28,7 +28,7 @@ def _is_table_list(value: Any) -> bool:
 def _table(data: Mapping[str, Any], path: tuple[str, ...], lines: list[str]) -> None:
     for key, value in data.items():
         if not isinstance(value, Mapping) and not _is_table_list(value):
-            lines.append(f"{_key(key)} = {_scalar(value)}")
+            lines.append(f"{_key(key)} = {scalar(value)}")
     for key, value in data.items():
         if isinstance(value, Mapping):
             lines.append("")
@@ -47,7 +47,7 @@ def _key(key: str) -> str:
     return json.dumps(key)
 
 
-def _scalar(value: Any) -> str:
+def scalar(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -61,5 +61,5 @@ def _scalar(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)   # JSON string escapes are valid TOML basic-string escapes
     if isinstance(value, Sequence) and not isinstance(value, bytes):
-        return "[" + ", ".join(_scalar(item) for item in value) + "]"
+        return "[" + ", ".join(scalar(item) for item in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} as TOML")

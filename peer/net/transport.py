@@ -58,10 +58,10 @@ class TransportConfig:
     max_messages_per_poll: int = 256
     # first reconnect attempt after this long, doubling up to the maximum (ZeroMQ back-off)
     reconnect_ms: int = 100
-    reconnect_max_ms: int = 5000
+    reconnect_max_ms: int = 5000  # the back-off's ceiling
     # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
     zmtp_heartbeat_ms: int = 1000
-    zmtp_heartbeat_timeout_ms: int = 5000
+    zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
     # how long a zero-copy send may hold a tensor before it is abandoned
     send_timeout_s: float = 30.0
 

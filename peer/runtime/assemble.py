@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from peer.files.config import ConfigError
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
@@ -66,19 +67,45 @@ def next_epoch(data_dir: Path) -> int:
     return epoch
 
 
+def _named(config: PeerConfig, key: str, error: HivemeshError) -> ConfigError:
+    """``error`` as one line that names the config file and the key whose value led to it."""
+    return ConfigError(f"{config.source}: key '{key}': {error}", key=key)
+
+
 def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
-    identity = Identity.load(config.key_path)
-    roster = load_roster(config.roster_path)
+    """This peer's key and the roster, checked against each other (errors name the file and key)."""
+    try:
+        identity = Identity.load(config.key_path)
+    except HivemeshError as error:
+        raise _named(config, "peer.key", error) from None
+    try:
+        roster = load_roster(config.roster_path)
+    except HivemeshError as error:
+        raise _named(config, "peer.roster", error) from None
     name = config.peer.name
     member = roster.get(name)
     if member is None:
-        raise HivemeshError(f"{config.source}: peer.name {name!r} is not on the roster {config.roster_path}")
+        raise ConfigError(f"{config.source}: key 'peer.name': {name!r} is not on the roster "
+                          f"{config.roster_path}", key="peer.name")
     if member.public_id != identity.public_id:
-        raise HivemeshError(f"{config.key_path}: this key (public id {identity.public_id}) is not the key of "
-                            f"{name!r} on the roster {config.roster_path}")
+        raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
+                          f"{identity.public_id}) is not the key of {name!r} on the roster "
+                          f"{config.roster_path}", key="peer.key")
     if member.role != "peer":
-        raise HivemeshError(f"{name!r} has role {member.role!r} on the roster; `hivemesh peer` runs peers")
+        raise ConfigError(f"{config.source}: key 'peer.name': {name!r} has role {member.role!r} on the "
+                          "roster; `hivemesh peer` runs peers", key="peer.name")
     return identity, roster, name
+
+
+def peer_topology(config: PeerConfig, roster: Roster) -> Topology:
+    """The network's graph over the roster's peers (errors name the file and ``network.topology``)."""
+    network = config.network
+    peer_names = tuple(m.name for m in roster.with_role("peer"))
+    try:
+        return build(network.topology, peer_names, seed=network.seed, weights=network.weights)
+    except HivemeshError as error:
+        raise ConfigError(f"{config.source}: key 'network.topology' (roster {config.roster_path}): {error}",
+                          key="network.topology") from None
 
 
 def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
@@ -94,8 +121,7 @@ def assemble(config: PeerConfig) -> Parts:
 
     identity, roster, name = identity_and_roster(config)
     network = config.network
-    peer_names = tuple(m.name for m in roster.with_role("peer"))
-    topology = build(network.topology, peer_names, seed=network.seed, weights=network.weights)
+    topology = peer_topology(config, roster)
     index = topology.names.index(name)
     neighbours = {}
     for other in topology.neighbours(name):

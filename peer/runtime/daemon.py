@@ -225,7 +225,10 @@ class PeerDaemon:
                                        config=self.config.transport, curve=self._curve_keys(),
                                        listen_fd=self._listen_fd)
         except TransportError as error:
-            raise HivemeshError(f"peer {self.name}: {error}") from None
+            # name where the address came from: the peer's own listen key, else its roster entry
+            where = ("key 'peer.listen'" if self.config.peer.listen else
+                     f"key 'peer.roster' ({self.name!r}'s address in {self.config.roster_path})")
+            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}") from None
         try:
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
@@ -731,13 +734,14 @@ def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
     return max(latency_ms, 0.0)
 
 
-def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None) -> int:
+def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None,
+             overrides: Sequence[str] = ()) -> int:
     """Load the config, run the peer, return the exit code (errors as one line on stderr).
 
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
     bound to the peer's address (peer.runtime.launch). Test hooks come from the environment."""
     try:
-        config = load_peer_config(config_path)
+        config = load_peer_config(config_path, overrides)   # overrides: `hivemesh peer --set`
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()

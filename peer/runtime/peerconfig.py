@@ -28,11 +28,12 @@ so a wrong key anywhere is reported here, naming the file and key.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.files.config import ConfigError, load, read_toml
+from peer.files.config import ConfigError, apply_override, load, read_toml
 from peer.files.paths import from_folder
 from peer.files.schema import (
     NetworkSection,
@@ -55,7 +56,7 @@ class PeerSection(NodeConfig):
     scenario's ``[nodes]``: one name, default and check for both.
     """
 
-    name: str
+    name: str                     # this member's name on the roster
     key: str                      # identity key file (hivemesh keygen / init)
     roster: str                   # roster TOML: the one source of membership
     data_dir: str                 # checkpoints, epoch, metrics, status
@@ -118,10 +119,17 @@ class PeerConfig:
         return {"network": dataclasses.asdict(self.network_as_written)}
 
 
-def load_peer_config(path: str | Path) -> PeerConfig:
-    """Read and validate ``path``; ConfigError naming the file and key on any problem."""
+def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerConfig:
+    """Read and validate ``path``; ConfigError naming the file and key on any problem.
+
+    ``overrides`` are ``KEY=VALUE`` assignments (``hivemesh peer --set``) applied on top of the
+    file before it is checked (peer.files.config.apply_override). One under ``network`` changes
+    the run id: every member must be given the same.
+    """
     path = Path(path)
     raw = read_toml(path)
+    for assignment in overrides:
+        apply_override(raw, assignment, source=str(path))
     parsed = load(PeerFile, raw, source=str(path))
     network = parsed.network
     gossip = gossip_config(network, source=str(path), prefix="network.gossip")

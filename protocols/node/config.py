@@ -23,7 +23,7 @@ class NodeConfig:
     sync_answer_interval_s: float = 5.0
     # a neighbour answers at once when it is running; one that has not in this long is asked again
     sync_timeout_s: float = 10.0
-    # then the member trains on from its checkpoint (or the initial model) alone
+    # asks this many times, then the member trains on from its checkpoint (or the initial model) alone
     sync_attempts: int = 6
 
     def __post_init__(self) -> None:
