@@ -97,14 +97,15 @@ def legend_labels(results: Sequence[ScenarioResult]) -> list[str]:
 
 
 def _consensus_axis(axes: Any, values: Iterable[float]) -> None:
-    """A log axis from the decade below the smallest positive distance, at least two decades tall, so
-    several decades carry a label; an exact average (distance 0) is drawn on that floor."""
+    """A log axis from the decade below the smallest positive distance to the decade above the
+    largest, at least two decades tall (reaching down), so several decades carry a label; an
+    exact average (distance 0) is drawn on the floor."""
     from matplotlib.ticker import LogLocator
 
     finite = [v for v in values if math.isfinite(v)]
     positive = [v for v in finite if v > 0]
-    floor_exp = math.floor(math.log10(min(positive))) if positive else -6
-    top_exp = max(math.ceil(math.log10(max(positive))) if positive else 0, floor_exp + 2)
+    top_exp = math.ceil(math.log10(max(positive))) if positive else 0
+    floor_exp = min(math.floor(math.log10(min(positive))) if positive else -6, top_exp - 2)
     for line in axes.get_lines():
         line.set_ydata([max(float(y), 10.0 ** floor_exp) for y in line.get_ydata()])
     axes.set_yscale("log")
@@ -129,7 +130,7 @@ def _traffic_figure(plt: Any, result: ScenarioResult) -> Any:
     position = {name: (math.cos(2 * math.pi * i / len(members)), math.sin(2 * math.pi * i / len(members)))
                 for i, name in enumerate(members)}
     position.update({name: (0.0, 0.0) for name in servers})
-    figure, axes = plt.subplots(figsize=(7.5, 6.0), layout="constrained")  # room for the outside legend
+    figure, axes = plt.subplots(figsize=(8.0, 6.0), layout="constrained")  # makes room for the legend
     links = [(s, d, b) for s, d, b in traffic_edges(result.links, members) if s in position and d in position]
     heaviest = max((b for _, _, b in links), default=0) or 1
 
@@ -153,8 +154,8 @@ def _traffic_figure(plt: Any, result: ScenarioResult) -> Any:
              for share in (1.0, 0.5, 0.1)] if links else []
     nodes = [Line2D([], [], linestyle="", marker="o", color={**colours, "attacker": "tab:red"}[kind],
                     label=kind) for kind in ("honest", "attacker", "server") if kind in behaviours]
-    axes.legend(handles=scale + nodes, title="edge width: bytes sent", fontsize="small",
-                loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.legend(handles=scale + nodes, title="edge width: bytes sent", fontsize="small",
+                  loc="outside right upper")
     total = sum(b for _, _, _, b in result.links)
     axes.set_title(f"{result.name}: traffic per link (total {human_bytes(total)})")
     axes.set_aspect("equal")

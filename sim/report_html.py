@@ -20,13 +20,15 @@ from sim.report import comparison, run_warnings
 from sim.world import ScenarioResult
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; font-size: 0.9em; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; font-size: 0.85em; width: 100%; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
 th { background: #f2f2f2; }
 td:first-child, th:first-child, td.text { text-align: left; }
-figure { display: inline-block; margin: 0.5em; vertical-align: top; }
-img { max-width: 100%; border: 1px solid #ddd; }
+figure { display: inline-block; margin: 0 0 1em 0; width: 49.5%; vertical-align: top; }
+figure.wide { width: 100%; }
+img { width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: 0.8em; color: #666; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 .warning { color: #a00; }
 """
@@ -51,7 +53,8 @@ def render_html(results: Sequence[ScenarioResult], plots: Sequence[Path]) -> str
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>hivemesh sim report: {_text(names)}</title>",
         f"<style>{STYLE}</style></head><body>",
-        f"<h1>hivemesh sim report: {_text(names)}</h1>",
+        "<h1>hivemesh sim report</h1>",
+        f"<p>Scenarios: {_text(names)}.</p>",
         "<p>Simulated quantities only (never wall time): the same scenarios and seeds give the same "
         "page. Ratios are against the first scenario.</p>",
         _table(results),
@@ -94,7 +97,7 @@ def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key in ("bytes_to_target", "bytes_sent"):
-        return f"{value:,} ({human_bytes(value)})"
+        return f'<span title="{value:,} bytes">{human_bytes(value)}</span>'  # exact in report.json
     if key.endswith("_vs_first"):
         return f"{value:.3g}x"
     if key.endswith("_s"):
@@ -115,7 +118,8 @@ def _notes(results: Sequence[ScenarioResult]) -> str:
 
 def _figure(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_text(path.name)}">'
+    wide = ' class="wide"' if path.name.startswith("topology_") else ""  # two panels and a row of rounds
+    return (f'<figure{wide}><img src="data:image/png;base64,{data}" alt="{_text(path.name)}">'
             f"<figcaption>{_text(path.name)}</figcaption></figure>")
 
 

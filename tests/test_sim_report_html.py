@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -135,6 +137,16 @@ def test_report_html_without_plots_still_has_the_table_and_the_seed(tmp_path: Pa
     assert page.urls == [] and len(page.rows) == 3 and "31337" in page.rows[1]
 
 
+def test_the_screenshot_script_says_what_to_install_when_there_is_no_chromium(tmp_path: Path) -> None:
+    write_report(results(), tmp_path, plots=False)
+    script = Path(__file__).resolve().parent.parent / "examples" / "render_report.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), "--browser", "no-such-chromium-here"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "no no-such-chromium-here on PATH" in done.stderr and "apt-get install chromium" in done.stderr
+    assert not (tmp_path / "report.png").exists()
+
+
 @pytest.fixture(scope="module")
 def drawn() -> Iterator[dict[str, Any]]:
     import matplotlib.pyplot as plt
@@ -149,7 +161,8 @@ def test_every_panel_has_a_title_and_one_legend_entry_per_line(drawn: dict[str, 
     for name, figure in drawn.items():
         axes = figure.axes[0]
         assert axes.get_title(), name
-        labels = [text.get_text() for text in axes.get_legend().get_texts()]
+        legend = axes.get_legend() or figure.legends[0]  # traffic plots' legend sits beside the axes
+        labels = [text.get_text() for text in legend.get_texts()]
         assert len(labels) == len(set(labels)), (name, labels)
     # The kind is said once: 'tv/allreduce', not 'tv/allreduce (allreduce)'.
     assert legend_labels(results()) == ["tv (gossip:dpsgd)", "tv/allreduce"]
@@ -174,7 +187,7 @@ def test_the_consensus_axis_labels_several_decades(drawn: dict[str, Any]) -> Non
 
 
 def test_traffic_plots_have_a_byte_scale_for_edge_width(drawn: dict[str, Any]) -> None:
-    legend = drawn["traffic_00_tv.png"].axes[0].get_legend()
+    legend = drawn["traffic_00_tv.png"].legends[0]
     entries = {text.get_text(): line.get_linewidth()
                for text, line in zip(legend.get_texts(), legend.get_lines(), strict=True)}
     # The heaviest link is 32,000 bytes (the ring's 8th): the widest line says so.
