@@ -1,4 +1,4 @@
-"""The report of one or more simulated scenarios: report.json, metrics.csv and plots.
+"""The report of one or more simulated scenarios: report.json, metrics.csv, plots and report.html.
 
 ``report.json`` holds only simulated quantities (never wall time), written
 with sorted keys, so rerunning the same scenarios gives the same bytes.
@@ -7,14 +7,14 @@ Several scenarios in one report share every plot and a comparison table
 "First reached" and "held from" are reported apart: a run can touch the
 target and fall away again (CHOCO past its stable step did, ending at 25%),
 and one that ends below its target is marked so in the table.
-matplotlib is imported only when plots are drawn (Agg backend, no display).
+The plots are drawn by :mod:`sim.plots`; :mod:`sim.report_html` gathers the table, the plots
+and the scenarios as run into one self-contained page.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -121,7 +121,8 @@ def report_data(results: Sequence[ScenarioResult]) -> dict[str, Any]:
 
 
 def write_report(results: Sequence[ScenarioResult], out_dir: str | Path, *, plots: bool = True) -> list[Path]:
-    """Write report.json, metrics.csv and (optionally) the plots; return the files written."""
+    """Write report.json, metrics.csv, (optionally) the plots and report.html, which embeds them;
+    return the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -136,8 +137,17 @@ def write_report(results: Sequence[ScenarioResult], out_dir: str | Path, *, plot
             for point in result.trace:
                 writer.writerow([result.name, *(getattr(point, name) for name in TRACE_FIELDS)])
     written.append(metrics)
+    pictures = []
     if plots:
-        written.extend(draw_plots(results, out))
+        from sim.plots import draw_plots
+
+        pictures = draw_plots(results, out)
+    written.extend(pictures)
+    from sim.report_html import render_html
+
+    page = out / "report.html"
+    page.write_text(render_html(results, pictures), encoding="utf-8")
+    written.append(page)
     return written
 
 
@@ -163,100 +173,3 @@ def comparison_table(results: Sequence[ScenarioResult]) -> str:
         lines.extend(f"{result.name}: {note}" for note in result.notes)
         lines.extend(f"{result.name}: warning: {warning}" for warning in run_warnings(result))
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- plots
-
-
-def draw_plots(results: Sequence[ScenarioResult], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    panels = [
-        ("accuracy_vs_time.png", "time_s", "mean_accuracy", "simulated time (s)", "mean test accuracy"),
-        ("loss_vs_time.png", "time_s", "mean_loss", "simulated time (s)", "mean test loss"),
-        ("accuracy_vs_bytes.png", "bytes_sent", "mean_accuracy", "bytes sent (all members)",
-         "mean test accuracy"),
-        ("loss_vs_bytes.png", "bytes_sent", "mean_loss", "bytes sent (all members)", "mean test loss"),
-        ("consensus_vs_time.png", "time_s", "consensus_rms", "simulated time (s)",
-         "consensus distance, RMS of ||x_i - mean|| (parameter units)"),
-    ]
-    for filename, x_name, y_name, x_label, y_label in panels:
-        figure, axes = plt.subplots(figsize=(6.4, 4.0))
-        for result in results:
-            xs = [getattr(p, x_name) for p in result.trace]
-            ys = [getattr(p, y_name) for p in result.trace]
-            axes.plot(xs, ys, label=f"{result.name} ({result.kind})")
-        if x_name == "bytes_sent" and any(r.bytes_sent for r in results):
-            axes.set_xscale("symlog")
-        if y_name == "consensus_rms":
-            axes.set_yscale("symlog", linthresh=1e-6)
-        target = max((r.target_accuracy for r in results), default=0.0)
-        if y_name == "mean_accuracy" and target > 0:
-            axes.axhline(target, color="grey", linestyle=":", linewidth=1)
-        axes.set_xlabel(x_label)
-        axes.set_ylabel(y_label)
-        axes.legend(fontsize="small")
-        axes.grid(alpha=0.3)
-        figure.tight_layout()
-        path = out / filename
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        written.append(path)
-    for index, result in enumerate(results):
-        path = out / f"traffic_{index:02d}_{_safe(result.name)}.png"
-        _draw_traffic(plt, result, path)
-        written.append(path)
-    return written
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:40]
-
-
-def _draw_traffic(plt: Any, result: ScenarioResult, path: Path) -> None:
-    """Members on a circle (sorted), a parameter server in the middle, each link drawn with width
-    proportional to its bytes."""
-    members = sorted(name for name, peer in result.peers.items() if peer.get("behaviour") != "server")
-    servers = sorted(name for name, peer in result.peers.items() if peer.get("behaviour") == "server")
-    position = {name: (math.cos(2 * math.pi * i / len(members)), math.sin(2 * math.pi * i / len(members)))
-                for i, name in enumerate(members)}
-    position.update({name: (0.0, 0.0) for name in servers})
-    figure, axes = plt.subplots(figsize=(6.0, 6.0))
-    links = [(s, d, b) for s, d, b in traffic_edges(result.links, members) if s in position and d in position]
-    heaviest = max((b for _, _, b in links), default=0) or 1
-    for src, dst, nbytes in links:
-        (x0, y0), (x1, y1) = position[src], position[dst]
-        axes.plot([x0, x1], [y0, y1], color="tab:blue", alpha=0.5, linewidth=0.5 + 5.0 * nbytes / heaviest)
-    for name in members + servers:
-        x, y = position[name]
-        behaviour = result.peers[name].get("behaviour", "honest")
-        colour = {"honest": "tab:orange", "server": "tab:green"}.get(behaviour, "tab:red")
-        axes.scatter([x], [y], s=60, zorder=3, color=colour)
-        if len(members) <= 40 or behaviour == "server":
-            axes.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    total = sum(b for _, _, _, b in result.links)
-    axes.set_title(f"{result.name}: traffic per link (total {total:,} bytes)")
-    axes.set_aspect("equal")
-    axes.axis("off")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def traffic_edges(links: Sequence[tuple[str, str, int, int]], members: Sequence[str]
-                  ) -> list[tuple[str, str, float]]:
-    """``(src, dst, bytes)`` per drawn edge. A ``*`` end is a queue every member shares (the
-    parameter server's link, sim/baselines.py): it is drawn as one edge per member with an equal
-    share, since every member moves the same model through it."""
-    edges: list[tuple[str, str, float]] = []
-    for src, dst, _, nbytes in links:
-        if "*" in (src, dst) and members:
-            share = nbytes / len(members)
-            edges.extend((m if src == "*" else src, m if dst == "*" else dst, share) for m in members)
-        else:
-            edges.append((src, dst, float(nbytes)))
-    return edges

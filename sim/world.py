@@ -12,6 +12,7 @@ compare one to one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.files.config import ConfigError
+from peer.files.statefiles import json_safe
 from peer.train.build import build_trainers
 from peer.train.tasks import Task
 from peer.train.trainer import Trainer
@@ -150,6 +152,8 @@ class ScenarioResult:
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)   # what the machines chose at start-up (each once)
     wall_s: float = 0.0            # real seconds; printed, never written into report.json
+    scenario: dict[str, Any] = field(default_factory=dict)  # as run (overrides applied), for report.html
+    topology: Topology | None = None  # the graph it ran on, for the report's topology plot
 
     @property
     def time_to_target_s(self) -> float | None:
@@ -287,7 +291,8 @@ def new_result(world: World, kind: str) -> ScenarioResult:
     any_trainer = world.trainers[world.names[0]]
     return ScenarioResult(name=scenario.name, source=scenario.source, kind=kind, seed=scenario.seed,
                           n_members=len(world.names), n_params=any_trainer.flat_params.numel(),
-                          target_accuracy=scenario.target_accuracy)
+                          target_accuracy=scenario.target_accuracy,
+                          scenario=json_safe(dataclasses.asdict(scenario)), topology=world.topology)
 
 
 def merge_counts(target: dict[str, int], counts: Mapping[str, int]) -> None:

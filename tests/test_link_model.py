@@ -10,7 +10,7 @@ import pytest
 from peer.files.config import ConfigError
 from protocols.rng import numpy_generator
 from sim.network import LinkSpec, Network, NicSpec, uniform
-from sim.report import traffic_edges
+from sim.plots import traffic_edges
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.world import build_world, nic_specs

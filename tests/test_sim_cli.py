@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -103,6 +104,9 @@ def test_sim_runs_a_scenario_and_its_baseline_into_one_report(tmp_path: Path,
     for plot in ("accuracy_vs_time.png", "accuracy_vs_bytes.png", "consensus_vs_time.png",
                  "loss_vs_time.png", "traffic_00_tiny.png"):
         assert (out / plot).stat().st_size > 1000
+    # The page holds each scenario as it ran (tests/test_sim_report_html.py checks the rest).
+    page = html.unescape((out / "report.html").read_text(encoding="utf-8"))
+    assert page.count('"total_steps": 20') == 1 and page.count('"kind": "allreduce"') == 1
     assert "tiny/allreduce" in capsys.readouterr().out
 
 

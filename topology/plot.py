@@ -7,13 +7,19 @@ matplotlib is imported here only, lazily, with the Agg backend, so importing
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from topology.analysis import consensus_rate
 from topology.errors import HivemeshError
 from topology.schedule import Topology
+
+MATRIX_LABEL_PT = 8      # the smallest tick label that reads on a screen at the saved 110 dpi
+MAX_MATRIX_LABELS = 24   # tick labels per axis of W; more overlap at 8 pt in the panel's height
+MAX_ROUND_PANELS = 12    # one-peer-exponential:4096 has a period of 12
 
 
 def layout(topology: Topology) -> dict[str, tuple[float, float]]:
@@ -28,17 +34,36 @@ def layout(topology: Topology) -> dict[str, tuple[float, float]]:
 
 
 def draw(topology: Topology, path: str | Path) -> None:
-    """Write a PNG: the graph on the left, W (or its mean over the period) on the right."""
+    """Write a PNG of :func:`figure_of`."""
+    import matplotlib.pyplot as plt
+
+    figure = figure_of(topology)
+    try:
+        figure.savefig(path, dpi=110)
+    except OSError as error:
+        raise HivemeshError(f"cannot write plot {path}: {error.strerror or error}") from None
+    finally:
+        plt.close(figure)
+
+
+def figure_of(topology: Topology) -> Any:
+    """The graph on the left, W (or its mean over the period) on the right; a time-varying graph
+    adds a row with W of each round of its period (the first ``MAX_ROUND_PANELS``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
 
+    rounds = min(topology.period, MAX_ROUND_PANELS) if topology.period > 1 else 0
+    figure = plt.figure(figsize=(13, 6.6 + (3.0 if rounds else 0.0)), layout="constrained")
+    top: Any = figure
+    if rounds:
+        halves: Any = figure.subfigures(2, 1, height_ratios=[6.6, 3.0])
+        top, bottom = halves
+    left, right = top.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.15]})
     positions = layout(topology)
     grid = topology.graph.graph.get("grid")
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 6.6), layout="constrained",
-                                         gridspec_kw={"width_ratios": [1, 1.15]})
     edges = list(topology.graph.edges(data="weight", default=1.0))
     heaviest = max((float(weight) for _, _, weight in edges), default=1.0) or 1.0
     for a, b, weight in edges:
@@ -81,15 +106,29 @@ def draw(topology: Topology, path: str | Path) -> None:
     image = right.imshow(matrix, cmap="viridis", vmin=0.0, interpolation="nearest")
     figure.colorbar(image, ax=right, fraction=0.046, pad=0.04)
     right.set_title("W (mean over the period)" if topology.period > 1 else "W: x_i <- sum_j W[i, j] x_j")
-    if topology.size <= 32:
-        ticks = range(topology.size)
-        right.set_xticks(ticks, topology.names, rotation=90, fontsize=6)
-        right.set_yticks(ticks, topology.names, fontsize=6)
+    _label_members(right, topology.names)
     right.set_xlabel("j (sender)")
     right.set_ylabel("i (receiver)")
-    try:
-        figure.savefig(path, dpi=110)
-    except OSError as error:
-        raise HivemeshError(f"cannot write plot {path}: {error.strerror or error}") from None
-    finally:
-        plt.close(figure)
+    if rounds:
+        panels = bottom.subplots(1, rounds, squeeze=False)[0]
+        heaviest_entry = max(float(topology.mixing(t).max()) for t in range(rounds))
+        for t, axes in enumerate(panels):
+            image = axes.imshow(topology.mixing(t), cmap="viridis", vmin=0.0, vmax=heaviest_entry,
+                                interpolation="nearest")
+            axes.set_title(f"round {t}", fontsize=10)
+            axes.set_xticks([])
+            axes.set_yticks([])
+        bottom.colorbar(image, ax=list(panels), shrink=0.8)
+        shown = "" if rounds == topology.period else f" (the first {rounds} of {topology.period})"
+        bottom.suptitle(f"W in each round t of the period: round t uses W[t mod {topology.period}]{shown}",
+                        fontsize=11)
+    return figure
+
+
+def _label_members(axes: Any, names: Sequence[str]) -> None:
+    """Tick labels a reader can read (8 pt): every member up to ``MAX_MATRIX_LABELS``, else every
+    k-th, so they never overlap."""
+    stride = max(1, math.ceil(len(names) / MAX_MATRIX_LABELS))
+    ticks = list(range(0, len(names), stride))
+    axes.set_xticks(ticks, [names[k] for k in ticks], rotation=90, fontsize=MATRIX_LABEL_PT)
+    axes.set_yticks(ticks, [names[k] for k in ticks], fontsize=MATRIX_LABEL_PT)

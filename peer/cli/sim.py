@@ -2,7 +2,7 @@
 
 ``hivemesh sim SCENARIO.toml [MORE.toml ...] --out DIR`` runs each scenario
 in turn (a progress line each) and writes one report comparing them all:
-``DIR/report.json``, ``DIR/metrics.csv`` and plots.
+``DIR/report.json``, ``DIR/metrics.csv``, plots and ``DIR/report.html`` (all of it on one page).
 
 ``hivemesh sim calibrate --task NAME --write SCENARIO.toml`` times the real
 trainer once on this machine and writes ``[nodes] step_time_ms`` into the
@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("scenarios", nargs="+", metavar="SCENARIO.toml",
                         help="scenario files, or 'calibrate'")
     parser.add_argument("--out", default="sim-report", help="report directory (default: sim-report)")
-    parser.add_argument("--no-plots", action="store_true", help="write report.json and metrics.csv only")
+    parser.add_argument("--no-plots", action="store_true",
+                        help="no plots (report.json, metrics.csv and report.html only)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                         help="override a key in every scenario file, as TOML (dotted for tables; "
