@@ -271,7 +271,7 @@ class GossipRun:
         for peer in peers:
             self._start(peer)
 
-    def _start(self, peer: SimPeer, *, sync: bool = False) -> None:
+    def _start(self, peer: SimPeer, *, sync: bool = False, resumed: bool = False) -> None:
         now = self.engine.now_s
         peer.alive = True
         peer.started = True
@@ -282,11 +282,21 @@ class GossipRun:
                 peer.neighbourhood.heard(other, now)
         if sync and neighbours:
             peer.syncing = True
-            self._send(peer, Send(neighbours, StateSyncRequest(reason="join")))
-            self.engine.after(self.node_config.sync_timeout_s,
-                              functools.partial(self._sync_timeout, peer, peer.incarnation))
+            heard_anyone = any(n.up for n in peer.neighbourhood.members.values())
+            peer.sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
+            self._ask(peer)
             return
         self._begin(peer)
+
+    def _ask(self, peer: SimPeer) -> None:
+        """One state-sync attempt, or, when every attempt went unanswered, start from what it has."""
+        if not peer.sync.ask():
+            self._begin(peer)
+            return
+        self._send(peer, Send(self.world.neighbours(peer.name), StateSyncRequest(reason="join")))
+        attempt = peer.sync.attempts_made
+        self.engine.after(self.node_config.sync_timeout_s,
+                          functools.partial(self._sync_timeout, peer, peer.incarnation, attempt))
 
     def _begin(self, peer: SimPeer) -> None:
         """Start the machine, then hand it what arrived while it synced, and finish interrupted work."""
@@ -304,10 +314,9 @@ class GossipRun:
                                       peer.work_index, peer.pending_work.steps)
             self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
 
-    def _sync_timeout(self, peer: SimPeer, incarnation: int) -> None:
-        if peer.incarnation == incarnation and peer.syncing:
-            peer.sync.no_answer()
-            self._begin(peer)
+    def _sync_timeout(self, peer: SimPeer, incarnation: int, attempt: int) -> None:
+        if peer.incarnation == incarnation and peer.syncing and peer.sync.attempts_made == attempt:
+            self._ask(peer)
 
     def _answer_sync(self, peer: SimPeer, requester: str) -> None:
         if not peer.sync.may_answer(requester, self.engine.now_s, started=not peer.syncing):
@@ -343,7 +352,7 @@ class GossipRun:
             if peer.alive or peer.checkpoint is None:
                 return
             self._restore(peer)
-            self._start(peer, sync=True)
+            self._start(peer, sync=True, resumed=True)
         elif event.kind == "join" and not peer.alive and not peer.started:
             self._start(peer, sync=True)
 

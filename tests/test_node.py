@@ -29,6 +29,24 @@ def offer(round_index: int, steps_done: int, value: float = 2.0, numel: int = 3)
     return SyncOffer(round=round_index, steps_done=steps_done, params=torch.full((numel,), value))
 
 
+# ------------------------------------------------------------ asking
+
+@pytest.mark.parametrize(("resumed", "heard_anyone", "attempts"),
+                         [(False, False, 4), (False, True, 4), (True, True, 4), (True, False, 1)])
+def test_a_sync_asks_its_attempts_then_counts_no_answer(resumed: bool, heard_anyone: bool,
+                                                        attempts: int) -> None:
+    sync = StateSync(NodeConfig(sync_attempts=4), NEIGHBOURS)
+    sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
+    asked = 0
+    while sync.ask():
+        asked += 1
+        assert asked <= 10
+    assert asked == attempts and sync.attempts_made == attempts
+    assert sync.outcomes["no_answer"] == 1
+    sync.begin_asking(resumed=False, heard_anyone=True)  # a later sync starts afresh
+    assert sync.ask() and sync.attempts_made == 1
+
+
 # ------------------------------------------------------------ answering a state-sync request
 
 

@@ -68,3 +68,27 @@ def test_a_ring_member_cut_off_for_15_s_keeps_its_place_and_ends_in_consensus() 
     distance = relative_distance(params["p02"], [v for n, v in params.items() if n != "p02"])
     assert distance < 1e-3, distance
     assert result.trace[-1].consensus_rms < 1e-3
+
+
+def test_a_joiner_no_neighbour_can_answer_asks_sync_attempts_times_then_trains_on() -> None:
+    # Prepare: p03 joins at 1 s inside a partition that keeps it from every neighbour until 30 s;
+    # it asks 3 times, 2 s apart, as the daemon would (protocols/node/sync.py), then starts alone.
+    scenario = scenario_from_dict({
+        "seed": 1, "duration_s": 40.0, "eval_every_s": 1000.0, "graph": {"spec": "ring:4"},
+        "links": {"latency_ms": 5.0, "bandwidth_mbps": 1000.0},
+        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_s": 0.5, "sync_timeout_s": 2.0,
+                  "sync_attempts": 3},
+        "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.5, "total_steps": 100},
+        "task": {"name": "logreg", "options": {"n_samples": 200, "n_features": 5}},
+        "faults": {"churn": [{"node": "p03", "kind": "join", "at_s": 1.0}],
+                   "partitions": [{"start_s": 0.5, "end_s": 30.0, "groups": [["p03"]]}]},
+    })
+    run = GossipRun(build_world(scenario))
+    run.begin()
+    # Execute: until just before its last attempt times out, then past it.
+    run.engine.run(until_s=1.0 + 3 * 2.0 - 0.01)
+    joiner = run.peers["p03"]
+    assert joiner.syncing and joiner.sync.attempts_made == 3
+    run.engine.run(until_s=1.0 + 3 * 2.0 + 0.01)
+    # Assert: no answer counted once, and it started.
+    assert not joiner.syncing and joiner.sync.outcomes == {"no_answer": 1}

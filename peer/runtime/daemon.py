@@ -233,8 +233,7 @@ class PeerDaemon:
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
             if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
-                # restarted and nobody heard: the neighbours are likely gone; one attempt tells
-                unanswered = self._state_sync(attempts=1 if resumed and self._nobody_heard() else None)
+                unanswered = self._state_sync(resumed=resumed)
                 self.timeline["synced"] = time.time()
                 if self._stop_signal is None:
                     self._judge_neighbours(start_wait_over=unanswered)
@@ -321,14 +320,16 @@ class PeerDaemon:
             self._stranded = reason(presence, outcome)
             self.timeline["stranded"] = time.time()
 
-    def _state_sync(self, attempts: int | None = None) -> bool:
-        """Ask the neighbours for their current state; adopt the first answer (``attempts``: the
-        config's ``sync_attempts`` unless given). True when every attempt went unanswered."""
+    def _state_sync(self, *, resumed: bool) -> bool:
+        """Ask the neighbours for their current state, as often as protocols/node/sync.py says;
+        adopt the first answer. True when every attempt went unanswered."""
         self.state = "syncing"
         targets = sorted(self.neighbours, key=lambda n: (not self.neighbours[n].up, n))
-        attempts = attempts or self.sync.config.sync_attempts
-        for attempt in range(attempts):
-            if not targets or self._stop_signal is not None:
+        if not targets:
+            return False
+        self.sync.begin_asking(resumed=resumed, heard_anyone=not self._nobody_heard())
+        while self.sync.ask():
+            if self._stop_signal is not None:
                 return False
             self._send(Send(tuple(targets), StateSyncRequest(reason="join")))
             deadline = self.now() + self.sync.config.sync_timeout_s
@@ -339,8 +340,7 @@ class PeerDaemon:
             if self._sync_answer is not None:
                 self._adopt(*self._sync_answer)
                 return False
-            self._warn(f"no state-sync answer (attempt {attempt + 1}/{attempts})")
-        self.sync.no_answer()
+            self._warn(f"no state-sync answer (attempt {self.sync.attempts_made}/{self.sync.attempts})")
         return True
 
     def _train(self) -> None:

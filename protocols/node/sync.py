@@ -7,6 +7,12 @@ interval, and never crowds out another requester). Only neighbours are
 answered, and only once we have started: before Start we have nothing better
 than the initial model to offer. Every refusal is counted by reason.
 
+Asking. A member asks its neighbours, waits ``sync_timeout_s`` for an answer,
+and asks again, ``sync_attempts`` times in all (``begin_asking`` then ``ask``
+before each attempt); a restarted member that heard no neighbour while it
+started asks once (they are likely gone: one attempt tells). When every
+attempt went unanswered it goes on from its own state (``no_answer``).
+
 Adopting. An answer is checked first (protocols/node/check.py: a roster
 member may still send nonsense). A usable one is then judged in this order:
 
@@ -53,6 +59,24 @@ class StateSync:
         self.outcomes: Counter[str] = Counter()
         self.answers_sent = 0
         self._answered_at: dict[str, float] = {}  # requester -> when we last sent it our state
+        self.attempts = 0        # of this sync (begin_asking)
+        self.attempts_made = 0
+
+    # ------------------------------------------------------------ asking
+
+    def begin_asking(self, *, resumed: bool, heard_anyone: bool) -> None:
+        """A sync starts: ``sync_attempts`` attempts, or one for a restarted member that heard nobody."""
+        self.attempts = 1 if resumed and not heard_anyone else self.config.sync_attempts
+        self.attempts_made = 0
+
+    def ask(self) -> bool:
+        """Before each attempt: True to send a request now; False when every attempt has gone
+        unanswered (counted ``no_answer``: the member goes on from its own state)."""
+        if self.attempts_made >= self.attempts:
+            self.outcomes["no_answer"] += 1
+            return False
+        self.attempts_made += 1
+        return True
 
     # ------------------------------------------------------------ answering
 
@@ -109,7 +133,3 @@ class StateSync:
             actions.append(SetTrainerStep(offer.steps_done))
         self.outcomes[outcome.value] += 1
         return outcome, actions
-
-    def no_answer(self) -> None:
-        """Every attempt went unanswered: the member goes on from its own state."""
-        self.outcomes["no_answer"] += 1
