@@ -13,10 +13,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "SIGINT or SIGTERM writes a checkpoint and exits 0; starting again resumes.")
     parser.add_argument("--config", required=True, help="the peer's config file (written by `hivemesh init`)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on the console")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on 127.0.0.1:PORT (or [peer] metrics_host), "
+                             "instead of the config's [peer] metrics_port; 0: none")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.daemon import run_peer
 
-    return run_peer(args.config, quiet=args.quiet)
+    return run_peer(args.config, quiet=args.quiet, metrics_port=args.metrics_port)
