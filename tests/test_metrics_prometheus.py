@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from _daemon_support import (
     CEILING_S,
     describe,
@@ -31,8 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from peer.cli.main import main
-from peer.files.fields import SNAPSHOT_FIELDS, field_for
+from peer.files.fields import MACHINE_GAUGE_WORDS, SNAPSHOT_FIELDS, field_for, markdown_table
 from peer.runtime.prometheus import MetricsServer, SnapshotCollector, sample_key
+from protocols.events import Action, Metric, SetTimer, Start, StartWork, TimerFired, WorkDone
+from protocols.gossip import GossipConfig, make_machine, suggested_compression
+from protocols.gossip.config import ALGORITHMS
+from topology import build
 from topology.errors import HivemeshError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -157,6 +162,10 @@ def test_every_field_the_daemon_writes_is_documented_in_the_readme(run: Run) -> 
     assert {f.key for f in SNAPSHOT_FIELDS} <= rows
 
 
+def test_the_readme_table_of_fields_is_the_one_generated_from_them() -> None:
+    assert markdown_table() in README.read_text()     # regenerate: python -m peer.files.fields
+
+
 def test_the_endpoint_serves_over_http_on_loopback() -> None:
     snapshot = {"name": "p00", "state": "training", "step": 7, "bytes_sent_to": {"p01": 1234},
                 "rejections": {"bad_signature": 3}, "neighbours": {"p01": {"latency_ms": 2.5, "up": True}},
@@ -218,3 +227,27 @@ def test_after_a_real_run_status_shows_the_neighbour_finished(run: Run) -> None:
         info = run.statuses[name]["neighbours"][other]
         assert info["finished"] is True, info       # its last heartbeats said so, within our finish grace
         assert neighbour_word(info, running=False) == "finished"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_machine_metric_is_a_gauge_with_words_or_a_counter(algorithm: str) -> None:
+    # the collector and `hivemesh status` tell gauges from event counts by MACHINE_GAUGE_WORDS
+    params = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    config = GossipConfig(algorithm=algorithm, compression=suggested_compression(algorithm), total_steps=3)
+    machine = make_machine(config, name="p00", topology=build("ring:4"), params=params, seed=0)
+    # alone on the ring (no neighbour answers): train when asked, let each deadline pass, three rounds
+    actions: list[Action] = []
+    pending, now = machine.handle(Start(), 0.0), 0.0
+    while pending and len(actions) < 200:
+        actions += pending
+        action, pending = pending[0], pending[1:]
+        match action:
+            case StartWork():
+                pending += machine.handle(WorkDone(action.steps, 0.5), now)
+            case SetTimer():
+                now = max(now, action.at)
+                pending += machine.handle(TimerFired(action.key), now)
+    names = {action.name for action in actions if isinstance(action, Metric)}
+    assert "round" in names         # control: the metrics were seen
+    assert set(machine.gauges()) <= set(MACHINE_GAUGE_WORDS)
+    assert {n for n in names if n not in MACHINE_GAUGE_WORDS} <= set(machine.counters)

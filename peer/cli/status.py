@@ -137,6 +137,8 @@ def neighbour_word(info: dict[str, Any], *, running: bool) -> str:
 
 def _headline(status: dict[str, Any]) -> str:
     state = status.get("state")
+    if status.get("waiting_for") and status.get("running"):
+        state = f"{state}: {status['waiting_for']}"
     if status.get("running"):
         when = f"updated {_num(status.get('age_s'), '.1f', ' s')} ago"
     elif state in ENDED:

@@ -81,6 +81,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("test_cut_dropped", "messages", "counter", "messages a test hook's cut dropped, sent or received",
           label="direction"),
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
+    Field("waiting_for", "", "text",
+          "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`)"),
     Field("absent_at_start", "events", "counter",
           "neighbours not up when training started", label="neighbour"),
     Field("abandoned_sends", "messages", "counter",

@@ -717,6 +717,8 @@ class PeerDaemon:
             "neighbour_finished": dict(self.counters.neighbour_finished),
             "test_cut_dropped": dict(self.counters.test_cut_dropped),
             "stranded": self._stranded,
+            "waiting_for": (waiting_line({name: info.presence() for name, info in self.neighbours.items()})
+                            if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
