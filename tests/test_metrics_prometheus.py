@@ -133,6 +133,7 @@ def test_every_number_of_a_real_status_is_a_prometheus_sample_with_its_value(run
     assert samples[("hivemesh_step", ())] == snapshot["step"] == 30
     assert samples[("hivemesh_test_loss", ())] == snapshot["test_loss"] > 0
     assert samples[("hivemesh_peer_info", (("name", "p00"), ("state", "finished"), ("stranded", "")))] == 1
+    assert not [name for name, _ in samples if name.startswith("hivemesh_metrics_")]   # round: once
     assert "# TYPE hivemesh_rejections_total counter" in text
     assert "# TYPE hivemesh_bytes_sent_total counter" in text
 

@@ -93,8 +93,8 @@ class SnapshotCollector(Collector):
         yield warnings
         for field in SNAPSHOT_FIELDS:
             if (field.kind in ("text", "nested") or field.prometheus == "-" or "*" in field.key
-                    or field.key in SNAPSHOT_ONLY):
-                continue
+                    or field.key in SNAPSHOT_ONLY or field.key.startswith("metrics.")):
+                continue    # not served, or served by _neighbours and _machine
             yield from self._plain(field, snapshot)
         yield from self._neighbours(snapshot)
         yield from self._machine(snapshot)
