@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     port = _free_port()
     config = files.configs["p00"]
     config.write_text(config.read_text().replace("[peer]\n", f"[peer]\nmetrics_port = {port}\n", 1))
+    other = files.configs["p01"]
+    other.write_text(other.read_text().replace("[peer]\n", "[peer]\ntensorboard = true\n", 1))
     gate, marks = out / "go", out / "marks"
     marks.mkdir()
     with peers(files) as processes:
@@ -252,3 +255,29 @@ def test_every_machine_metric_is_a_gauge_with_words_or_a_counter(algorithm: str)
     assert "round" in names         # control: the metrics were seen
     assert set(machine.gauges()) <= set(MACHINE_GAUGE_WORDS)
     assert {n for n in names if n not in MACHINE_GAUGE_WORDS} <= set(machine.counters)
+
+
+@pytest.mark.processes
+def test_a_peer_asked_for_tensorboard_writes_each_evaluation_as_scalars(run: Run) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = [json.loads(x) for x in (run.out / "data" / "p01" / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(run.out / "data" / "p01" / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "accuracy", "test_loss", "metrics/round", "bytes_sent_to/p00", "step"} <= tags
+    for tag in ("accuracy", "test_loss", "metrics/round"):
+        written = [(line["step"], line["metrics"]["round"] if tag == "metrics/round" else line[tag])
+                   for line in lines]
+        read = [(event.step, event.value) for event in events.Scalars(tag)]
+        assert [step for step, _ in read] == [step for step, _ in written] == [10, 20, 30]
+        assert [value for _, value in read] == pytest.approx([value for _, value in written], rel=1e-6)
+    assert not (run.out / "data" / "p00" / "tensorboard").exists()     # opt-in
+
+
+def test_tensorboard_without_its_package_is_an_error_naming_the_key(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from peer.runtime.tensorboard import ScalarLog
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)   # as if not installed
+    with pytest.raises(HivemeshError, match=r"^p01.toml: \[peer\] tensorboard = true needs the tensorboard"):
+        ScalarLog(tmp_path, key="p01.toml: [peer] tensorboard")

@@ -83,6 +83,7 @@ from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
 from peer.runtime.assemble import Parts, assemble, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
@@ -209,6 +210,7 @@ class PeerDaemon:
         self._resumed = False
         self.state = "starting"
         self._published: dict[str, Any] | None = None    # the last status written (the metrics endpoint's)
+        self.scalars: ScalarLog | None = None      # TensorBoard, when [peer] tensorboard
 
     # ------------------------------------------------------------------ time
 
@@ -241,6 +243,9 @@ class PeerDaemon:
                 metrics = MetricsServer(lambda: self._published, host=self.config.peer.metrics_host,
                                         port=self.config.peer.metrics_port,
                                         key=f"{self.config.source}: [peer] metrics_port (or --metrics-port)")
+            if self.config.peer.tensorboard:
+                self.scalars = ScalarLog(self.config.data_dir,
+                                         key=f"{self.config.source}: [peer] tensorboard")
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
             if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
@@ -257,6 +262,8 @@ class PeerDaemon:
         finally:
             if metrics is not None:
                 metrics.close()
+            if self.scalars is not None:
+                self.scalars.close()
             self.transport.close()
             self.digester.close()
 
@@ -603,7 +610,10 @@ class PeerDaemon:
             return
         self._last_eval = self.trainer.evaluate()
         self._last_eval_step = self.trainer.step
-        self.status.metric_line(self._snapshot())
+        snapshot = self._snapshot()
+        self.status.metric_line(snapshot)
+        if self.scalars is not None:
+            self.scalars.write(snapshot)
 
     # ------------------------------------------------------------------ state sync
 

@@ -75,6 +75,8 @@ class PeerSection(NodeConfig):
     # a Prometheus endpoint (peer.runtime.prometheus) on this port; 0: none (opt-in: a port is a choice)
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"  # loopback: exposing metrics beyond the host is the operator's choice
+    # each evaluation's numbers as TensorBoard scalars in data_dir/tensorboard (an extra package)
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
