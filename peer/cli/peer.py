@@ -18,10 +18,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "e.g. --set peer.eval_every_steps=10 --set checkpoint.every_steps=0; "
                              "a [network] key changes the run id, so give every peer the same; "
                              "every key: hivemesh config reference")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on 127.0.0.1:PORT (or [peer] metrics_host), "
+                             "instead of the config's [peer] metrics_port; 0: none")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.daemon import run_peer
 
-    return run_peer(args.config, quiet=args.quiet, overrides=args.overrides)
+    return run_peer(args.config, quiet=args.quiet, overrides=args.overrides, metrics_port=args.metrics_port)

@@ -1,70 +1,179 @@
-"""``hivemesh status``: what a running (or stopped) peer is doing, from its status.json."""
+"""``hivemesh status``: what running (or stopped) peers are doing, from their status.json files.
+
+One peer shows in detail; several (``hivemesh status DIR/*.toml``, ``--net DIR``) show as
+one table, a row per peer. ``--watch`` redraws either until Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
+
+from peer.files.fields import MACHINE_GAUGE_WORDS, machine_words
+from peer.files.statefiles import format_number as _num
+from peer.files.statefiles import human_bytes
+
+ENDED = ("finished", "stopped", "stranded")    # states a peer leaves only by being started again
+CLEAR_SCREEN = "\033[H\033[2J"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "status", help="show a peer's step, loss, accuracy, neighbours, traffic and rejections",
-        description="Show what a peer is doing: step, loss, accuracy, neighbours (last seen, latency), "
-                    "bytes in and out, rejections by reason and the estimated distance to consensus. "
-                    "Reads the status file the peer refreshes every second in its data folder.")
+        "status", help="show peers' step, loss, accuracy, neighbours, traffic and rejections",
+        description="Show what peers are doing: step, training and test loss, test accuracy, neighbours "
+                    "(up, down or finished; last heard, latency), bytes in and out, rejections by reason "
+                    "and the estimated distance to consensus. Reads the status file each peer refreshes "
+                    "every second in its data folder. One peer is shown in detail, several as one table.")
+    parser.add_argument("configs", nargs="*", metavar="PEER.toml", help="peers' config files")
     parser.add_argument("--config", action="append", default=[], metavar="PEER.toml",
                         help="a peer's config file (repeat for several peers)")
     parser.add_argument("--data-dir", action="append", default=[], metavar="DIR",
                         help="a peer's data folder, instead of its config")
+    parser.add_argument("--net", metavar="DIR",
+                        help="every peer of a network folder written by `hivemesh init` or `hivemesh demo`")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C")
+    parser.add_argument("--count", type=int, default=None, metavar="N",
+                        help="with --watch: stop after N redraws")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from peer.files.statefiles import pid_alive, read_status
-    from peer.runtime.peerconfig import load_peer_config
     from topology.errors import HivemeshError
 
-    folders = [load_peer_config(path).data_dir for path in args.config] + [Path(d) for d in args.data_dir]
+    folders = _folders(args)
     if not folders:
-        raise HivemeshError("give --config PEER.toml (or --data-dir DIR) of the peer to show")
+        raise HivemeshError("give the peers' configs (PEER.toml ..., --config, --data-dir) or --net DIR")
+    if args.watch is not None and args.watch <= 0:
+        raise HivemeshError(f"--watch {args.watch:g}: the interval must be positive (seconds)")
+    table = len(folders) > 1 or args.net is not None
+    if args.watch is None:
+        statuses = _read(folders, tolerate_missing=table)
+        print(_show(statuses, as_json=args.json, table=table))
+        return 0
+    redraws = 0
+    try:
+        while args.count is None or redraws < args.count:
+            if redraws:
+                time.sleep(args.watch)
+            text = _show(_read(folders, tolerate_missing=True), as_json=args.json, table=table)
+            print((CLEAR_SCREEN if sys.stdout.isatty() else "") + text, flush=True)
+            redraws += 1
+    except KeyboardInterrupt:
+        pass        # Ctrl-C is how a watch ends
+    return 0
+
+
+def _folders(args: argparse.Namespace) -> list[Path]:
+    from peer.runtime.peerconfig import load_peer_config
+
+    configs = [Path(p) for p in [*args.configs, *args.config]]
+    if args.net is not None:
+        configs += network_configs(Path(args.net))
+    return [load_peer_config(path).data_dir for path in configs] + [Path(d) for d in args.data_dir]
+
+
+def network_configs(folder: Path) -> list[Path]:
+    """The peer configs of a network folder: its TOML files with a [peer] table (not the roster)."""
+    from topology.errors import HivemeshError
+
+    if not folder.is_dir():
+        raise HivemeshError(f"--net {folder}: no such folder")
+    found = []
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            if "peer" in tomllib.loads(path.read_text()):
+                found.append(path)
+        except tomllib.TOMLDecodeError as error:
+            raise HivemeshError(f"{path}: not TOML ({error})") from None
+    if not found:
+        raise HivemeshError(f"--net {folder}: no peer config (a TOML file with a [peer] table) there")
+    return found
+
+
+def _read(folders: list[Path], *, tolerate_missing: bool) -> list[dict[str, Any]]:
+    from peer.files.statefiles import pid_alive, read_status
+    from topology.errors import HivemeshError
+
     statuses = []
     for folder in folders:
         status = read_status(folder)
         if status is None:
-            raise HivemeshError(f"{folder}: no status yet (has this peer been started?)")
+            if not tolerate_missing:
+                raise HivemeshError(f"{folder}: no status yet (has this peer been started?)")
+            statuses.append({"name": folder.name, "state": "no status yet", "running": False})
+            continue
         pid = status.get("pid")
-        status["running"] = isinstance(pid, int) and pid_alive(pid) and status.get("state") not in (
-            "finished", "stopped", "stranded")
+        # pid 0 and negative ones name process groups (kill(-1, 0) succeeds): never a peer
+        status["running"] = (isinstance(pid, int) and pid > 0 and pid_alive(pid)
+                             and status.get("state") not in ENDED)
         status["age_s"] = time.time() - float(status.get("updated_at", 0.0))
         statuses.append(status)
-    if args.json:
-        print(json.dumps(statuses[0] if len(statuses) == 1 else statuses, indent=1, sort_keys=True))
-        return 0
-    for status in statuses:
-        print(render(status))
-    return 0
+    return statuses
+
+
+def _show(statuses: list[dict[str, Any]], *, as_json: bool, table: bool) -> str:
+    if as_json:
+        return json.dumps(statuses if table else statuses[0], indent=1, sort_keys=True)
+    return render_table(statuses) if table else render(statuses[0])
+
+
+def neighbour_word(info: dict[str, Any], *, running: bool) -> str:
+    """A neighbour's presence in words: a finished one reads "finished" (its heartbeats said so) even
+    inside its grace period, and one up when a stopped peer last wrote reads "up at exit"."""
+    if info.get("finished"):
+        return "finished"
+    presence = str(info.get("presence") or ("up" if info.get("up") else "down"))
+    if presence == "up" and not running:
+        return "up at exit"
+    return presence
+
+
+def _headline(status: dict[str, Any]) -> str:
+    state = status.get("state")
+    if status.get("waiting_for") and status.get("running"):
+        state = f"{state}: {status['waiting_for']}"
+    if status.get("running"):
+        when = f"updated {_num(status.get('age_s'), '.1f', ' s')} ago"
+    elif state in ENDED:
+        when = f"{_num(status.get('age_s'), '.1f', ' s')} ago, not running"
+    else:       # the process is gone without saying so: a crash or a kill
+        when = f"not running (last update {_num(status.get('age_s'), '.1f', ' s')} ago)"
+    epoch = status.get("epoch")
+    restarts = ""
+    if isinstance(epoch, int) and epoch:
+        restarts = f", restarted {epoch} time{'' if epoch == 1 else 's'}"
+    return f"peer {status.get('name')}: {state}, {when}{restarts}"
+
+
+def _machine_line(metrics: dict[str, Any]) -> str:
+    gauges = [f"{MACHINE_GAUGE_WORDS[k]} {metrics[k]:g}" for k in MACHINE_GAUGE_WORDS if k in metrics]
+    events = [f"{machine_words(k)} {v:g}" for k, v in sorted(metrics.items()) if k not in MACHINE_GAUGE_WORDS]
+    return ("  " + ", ".join(gauges or ["gossip round -"])
+            + "; protocol events: " + (", ".join(events) or "none"))
 
 
 def render(status: dict[str, Any]) -> str:
-    from peer.files.statefiles import format_number as _num
-    from peer.files.statefiles import human_bytes
-
+    """One peer in detail."""
+    running = bool(status.get("running"))
     lines = [
-        f"peer {status.get('name')}: {status.get('state')}"
-        + ("" if status.get("running") else " (not running)")
-        + f", updated {_num(status.get('age_s'), '.1f', ' s')} ago, epoch {status.get('epoch')}",
+        _headline(status),
         f"  step {status.get('step')}"
-        + (f" (gossip steps done {status['steps_done']})"
+        + (f" (gossip schedule at step {status['steps_done']})"
            if status.get("steps_done") not in (None, status.get("step")) else "")
-        + f"  loss {_num(status.get('loss'), '.4f')}  "
-        f"accuracy {_num(status.get('accuracy'), '.4f')} (at step {status.get('eval_step')})",
-        f"  consensus distance, max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last "
-        f"parameters (relative) {_num(status.get('consensus_max_relative'), '.2e')}",
+        + f"  training loss {_num(status.get('loss'), '.4f')}"
+        f"  test loss {_num(status.get('test_loss'), '.4f')}"
+        f"  test accuracy {_num(status.get('accuracy'), '.4f')}"
+        + (f" (at step {status['eval_step']})" if _evaluated(status) else ""),
+        _machine_line(status.get("metrics") or {}),
+        f"  distance to consensus {_num(status.get('consensus_max_relative'), '.2e')} "
+        "(max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last parameters)",
         f"  bytes out {human_bytes(status.get('bytes_sent', 0))}"
         f"  in {human_bytes(status.get('bytes_received', 0))}"
         f"  (gossip payload out {human_bytes(status.get('payload_bytes_sent', 0))})",
@@ -74,13 +183,43 @@ def render(status: dict[str, Any]) -> str:
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
     lines.append("  neighbours:")
+    age_s = float(status.get("age_s") or 0.0) if not running else 0.0
     for name, info in sorted((status.get("neighbours") or {}).items()):
         seen = info.get("last_seen_s")
-        presence = info.get("presence") or ("up" if info.get("up") else "down")
-        lines.append(f"    {name:<12} {presence if presence == 'up' else presence.upper():<11} "
-                     f"last seen {_num(seen, '.1f', ' s ago') if seen is not None else 'never'}  "
+        heard = _num(seen + age_s, '.1f', ' s ago') if seen is not None else "never"
+        lines.append(f"    {name:<12} {neighbour_word(info, running=running):<11} last heard {heard}  "
                      f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}  step {info.get('step')}")
-    metrics = status.get("metrics") or {}
-    if metrics:
-        lines.append("  machine: " + ", ".join(f"{k} {v:g}" for k, v in sorted(metrics.items())))
     return "\n".join(lines)
+
+
+def _evaluated(status: dict[str, Any]) -> bool:
+    step = status.get("eval_step")
+    return isinstance(step, int) and step >= 0
+
+
+TABLE_COLUMNS = ("peer", "state", "step", "train loss", "test loss", "test acc", "round", "consensus",
+                 "neighbours", "sent", "received", "rejected", "updated")
+
+
+def table_row(status: dict[str, Any]) -> tuple[str, ...]:
+    running = bool(status.get("running"))
+    words = [neighbour_word(info, running=running) for info in (status.get("neighbours") or {}).values()]
+    counted = ", ".join(f"{words.count(w)} {w}" for w in sorted(set(words))) or "-"
+    state = str(status.get("state"))
+    if not running and state not in ENDED and "updated_at" in status:
+        state += " (gone)"      # the process died without writing its end
+    age = status.get("age_s")
+    return (str(status.get("name")), state, str(status.get("step", "-")),
+            _num(status.get("loss"), ".4f"), _num(status.get("test_loss"), ".4f"),
+            _num(status.get("accuracy"), ".4f"), _num((status.get("metrics") or {}).get("round"), ".0f"),
+            _num(status.get("consensus_max_relative"), ".2e"), counted,
+            human_bytes(status.get("bytes_sent", 0)), human_bytes(status.get("bytes_received", 0)),
+            str(sum((status.get("rejections") or {}).values())), _num(age, ".1f", " s ago"))
+
+
+def render_table(statuses: list[dict[str, Any]]) -> str:
+    """Several peers, one row each, under one header."""
+    rows = [TABLE_COLUMNS, *(table_row(s) for s in statuses)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)

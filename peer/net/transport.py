@@ -112,6 +112,7 @@ class Transport:
         if curve is not None:
             self._authenticator = _start_authenticator(self._context, curve.allowed_client_keys)
         self.bytes_sent = 0
+        self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
         self.messages_sent: Counter[str] = Counter()
         self.messages_received = 0
@@ -201,7 +202,9 @@ class Transport:
             more = zmq.SNDMORE if index < len(parts) else 0
             trackers.append(outbox.socket.send(part, flags=more, copy=False, track=True))   # never blocks
         outbox.pending.extend(t for t in trackers if t is not None and not t.done)
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        size = sum(memoryview(f).nbytes for f in frames)
+        self.bytes_sent += size
+        self.bytes_sent_to[name] += size
         self.messages_sent[name] += 1
         return True
 

@@ -83,6 +83,7 @@ from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
 from peer.runtime.assemble import Parts, assemble, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
@@ -147,6 +148,7 @@ class Counters:
     neighbour_finished: Counter[str] = field(default_factory=Counter)  # went silent after saying it finished
     test_cut_dropped: Counter[str] = field(default_factory=Counter)  # "sent"/"received" by a cut test hook
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
+    bytes_received_from: Counter[str] = field(default_factory=Counter)  # accepted messages, by sender
 
 
 class PeerDaemon:
@@ -202,6 +204,8 @@ class PeerDaemon:
         self._stranded = ""     # why this peer stops short of the end (protocols/node/liveness.py)
         self._resumed = False
         self.state = "starting"
+        self._published: dict[str, Any] | None = None    # the last status written (the metrics endpoint's)
+        self.scalars: ScalarLog | None = None      # TensorBoard, when [peer] tensorboard
 
     # ------------------------------------------------------------------ time
 
@@ -229,7 +233,17 @@ class PeerDaemon:
             where = ("key 'peer.listen'" if self.config.peer.listen else
                      f"key 'peer.roster' ({self.name!r}'s address in {self.config.roster_path})")
             raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}") from None
+        metrics = None
         try:
+            if self.config.peer.metrics_port:
+                from peer.runtime.prometheus import MetricsServer
+
+                metrics = MetricsServer(lambda: self._published, host=self.config.peer.metrics_host,
+                                        port=self.config.peer.metrics_port,
+                                        key=f"{self.config.source}: [peer] metrics_port (or --metrics-port)")
+            if self.config.peer.tensorboard:
+                self.scalars = ScalarLog(self.config.data_dir,
+                                         key=f"{self.config.source}: [peer] tensorboard")
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
             if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
@@ -243,6 +257,10 @@ class PeerDaemon:
                 self._train()
             return self._shutdown()
         finally:
+            if metrics is not None:
+                metrics.close()
+            if self.scalars is not None:
+                self.scalars.close()
             self.transport.close()
             self.digester.close()
 
@@ -419,6 +437,7 @@ class PeerDaemon:
             opened = self.endpoint.open([f.buffer for f in frames])
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
+                self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
                 self._dispatch(opened)
 
     def _dispatch(self, opened: Opened) -> None:
@@ -585,7 +604,10 @@ class PeerDaemon:
             return
         self._last_eval = self.trainer.evaluate()
         self._last_eval_step = self.trainer.step
-        self.status.metric_line(self._snapshot())
+        snapshot = self._snapshot()
+        self.status.metric_line(snapshot)
+        if self.scalars is not None:
+            self.scalars.write(snapshot)
 
     # ------------------------------------------------------------------ state sync
 
@@ -680,11 +702,13 @@ class PeerDaemon:
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
             "consensus_max_relative": self._consensus_estimate(),
             "neighbours": {
-                name: {"up": info.up, "presence": info.presence().value,
+                name: {"up": info.up, "presence": info.presence().value, "finished": info.finished,
                        "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
                        else None, "latency_ms": info.latency_ms, "step": info.step}
                 for name, info in self.neighbours.items()},
             "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
+            "bytes_sent_to": dict(self.transport.bytes_sent_to),
+            "bytes_received_from": dict(self.counters.bytes_received_from),
             "payload_bytes_sent": self.counters.payload_bytes_sent,
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
@@ -697,6 +721,8 @@ class PeerDaemon:
             "neighbour_finished": dict(self.counters.neighbour_finished),
             "test_cut_dropped": dict(self.counters.test_cut_dropped),
             "stranded": self._stranded,
+            "waiting_for": (waiting_line({name: info.presence() for name, info in self.neighbours.items()})
+                            if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
@@ -708,7 +734,8 @@ class PeerDaemon:
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
-            self.status.write(self._snapshot(), now=self.now(), interval_s=self.config.peer.status_interval_s)
+            self._published = self._snapshot()
+            self.status.write(self._published, now=self.now(), interval_s=self.config.peer.status_interval_s)
 
     def _machine_warnings(self) -> None:
         """Say each new warning of the machine once (its metrics are the only time it can change)."""
@@ -735,13 +762,20 @@ def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
 
 
 def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = None,
-             overrides: Sequence[str] = ()) -> int:
+             overrides: Sequence[str] = (), metrics_port: int | None = None) -> int:
     """Load the config, run the peer, return the exit code (errors as one line on stderr).
 
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
-    bound to the peer's address (peer.runtime.launch). Test hooks come from the environment."""
+    bound to the peer's address (peer.runtime.launch); ``metrics_port``: instead of the config's
+    ``[peer] metrics_port``. Test hooks come from the environment."""
     try:
         config = load_peer_config(config_path, overrides)   # overrides: `hivemesh peer --set`
+        if metrics_port is not None:
+            try:
+                peer = dataclasses.replace(config.peer, metrics_port=metrics_port)
+            except ValueError as error:
+                raise HivemeshError(f"--metrics-port: {error}") from None
+            config = dataclasses.replace(config, peer=peer)
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()

@@ -73,6 +73,11 @@ class PeerSection(NodeConfig):
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
     eval_every_steps: int = 50       # test-set evaluation for metrics and status; 0 = only at the end
     progress: bool = True            # one progress line per status refresh on the console
+    # a Prometheus endpoint (peer.runtime.prometheus) on this port; 0: none (opt-in: a port is a choice)
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"  # loopback: exposing metrics beyond the host is the operator's choice
+    # each evaluation's numbers as TensorBoard scalars in data_dir/tensorboard (an extra package)
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +91,9 @@ class PeerSection(NodeConfig):
             raise ValueError("finish_grace_s must be >= 0")
         if self.eval_every_steps < 0:
             raise ValueError("eval_every_steps must be >= 0")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a TCP port (1 to 65535) or 0 for none, "
+                             f"got {self.metrics_port}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,143 @@
+"""Every field of a peer's status snapshot: its unit, whether it counts or measures, its meaning.
+
+One table, read by three readers so that none of them can drift from what the daemon
+writes: the README's ``metrics.jsonl`` table (a test compares the two), the Prometheus
+collector (``peer.runtime.prometheus``: metric type, help text and unit from here) and
+``hivemesh status`` (its words for the gossip machine's gauges).
+
+``kind`` says what a number is: ``counter`` only grows during one start of the peer
+(it restarts from 0 when the peer does), ``gauge`` goes up and down, ``text`` is not a
+number, ``nested`` holds a table described by its own rows (``neighbours.<name>.step``).
+A ``label`` names what the keys of a mapping-valued field are (one number per key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "text", "nested"]
+
+
+@dataclass(frozen=True)
+class Field:
+    key: str
+    unit: str        # "" for a dimensionless number or a text
+    kind: Kind
+    meaning: str
+    label: str = ""  # a mapping of label -> number (one number per neighbour, reason, ...)
+    prometheus: str = ""  # the metric's name when not the key's ("-": not served, see its meaning)
+
+
+SNAPSHOT_FIELDS: tuple[Field, ...] = (
+    Field("name", "", "text", "this peer's member name in the roster"),
+    Field("state", "", "text", "what the peer is doing: starting, waiting for neighbours, syncing, training, "
+                               "finished, stopped (Ctrl-C / SIGTERM) or stranded (no live neighbour left)"),
+    Field("epoch", "", "gauge", "how many times this data folder was started before (0 on the first start); "
+                                "a restart is a new epoch"),
+    Field("uptime_s", "s", "gauge", "seconds since this start of the peer"),
+    Field("step", "steps", "gauge", "local training steps taken (the learning-rate schedule's step)"),
+    Field("steps_done", "steps", "gauge", "training steps the gossip schedule has counted"),
+    Field("loss", "", "gauge", "training loss of the last local step (mean over its batch)"),
+    Field("train_s", "s", "gauge", "seconds spent training (from the first round to finishing, or to now)"),
+    Field("accuracy", "fraction", "gauge", "test-set accuracy (0 to 1) at `eval_step`"),
+    Field("test_loss", "", "gauge", "mean test-set loss at `eval_step`"),
+    Field("eval_step", "steps", "gauge", "step of the last test-set evaluation (-1: none yet)"),
+    Field("consensus_max_relative", "", "gauge",
+          "estimated distance to consensus: max ‖x_i − mean‖ / ‖mean‖ over this peer and its neighbours' "
+          "last parameters heard (null before any arrived)"),
+    Field("neighbours", "", "nested", "per neighbour, the rows `neighbours.*` below (status.json only)"),
+    Field("neighbours.*.up", "", "gauge", "1 while heard within the neighbour timeout, else 0"),
+    Field("neighbours.*.presence", "", "text",
+          "up, down, never heard or finished (protocols/node/liveness.py)"),
+    Field("neighbours.*.finished", "", "gauge", "1 once its heartbeat said it has finished its run"),
+    Field("neighbours.*.last_seen_s", "s", "gauge",
+          "seconds from its last accepted message to this snapshot"),
+    Field("neighbours.*.latency_ms", "ms", "gauge", "one-way latency of its last heartbeat"),
+    Field("neighbours.*.step", "steps", "gauge", "its step, from its last heartbeat (-1: none yet)"),
+    Field("bytes_sent", "bytes", "counter", "bytes of every message sent (gossip, heartbeats, state sync); "
+          "the sum of `bytes_sent_to` (Prometheus: `sum(hivemesh_bytes_sent_total)`)", prometheus="-"),
+    Field("bytes_received", "bytes", "counter", "bytes of every message received, accepted or not"),
+    Field("bytes_sent_to", "bytes", "counter", "bytes sent, by neighbour", label="neighbour",
+          prometheus="bytes_sent"),
+    Field("bytes_received_from", "bytes", "counter", "bytes of accepted messages, by neighbour",
+          label="neighbour", prometheus="accepted_bytes_received"),
+    Field("payload_bytes_sent", "bytes", "counter", "tensor bytes in gossip messages sent, times recipients"),
+    Field("gossip_wire_bytes_sent", "bytes", "counter",
+          "whole sealed gossip messages sent, times recipients (payload plus header and signature)"),
+    Field("messages_sent", "messages", "counter",
+          "gossip messages handed to the transport, times recipients"),
+    Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
+    Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
+    Field("sync_answers_sent", "messages", "counter", "state-sync answers sent to joining neighbours"),
+    Field("unreachable", "messages", "counter",
+          "gossip messages not sent (no route or queue full), by recipient",
+          label="neighbour"),
+    Field("neighbour_down", "events", "counter", "times each neighbour fell silent past the timeout",
+          label="neighbour"),
+    Field("neighbour_finished", "events", "counter",
+          "times each neighbour fell silent after saying it finished",
+          label="neighbour"),
+    Field("test_cut_dropped", "messages", "counter", "messages a test hook's cut dropped, sent or received",
+          label="direction"),
+    Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
+    Field("waiting_for", "", "text",
+          "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`)"),
+    Field("absent_at_start", "events", "counter",
+          "neighbours not up when training started", label="neighbour"),
+    Field("abandoned_sends", "messages", "counter",
+          "sends still pending after the send timeout, by neighbour",
+          label="neighbour"),
+    Field("receive_buffers", "", "nested", "the receive buffer pool, the rows `receive_buffers.*` below"),
+    Field("receive_buffers.reused", "buffers", "counter", "receive buffers taken from the pool"),
+    Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),
+    Field("receive_buffers.held", "buffers", "gauge", "receive buffers in the pool now"),
+    Field("metrics", "", "nested", "the gossip machine's own numbers, the rows `metrics.*` below"),
+    Field("metrics.round", "rounds", "gauge", "gossip round the machine is in"),
+    Field("metrics.consensus_step", "", "gauge", "CHOCO's consensus step size, as lowered by its guard"),
+    Field("metrics.*", "events", "counter",
+          "any other key: a count of the machine's events by name (e.g. `stale_message`, `missed_deadline`)"),
+    Field("warnings", "", "text", "the machine's warnings (a list of lines)"),
+    Field("timeline", "s", "gauge",
+          "Unix time of each phase's start: created, assembled, neighbours, synced, "
+                                    "finished", label="mark"),
+    Field("time", "s", "gauge", "Unix time the line was written (metrics.jsonl only)"),
+    Field("pid", "", "text", "the peer's process id (status.json only)"),
+    Field("updated_at", "s", "gauge", "Unix time the file was written (status.json only)"),
+)
+
+FIELDS_BY_KEY = {field.key: field for field in SNAPSHOT_FIELDS}
+
+# what a person reads for a gauge of the machine; its counters read as their own name in words
+MACHINE_GAUGE_WORDS = {"round": "gossip round", "consensus_step": "consensus step size"}
+
+
+def field_for(path: str) -> Field | None:
+    """The row describing ``path`` (``bytes_sent``, ``neighbours.p01.step``, ``metrics.stale_message``)."""
+    if path in FIELDS_BY_KEY:
+        return FIELDS_BY_KEY[path]
+    head, _, rest = path.partition(".")
+    if head == "neighbours" and rest:
+        return FIELDS_BY_KEY.get(f"neighbours.*.{rest.rpartition('.')[2]}")
+    if head == "metrics" and rest:
+        return FIELDS_BY_KEY["metrics.*"]
+    labelled = FIELDS_BY_KEY.get(head)
+    return labelled if labelled is not None and labelled.label and rest else None
+
+
+def machine_words(name: str) -> str:
+    """A gossip machine metric in words: ``round`` -> "gossip round", ``stale_message`` -> "stale message"."""
+    return MACHINE_GAUGE_WORDS.get(name, name.replace("_", " "))
+
+
+def markdown_table() -> str:
+    """The README's table of these fields (``python -m peer.files.fields`` prints it)."""
+    rows = ["| field | unit | kind | meaning |", "|---|---|---|---|"]
+    for field in SNAPSHOT_FIELDS:
+        by = f" (`{{{field.label}: number}}`)" if field.label else ""
+        rows.append(f"| `{field.key}` | {field.unit or '-'} | {field.kind} | {field.meaning}{by} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
