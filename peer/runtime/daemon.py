@@ -78,6 +78,7 @@ from typing import Any
 
 import torch
 
+from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
@@ -177,7 +178,9 @@ class PeerDaemon:
         self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester)
         self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
         self.schedule = CheckpointSchedule(config.checkpoint)
-        self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress)
+        self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
+                                   total_steps=config.gossip.total_steps)
+        self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
@@ -248,6 +251,7 @@ class PeerDaemon:
         finally:
             self.transport.close()
             self.digester.close()
+            self.status.close()
 
     def _listen_address(self) -> str:
         return tcp_address(self.config.peer.listen or self.parts.roster.member(self.name).address)
@@ -423,6 +427,10 @@ class PeerDaemon:
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
                 self._dispatch(opened)
+            else:   # counted by the endpoint; a member set up differently is also said, once
+                notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)
+                if notice:
+                    self.status.warn(notice)
 
     def _dispatch(self, opened: Opened) -> None:
         info = self.neighbours.get(opened.sender)
@@ -724,7 +732,7 @@ class PeerDaemon:
                 self._warn(text)
 
     def _warn(self, text: str) -> None:
-        self.status.say(f"{self.name}: warning: {text}")
+        self.status.warn(f"{self.name}: warning: {text}")
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
@@ -745,6 +753,7 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
 
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
     bound to the peer's address (peer.runtime.launch). Test hooks come from the environment."""
+    ensure_logging()
     try:
         config = load_peer_config(config_path)
         if quiet:
