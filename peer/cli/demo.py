@@ -100,28 +100,32 @@ def _watch(processes: Any, configs: dict[str, Path], total_steps: int) -> None:
     try:
         while processes.alive():
             time.sleep(0.5)
-            display.update(_network_reading(_statuses(configs), len(processes.alive()), len(configs)))
-        display.update(_network_reading(_statuses(configs), 0, len(configs)))
+            exited = set(configs) - set(processes.alive())
+            display.update(_network_reading(_statuses(configs), exited))
     finally:
         display.close()
 
 
-def _network_reading(statuses: dict[str, dict[str, Any]], running: int, peers: int) -> Reading:
+def _network_reading(statuses: dict[str, dict[str, Any]], exited: set[str]) -> Reading:
+    """``exited``: peers whose process has ended (one that did not finish, stop or strand has crashed)."""
     from peer.files.console import Reading
 
     accuracies = [s["accuracy"] for s in statuses.values()
                   if isinstance(s.get("accuracy"), float) and math.isfinite(s["accuracy"])]
     states = {name: str(s.get("state")) for name, s in statuses.items()}
-    odd = [f"{name}: {state}" for name, state in states.items() if state != "training"]
+    for name in exited:
+        if states.get(name) not in ("finished", "stranded", "stopped"):
+            states[name] = "exited (see its peer.log)"
+    odd = [f"{name}: {state}" for name, state in sorted(states.items()) if state != "training"]
     finished = sum(1 for state in states.values() if state == "finished")
-    note = (f"{finished}/{peers} finished" if odd and finished == len(odd) else
+    note = (f"{finished}/{len(states)} finished" if odd and finished == len(odd) else
             "; ".join(odd[:2]) + (f"; +{len(odd) - 2} more" if len(odd) > 2 else ""))
     return Reading(done=min((s.get("step", 0) for s in statuses.values()), default=0),
                    accuracy=sum(accuracies) / len(accuracies) if accuracies else None,
                    bytes_sent=sum(s.get("bytes_sent", 0) for s in statuses.values()),
                    bytes_received=sum(s.get("bytes_received", 0) for s in statuses.values()),
                    rejected=sum(sum(s.get("rejections", {}).values()) for s in statuses.values()),
-                   members=f"peers running {running}/{peers}", note=note if statuses else "starting")
+                   note=note if statuses else "starting")
 
 
 def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: float) -> int:

@@ -174,7 +174,7 @@ class Progress:
         if self.interactive:
             self._rich.refresh()
             self._rich.stop()
-        elif self._last is not None and (self._said is None or self._said[0] != self._last):
+        elif self._last is not None and self._news(self._last):
             self._say(self._last)
 
     def text(self, reading: Reading) -> str:
@@ -183,11 +183,15 @@ class Progress:
         over = reading.done >= self.total
         rate = task.finished_speed if over else task.speed     # at the end: the speed it finished at
         eta = 0.0 if over else (self.total - reading.done) / rate if rate else None
+        done, *rest = self._shown(reading)
+        note = [reading.note] if reading.note else []   # early: a narrow terminal cuts the line's end
+        return "  ".join([done, *note, f"{format_number(rate, '.1f')} {self.rate_unit}",
+                          f"ETA {_clock_time(eta)}", *rest])
+
+    def _shown(self, reading: Reading) -> list[str]:
+        """The fields as shown, but for the note, rate and ETA: what a new plain line must change."""
         spec = ".0f" if self._whole else ".1f"
-        done = f"{reading.done:{spec}}/{self.total:{spec}}"
-        # what it waits for comes early: a narrow terminal cuts the end of the line
-        parts = [f"{done} {self.unit}", *([reading.note] if reading.note else []),
-                 f"{format_number(rate, '.1f')} {self.rate_unit}", f"ETA {_clock_time(eta)}",
+        parts = [f"{reading.done:{spec}}/{self.total:{spec}} {self.unit}",
                  f"acc {format_number(reading.accuracy, '.3f')}"]
         if reading.members:
             parts.append(reading.members)
@@ -197,7 +201,15 @@ class Progress:
             parts.append(f"recv {human_bytes(reading.bytes_received)}")
         if reading.rejected is not None:
             parts.append(f"rejected {reading.rejected}")
-        return "  ".join(parts)
+        return parts
+
+    def _news(self, reading: Reading) -> bool:
+        """Whether ``reading`` shows something the last plain line did not (a change too small to
+        show, like a heartbeat's bytes, is none)."""
+        if self._said is None:
+            return True
+        said = self._said[0]
+        return reading.note != said.note or self._shown(reading) != self._shown(said)
 
     def _due(self, reading: Reading) -> bool:
         if self._said is None:
@@ -205,7 +217,7 @@ class Progress:
         said, at = self._said
         if reading.note != said.note:
             return True     # a change of what it waits for is said at once
-        return reading != said and self._clock() - at >= self.interval_s
+        return self._news(reading) and self._clock() - at >= self.interval_s
 
     def _say(self, reading: Reading) -> None:
         self._said = (reading, self._clock())
