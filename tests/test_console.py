@@ -167,3 +167,17 @@ def test_log_level_and_log_file_are_global_options(tmp_path: Path,
                  "ring:4"]) == 2
     assert "--log-file" in capsys.readouterr().err
     assert logging.getLogger("hivemesh").level == logging.INFO
+
+
+def test_the_rate_counts_only_time_spent_progressing_not_waiting() -> None:
+    # Prepare: a minute waiting for neighbours, then 10 steps/s for 3 s
+    out, clock = io.StringIO(), FakeClock()
+    display = Progress("p00", 100, stream=out, interactive=False, clock=clock)
+    for second in range(61):
+        clock.now_s = second
+        display.update(reading(0, WAITING, None))
+    for second in range(1, 4):
+        clock.now_s = 60 + second
+        display.update(reading(10 * second))
+    # Assert (a rate over the wait too would say 0.5 steps/s and an ETA of minutes)
+    assert "10.0 steps/s  ETA 0:00:07" in display.text(reading(30)), display.text(reading(30))

@@ -155,11 +155,15 @@ class Progress:
 
     def update(self, reading: Reading) -> None:
         self._last = reading
-        delta = min(reading.done, self.total) - self._rich.tasks[0].completed
-        if delta >= 0:      # a sample even when nothing moved: a stall slows the rate and the ETA
+        done = min(reading.done, self.total)
+        delta = done - self._rich.tasks[0].completed
+        if reading.note and done < self.total:
+            # waiting, syncing, held: no rate; it starts afresh when the run moves on
+            self._rich.reset(self._task, completed=done)
+        elif delta >= 0:    # a sample even when nothing moved: a stall slows the rate and the ETA
             self._rich.advance(self._task, delta)
         else:               # moved back (adopted an older state): no sample, the rate is not negative
-            self._rich.update(self._task, completed=reading.done)
+            self._rich.update(self._task, completed=done)
         self._rich.update(self._task, text=self.text(reading))
         if self.interactive:
             self._rich.refresh()
