@@ -161,6 +161,7 @@ class Progress:
             # waiting, syncing, held: no rate; it starts afresh when the run moves on
             self._rich.reset(self._task)
             self._rich.tasks[0].completed = done     # reset's own `completed` is typed int (sim: seconds)
+            self._rich.advance(self._task, 0)         # the rate's time origin: the last moment waited
         elif delta >= 0:    # a sample even when nothing moved: a stall slows the rate and the ETA
             self._rich.advance(self._task, delta)
         else:               # moved back (adopted an older state): no sample, the rate is not negative
