@@ -45,7 +45,7 @@ import torch
 from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from protocols.identity import SIGNATURE_BYTES, Identity, verify_signature
+from protocols.identity import SIGNATURE_BYTES, Identity, encode_public_id, verify_signature
 from protocols.messages import KINDS, MESSAGE_TYPES, PROTOCOL_VERSION, Message, Scalar
 from protocols.replay import ReplayWindows
 from protocols.roster import ROLES, Member, Roster
@@ -139,10 +139,13 @@ class Policy:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A refused message: ``reason`` is one of REASONS, ``detail`` a short human note."""
+    """A refused message: ``reason`` is one of REASONS, ``detail`` a short human note, ``sender``
+    who sent it as far as the header tells (a roster name, or the public id of a key not on the
+    roster; empty before the header is read that far)."""
 
     reason: str
     detail: str = ""
+    sender: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,11 @@ class VerifiedCache:
 
 
 class _Reject(Exception):
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", sender: str = "") -> None:
         super().__init__(reason, detail)
         self.reason = reason
         self.detail = detail
+        self.sender = sender
 
 
 # ------------------------------------------------------------ encode
@@ -286,7 +290,7 @@ def decode(
     try:
         return _decode(frames, verifier, windows)
     except _Reject as reject:
-        return Rejection(reject.reason, reject.detail)
+        return Rejection(reject.reason, reject.detail, reject.sender)
     except Exception as error:  # a bug, never the sender's fault: counted as internal_error
         return Rejection("internal_error", f"{type(error).__name__}: {error}"[:200])
 
@@ -342,29 +346,32 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
     sender_key = _need(header, "s", bytes)
     sender = verifier.roster.by_public_key(sender_key)
     if sender is None:
-        raise _Reject("unknown_sender", "sender key is not on the roster")
+        public_id = encode_public_id(sender_key) if len(sender_key) == KEY_BYTES else sender_key.hex()
+        raise _Reject("unknown_sender", f"key {public_id} is not on our roster", public_id)
     if kind not in policy.allowed_kinds.get(sender.role, ()):
-        raise _Reject("wrong_role", f"a {sender.role} may not send {kind}")
+        raise _Reject("wrong_role", f"a {sender.role} may not send {kind}", sender.name)
     recipients = _need(header, "r", list)
     if len(recipients) > policy.max_recipients:
         raise _Reject("malformed_header", f"{len(recipients)} recipients > {policy.max_recipients}")
     if verifier.receiver not in recipients:
-        raise _Reject("not_a_recipient", f"from {sender.name}, not addressed to this member")
+        raise _Reject("not_a_recipient", f"from {sender.name}, not addressed to this member", sender.name)
 
     signature = frames[-1]
     if _length(signature) != SIGNATURE_BYTES or not verifier.verified.check(
             verifier.roster.verifier(sender.name), sender_key, bytes(signature), SIGNING_DOMAIN + raw_header):
-        raise _Reject("bad_signature", f"from {sender.name}")
+        raise _Reject("bad_signature", f"from {sender.name}", sender.name)
 
     run = _need(header, "run", bytes)
     if run != verifier.run_id:
+        # the run id digests the roster and the [network] table: one of the two differs
         raise _Reject("config_mismatch",
-                      f"{sender.name} runs {run.hex()[:12]}, this peer {verifier.run_id.hex()[:12]}")
+                      f"their run id {run.hex()[:12]} != ours {verifier.run_id.hex()[:12]}: "
+                      "the roster or the [network] settings differ", sender.name)
     epoch, seq = _counter(header, "e"), _counter(header, "q")
     if windows is not None:
         stale = windows.check(sender.name, epoch, seq)
         if stale is not None:
-            raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}")
+            raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}", sender.name)
 
     payload = frames[1:-1]
     layout, declared = _check_manifest(header, payload, policy)

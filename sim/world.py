@@ -31,8 +31,9 @@ from sim.network import LinkSpec, Network, NicSpec
 from sim.scenario import NodesConfig, ScenarioConfig
 from topology import Topology
 
-Progress = Callable[[float, float], None]
-"""Called with (simulated seconds so far, simulated seconds in all) at each evaluation."""
+Progress = Callable[[float, float, "TracePoint"], None]
+"""Called with (simulated seconds so far, simulated seconds in all, the evaluation just made) at each
+evaluation."""
 
 GRAPH_FILE_SUFFIXES = (".graphml", ".json", ".edgelist")
 
@@ -235,9 +236,9 @@ class Recorder:
             self.world.engine.at(time_s, lambda: self._tick(k))
 
     def _tick(self, k: int) -> None:
-        self.evaluate()
+        point = self.evaluate()
         if self.progress is not None:
-            self.progress(self.world.engine.now_s, self.world.scenario.duration_s)
+            self.progress(self.world.engine.now_s, self.world.scenario.duration_s, point)
         scenario = self.world.scenario
         if scenario.stop_at_target and self.reached_target:
             self.world.engine.stop()

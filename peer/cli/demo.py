@@ -11,10 +11,14 @@ accuracy, the distance between the peers' models and the bytes moved.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peer.files.console import Reading
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +69,7 @@ def _demo(args: argparse.Namespace, out: Path) -> int:
     with PeerProcesses(files.configs, listeners=files.listeners) as processes:
         try:
             processes.start_all()
-            _watch(processes, files.configs, started)
+            _watch(processes, files.configs, args.steps)
         except KeyboardInterrupt:
             print("\nstopping the peers (each writes a checkpoint) ...", flush=True)
             for name in processes.alive():
@@ -87,35 +91,41 @@ def _statuses(configs: dict[str, Path]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _watch(processes: Any, configs: dict[str, Path], started: float) -> None:
-    from peer.files.statefiles import human_bytes
+def _watch(processes: Any, configs: dict[str, Path], total_steps: int) -> None:
+    """The live display of the whole network: the slowest peer's step, mean accuracy, bytes, refusals,
+    and which peers are not training and why (``p03: waiting for p02 (1/2 up)``)."""
+    from peer.files.console import Progress
 
-    interactive = sys.stdout.isatty()
-    last_print = 0.0
-    while processes.alive():
-        time.sleep(0.5)
-        statuses = _statuses(configs)
-        now = time.monotonic()
-        if not interactive and now - last_print < 5.0:
-            continue
-        last_print = now
-        steps = [s.get("step", 0) for s in statuses.values()]
-        accuracies = [s["accuracy"] for s in statuses.values() if isinstance(s.get("accuracy"), float)]
-        sent = sum(s.get("bytes_sent", 0) for s in statuses.values())
-        rejected = sum(sum(s.get("rejections", {}).values()) for s in statuses.values())
-        states = sorted({str(s.get("state")) for s in statuses.values()})
-        line = (f"  {now - started:5.1f} s  peers up {len(processes.alive())}/{len(configs)}  "
-                f"step {min(steps, default=0)}-{max(steps, default=0)}  "
-                f"accuracy {min(accuracies):.3f}-{max(accuracies):.3f}  " if accuracies else
-                f"  {now - started:5.1f} s  peers up {len(processes.alive())}/{len(configs)}  "
-                f"step {min(steps, default=0)}-{max(steps, default=0)}  accuracy -  ")
-        line += f"sent {human_bytes(sent)}  rejected {rejected}  [{', '.join(states) or 'starting'}]"
-        if interactive:
-            print("\r" + line.ljust(110), end="", flush=True)
-        else:
-            print(line, flush=True)
-    if interactive:
-        print()
+    display = Progress(f"{len(configs)} peers", total_steps)
+    try:
+        while processes.alive():
+            time.sleep(0.5)
+            exited = set(configs) - set(processes.alive())
+            display.update(_network_reading(_statuses(configs), exited))
+    finally:
+        display.close()
+
+
+def _network_reading(statuses: dict[str, dict[str, Any]], exited: set[str]) -> Reading:
+    """``exited``: peers whose process has ended (one that did not finish, stop or strand has crashed)."""
+    from peer.files.console import Reading
+
+    accuracies = [s["accuracy"] for s in statuses.values()
+                  if isinstance(s.get("accuracy"), float) and math.isfinite(s["accuracy"])]
+    states = {name: str(s.get("state")) for name, s in statuses.items()}
+    for name in exited:
+        if states.get(name) not in ("finished", "stranded", "stopped"):
+            states[name] = "exited (see its peer.log)"
+    odd = [f"{name}: {state}" for name, state in sorted(states.items()) if state != "training"]
+    finished = sum(1 for state in states.values() if state == "finished")
+    note = (f"{finished}/{len(states)} finished" if odd and finished == len(odd) else
+            "; ".join(odd[:2]) + (f"; +{len(odd) - 2} more" if len(odd) > 2 else ""))
+    return Reading(done=min((s.get("step", 0) for s in statuses.values()), default=0),
+                   accuracy=sum(accuracies) / len(accuracies) if accuracies else None,
+                   bytes_sent=sum(s.get("bytes_sent", 0) for s in statuses.values()),
+                   bytes_received=sum(s.get("bytes_received", 0) for s in statuses.values()),
+                   rejected=sum(sum(s.get("rejections", {}).values()) for s in statuses.values()),
+                   note=note if statuses else "starting")
 
 
 def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: float) -> int:

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decentralized peer-to-peer and federated training for PyTorch.",
     )
     parser.add_argument("--version", action="version", version=f"hivemesh {_version()}")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="least severe log message shown (default: INFO)")
+    parser.add_argument("--log-file", metavar="FILE",
+                        help="also append log messages to FILE, with their level")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -60,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from peer.files.console import configure_logging
+
+        configure_logging(args.log_level, args.log_file)
         return int(args.func(args) or 0)
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr)

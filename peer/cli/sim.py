@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from topology.errors import HivemeshError
+
+if TYPE_CHECKING:
+    from peer.files.console import Progress
+    from sim.world import TracePoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,15 +74,17 @@ def simulate(args: argparse.Namespace) -> int:
     for scenario in scenarios:
         check_scenario(scenario)
     results = []
-    interactive = sys.stderr.isatty()
     width = max(len(scenario.name) for scenario in scenarios)
     for scenario in scenarios:
-        progress = None if args.quiet else _progress_line(scenario.name, width, interactive)
-        result = run_scenario(scenario, progress)
+        display = None if args.quiet else _display(scenario.name.ljust(width), scenario.duration_s)
+        try:
+            result = run_scenario(scenario, None if display is None else _feed(display))
+        finally:
+            if display is not None:
+                display.close()
         if not args.quiet:
-            done = (f"{scenario.name:<{width}} done: {result.simulated_time_s:.1f} s simulated in "
-                    f"{result.wall_s:.1f} s wall")
-            print("\r" + done.ljust(100) if interactive else done, file=sys.stderr)
+            print(f"{scenario.name:<{width}} done: {result.simulated_time_s:.1f} s simulated in "
+                  f"{result.wall_s:.1f} s wall", file=sys.stderr)
         results.append(result)
     written = write_report(results, args.out, plots=not args.no_plots)
     print(comparison_table(results))
@@ -101,23 +107,18 @@ def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_line(name: str, width: int, interactive: bool) -> Callable[[float, float], None]:
-    """A live bar on a terminal; a line every 5 s in a log file."""
-    started = time.perf_counter()
-    last_line_s = float("-inf")
+def _display(label: str, duration_s: float) -> Progress:
+    """The live display of one scenario, on stderr (stdout gets the comparison table)."""
+    from peer.files.console import Progress
 
-    def progress(now_s: float, total_s: float) -> None:
-        nonlocal last_line_s
-        wall_s = time.perf_counter() - started
-        if not interactive and wall_s - last_line_s < 5.0:
-            return
-        last_line_s = wall_s
-        done = min(1.0, now_s / total_s) if total_s > 0 else 1.0
-        line = (f"{name:<{width}} [{'#' * int(done * 20):<20}] {now_s:8.1f}/{total_s:.1f} s simulated, "
-                f"{wall_s:6.1f} s wall")
-        if interactive:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
+    return Progress(label, duration_s, unit="s simulated", rate_unit="simulated s/s", stream=sys.stderr)
+
+
+def _feed(display: Progress) -> Callable[[float, float, TracePoint], None]:
+    from peer.files.console import Reading
+
+    def progress(now_s: float, total_s: float, point: TracePoint) -> None:
+        display.update(Reading(done=now_s, accuracy=point.mean_accuracy, bytes_sent=point.bytes_sent,
+                               members=f"members running {point.running}"))
 
     return progress

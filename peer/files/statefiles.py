@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peer.files.console import Progress, Reading
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -59,13 +61,15 @@ def pid_alive(pid: int) -> bool:
 
 
 class StatusWriter:
-    """status.json, metrics.jsonl and the console progress line of one peer."""
+    """status.json, metrics.jsonl and the console progress display of one peer."""
 
-    def __init__(self, data_dir: Path, *, name: str, progress: bool) -> None:
+    def __init__(self, data_dir: Path, *, name: str, progress: bool, total_steps: int = 0) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.progress = progress
+        self.total_steps = total_steps
+        self.display: Progress | None = None    # made at the first status: a bar only if there is one
         self.next_due = 0.0
 
     def write(self, snapshot: dict[str, Any], *, now: float, interval_s: float) -> None:
@@ -73,7 +77,16 @@ class StatusWriter:
         record = dict(snapshot, pid=os.getpid(), updated_at=time.time())
         write_json_atomic(self.data_dir / STATUS_FILE, record)
         if self.progress:
-            print(progress_line(record), flush=True)
+            if self.display is None:
+                from peer.files.console import Progress
+
+                self.display = Progress(self.name, self.total_steps)
+            self.display.update(peer_reading(record))
+
+    def close(self) -> None:
+        """The display's final state, once."""
+        if self.display is not None:
+            self.display.close()
 
     def metric_line(self, snapshot: dict[str, Any]) -> None:
         record = {"time": time.time(), **{k: v for k, v in snapshot.items() if k != "neighbours"}}
@@ -81,7 +94,14 @@ class StatusWriter:
             handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
     def say(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        from peer.files.console import LOGGER
+
+        LOGGER.info(text)
+
+    def warn(self, text: str) -> None:
+        from peer.files.console import LOGGER
+
+        LOGGER.warning(text)
 
 
 def format_number(value: Any, spec: str, unit: str = "") -> str:
@@ -91,15 +111,20 @@ def format_number(value: Any, spec: str, unit: str = "") -> str:
     return format(value, spec) + unit
 
 
-def progress_line(status: dict[str, Any]) -> str:
-    up = sum(1 for n in status.get("neighbours", {}).values() if n.get("up"))
-    total = len(status.get("neighbours", {}))
-    rejected = sum(status.get("rejections", {}).values())
-    return (f"{status.get('name')}: {status.get('state')} step {status.get('step')} "
-            f"loss {format_number(status.get('loss'), '.4f')} "
-            f"acc {format_number(status.get('accuracy'), '.3f')} "
-            f"neighbours {up}/{total} sent {human_bytes(status.get('bytes_sent', 0))} "
-            f"recv {human_bytes(status.get('bytes_received', 0))} rejected {rejected}")
+def peer_reading(status: dict[str, Any]) -> Reading:
+    """What the progress display shows of one peer's status: its state when it is not training
+    (``waiting for p01, p03 (1/3 up)``, ``syncing``, ``finished``, ...)."""
+    from peer.files.console import Reading
+
+    neighbours = status.get("neighbours", {})
+    up = sum(1 for n in neighbours.values() if n.get("up"))
+    accuracy = status.get("accuracy")
+    state = str(status.get("state", ""))
+    return Reading(done=status.get("step", 0),
+                   accuracy=accuracy if isinstance(accuracy, float) and math.isfinite(accuracy) else None,
+                   bytes_sent=status.get("bytes_sent", 0), bytes_received=status.get("bytes_received", 0),
+                   rejected=sum(status.get("rejections", {}).values()),
+                   members=f"neighbours {up}/{len(neighbours)}", note="" if state == "training" else state)
 
 
 def human_bytes(count: float) -> str:

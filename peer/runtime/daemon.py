@@ -78,6 +78,7 @@ from typing import Any
 
 import torch
 
+from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
@@ -172,7 +173,9 @@ class PeerDaemon:
         self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester)
         self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
         self.schedule = CheckpointSchedule(config.checkpoint)
-        self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress)
+        self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
+                                   total_steps=config.gossip.total_steps)
+        self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
@@ -263,6 +266,7 @@ class PeerDaemon:
                 self.scalars.close()
             self.transport.close()
             self.digester.close()
+            self.status.close()
 
     def _listen_address(self) -> str:
         return tcp_address(self.config.peer.listen or self.parts.roster.member(self.name).address)
@@ -308,20 +312,20 @@ class PeerDaemon:
         said = ""
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
-            if all(info.up for info in self.neighbours.values()) and not self.counters.unreachable_now:
+            if self.neighbourhood.all_up() and not self.counters.unreachable_now:
                 return False
             if any(info.step > ahead_steps for info in self.neighbours.values()):
                 return True
             if self._resumed and self.now() >= quiet_until and self._nobody_heard():
                 return False
-            line = waiting_line({name: info.presence() for name, info in self.neighbours.items()})
+            line = waiting_line(self.neighbourhood.presence())
             if line and line != said:    # on change only
                 said = line
                 self.status.say(f"{self.name}: {line}")
             self.state = line or "waiting for neighbours"
             self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
-        missing = sorted(n for n, info in self.neighbours.items() if not info.up)
+        missing = self.neighbourhood.absent()
         if missing:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
                        f"{', '.join(missing)}; starting without them (their rounds will be left out)")
@@ -332,7 +336,7 @@ class PeerDaemon:
 
     def _judge_neighbours(self, *, start_wait_over: bool) -> None:
         """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
-        presence = {name: info.presence() for name, info in self.neighbours.items()}
+        presence = self.neighbourhood.presence()
         outcome = verdict(presence, resumed=self._resumed, start_wait_over=start_wait_over)
         if outcome is not Verdict.GO_ON and not self._stranded:
             self._stranded = reason(presence, outcome)
@@ -439,6 +443,10 @@ class PeerDaemon:
                 self.counters.messages_accepted += 1
                 self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
                 self._dispatch(opened)
+            else:   # counted by the endpoint; a member set up differently is also said, once
+                notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)
+                if notice:
+                    self.status.warn(notice)
 
     def _dispatch(self, opened: Opened) -> None:
         info = self.neighbours.get(opened.sender)
@@ -721,7 +729,7 @@ class PeerDaemon:
             "neighbour_finished": dict(self.counters.neighbour_finished),
             "test_cut_dropped": dict(self.counters.test_cut_dropped),
             "stranded": self._stranded,
-            "waiting_for": (waiting_line({name: info.presence() for name, info in self.neighbours.items()})
+            "waiting_for": (waiting_line(self.neighbourhood.presence())
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
@@ -745,7 +753,7 @@ class PeerDaemon:
                 self._warn(text)
 
     def _warn(self, text: str) -> None:
-        self.status.say(f"{self.name}: warning: {text}")
+        self.status.warn(f"{self.name}: warning: {text}")
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
@@ -768,6 +776,7 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
     ``quiet``: no progress line on the console, whatever the config says; ``listen_fd``: a socket
     bound to the peer's address (peer.runtime.launch); ``metrics_port``: instead of the config's
     ``[peer] metrics_port``. Test hooks come from the environment."""
+    ensure_logging()
     try:
         config = load_peer_config(config_path, overrides)   # overrides: `hivemesh peer --set`
         if metrics_port is not None:
