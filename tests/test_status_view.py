@@ -78,7 +78,7 @@ def test_a_peer_waiting_at_start_says_whom_it_waits_for(tmp_path: Path,
     _write(tmp_path, waiting)
     assert main(["status", "--data-dir", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
-    assert shown.startswith("peer p00: waiting for neighbours: waiting for p01 (0/1 up), updated 0.")
+    assert shown.startswith("peer p00: waiting for p01 (0/1 up), updated 0.")
     assert "p01          never heard last heard never" in shown
 
 

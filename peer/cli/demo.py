@@ -112,7 +112,7 @@ def _network_reading(statuses: dict[str, dict[str, Any]], exited: set[str]) -> R
 
     accuracies = [s["accuracy"] for s in statuses.values()
                   if isinstance(s.get("accuracy"), float) and math.isfinite(s["accuracy"])]
-    states = {name: str(s.get("state")) for name, s in statuses.items()}
+    states = {name: str(s.get("waiting_for") or s.get("state")) for name, s in statuses.items()}
     for name in exited:
         if states.get(name) not in ("finished", "stranded", "stopped"):
             states[name] = "exited (see its peer.log)"

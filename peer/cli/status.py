@@ -138,7 +138,7 @@ def neighbour_word(info: dict[str, Any], *, running: bool) -> str:
 def _headline(status: dict[str, Any]) -> str:
     state = status.get("state")
     if status.get("waiting_for") and status.get("running"):
-        state = f"{state}: {status['waiting_for']}"
+        state = status["waiting_for"]  # "waiting for p01, p03 (1/3 up)" says more than the state
     if status.get("running"):
         when = f"updated {_num(status.get('age_s'), '.1f', ' s')} ago"
     elif state in ENDED:

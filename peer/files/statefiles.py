@@ -119,7 +119,7 @@ def peer_reading(status: dict[str, Any]) -> Reading:
     neighbours = status.get("neighbours", {})
     up = sum(1 for n in neighbours.values() if n.get("up"))
     accuracy = status.get("accuracy")
-    state = str(status.get("state", ""))
+    state = str(status.get("waiting_for") or status.get("state", ""))
     return Reading(done=status.get("step", 0),
                    accuracy=accuracy if isinstance(accuracy, float) and math.isfinite(accuracy) else None,
                    bytes_sent=status.get("bytes_sent", 0), bytes_received=status.get("bytes_received", 0),

@@ -322,7 +322,6 @@ class PeerDaemon:
             if line and line != said:    # on change only
                 said = line
                 self.status.say(f"{self.name}: {line}")
-            self.state = line or "waiting for neighbours"
             self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
         missing = self.neighbourhood.absent()
