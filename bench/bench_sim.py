@@ -12,16 +12,28 @@ client-round here; the goal is at most 2 ms.
 Part 2, scale. 1,000 peers on an exponential graph, 100 rounds: wall time and
 peak memory (ru_maxrss), goal under 10 minutes and 4 GB.
 
+Part 0, optional (``--against REV``): the same simulation, timed alternately with
+this tree's code and with commit REV's (a temporary git worktree, each run a fresh
+process), so a change's cost per peer-round is a same-run ratio, not a memory.
+
 Run:  .venv/bin/python bench/bench_sim.py [--peers 100] [--rounds 30] [--scale-peers 1000]
       [--scale-rounds 100] [--scale-verify 0.05] [--skip-scale] [--quick]
+      [--against REV [--repeats 3]]
 (--quick: 8 peers and 3 rounds, then 16 peers and 2 rounds: a smoke run for CI, not a measurement.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +44,12 @@ FLOWER_MS_PER_CLIENT_ROUND = 20.0  # shared/ANCHORS.md: 10 clients x 10 rounds, 
 def scenario(peers: int, rounds: int, verify_fraction: float, samples_per_peer: int = 64) -> Any:
     from sim.scenario import scenario_from_dict
 
-    return scenario_from_dict({
+    return scenario_from_dict(scenario_dict_for(peers, rounds, verify_fraction, samples_per_peer))
+
+
+def scenario_dict_for(peers: int, rounds: int, verify_fraction: float,
+                      samples_per_peer: int = 64) -> dict[str, Any]:
+    return {
         "name": f"bench-{peers}", "seed": 0, "duration_s": 1e6, "eval_every_s": 1e6, "eval_sample": 20,
         "verify_fraction": verify_fraction,
         "graph": {"spec": f"exponential:{peers}"},
@@ -43,7 +60,7 @@ def scenario(peers: int, rounds: int, verify_fraction: float, samples_per_peer: 
                                                "n_classes": 2}},
         "partition": {"scheme": "iid"},
         "trainer": {"lr": 0.1, "batch_size": 32},
-    })
+    }
 
 
 def simulate(peers: int, rounds: int, verify_fraction: float) -> tuple[float, float, Any]:
@@ -97,6 +114,56 @@ def plain_loop(peers: int, rounds: int) -> float:
     return time.perf_counter() - started
 
 
+# One timed simulation in a fresh process, importing whichever tree PYTHONPATH names; only the
+# public entry points both trees have (scenario_from_dict, build_world, GossipRun).
+_TIMED = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+from sim.scenario import scenario_from_dict
+from sim.world import build_world
+from sim.gossip_driver import GossipRun
+world = build_world(scenario_from_dict(json.loads(sys.argv[1])))
+run = GossipRun(world)
+started = time.perf_counter()
+run.begin()
+world.engine.run(until_s=world.scenario.duration_s)
+print(json.dumps({"wall_s": time.perf_counter() - started}))
+"""
+
+
+def timed_in(tree: Path, scenario_dict: dict[str, Any]) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", _TIMED, json.dumps(scenario_dict)], cwd=tree, env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["wall_s"])
+
+
+def against(rev: str, peers: int, rounds: int, repeats: int) -> None:
+    """Part 0: this tree against commit ``rev``, alternating, median of ``repeats`` each."""
+    here = Path(__file__).resolve().parent.parent
+    scenario_dict = scenario_dict_for(peers, rounds, 1.0)
+    with tempfile.TemporaryDirectory(prefix="hivemesh-bench-") as scratch:
+        other = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", "-q", str(other), rev],
+                       check=True)
+        try:
+            times: dict[str, list[float]] = {"this tree": [], rev: []}
+            for _ in range(repeats):
+                times["this tree"].append(timed_in(here, scenario_dict))
+                times[rev].append(timed_in(other, scenario_dict))
+        finally:
+            subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(other)], check=True)
+    peer_rounds = peers * rounds
+    base = statistics.median(times[rev])
+    print(f"part 0: {peers} peers, {rounds} rounds, this tree against {rev} "
+          f"(median of {repeats}, alternating, fresh processes)")
+    print(f"{'code':<34} {'wall s':>8} {'ms/peer-round':>14} {'ratio':>8}")
+    for label, walls in times.items():
+        median = statistics.median(walls)
+        print(f"{label:<34} {median:8.2f} {1000 * median / peer_rounds:14.3f} {median / base:8.3f}")
+    print()
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -111,10 +178,14 @@ def main() -> None:
     parser.add_argument("--scale-verify", type=float, default=0.05)
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--against", metavar="REV", help="also time the simulation with commit REV's code")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side for --against")
     args = parser.parse_args()
     if args.quick:
         args.peers, args.rounds, args.scale_peers, args.scale_rounds = 8, 3, 16, 2
     torch.set_num_threads(1)
+    if args.against:
+        against(args.against, args.peers, args.rounds, args.repeats)
 
     peer_rounds = args.peers * args.rounds
     floor_s = plain_loop(args.peers, args.rounds)
