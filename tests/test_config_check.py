@@ -14,9 +14,9 @@ import pytest
 
 from peer.cli.config import check_file
 from peer.cli.main import main
+from peer.cli.reference import peer_file_keys, render, scenario_keys
 from peer.files import tomlout
 from peer.files.config import ConfigError, read_toml
-from peer.files.reference import peer_file_keys, render, scenario_keys
 from peer.runtime.netinit import create_network
 from peer.runtime.peerconfig import load_peer_config
 from sim.scenario import load_scenario

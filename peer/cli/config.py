@@ -7,7 +7,7 @@ is one line naming the file and the key (exit 2). Which kind a file is comes fro
 peer file has ``[peer]`` (or ``[network]``), a scenario neither.
 
 ``reference`` prints every key of both kinds, generated from the config classes
-(peer.files.reference), so it lists what the loaders accept and nothing else.
+(peer.cli.reference), so it lists what the loaders accept and nothing else.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_reference(args: argparse.Namespace) -> int:
-    from peer.files.reference import render
+    from peer.cli.reference import render
 
     print(render(), end="")
     return 0
