@@ -26,8 +26,8 @@ RELATIVE_SLIPS = {"mean distance": (2 * math.sqrt(2) + 2) / 3 / math.sqrt(2), "r
                   "squared norms": 4 / 2, "own distance only": 1.0, "not relative": 2.0}
 ABSOLUTE_SLIPS = {"mean distance": (2 * math.sqrt(2) + 2) / 3, "mean squared": (2 + 2 + 4) / 3,
                   "max": 2.0, "relative": RMS / math.sqrt(2), "own distance only": math.sqrt(2.0)}
-LINE = ("  consensus distance, max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last "
-        "parameters (relative)")
+LINE = ("  distance to consensus {} "
+        "(max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last parameters)")
 
 
 def test_max_relative_is_the_largest_distance_to_the_mean_over_the_mean() -> None:
@@ -84,7 +84,7 @@ def test_status_prints_the_estimate_with_what_it_measures(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     folder = _status_folder(tmp_path, max_relative_distance(THREE))
     assert main(["status", "--data-dir", str(folder)]) == 0
-    assert f"{LINE} 1.41e+00\n" in capsys.readouterr().out
+    assert LINE.format("1.41e+00") + "\n" in capsys.readouterr().out
     assert main(["status", "--data-dir", str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["consensus_max_relative"] == pytest.approx(MAX_RELATIVE)
 
@@ -93,4 +93,4 @@ def test_status_prints_an_unknown_estimate_as_a_dash(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     folder = _status_folder(tmp_path, math.nan)     # status.json stores it as null
     assert main(["status", "--data-dir", str(folder)]) == 0
-    assert f"{LINE} -\n" in capsys.readouterr().out
+    assert LINE.format("-") + "\n" in capsys.readouterr().out

@@ -29,6 +29,7 @@ class RecordingTransport:
         self.sent: list[str] = []
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.bytes_sent_to: dict[str, int] = {}
         self.abandoned: dict[str, int] = {}
         self.unreachable: set[str] = set()
 
