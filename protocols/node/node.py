@@ -91,8 +91,10 @@ class Node(Generic[N]):
     # ------------------------------------------------------------ lifecycle
 
     def begin_sync(self, *, resumed: bool) -> list[NodeAction]:
-        """Ask the neighbours for their state (the first attempt). Nothing to do without neighbours."""
-        if not self.neighbourhood.names():
+        """Ask the neighbours for their state (the first attempt), before the member starts: an
+        adopted state replaces the parameters, which a running machine may be working on. Nothing
+        to do without neighbours, or once started."""
+        if not self.neighbourhood.names() or self.started:
             return []
         self.syncing = True
         heard_anyone = any(n.up for n in self.neighbourhood.members.values())
