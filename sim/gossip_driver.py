@@ -50,33 +50,28 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
 
 from protocols.codec import encode
 from protocols.events import (
-    Action,
     CancelTimer,
     Event,
     Finished,
     Machine,
     Metric,
-    NeighbourDown,
-    NeighbourUp,
-    Received,
     Send,
     SetTimer,
     SetTrainerStep,
-    Start,
     StartWork,
     TimerFired,
     WorkDone,
 )
 from protocols.identity import Identity
-from protocols.messages import Message, StateSyncRequest, StateSyncResponse
-from protocols.node import Adoption, EarlyMessages, Neighbour, Neighbourhood, StateSync, SyncOffer
+from protocols.messages import Heartbeat, Message
+from protocols.node import Adoption, Neighbour, Node, NodeAction, Note
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
@@ -90,18 +85,15 @@ _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
 class SimPeer:
     """One member: its trainer, machine, endpoint, liveness and counters."""
 
-    def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, machine: Machine,
-                 behaviour: str, *, sync: StateSync, early: EarlyMessages, neighbours: Iterable[str],
-                 neighbour_timeout_s: float) -> None:
+    def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, behaviour: str, *,
+                 neighbours: Iterable[str], node: Callable[[SimPeer], Node[Neighbour]]) -> None:
         self.name = name
         self.index = index
         self.identity = identity
         self.endpoint = endpoint
-        self.machine = machine
         self.behaviour = behaviour
         self.alive = False
-        self.started = False
-        self.finished = False
+        self.started = False  # ever started (a member that joins later has not, until it joins)
         self.incarnation = 0
         self.timers: dict[str, int] = {}
         self.timer_tokens = 0
@@ -119,19 +111,14 @@ class SimPeer:
         self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
         self.neighbour_names = tuple(sorted(neighbours))
-        self.neighbour_timeout_s = neighbour_timeout_s
-        self.neighbourhood = self.fresh_neighbourhood()
-        self.syncing = False                    # waiting for a state-sync answer; machine not started
-        self.sync = sync                        # answers given, and what became of our own syncs
-        self.early = early                      # messages that arrived while syncing
+        self.node = node(self)  # machine, state sync, failure detector, early messages: protocols/node
 
-    def fresh_neighbourhood(self) -> Neighbourhood[Neighbour]:
+    def fresh_neighbours(self) -> dict[str, Neighbour]:
         """What a (re)started member knows of its neighbours: nothing yet."""
-        return Neighbourhood({name: Neighbour() for name in self.neighbour_names},
-                             timeout_s=self.neighbour_timeout_s)
+        return {name: Neighbour() for name in self.neighbour_names}
 
     def all_rejections(self) -> Counter[str]:
-        return self.rejections + self.endpoint.rejections + self.sync.rejected + self.early.rejected
+        return self.rejections + self.endpoint.rejections + self.node.all_rejections()
 
 
 class GossipRun:
@@ -159,17 +146,20 @@ class GossipRun:
         self.peers: dict[str, SimPeer] = {}
         for index, name in enumerate(names):
             endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
-            neighbours = frozenset(world.neighbours(name))
-            self.peers[name] = SimPeer(
-                name, index, identities[name], endpoint, self._machine(name), self.scenario.behaviour(name),
-                sync=StateSync(self.node_config, neighbours),
-                early=EarlyMessages(neighbours, per_neighbour=self.config.max_rounds_ahead + 1),
-                neighbours=neighbours, neighbour_timeout_s=self.node_config.neighbour_timeout_s)
+            self.peers[name] = SimPeer(name, index, identities[name], endpoint, self.scenario.behaviour(name),
+                                       neighbours=world.neighbours(name), node=self._node)
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
         for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
-            self.result.notes.extend(n for n in peer.machine.notes() if n not in self.result.notes)
+            self.result.notes.extend(n for n in peer.node.machine.notes() if n not in self.result.notes)
         self.recorder = Recorder(world, self.result, running=lambda n: self.peers[n].alive,
                                  bytes_sent=self._bytes_sent, progress=progress)
+
+    def _node(self, peer: SimPeer) -> Node[Neighbour]:
+        trainer = self.world.trainers[peer.name]
+        return Node(peer.name, self._machine(peer.name), neighbours=peer.fresh_neighbours(),
+                    config=self.node_config, early_per_neighbour=self.config.max_rounds_ahead + 1,
+                    # what the machine mixes (buffers too when averaged), as it is between rounds
+                    answer_source=lambda: (trainer.mixed.detach().clone(), trainer.step))
 
     def _machine(self, name: str) -> Machine:
         trainer = self.world.trainers[name]
@@ -211,13 +201,13 @@ class GossipRun:
         the timeout: the heartbeats that arrive are heard, then the silent neighbours go down."""
         now = self.engine.now_s
         for name, peer in sorted(self.peers.items()):
-            if not peer.alive or peer.syncing:
+            if not peer.alive or peer.node.syncing:
                 continue
             for other in self.world.neighbours(name):
                 if self._heartbeat_arrives(other, name, now):
                     self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
-            for other in peer.neighbourhood.expire(now):
-                self._feed(peer, NeighbourDown(other))
+            _, actions = peer.node.expire(now)
+            self._carry_out(peer, actions)
         self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
     def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
@@ -226,8 +216,13 @@ class GossipRun:
                 and not self.network.partitioned(src, dst, now))
 
     def _heard(self, peer: SimPeer, sender: str) -> None:
-        if peer.neighbourhood.heard(sender, self.engine.now_s) and not peer.syncing:
-            self._feed(peer, NeighbourUp(sender))
+        """A modelled heartbeat of ``sender`` reached ``peer``."""
+        self._carry_out(peer, peer.node.receive(sender, self._beat(sender), self.engine.now_s))
+
+    def _beat(self, sender: str) -> Heartbeat:
+        """What ``sender``'s heartbeat says (its wall-clock stamp is the daemon's business only)."""
+        return Heartbeat(step=self.world.trainers[sender].step, loss=0.0, sent_at_s=0.0,
+                         finished=self.peers[sender].node.finished)
 
     def end(self, wall_s: float = 0.0) -> ScenarioResult:
         """Evaluate everyone once more and fill in the result."""
@@ -239,13 +234,13 @@ class GossipRun:
         for name, peer in sorted(self.peers.items()):
             metrics = self.recorder.final_peer_metrics(name)
             result.peers[name] = {
-                "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.finished,
+                "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.node.finished,
                 "steps": self.world.trainers[name].step, "restarts": peer.restarts,
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
-                "state_sync": dict(sorted(peer.sync.outcomes.items())),
-                "sync_answers_sent": peer.sync.answers_sent,
+                "state_sync": dict(sorted(peer.node.sync.outcomes.items())),
+                "sync_answers_sent": peer.node.sync.answers_sent,
                 "rejections": dict(sorted(peer.all_rejections().items())),
                 "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
             }
@@ -275,38 +270,28 @@ class GossipRun:
         now = self.engine.now_s
         peer.alive = True
         peer.started = True
-        peer.neighbourhood = peer.fresh_neighbourhood()
-        neighbours = self.world.neighbours(peer.name)
-        for other in neighbours:  # the heartbeats that reach it while it starts
+        for other in self.world.neighbours(peer.name):  # the heartbeats that reach it while it starts
             if self._heartbeat_arrives(other, peer.name, now):
-                peer.neighbourhood.heard(other, now)
-        if sync and neighbours:
-            peer.syncing = True
-            heard_anyone = any(n.up for n in peer.neighbourhood.members.values())
-            peer.sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
-            self._ask(peer)
-            return
-        self._begin(peer)
+                self._heard(peer, other)
+        if sync:
+            self._asked(peer, peer.node.begin_sync(resumed=resumed))
+        else:
+            self._begin(peer)
 
-    def _ask(self, peer: SimPeer) -> None:
-        """One state-sync attempt, or, when every attempt went unanswered, start from what it has."""
-        if not peer.sync.ask():
+    def _asked(self, peer: SimPeer, actions: list[NodeAction]) -> None:
+        """One state-sync attempt made (its timeout set), or, none left, start from what it has."""
+        self._carry_out(peer, actions)
+        if not peer.node.syncing:
             self._begin(peer)
             return
-        self._send(peer, Send(self.world.neighbours(peer.name), StateSyncRequest(reason="join")))
-        attempt = peer.sync.attempts_made
+        attempt = peer.node.sync.attempts_made
         self.engine.after(self.node_config.sync_timeout_s,
                           functools.partial(self._sync_timeout, peer, peer.incarnation, attempt))
 
     def _begin(self, peer: SimPeer) -> None:
-        """Start the machine, then hand it what arrived while it synced, and finish interrupted work."""
-        peer.syncing = False
+        """Start the machine (the Node hands it what arrived before), and finish interrupted work."""
         interrupted = peer.pending_work  # only set when a crash cut work short
-        self._feed(peer, Start())
-        for other in peer.neighbourhood.absent():  # as the daemon: the rounds go on without it until heard
-            self._feed(peer, NeighbourDown(other))
-        for sender, message in peer.early.release():
-            self._feed(peer, Received(sender, message))
+        self._carry_out(peer, peer.node.start(self.engine.now_s))
         if interrupted is not None and peer.pending_work is interrupted:
             # It crashed mid-work: the restored state already holds those steps (they are
             # deterministic), but the time to do them again is spent again.
@@ -315,27 +300,9 @@ class GossipRun:
             self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
 
     def _sync_timeout(self, peer: SimPeer, incarnation: int, attempt: int) -> None:
-        if peer.incarnation == incarnation and peer.syncing and peer.sync.attempts_made == attempt:
-            self._ask(peer)
+        if peer.incarnation == incarnation and peer.node.syncing and peer.node.sync.attempts_made == attempt:
+            self._asked(peer, peer.node.sync_timed_out())
 
-    def _answer_sync(self, peer: SimPeer, requester: str) -> None:
-        if not peer.sync.may_answer(requester, self.engine.now_s, started=not peer.syncing):
-            return  # counted by reason
-        trainer = self.world.trainers[peer.name]
-        params = trainer.mixed.detach().clone()  # buffers too when averaged
-        answer = peer.sync.answer(peer.machine, params, trainer_step=trainer.step)
-        self._send(peer, Send((requester,), answer))
-
-    def _adopt(self, peer: SimPeer, sender: str, message: StateSyncResponse) -> None:
-        offer = peer.sync.check(sender, message, peer.machine)
-        if not isinstance(offer, SyncOffer):
-            return  # counted; wait for another answer or the timeout
-        outcome, actions = peer.sync.adopt(offer, peer.machine)
-        for action in actions:
-            self._act(peer, action)
-        if outcome is Adoption.ADOPTED:
-            peer.pending_work = None  # superseded by the adopted state
-        self._begin(peer)
 
     def _churn(self, event: ChurnEvent) -> None:
         peer = self.peers[event.node]
@@ -346,8 +313,8 @@ class GossipRun:
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
                 for other in self.world.neighbours(peer.name):
                     neighbour = self.peers[other]
-                    if neighbour.neighbourhood.goodbye(peer.name) and not neighbour.syncing:
-                        self._feed(neighbour, NeighbourDown(peer.name))
+                    if neighbour.alive:
+                        self._carry_out(neighbour, neighbour.node.goodbye(peer.name, self.engine.now_s))
         elif event.kind == "restart":
             if peer.alive or peer.checkpoint is None:
                 return
@@ -359,15 +326,14 @@ class GossipRun:
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
             trainer_state = self.world.trainers[peer.name].state_dict()
-            tensors, meta = peer.machine.export_state()
+            tensors, meta = peer.node.machine.export_state()
             peer.checkpoint = (
                 {"tensors": {k: v.clone() for k, v in trainer_state["tensors"].items()},
                  "meta": dict(trainer_state["meta"])},
                 ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
                 peer.endpoint.export_state())
         peer.alive = False
-        peer.syncing = False
-        peer.early.clear()
+        peer.node.stop()
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
         peer.timers.clear()
 
@@ -375,24 +341,25 @@ class GossipRun:
         assert peer.checkpoint is not None
         trainer_state, machine_state, endpoint_state = peer.checkpoint
         self.world.trainers[peer.name].load_state_dict(trainer_state)
-        peer.machine = self._machine(peer.name)
-        peer.machine.restore_state(machine_state)
+        machine = self._machine(peer.name)
+        machine.restore_state(machine_state)
+        peer.node.restart(machine, peer.fresh_neighbours())
         peer.rejections += peer.endpoint.rejections
         peer.endpoint = Endpoint(peer.identity, self.roster, self.run_id, epoch=peer.endpoint.epoch + 1)
         peer.endpoint.restore_state(endpoint_state)
         peer.restarts += 1
-        peer.finished = False
 
     # ------------------------------------------------------------ events and actions
 
     def _feed(self, peer: SimPeer, event: Event) -> None:
-        if not peer.alive:
-            return
-        actions = peer.machine.handle(event, self.engine.now_s)
+        if peer.alive:
+            self._carry_out(peer, peer.node.handle(event, self.engine.now_s))
+
+    def _carry_out(self, peer: SimPeer, actions: list[NodeAction]) -> None:
         for action in actions:
             self._act(peer, action)
 
-    def _act(self, peer: SimPeer, action: Action) -> None:
+    def _act(self, peer: SimPeer, action: NodeAction) -> None:
         now = self.engine.now_s
         match action:
             case Send():
@@ -416,11 +383,12 @@ class GossipRun:
             case Metric(name=name, value=value):
                 peer.metric_last[name] = float(value)
             case Finished():
-                peer.finished = True
-                if all(p.finished or not p.alive for _, p in sorted(self.peers.items())):
+                if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
                     self.engine.stop()
             case SetTrainerStep(step=step):
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
+            case Note():
+                pass  # the operator's lines: a simulation reports counters instead
 
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:
@@ -489,18 +457,12 @@ class GossipRun:
             sender, message = opened.sender, opened.message
         else:
             message = delivery
-        self._heard(peer, sender)
-        # State sync is the driver's business, as in the daemon; the machine sees the rest.
-        match message:
-            case StateSyncRequest():
-                self._answer_sync(peer, sender)
-            case StateSyncResponse():
-                if peer.syncing:
-                    self._adopt(peer, sender, message)
-            case _ if peer.syncing:
-                peer.early.hold(sender, message)
-            case _:
-                self._feed(peer, Received(sender, message))
+        was_syncing = peer.node.syncing
+        self._carry_out(peer, peer.node.receive(sender, message, self.engine.now_s))
+        if was_syncing and not peer.node.syncing:  # an answer was taken
+            if peer.node.adoption is Adoption.ADOPTED:
+                peer.pending_work = None  # superseded by the adopted state
+            self._begin(peer)
 
 
 def _deep_copy(value: Any) -> Any:

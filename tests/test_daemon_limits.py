@@ -14,6 +14,7 @@ from peer.runtime.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heart
 from peer.runtime.netinit import NetworkFiles
 from peer.runtime.peerconfig import PeerSection, load_peer_config
 from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
+from protocols.node import Adoption
 from protocols.wire import Opened
 from tests._daemon_support import make_network
 
@@ -72,16 +73,16 @@ def test_early_messages_are_capped_per_neighbour_keeping_the_newest(fresh: PeerD
     for r in range(1000):
         deliver(fresh, "p01", ParamPush(round=r))
     deliver(fresh, "p03", ParamPush(round=0))
-    kept = [cast(ParamPush, message).round for message in fresh.early.held("p01")]
+    kept = [cast(ParamPush, message).round for message in fresh.node.early.held("p01")]
     assert kept == list(range(1000 - cap, 1000))
-    assert len(fresh.early.held("p03")) == 1      # one neighbour's flood does not crowd out another
+    assert len(fresh.node.early.held("p03")) == 1      # one neighbour's flood does not crowd out another
     assert fresh._snapshot()["rejections"]["early_overflow"] == 1000 - cap
 
 
 def test_early_messages_from_non_neighbours_are_dropped_and_counted(fresh: PeerDaemon) -> None:
     for r in range(50):
         deliver(fresh, "p02", ParamPush(round=r))
-    assert fresh.early.held("p02") == []
+    assert fresh.node.early.held("p02") == []
     assert fresh._snapshot()["rejections"]["early_not_neighbour"] == 50
 
 
@@ -98,7 +99,7 @@ def test_a_neighbour_heard_is_up_only_once_we_can_reach_it(fresh: PeerDaemon) ->
 
 
 def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerDaemon) -> None:
-    fresh._started = True
+    fresh.node.started = True
     for info in fresh.neighbours.values():
         info.up = True      # heard and reachable: sends below are the answers only
     transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
@@ -122,17 +123,18 @@ def sync_answer(numel: int, *, value: float = 0.5) -> StateSyncResponse:
 
 
 def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaemon) -> None:
-    fresh.state = "syncing"
+    fresh._carry_out(fresh.node.begin_sync(resumed=False))     # asks (the recorder takes the request)
     numel = fresh.trainer.flat_params.numel()
     deliver(fresh, "p01", sync_answer(numel + 1))
     deliver(fresh, "p01", sync_answer(numel, value=math.nan))
-    assert fresh._sync_answer is None
-    assert fresh.sync.rejected["sync_answer_wrong_length"] == 1
-    assert fresh.sync.rejected["sync_answer_nonfinite"] == 1
+    assert fresh.node.syncing and fresh.node.adoption is None
+    assert fresh.node.sync.rejected["sync_answer_wrong_length"] == 1
+    assert fresh.node.sync.rejected["sync_answer_nonfinite"] == 1
     deliver(fresh, "p03", sync_answer(numel))
-    assert fresh._sync_answer is not None
-    sender, offer = fresh._sync_answer
-    assert sender == "p03" and offer.params.numel() == numel and float(offer.params[0]) == 0.5
+    assert not fresh.node.syncing and fresh.node.adoption is Adoption.ADOPTED
+    assert torch.equal(fresh.trainer.flat_params.detach(), torch.full((numel,), 0.5))
+    deliver(fresh, "p01", sync_answer(numel))   # a second answer, after we adopted: counted, not taken
+    assert fresh._snapshot()["rejections"]["sync_answer_late"] == 1
 
 
 @pytest.mark.parametrize("sent_at_s", [-math.inf, math.inf, math.nan, 1e300, -1e300, 10**400, 0.0])

@@ -52,10 +52,10 @@ def test_a_ring_member_cut_off_for_15_s_keeps_its_place_and_ends_in_consensus() 
     trainers = run.world.trainers
     # Assert: it is still running, well short of the end (before the fix it had finished every step
     # alone), and it waited out its rounds alone (both neighbours were down).
-    assert cut.alive and not cut.finished, trainers["p02"].step
+    assert cut.alive and not cut.node.finished, trainers["p02"].step
     assert trainers["p02"].step < STEPS
     assert cut.metric_last.get("rounds_alone", 0) > 0
-    assert set(cut.neighbourhood.absent()) == {"p01", "p03"}
+    assert set(cut.node.neighbourhood.absent()) == {"p01", "p03"}
     # Execute: the rest of the run.
     run.engine.run(until_s=run.scenario.duration_s)
     result = run.end()
@@ -88,7 +88,7 @@ def test_a_joiner_no_neighbour_can_answer_asks_sync_attempts_times_then_trains_o
     # Execute: until just before its last attempt times out, then past it.
     run.engine.run(until_s=1.0 + 3 * 2.0 - 0.01)
     joiner = run.peers["p03"]
-    assert joiner.syncing and joiner.sync.attempts_made == 3
+    assert joiner.node.syncing and joiner.node.sync.attempts_made == 3
     run.engine.run(until_s=1.0 + 3 * 2.0 + 0.01)
     # Assert: no answer counted once, and it started.
-    assert not joiner.syncing and joiner.sync.outcomes == {"no_answer": 1}
+    assert not joiner.node.syncing and joiner.node.sync.outcomes == {"no_answer": 1}

@@ -63,7 +63,7 @@ def test_the_simulator_caps_early_messages_per_neighbour_keeping_the_newest() ->
     run = started_run(faults={"churn": [{"node": "p00", "kind": "join", "at_s": 1.0}]})
     run.engine.run(until_s=1.0)
     joiner = run.peers["p00"]
-    assert joiner.syncing
+    assert joiner.node.syncing
     cap = run.config.max_rounds_ahead + 1
     # Execute: a flood from one neighbour, one message from the other, some from a non-neighbour.
     for r in range(1000):
@@ -75,8 +75,8 @@ def test_the_simulator_caps_early_messages_per_neighbour_keeping_the_newest() ->
     rejections = joiner.all_rejections()
     assert rejections["early_overflow"] == 1000 - cap
     assert rejections["early_not_neighbour"] == 3
-    assert [m.round for m in joiner.early.held("p01")] == list(range(1000 - cap, 1000))  # type: ignore[attr-defined]
-    assert len(joiner.early.held("p03")) == 1
+    assert [m.round for m in joiner.node.early.held("p01")] == list(range(1000 - cap, 1000))  # type: ignore[attr-defined]
+    assert len(joiner.node.early.held("p03")) == 1
 
 
 def test_the_simulator_rate_limits_state_sync_answers_per_requester() -> None:
@@ -84,7 +84,7 @@ def test_the_simulator_rate_limits_state_sync_answers_per_requester() -> None:
     run = started_run(algorithm={"algorithm": "dpsgd", "deadline_s": 0.05, "total_steps": 10_000})
     run.engine.run(until_s=0.5)
     peer = run.peers["p00"]
-    assert not peer.syncing and not peer.finished
+    assert not peer.node.syncing and not peer.node.finished
     sent = peer.messages_sent
     # Execute: p01 floods p00 with requests; p03 asks once.
     for _ in range(20):

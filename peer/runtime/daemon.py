@@ -89,30 +89,23 @@ from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
 from protocols.events import (
-    Action,
     CancelTimer,
     Event,
     Finished,
     Metric,
-    NeighbourDown,
-    NeighbourUp,
-    Received,
     Send,
     SetTimer,
     SetTrainerStep,
-    Start,
     StartWork,
     TimerFired,
     WorkDone,
 )
-from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.messages import Heartbeat, Message
 from protocols.node import (
-    Adoption,
-    EarlyMessages,
     Neighbour,
-    Neighbourhood,
-    StateSync,
-    SyncOffer,
+    Node,
+    NodeAction,
+    Note,
     Verdict,
     reason,
     verdict,
@@ -165,7 +158,6 @@ class PeerDaemon:
         self.timeline["assembled"] = time.time()
         self.name = self.parts.name
         self.trainer = self.parts.trainer
-        self.machine = self.parts.machine
         self.endpoint = self.parts.endpoint
         self.digester = ThreadDigester()    # busy only while a large message is sealed or opened
         # what a machine holds at once: about one message per neighbour for this round and the next
@@ -180,8 +172,17 @@ class PeerDaemon:
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
         self._warned: set[str] = set()      # the machine's warnings already said
-        self.neighbourhood = Neighbourhood({name: NeighbourInfo() for name in self.parts.neighbours},
-                                           timeout_s=config.peer.neighbour_timeout_s)
+        trainer = self.trainer
+        # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
+        # state-sync answer carries what the machine mixes, copied to the host (it may be sent
+        # while mixing goes on), and the trainer's step
+        self.node: Node[NeighbourInfo] = Node(
+            self.name, self.parts.machine, neighbours={n: NeighbourInfo() for n in self.parts.neighbours},
+            config=config.peer.node_config(),
+            early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
+            answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
+        self.machine = self.node.machine  # the daemon's one machine (a restart is a new process)
+        self.neighbourhood = self.node.neighbourhood
         self.neighbours = self.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
@@ -190,17 +191,9 @@ class PeerDaemon:
         self._timer_ids = itertools.count()
         self._work: list[int] = []
         self._stop_signal: int | None = None
-        self._finished = False
-        self._started = False
         self._last_loss = math.nan
         self._last_eval: dict[str, float] = {}
         self._last_eval_step = -1
-        neighbours = frozenset(self.parts.neighbours)
-        node_config = config.peer.node_config()
-        self.sync = StateSync(node_config, neighbours)
-        # machine messages heard before Start (the machine buffers max_rounds_ahead rounds past its own)
-        self.early = EarlyMessages(neighbours, per_neighbour=config.gossip.max_rounds_ahead + 1)
-        self._sync_answer: tuple[str, SyncOffer] | None = None
         self._train_start_s = math.nan
         self._train_end_s = math.nan
         self._next_heartbeat = 0.0
@@ -345,38 +338,28 @@ class PeerDaemon:
         """Ask the neighbours for their current state, as often as protocols/node/sync.py says;
         adopt the first answer. True when every attempt went unanswered."""
         self.state = "syncing"
-        targets = sorted(self.neighbours, key=lambda n: (not self.neighbours[n].up, n))
-        if not targets:
-            return False
-        self.sync.begin_asking(resumed=resumed, heard_anyone=not self._nobody_heard())
-        while self.sync.ask():
-            if self._stop_signal is not None:
-                return False
-            self._send(Send(tuple(targets), StateSyncRequest(reason="join")))
-            deadline = self.now() + self.sync.config.sync_timeout_s
-            while self._sync_answer is None and self.now() < deadline and self._stop_signal is None:
-                self._pump(0.1)
+        sync = self.node.sync
+        self._carry_out(self.node.begin_sync(resumed=resumed))
+        while self.node.syncing and self._stop_signal is None:
+            deadline = self.now() + sync.config.sync_timeout_s
+            while self.node.syncing and self.now() < deadline and self._stop_signal is None:
+                self._pump(0.1)       # an answer is adopted as it arrives (Node.receive)
                 self._heartbeat_if_due()
                 self._write_status()    # "syncing", for `hivemesh status`
-            if self._sync_answer is not None:
-                self._adopt(*self._sync_answer)
-                return False
-            self._warn(f"no state-sync answer (attempt {self.sync.attempts_made}/{self.sync.attempts})")
-        return True
+            if self.node.syncing and self._stop_signal is None:
+                self._warn(f"no state-sync answer (attempt {sync.attempts_made}/{sync.attempts})")
+                self._carry_out(self.node.sync_timed_out())
+        return sync.attempts_made > 0 and self.node.adoption is None and not self.node.syncing
 
     def _train(self) -> None:
         self.state = "training"
-        self._started = True
         self._train_start_s = self.now()
         for note in self.machine.notes():
             self.status.say(f"{self.name}: {note}")
-        self._feed(Start())
-        for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
-            self.counters.absent_at_start[name] += 1
-            self._feed(NeighbourDown(name))
-        for sender, message in self.early.release():
-            self._feed(Received(sender, message))
-        while not self._finished and self._stop_signal is None and not self._stranded:
+        self.counters.absent_at_start.update(self.neighbourhood.absent())  # told down at Start
+        self._wait_sent()
+        self._carry_out(self.node.start(self.now()))
+        while not self.node.finished and self._stop_signal is None and not self._stranded:
             if self._work and not self._held():
                 self._do_work(self._work.pop(0))
                 self._pump(0.0)
@@ -394,7 +377,7 @@ class PeerDaemon:
     def _shutdown(self) -> int:
         assert self.transport is not None
         self.transport.wait_sent(timeout_s=5.0)
-        if self._finished:
+        if self.node.finished:
             self.state = "finished"
             self._evaluate()
             self._checkpoint(final=True)
@@ -408,7 +391,7 @@ class PeerDaemon:
             return 0
         if self._stranded:
             self.state = "stranded"
-            if self._started:
+            if self.node.started:
                 self._checkpoint(final=False)    # what it trained is kept
             self._write_status(force=True)
             self.status.say(f"{self.name}: {self._stranded}; exiting at step {self.trainer.step} "
@@ -448,44 +431,34 @@ class PeerDaemon:
                     self.status.warn(notice)
 
     def _dispatch(self, opened: Opened) -> None:
-        info = self.neighbours.get(opened.sender)
-        now = self.now()
+        """Hand a verified message to the Node (it routes by kind); what only a daemon shows
+        (heartbeat latency, the neighbours' last parameters for the consensus estimate) is kept here."""
+        sender, message = opened.sender, opened.message
+        info = self.neighbours.get(sender)
         if info is not None:
-            reachable = info.up or self._can_send(opened.sender)  # (tried only when it matters)
-            came_up = self.neighbourhood.heard(opened.sender, now, reachable=reachable)
-            if came_up and self._started and not self._finished:
-                self._feed(NeighbourUp(opened.sender))
-        message = opened.message
-        match message:
-            case Heartbeat():
-                if info is not None:
-                    self.neighbourhood.beat(opened.sender, step=message.step, finished=message.finished)
-                    latency_ms = heartbeat_latency_ms(message.sent_at_s, time.time())
-                    if latency_ms is None:
-                        self.counters.rejected["heartbeat_bad_latency"] += 1
-                    else:
-                        info.latency_ms = latency_ms
-            case StateSyncRequest():
-                self._answer_sync(opened.sender)
-            case StateSyncResponse():
-                if self._sync_answer is None and self.state == "syncing":
-                    self._take_sync_answer(opened.sender, message)
-            case _:
-                if info is not None:
-                    self._remember_params(info, message)
-                if not self._started:
-                    self.early.hold(opened.sender, message)
-                elif not self._finished:
-                    self._feed(Received(opened.sender, message))
+            if isinstance(message, Heartbeat):
+                latency_ms = heartbeat_latency_ms(message.sent_at_s, time.time())
+                if latency_ms is None:
+                    self.counters.rejected["heartbeat_bad_latency"] += 1
+                else:
+                    info.latency_ms = latency_ms
+            self._remember_params(info, message)
+        reachable = info is None or info.up or self._can_send(sender)  # (tried only when it matters)
+        self._wait_sent()
+        self._carry_out(self.node.receive(sender, message, self.now(), reachable=reachable))
 
     def _feed(self, event: Event) -> None:
-        """Hand one event to the machine and carry out what it asks, in order."""
+        """Hand one of our own events (work done, a timer) to the Node and carry out what it asks."""
+        self._wait_sent()
+        self._carry_out(self.node.handle(event, self.now()))
+
+    def _wait_sent(self) -> None:
+        """The machine mixes (and a state sync adopts) in place: tensors still being sent must go first."""
         assert self.transport is not None
         if self.transport.pending_sends():
-            self.transport.wait_sent()    # the machine may mix tensors that are still being sent
-        self._carry_out(self.machine.handle(event, self.now()))
+            self.transport.wait_sent()
 
-    def _carry_out(self, actions: Sequence[Action]) -> None:
+    def _carry_out(self, actions: Sequence[NodeAction]) -> None:
         for action in actions:
             match action:
                 case Send():
@@ -500,11 +473,15 @@ class PeerDaemon:
                     self.counters.metrics[action.name] = action.value   # running totals
                     self._machine_warnings()
                 case Finished():
-                    self._finished = True
                     self._train_end_s = self.now()
                     self.timeline["finished"] = time.time()
                 case SetTrainerStep():
                     self.trainer.step = action.step     # the learning-rate schedule follows the network
+                case Note(text=text, warning=warning):
+                    if warning:
+                        self._warn(text)
+                    else:
+                        self.status.say(f"{self.name}: {text}")
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
@@ -542,7 +519,7 @@ class PeerDaemon:
 
     def _fire_timers(self) -> None:
         now = self.now()
-        while self._timers and self._timers[0][0] <= now and not self._finished:
+        while self._timers and self._timers[0][0] <= now and not self.node.finished:
             at, ident, key = heapq.heappop(self._timers)
             if self._timer_due.get(key) != (at, ident):
                 continue    # replaced or cancelled
@@ -579,7 +556,7 @@ class PeerDaemon:
 
     def _beat(self) -> Heartbeat:
         return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time(),
-                         finished=self._finished)
+                         finished=self.node.finished)
 
     def _heartbeat_if_due(self) -> None:
         if self.now() >= self._next_heartbeat:
@@ -588,7 +565,9 @@ class PeerDaemon:
     def _periodic(self) -> None:
         self._heartbeat_if_due()
         now = self.now()
-        for name in self.neighbourhood.expire(now):
+        self._wait_sent()
+        silent, actions = self.node.expire(now)
+        for name in silent:
             info = self.neighbours[name]
             if info.finished:
                 self.counters.neighbour_finished[name] += 1
@@ -596,9 +575,9 @@ class PeerDaemon:
             else:
                 self.counters.neighbour_down[name] += 1
                 self._warn(f"neighbour {name} silent for {now - info.last_seen:.1f} s")
-            if self._started and not self._finished:
-                self._feed(NeighbourDown(name))
-                self._judge_neighbours(start_wait_over=True)
+        self._carry_out(actions)
+        if silent and self.node.started and not self.node.finished:
+            self._judge_neighbours(start_wait_over=True)
         every = self.config.peer.eval_every_steps
         if every and self.trainer.step - max(self._last_eval_step, 0) >= every:
             self._evaluate()
@@ -615,41 +594,6 @@ class PeerDaemon:
         self.status.metric_line(snapshot)
         if self.scalars is not None:
             self.scalars.write(snapshot)
-
-    # ------------------------------------------------------------------ state sync
-
-    def _answer_sync(self, requester: str) -> None:
-        if not self.sync.may_answer(requester, self.now(), started=self._started):
-            return      # counted by reason
-        # what the machine mixes (parameters, and buffers when averaged) as it is between rounds;
-        # a copy, since mixing goes on while it is sent
-        params = self.trainer.host_mixed().detach().clone()
-        self._send(Send((requester,), self.sync.answer(self.machine, params, trainer_step=self.trainer.step)))
-
-    def _take_sync_answer(self, sender: str, message: StateSyncResponse) -> None:
-        """Keep a usable state-sync answer for ``_state_sync``; an unusable one is counted and the wait
-        goes on (another neighbour, or the next attempt, may answer well)."""
-        offer = self.sync.check(sender, message, self.machine)
-        if isinstance(offer, SyncOffer):
-            self._sync_answer = (sender, offer)
-            return
-        self._warn(f"state sync from {sender}: unusable answer ({offer}); waiting for another")
-
-    def _adopt(self, sender: str, offer: SyncOffer) -> None:
-        assert self.transport is not None
-        if self.transport.pending_sends():
-            self.transport.wait_sent()    # adopting overwrites the parameters in place
-        outcome, actions = self.sync.adopt(offer, self.machine)
-        self._carry_out(actions)
-        match outcome:
-            case Adoption.KEPT:
-                self.status.say(f"{self.name}: {sender} is behind us (round {offer.round}); kept our state")
-            case Adoption.REFUSED:
-                self._warn(f"algorithm {self.config.gossip.algorithm!r} cannot join by state sync "
-                           "(its shared state cannot be handed over); training on from our own state")
-            case Adoption.ADOPTED:
-                self.status.say(f"{self.name}: synced from {sender}: round {offer.round}, "
-                                f"step {offer.steps_done}")
 
     # ------------------------------------------------------------------ persistence
 
@@ -704,7 +648,7 @@ class PeerDaemon:
             "name": self.name, "state": self.state, "epoch": self.parts.epoch, "uptime_s": round(now, 3),
             "step": self.trainer.step, "steps_done": self.machine.position[1],
             "loss": self._last_loss,
-            "train_s": (self._train_end_s if self._finished else now) - self._train_start_s,
+            "train_s": (self._train_end_s if self.node.finished else now) - self._train_start_s,
             "accuracy": self._last_eval.get("accuracy", math.nan),
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
             "consensus_max_relative": self._consensus_estimate(),
@@ -720,9 +664,9 @@ class PeerDaemon:
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
             "messages_accepted": self.counters.messages_accepted,
-            "rejections": dict(self.endpoint.rejections + self.counters.rejected + self.sync.rejected
-                               + self.early.rejected),
-            "sync_answers_sent": self.sync.answers_sent,
+            "rejections": dict(self.endpoint.rejections + self.counters.rejected
+                               + self.node.all_rejections()),
+            "sync_answers_sent": self.node.sync.answers_sent,
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
             "neighbour_finished": dict(self.counters.neighbour_finished),

@@ -1,7 +1,9 @@
 """The member around its algorithm: what the daemon and the simulator both decide, written once.
 
 Pure, under the machines' sans-IO contract (no sockets, threads, clocks or
-global RNG; time is the ``now`` handed in). Today it holds:
+global RNG; time is the ``now`` handed in). :class:`Node` (node.py) is one
+member around its machine, hosted by both drivers: it routes every verified
+message by kind and holds the parts below.
 
 * :class:`StateSync` (sync.py): answer or refuse a neighbour's state-sync request
   (rate-limited per requester), and check then adopt an answer, in one order;
@@ -25,7 +27,9 @@ from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Presence, Verdict, reason, verdict, waiting_line
 from protocols.node.neighbours import Neighbour, Neighbourhood
+from protocols.node.node import Node, NodeAction, Note
 from protocols.node.sync import Adoption, StateSync
 
-__all__ = ["Adoption", "EarlyMessages", "Neighbour", "Neighbourhood", "NodeConfig", "Presence", "StateSync",
-           "SyncOffer", "Verdict", "check_sync_response", "reason", "verdict", "waiting_line"]
+__all__ = ["Adoption", "EarlyMessages", "Neighbour", "Neighbourhood", "Node", "NodeAction", "NodeConfig",
+           "Note", "Presence", "StateSync", "SyncOffer", "Verdict", "check_sync_response", "reason",
+           "verdict", "waiting_line"]

@@ -1,0 +1,222 @@
+"""The Node: one member around its machine, routing what it hears. Both drivers host it.
+
+A driver (the daemon with sockets and the wall clock, the simulator with its
+link model and virtual clock) opens and verifies frames, then hands each
+message to :meth:`Node.receive`; it calls :meth:`Node.start` when the member
+starts its rounds, :meth:`Node.handle` for its own events (work done, a timer),
+and :meth:`Node.expire` as time passes. It carries out the actions that come
+back, in order: the machine's (``Send``, ``StartWork``, timers, ``Metric``,
+``Finished``, ``SetTrainerStep``) and the Node's own :class:`Note` lines.
+
+Routing by kind, one rule for both drivers:
+
+==========================  ============================================================
+message                     what the Node does
+==========================  ============================================================
+anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
+``Heartbeat``               its step and "finished" flag are noted
+``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
+``StateSyncResponse``       checked, then adopted, while syncing; after (a second
+                            answer, or none asked) counted ``sync_answer_late``
+anything else, not started  held (protocols/node/early.py), fed after ``Start``
+anything else, started      fed to the machine (which counts what arrives after it
+                            finished as ``after_finish``)
+==========================  ============================================================
+
+Pure, like the machines: no sockets, threads, clocks or global RNG. What the
+Node cannot know (the trainer's step, a host copy of the parameters for a
+state-sync answer) it asks its driver through ``answer_source``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic
+
+import torch
+
+from protocols.events import (
+    Action,
+    Event,
+    Finished,
+    Machine,
+    NeighbourDown,
+    NeighbourUp,
+    Received,
+    Send,
+    Start,
+)
+from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.node.config import NodeConfig
+from protocols.node.early import EarlyMessages
+from protocols.node.neighbours import N, Neighbourhood
+from protocols.node.sync import Adoption, StateSync, SyncOffer
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the operator (the driver logs it; ``warning``: at warning level)."""
+
+    text: str
+    warning: bool = False
+
+
+NodeAction = Action | Note
+
+# (what the machine mixes, as a copy the driver may send; the trainer's step)
+AnswerSource = Callable[[], tuple[torch.Tensor, int]]
+
+
+class Node(Generic[N]):
+    """One member: its machine, state sync, failure detector and messages heard before Start."""
+
+    def __init__(self, name: str, machine: Machine, *, neighbours: Mapping[str, N], config: NodeConfig,
+                 early_per_neighbour: int, answer_source: AnswerSource) -> None:
+        self.name = name
+        self.machine = machine
+        self.config = config
+        names = frozenset(neighbours)
+        self.sync = StateSync(config, names)
+        self.early = EarlyMessages(names, per_neighbour=early_per_neighbour)
+        self.neighbourhood: Neighbourhood[N] = Neighbourhood(neighbours, timeout_s=config.neighbour_timeout_s)
+        self.answer_source = answer_source
+        self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
+        self.started = False
+        self.syncing = False
+        self.finished = False
+        self.adoption: Adoption | None = None  # what became of the last answer adopted (None: none yet)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def begin_sync(self, *, resumed: bool) -> list[NodeAction]:
+        """Ask the neighbours for their state (the first attempt), before the member starts: an
+        adopted state replaces the parameters, which a running machine may be working on. Nothing
+        to do without neighbours, or once started."""
+        if not self.neighbourhood.names() or self.started:
+            return []
+        self.syncing = True
+        heard_anyone = any(n.up for n in self.neighbourhood.members.values())
+        self.sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
+        return self._ask()
+
+    def sync_timed_out(self) -> list[NodeAction]:
+        """The current attempt went unanswered: ask again, or give up (``syncing`` turns False)."""
+        return self._ask() if self.syncing else []
+
+    def _ask(self) -> list[NodeAction]:
+        if self.sync.ask():
+            # up neighbours first: they are the ones likely to answer
+            targets = sorted(self.neighbourhood.names(), key=lambda n: (not self.neighbourhood[n].up, n))
+            return [Send(tuple(targets), StateSyncRequest(reason="join"))]
+        self.syncing = False
+        return [Note("no state-sync answer from any neighbour; training on from our own state",
+                     warning=True)]
+
+    def start(self, now: float) -> list[NodeAction]:
+        """The member starts its rounds: ``Start``, the neighbours not heard told down, then what
+        arrived before, in arrival order."""
+        self.syncing = False
+        self.started = True
+        actions = self._machine(Start(), now)
+        for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
+            actions += self._machine(NeighbourDown(name), now)
+        for sender, message in self.early.release():
+            actions += self._machine(Received(sender, message), now)
+        return actions
+
+    def stop(self) -> None:
+        """The member stopped (crash, leave): forget what it held."""
+        self.early.clear()
+        self.syncing = False
+
+    def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
+        """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
+        its counters and the state-sync rate limits carry over."""
+        self.machine = machine
+        self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
+        self.early.clear()
+        self.started = self.syncing = self.finished = False
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, event: Event, now: float) -> list[NodeAction]:
+        """The member's own events for its machine (work done, a timer), once started."""
+        return self._machine(event, now) if self.started else []
+
+    def receive(self, sender: str, message: Message, now: float, *,
+                reachable: bool = True) -> list[NodeAction]:
+        """A verified message from ``sender`` (``reachable``: whether we can answer it now)."""
+        actions: list[NodeAction] = []
+        if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
+            actions += self._machine(NeighbourUp(sender), now)
+        match message:
+            case Heartbeat():
+                self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
+            case StateSyncRequest():
+                actions += self._answer(sender, now)
+            case StateSyncResponse():
+                actions += self._take_answer(sender, message)
+            case _ if not self.started:
+                self.early.hold(sender, message)
+            case _:
+                actions += self._machine(Received(sender, message), now)
+        return actions
+
+    def expire(self, now: float) -> tuple[list[str], list[NodeAction]]:
+        """The neighbours that fell silent (now down), and what the machine does about it."""
+        silent = self.neighbourhood.expire(now)
+        actions: list[NodeAction] = []
+        if self._live():
+            for name in silent:
+                actions += self._machine(NeighbourDown(name), now)
+        return silent, actions
+
+    def goodbye(self, name: str, now: float) -> list[NodeAction]:
+        """``name`` said it leaves."""
+        if self.neighbourhood.goodbye(name) and self._live():
+            return self._machine(NeighbourDown(name), now)
+        return []
+
+    # ------------------------------------------------------------ state sync
+
+    def _answer(self, requester: str, now: float) -> list[NodeAction]:
+        if not self.sync.may_answer(requester, now, started=self.started):
+            return []  # counted by reason
+        params, trainer_step = self.answer_source()
+        return [Send((requester,), self.sync.answer(self.machine, params, trainer_step=trainer_step))]
+
+    def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
+        if not self.syncing:
+            self.rejected["sync_answer_late"] += 1
+            return []
+        offer = self.sync.check(sender, message, self.machine)
+        if not isinstance(offer, SyncOffer):
+            return [Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
+                         warning=True)]
+        outcome, actions = self.sync.adopt(offer, self.machine)
+        self.syncing = False
+        self.adoption = outcome
+        note = {
+            Adoption.KEPT: Note(f"{sender} is behind us (round {offer.round}); kept our state"),
+            Adoption.REFUSED: Note("this algorithm cannot join by state sync (its shared state cannot be "
+                                   "handed over); training on from our own state", warning=True),
+            Adoption.ADOPTED: Note(f"synced from {sender}: round {offer.round}, step {offer.steps_done}"),
+        }[outcome]
+        return [*actions, note]
+
+    # ------------------------------------------------------------ the machine
+
+    def _live(self) -> bool:
+        return self.started and not self.finished
+
+    def _machine(self, event: Event, now: float) -> list[NodeAction]:
+        actions: Sequence[Action] = self.machine.handle(event, now)
+        if any(isinstance(a, Finished) for a in actions):
+            self.finished = True
+        return list(actions)
+
+    def all_rejections(self) -> Counter[str]:
+        """Every refusal the Node counted (its own, state sync's, early messages')."""
+        return self.rejected + self.sync.rejected + self.early.rejected

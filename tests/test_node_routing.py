@@ -1,0 +1,183 @@
+"""The Node (protocols/node/node.py): each row of its routing table, on a real machine whose events
+are recorded (pure, fast). p00 on ring:4: neighbours p01 and p03; p02 is not one. D-PSGD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from protocols.events import (
+    Event,
+    Finished,
+    NeighbourDown,
+    NeighbourUp,
+    Received,
+    Send,
+    SetTrainerStep,
+    Start,
+    StartWork,
+    WorkDone,
+)
+from protocols.gossip import GossipConfig, make_machine
+from protocols.messages import Heartbeat, ParamPush, StateSyncRequest, StateSyncResponse
+from protocols.node import Adoption, Neighbour, Node, NodeConfig, Note
+from topology import build
+
+RING = build("ring:4")
+
+
+class Recorded(Node[Neighbour]):
+    """A Node whose machine's events are recorded, in order."""
+
+    def __init__(self, *, total_steps: int = 20, **config: Any) -> None:
+        params = torch.zeros(3)
+        machine = make_machine(GossipConfig(total_steps=total_steps), name="p00", topology=RING,
+                               params=params)
+        self.events: list[Event] = []
+        handle = machine.handle
+
+        def recording(event: Event, now: float) -> Any:
+            self.events.append(event)
+            return handle(event, now)
+
+        machine.handle = recording  # type: ignore[method-assign]
+        super().__init__("p00", machine, neighbours={"p01": Neighbour(), "p03": Neighbour()},
+                         config=NodeConfig(**config), early_per_neighbour=2,
+                         answer_source=lambda: (params.clone(), 7))
+
+    def fed(self) -> list[Any]:
+        """The events since last asked; a Received as (sender, round), tensors compare badly."""
+        events, self.events = self.events, []
+        return [(e.sender, e.message.round) if isinstance(e, Received) and isinstance(e.message, ParamPush)
+                else e for e in events]
+
+
+def push(r: int, value: float = 1.0) -> ParamPush:
+    return ParamPush(round=r, tensors={"x": torch.full((3,), value)})
+
+
+def beat(step: int = 0, *, finished: bool = False) -> Heartbeat:
+    return Heartbeat(step=step, loss=0.0, sent_at_s=0.0, finished=finished)
+
+
+def answer(r: int, value: float) -> StateSyncResponse:
+    return StateSyncResponse(round=r, tensors={"params": torch.full((3,), value)},
+                             meta={"round": r, "steps_done": r, "trainer_step": r})
+
+
+def test_at_start_the_machine_is_told_who_is_down_then_given_what_was_held() -> None:
+    n = Recorded()
+    n.receive("p01", beat(4), 0.0)
+    n.receive("p01", push(0), 0.1)
+    assert n.fed() == []                                    # nothing reaches the machine before Start
+    assert n.neighbourhood["p01"].up and n.neighbourhood["p01"].step == 4
+    n.start(1.0)
+    assert n.fed() == [Start(), NeighbourDown("p03"), ("p01", 0)]  # p03 never heard
+
+
+def test_a_neighbour_heard_after_start_comes_up_for_the_machine_once() -> None:
+    n = Recorded()
+    n.start(0.0)
+    n.fed()
+    n.receive("p03", beat(0, finished=True), 1.0)
+    n.receive("p03", beat(1), 1.5)
+    assert n.fed() == [NeighbourUp("p03")]
+    assert n.neighbourhood["p03"].step == 1 and not n.neighbourhood["p03"].finished
+    unreachable = Recorded()
+    unreachable.start(0.0)
+    unreachable.fed()
+    unreachable.receive("p03", beat(), 1.0, reachable=False)   # heard, but we cannot answer yet
+    assert unreachable.fed() == [] and not unreachable.neighbourhood["p03"].up
+
+
+def test_messages_before_start_are_capped_per_neighbour_and_non_neighbours_refused() -> None:
+    n = Recorded()
+    for r in (0, 1, 2):
+        n.receive("p01", push(r), 0.1 * r)
+    n.receive("p02", push(0), 0.5)
+    assert [m.round for m in n.early.held("p01")] == [1, 2]   # type: ignore[attr-defined]
+    assert n.all_rejections() == {"early_overflow": 1, "early_not_neighbour": 1}
+    n.start(1.0)
+    assert [e for e in n.fed() if isinstance(e, tuple)] == [("p01", 1), ("p01", 2)]
+
+
+def test_a_state_sync_request_is_answered_once_started_and_rate_limited() -> None:
+    n = Recorded(sync_answer_interval_s=5.0)
+    assert n.receive("p01", StateSyncRequest(), 0.0) == []          # not started: nothing to offer
+    n.start(0.0)
+    sent = [a for a in n.receive("p01", StateSyncRequest(), 1.0) if isinstance(a, Send)]
+    assert len(sent) == 1 and sent[0].recipients == ("p01",)
+    assert isinstance(sent[0].message, StateSyncResponse) and sent[0].message.meta["trainer_step"] == 7
+    assert n.receive("p01", StateSyncRequest(), 2.0) == []          # too soon
+    assert n.all_rejections() == {"sync_request_not_started": 1, "sync_request_too_often": 1}
+    assert n.fed() == [Start(), NeighbourDown("p03")]  # p01 was heard (its request); nothing else
+
+
+def test_a_sync_adopts_the_first_usable_answer_and_counts_a_late_one() -> None:
+    n = Recorded()
+    n.receive("p03", beat(), 0.0)
+    asked = n.begin_sync(resumed=False)
+    assert n.syncing and [a.recipients for a in asked if isinstance(a, Send)] == [("p03", "p01")]  # up first
+    unusable = n.receive("p01", answer(4, float("nan")), 0.5)
+    assert n.syncing and any(isinstance(a, Note) and a.warning for a in unusable)
+    adopted = n.receive("p03", answer(4, 2.0), 0.6)
+    assert not n.syncing and n.adoption is Adoption.ADOPTED
+    assert SetTrainerStep(4) in adopted and any(isinstance(a, Note) for a in adopted)
+    assert torch.equal(n.machine.params, torch.full((3,), 2.0)) and n.machine.position == (4, 4)
+    n.receive("p01", answer(5, 3.0), 0.7)                   # a second answer: counted, not taken
+    assert torch.equal(n.machine.params, torch.full((3,), 2.0))
+    assert n.rejected == {"sync_answer_late": 1}
+    assert n.fed() == []                                    # the machine is not started by a sync
+
+
+def test_a_sync_nobody_answers_asks_its_attempts_then_says_so() -> None:
+    n = Recorded(sync_attempts=2)
+    assert len(n.begin_sync(resumed=False)) == 1
+    assert [type(a) for a in n.sync_timed_out()] == [Send]  # the second attempt
+    gave_up = n.sync_timed_out()
+    assert not n.syncing and [type(a) for a in gave_up] == [Note]
+    assert n.sync.outcomes == {"no_answer": 1} and n.adoption is None
+    assert n.sync_timed_out() == []                          # over: a stray timeout does nothing
+
+
+def test_a_restarted_member_that_heard_nobody_asks_once() -> None:
+    n = Recorded(sync_attempts=5)
+    n.begin_sync(resumed=True)
+    assert [type(a) for a in n.sync_timed_out()] == [Note] and not n.syncing
+
+
+def test_a_silent_neighbour_goes_down_for_the_machine_and_a_goodbye_at_once() -> None:
+    n = Recorded(neighbour_timeout_s=2.0)
+    n.receive("p01", beat(), 0.0)
+    n.receive("p03", beat(), 0.0)
+    n.start(0.0)
+    n.fed()
+    n.receive("p03", beat(), 1.5)
+    silent, _ = n.expire(2.5)
+    assert silent == ["p01"] and n.fed() == [NeighbourDown("p01")]
+    assert n.expire(3.0)[0] == []                            # down once
+    n.goodbye("p03", 3.0)
+    assert n.fed() == [NeighbourDown("p03")] and not n.neighbourhood["p03"].up
+    n.goodbye("p03", 3.5)
+    assert n.fed() == []
+
+
+def test_after_finishing_messages_still_reach_the_machine_which_counts_them() -> None:
+    n = Recorded(total_steps=2)
+    n.receive("p01", beat(), 0.0)
+    n.receive("p03", beat(), 0.0)
+    actions = n.start(0.0)
+    finished = False
+    for _ in range(50):  # each round: our work done, then both neighbours' messages
+        r = n.machine.position[0]
+        if StartWork(1) in actions:
+            actions = n.handle(WorkDone(1, 0.0), 1.0)
+        actions += n.receive("p01", push(r), 1.0) + n.receive("p03", push(r), 1.0)
+        finished = finished or any(isinstance(a, Finished) for a in actions)
+        if n.finished:
+            break
+    assert finished and n.finished
+    before = n.machine.counters["after_finish"]
+    n.receive("p01", push(n.machine.position[0]), 2.0)
+    assert n.machine.counters["after_finish"] == before + 1
