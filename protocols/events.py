@@ -146,6 +146,11 @@ class Machine(Protocol):
         ...
 
     @property
+    def accepts(self) -> frozenset[type[Message]]:
+        """The message kinds it takes: the Node routes these to it and counts any other kind."""
+        ...
+
+    @property
     def last_round(self) -> int:
         """The highest round any honest member can be in or send."""
         ...

@@ -20,7 +20,15 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.gossip import GossipConfig, make_machine
-from protocols.messages import Heartbeat, ParamPush, StateSyncRequest, StateSyncResponse
+from protocols.messages import (
+    ErrorReply,
+    Heartbeat,
+    ParamPull,
+    ParamPush,
+    RoundStart,
+    StateSyncRequest,
+    StateSyncResponse,
+)
 from protocols.node import Adoption, Neighbour, Node, NodeConfig, Note
 from topology import build
 
@@ -181,3 +189,14 @@ def test_after_finishing_messages_still_reach_the_machine_which_counts_them() ->
     before = n.machine.counters["after_finish"]
     n.receive("p01", push(n.machine.position[0]), 2.0)
     assert n.machine.counters["after_finish"] == before + 1
+
+
+def test_a_kind_no_role_takes_is_counted_and_never_reaches_the_machine() -> None:
+    n = Recorded()
+    n.start(0.0)
+    n.fed()
+    for message in (ParamPull(round=0), ErrorReply(code="update_refused", detail="0"), RoundStart(round=1)):
+        n.receive("p01", message, 1.0)
+    n.receive("p02", ParamPull(round=0), 1.0)   # from a non-neighbour too: counted by kind first
+    assert n.fed() == [NeighbourUp("p01")]
+    assert n.rejected == {"no_role_for_param_pull": 2, "no_role_for_error": 1, "no_role_for_round_start": 1}

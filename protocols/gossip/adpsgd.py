@@ -50,7 +50,7 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.gossip.base import MachineBase, Phase
-from protocols.messages import ErrorReply, ParamPush
+from protocols.messages import ErrorReply, Message, ParamPush
 from protocols.rng import derive_seed
 
 REFUSED = "update_refused"  # ErrorReply code: the request's update was rejected, no average was done
@@ -65,6 +65,7 @@ def _int_or(text: str, default: int) -> int:
 
 class ADPSGD(MachineBase):
     SENDS_OWN_PARAMS = True  # a request or reply carries x_i (through the operator)
+    ACCEPTS: frozenset[type[Message]] = frozenset({ParamPush, ErrorReply})  # ErrorReply: a refused exchange
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -53,6 +53,7 @@ class MachineBase:
     JOINABLE = True  # False: join_at refuses (the algorithm's shared state cannot be handed over)
     SENDS_OWN_PARAMS = False  # True: an uncompressed message is the sender's parameter vector itself
     SUGGESTED_COMPRESSION = "identity"  # what a new network's config starts from (`hivemesh init`)
+    ACCEPTS: frozenset[type[Message]] = frozenset({ParamPush})  # the message kinds it takes (Node routing)
 
     def __init__(self, config: GossipConfig, *, name: str, topology: GraphView, params: torch.Tensor,
                  seed: int, shapes: Sequence[tuple[int, ...]] | None = None) -> None:
@@ -123,6 +124,11 @@ class MachineBase:
         """(round, steps_done): the schedule position, read without exporting the state (which
         copies every tensor the machine holds)."""
         return self.round, self.steps_done
+
+    @property
+    def accepts(self) -> frozenset[type[Message]]:
+        """The message kinds this machine takes; the Node counts any other it would have to route here."""
+        return self.ACCEPTS
 
     @property
     def joinable(self) -> bool:

@@ -18,6 +18,8 @@ anything from a neighbour   the failure detector hears it (``NeighbourUp`` once 
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
 ``StateSyncResponse``       checked, then adopted, while syncing; after (a second
                             answer, or none asked) counted ``sync_answer_late``
+a kind the machine does    counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
+not take (``accepts``)      (federation's kinds get their role when it comes)
 anything else, not started  held (protocols/node/early.py), fed after ``Start``
 anything else, started      fed to the machine (which counts what arrives after it
                             finished as ``after_finish``)
@@ -158,6 +160,8 @@ class Node(Generic[N]):
                 actions += self._answer(sender, now)
             case StateSyncResponse():
                 actions += self._take_answer(sender, message)
+            case _ if type(message) not in self.machine.accepts:
+                self.rejected[f"no_role_for_{message.KIND}"] += 1  # a kind no role here takes
             case _ if not self.started:
                 self.early.hold(sender, message)
             case _:
