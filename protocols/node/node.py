@@ -113,8 +113,8 @@ class Node(Generic[N]):
             targets = sorted(self.neighbourhood.names(), key=lambda n: (not self.neighbourhood[n].up, n))
             return [Send(tuple(targets), StateSyncRequest(reason="join"))]
         self.syncing = False
-        return [Note("no state-sync answer from any neighbour; training on from our own state",
-                     warning=True)]
+        # what it does next (train on, or stop: protocols/node/liveness.py) the driver says
+        return [Note(f"every state-sync attempt ({self.sync.attempts}) went unanswered")]
 
     def start(self, now: float) -> list[NodeAction]:
         """The member starts its rounds: ``Start``, the neighbours not heard told down, then what
