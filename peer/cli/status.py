@@ -111,7 +111,7 @@ def _read(folders: list[Path], *, tolerate_missing: bool) -> list[dict[str, Any]
             continue
         pid = status.get("pid")
         # pid 0 and negative ones name process groups (kill(-1, 0) succeeds): never a peer
-        status["running"] = (isinstance(pid, int) and pid > 0 and pid_alive(pid)
+        status["running"] = (isinstance(pid, int) and pid_alive(pid)
                              and status.get("state") not in ENDED)
         status["age_s"] = time.time() - float(status.get("updated_at", 0.0))
         statuses.append(status)

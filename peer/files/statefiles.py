@@ -51,6 +51,8 @@ def read_status(data_dir: str | Path) -> dict[str, Any] | None:
 
 
 def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # kill(0 or -n, 0) asks about a process group, not a process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

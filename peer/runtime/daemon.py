@@ -182,8 +182,7 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
         self.machine = self.node.machine  # the daemon's one machine (a restart is a new process)
-        self.neighbourhood = self.node.neighbourhood
-        self.neighbours = self.neighbourhood.members
+        self.neighbours = self.node.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
         self._timers: list[tuple[float, int, str]] = []
@@ -305,19 +304,19 @@ class PeerDaemon:
         said = ""
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
-            if self.neighbourhood.all_up() and not self.counters.unreachable_now:
+            if self.node.neighbourhood.all_up() and not self.counters.unreachable_now:
                 return False
             if any(info.step > ahead_steps for info in self.neighbours.values()):
                 return True
             if self._resumed and self.now() >= quiet_until and self._nobody_heard():
                 return False
-            line = waiting_line(self.neighbourhood.presence())
+            line = waiting_line(self.node.neighbourhood.presence())
             if line and line != said:    # on change only
                 said = line
                 self.status.say(f"{self.name}: {line}")
             self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
-        missing = self.neighbourhood.absent()
+        missing = self.node.neighbourhood.absent()
         if missing:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
                        f"{', '.join(missing)}; starting without them (their rounds will be left out)")
@@ -328,7 +327,7 @@ class PeerDaemon:
 
     def _judge_neighbours(self, *, start_wait_over: bool) -> None:
         """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
-        presence = self.neighbourhood.presence()
+        presence = self.node.neighbourhood.presence()
         outcome = verdict(presence, resumed=self._resumed, start_wait_over=start_wait_over)
         if outcome is not Verdict.GO_ON and not self._stranded:
             self._stranded = reason(presence, outcome)
@@ -349,14 +348,14 @@ class PeerDaemon:
             if self.node.syncing and self._stop_signal is None:
                 self._warn(f"no state-sync answer (attempt {sync.attempts_made}/{sync.attempts})")
                 self._carry_out(self.node.sync_timed_out())
-        return sync.attempts_made > 0 and self.node.adoption is None and not self.node.syncing
+        return sync.outcomes["no_answer"] > 0     # (a peer process syncs once)
 
     def _train(self) -> None:
         self.state = "training"
         self._train_start_s = self.now()
         for note in self.machine.notes():
             self.status.say(f"{self.name}: {note}")
-        self.counters.absent_at_start.update(self.neighbourhood.absent())  # told down at Start
+        self.counters.absent_at_start.update(self.node.neighbourhood.absent())  # told down at Start
         self._wait_sent()
         self._carry_out(self.node.start(self.now()))
         while not self.node.finished and self._stop_signal is None and not self._stranded:
@@ -565,7 +564,8 @@ class PeerDaemon:
     def _periodic(self) -> None:
         self._heartbeat_if_due()
         now = self.now()
-        self._wait_sent()
+        if self.node.neighbourhood.overdue(now):
+            self._wait_sent()   # the machine may close a round (and mix) on NeighbourDown
         silent, actions = self.node.expire(now)
         for name in silent:
             info = self.neighbours[name]
@@ -672,7 +672,7 @@ class PeerDaemon:
             "neighbour_finished": dict(self.counters.neighbour_finished),
             "test_cut_dropped": dict(self.counters.test_cut_dropped),
             "stranded": self._stranded,
-            "waiting_for": (waiting_line(self.neighbourhood.presence())
+            "waiting_for": (waiting_line(self.node.neighbourhood.presence())
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),

@@ -81,9 +81,13 @@ class Neighbourhood(Generic[N]):
             neighbour.step = step
             neighbour.finished = finished
 
+    def overdue(self, now: float) -> list[str]:
+        """The neighbours up until now whose silence has passed the timeout (nothing changes)."""
+        return [name for name, n in self.members.items() if n.up and now - n.last_seen > self.timeout_s]
+
     def expire(self, now: float) -> list[str]:
-        """The neighbours up until now whose silence has passed the timeout: down from now on."""
-        silent = [name for name, n in self.members.items() if n.up and now - n.last_seen > self.timeout_s]
+        """The ``overdue`` neighbours, down from now on."""
+        silent = self.overdue(now)
         for name in silent:
             self.members[name].up = False
         return silent
