@@ -363,10 +363,10 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
 
     run = _need(header, "run", bytes)
     if run != verifier.run_id:
-        # the run id digests the roster and the [network] table: one of the two differs
+        # the run id digests the [network] table (not the member list, which changes by roster version)
         raise _Reject("config_mismatch",
                       f"their run id {run.hex()[:12]} != ours {verifier.run_id.hex()[:12]}: "
-                      "the roster or the [network] settings differ", sender.name)
+                      "the [network] settings differ", sender.name)
     epoch, seq = _counter(header, "e"), _counter(header, "q")
     if windows is not None:
         stale = windows.check(sender.name, epoch, seq)

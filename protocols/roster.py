@@ -3,7 +3,9 @@
 Pure data: ``Roster.from_dict`` validates a plain mapping (as read from the
 roster TOML by ``peer.files.roster_file``) and names every bad entry; ``to_dict``
 gives it back. ``run_id`` digests the network's shared configuration so that
-peers configured differently refuse each other (``config_mismatch``).
+peers configured differently refuse each other (``config_mismatch``); the
+member list is not part of it (a roster carries a ``version`` and an
+``effective_round`` instead, see :class:`Roster`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from topology.errors import HivemeshError
 
 ROLES = ("peer", "gateway", "edge")
 ROLES_WITH_ADDRESS = ("peer", "gateway")
+GOSSIP_ROLES = ("peer", "gateway")  # the members of the topology: a gateway gossips too
 RUN_ID_BYTES = 32
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ADDRESS = re.compile(r"(tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
@@ -254,7 +257,12 @@ def _canonical(value: Any, where: str) -> Any:
 
 
 def run_id(shared: Mapping[str, Any]) -> bytes:
-    """A 32-byte digest of the shared configuration (roster, topology spec, algorithm, task, ...).
+    """A 32-byte digest of the shared configuration (topology spec, algorithm, task, ...).
+
+    Drivers give it the network settings, not the roster's member list: membership changes by
+    roster version while a run goes on (a member with another version is refused by the Node,
+    naming both versions), and a run id that hashed the members would split the network at
+    every edit.
 
     Canonical: map keys are sorted, tuples count as lists, floats as float64,
     so equal configurations give equal ids on every machine.

@@ -19,7 +19,7 @@ from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
 from protocols.events import Machine
 from protocols.identity import Identity
-from protocols.roster import Roster, run_id
+from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
 from topology.errors import HivemeshError
@@ -91,16 +91,17 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
         raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
                           f"{identity.public_id}) is not the key of {name!r} on the roster "
                           f"{config.roster_path}", key="peer.key")
-    if member.role != "peer":
+    if member.role not in GOSSIP_ROLES:
         raise ConfigError(f"{config.source}: key 'peer.name': {name!r} has role {member.role!r} on the "
-                          "roster; `hivemesh peer` runs peers", key="peer.name")
+                          "roster; `hivemesh peer` runs peers and gateways", key="peer.name")
     return identity, roster, name
 
 
 def peer_topology(config: PeerConfig, roster: Roster) -> Topology:
-    """The network's graph over the roster's peers (errors name the file and ``network.topology``)."""
+    """The network's graph over the roster's gossip members, peers and gateways (a gateway is a
+    gossip peer as well as a FedAvg server); errors name the file and ``network.topology``."""
     network = config.network
-    peer_names = tuple(m.name for m in roster.with_role("peer"))
+    peer_names = tuple(m.name for m in roster.with_role(*GOSSIP_ROLES))
     try:
         return build(network.topology, peer_names, seed=network.seed, weights=network.weights)
     except HivemeshError as error:
@@ -129,7 +130,7 @@ def assemble(config: PeerConfig) -> Parts:
         if not address:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")
         neighbours[other] = tcp_address(address)
-    digest = run_id({"roster": roster, **config.shared()})
+    digest = run_id(config.shared())  # not the members: a roster edit must not split the network
     lock = DataDirLock(config.data_dir)     # before the epoch: a second peer here must change nothing
     try:
         epoch = next_epoch(config.data_dir)

@@ -123,7 +123,8 @@ class PeerConfig:
     data_dir: Path
 
     def shared(self) -> dict[str, Any]:
-        """The network-wide settings that go into the run id (with the roster)."""
+        """The network-wide settings that go into the run id (never the member list: membership
+        changes by roster version while the run goes on)."""
         return {"network": dataclasses.asdict(self.network_as_written)}
 
 
