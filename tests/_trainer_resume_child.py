@@ -39,7 +39,8 @@ def make_task() -> Task:
 def make_trainer() -> Trainer:
     """A BatchNorm + dropout model on a label-skewed shard; AdamW with warm-up, decay and clipping."""
     task = make_task()
-    shard = partition(task.labels, 4, scheme="dirichlet", seed=1, alpha=0.5)[SHARD]
+    names = ["m0", "m1", "m2", "m3"]
+    shard = partition(task.labels, names, scheme="dirichlet", seed=1, alpha=0.5)[names[SHARD]]
     return Trainer(task, CONFIG, shard, seed=5, member_index=SHARD)
 
 

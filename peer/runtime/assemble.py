@@ -9,6 +9,7 @@ is opened or any step trained.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ class Parts:
     roster: Roster
     topology: Topology
     name: str
-    index: int                    # position among the sorted peer names (data shard, data order)
+    index: int                    # position among the sorted member names (data order; the shard is by name)
     neighbours: dict[str, str]    # name -> address: everyone this peer sends to or hears from
     run_id: bytes
     epoch: int
@@ -109,11 +110,15 @@ def peer_topology(config: PeerConfig, roster: Roster) -> Topology:
                           key="network.topology") from None
 
 
-def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
-    """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
+def make_trainer(config: PeerConfig, *, members: Sequence[str] | None = None) -> Any:
+    """This peer's trainer: the task, its shard (keyed by its name) among ``members`` (default: the
+    topology's members on the roster), its data order."""
     from peer.train.build import build_trainers
 
-    return build_trainers(config.network, config.trainer, members=members, indices=(index,))[1][index]
+    name = config.peer.name
+    if members is None:
+        members = peer_topology(config, load_roster(config.roster_path)).names
+    return build_trainers(config.network, config.trainer, members=members, wanted=(name,))[1][name]
 
 
 def assemble(config: PeerConfig) -> Parts:
@@ -135,7 +140,7 @@ def assemble(config: PeerConfig) -> Parts:
     try:
         epoch = next_epoch(config.data_dir)
         endpoint = Endpoint(identity, roster, digest, epoch)
-        trainer = make_trainer(config, members=len(topology.names), index=index)
+        trainer = make_trainer(config, members=topology.names)
         graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
         machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
