@@ -160,6 +160,11 @@ class Machine(Protocol):
         raises HivemeshError when not ``joinable``."""
         ...
 
+    def set_graph(self, topology: Any) -> None:
+        """Membership changed: ``topology`` (a GraphView, per round) holds from now on; raises
+        HivemeshError when the algorithm cannot follow a change while running."""
+        ...
+
     def sender_params(self, message: Message) -> torch.Tensor | None:
         """The sender's own parameters, flat, when ``message`` carries them whole; None otherwise."""
         ...

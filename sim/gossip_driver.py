@@ -50,7 +50,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, cast
 
 import torch
@@ -72,12 +72,14 @@ from protocols.events import (
 from protocols.identity import Identity
 from protocols.messages import Heartbeat, Message
 from protocols.node import Adoption, Neighbour, Node, NodeAction, Note
+from protocols.node.membership import Connect
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
 from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
 from sim.scenario import ChurnEvent
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
+from topology import Topology
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
 
@@ -156,10 +158,12 @@ class GossipRun:
 
     def _node(self, peer: SimPeer) -> Node[Neighbour]:
         trainer = self.world.trainers[peer.name]
-        return Node(peer.name, self._machine(peer.name), neighbours=peer.fresh_neighbours(),
+        node = Node(peer.name, self._machine(peer.name), neighbours=peer.fresh_neighbours(),
                     config=self.node_config, early_per_neighbour=self.config.max_rounds_ahead + 1,
                     # what the machine mixes (buffers too when averaged), as it is between rounds
                     answer_source=lambda: (trainer.mixed.detach().clone(), trainer.step))
+        node.set_membership(self.roster, self.world.topology)
+        return node
 
     def _machine(self, name: str) -> Machine:
         trainer = self.world.trainers[name]
@@ -203,7 +207,7 @@ class GossipRun:
         for name, peer in sorted(self.peers.items()):
             if not peer.alive or peer.node.syncing:
                 continue
-            for other in self.world.neighbours(name):
+            for other in peer.node.neighbourhood.names():   # the Node's: they follow roster changes
                 if self._heartbeat_arrives(other, name, now):
                     self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
             _, actions = peer.node.expire(now)
@@ -270,7 +274,7 @@ class GossipRun:
         now = self.engine.now_s
         peer.alive = True
         peer.started = True
-        for other in self.world.neighbours(peer.name):  # the heartbeats that reach it while it starts
+        for other in peer.node.neighbourhood.names():  # the heartbeats that reach it while it starts
             if self._heartbeat_arrives(other, peer.name, now):
                 self._heard(peer, other)
         if sync:
@@ -311,7 +315,7 @@ class GossipRun:
                 return
             self._stop(peer, keep_checkpoint=event.kind == "crash")
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
-                for other in self.world.neighbours(peer.name):
+                for other in peer.node.neighbourhood.names():
                     neighbour = self.peers[other]
                     if neighbour.alive:
                         self._carry_out(neighbour, neighbour.node.goodbye(peer.name, self.engine.now_s))
@@ -389,6 +393,19 @@ class GossipRun:
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
             case Note():
                 pass  # the operator's lines: a simulation reports counters instead
+            case Connect(roster=roster, neighbours=neighbours):
+                peer.endpoint.set_roster(roster)   # links need no dialling: the network model reaches all
+                peer.neighbour_names = neighbours
+
+    def change_roster(self, roster: Roster, topology: Topology, *, skip: Collection[str] = ()) -> None:
+        """Every running member (but ``skip``: it never learns) learns roster ``roster`` (graph
+        ``topology`` over its members) now; each applies it from ``roster.effective_round``
+        (protocols/node/membership.py)."""
+        now = self.engine.now_s
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive and peer.name not in skip:
+                self._carry_out(peer, peer.node.change_membership(roster, topology, now,
+                                                                  make_neighbour=Neighbour))
 
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:

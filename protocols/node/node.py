@@ -53,8 +53,12 @@ from protocols.events import (
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
+from protocols.node.membership import Connect, Membership
 from protocols.node.neighbours import N, Neighbourhood
 from protocols.node.sync import Adoption, StateSync, SyncOffer
+from protocols.roster import Roster
+from topology.errors import HivemeshError
+from topology.membership import ChangingGraph, RoundGraph
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Note:
     warning: bool = False
 
 
-NodeAction = Action | Note
+NodeAction = Action | Note | Connect
 
 # (what the machine mixes, as a copy the driver may send; the trainer's step)
 AnswerSource = Callable[[], tuple[torch.Tensor, int]]
@@ -89,6 +93,10 @@ class Node(Generic[N]):
         self.syncing = False
         self.finished = False
         self.adoption: Adoption | None = None  # what became of the last answer adopted (None: none yet)
+        self.membership = Membership(Roster(()))  # version 1 from round 0 until set_membership says more
+        self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
+        self.left = False                          # removed from the roster: it takes no part any more
+        self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
 
     # ------------------------------------------------------------ lifecycle
 
@@ -145,11 +153,14 @@ class Node(Generic[N]):
 
     def handle(self, event: Event, now: float) -> list[NodeAction]:
         """The member's own events for its machine (work done, a timer), once started."""
-        return self._machine(event, now) if self.started else []
+        return self._machine(event, now) if self.started and not self.left else []
 
     def receive(self, sender: str, message: Message, now: float, *,
                 reachable: bool = True) -> list[NodeAction]:
         """A verified message from ``sender`` (``reachable``: whether we can answer it now)."""
+        refused = self._refuse_version(sender, message)
+        if refused is not None:
+            return refused
         actions: list[NodeAction] = []
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
             actions += self._machine(NeighbourUp(sender), now)
@@ -189,7 +200,8 @@ class Node(Generic[N]):
         if not self.sync.may_answer(requester, now, started=self.started):
             return []  # counted by reason
         params, trainer_step = self.answer_source()
-        return [Send((requester,), self.sync.answer(self.machine, params, trainer_step=trainer_step))]
+        answer = self.sync.answer(self.machine, params, trainer_step=trainer_step)
+        return [Send((requester,), self.membership.stamp(answer))]
 
     def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
         if not self.syncing:
@@ -219,8 +231,100 @@ class Node(Generic[N]):
         actions: Sequence[Action] = self.machine.handle(event, now)
         if any(isinstance(a, Finished) for a in actions):
             self.finished = True
-        return list(actions)
+        return [*self._stamped(actions), *self._settle(now)]
 
     def all_rejections(self) -> Counter[str]:
         """Every refusal the Node counted (its own, state sync's, early messages')."""
         return self.rejected + self.sync.rejected + self.early.rejected
+
+    # ------------------------------------------------------------ membership (protocols/node/membership.py)
+
+    def set_membership(self, roster: Roster, graph: RoundGraph) -> None:
+        """The roster and graph this member starts with (the machine was built on ``graph``)."""
+        self.membership = Membership(roster)
+        self.graph = graph
+
+    def change_membership(self, roster: Roster, after: RoundGraph, now: float, *,
+                          make_neighbour: Callable[[], N]) -> list[NodeAction]:
+        """A later roster version was learnt: ``after`` is the graph over its members, in force from
+        ``roster.effective_round``. The machine reads the old graph for the rounds before it; new
+        neighbours are known (down until heard) at once, the removed ones forgotten at that round."""
+        if self.graph is None:
+            raise ValueError("change_membership needs set_membership first")
+        try:
+            membership = self.membership.changed_to(roster)
+        except ValueError as error:
+            self.rejected["roster_not_newer"] += 1
+            return [Note(f"{error}: ignored", warning=True)]
+        view = ChangingGraph(self.graph, after, roster.effective_round)
+        try:
+            self.machine.set_graph(view)
+        except HivemeshError as error:
+            self.rejected["roster_change_refused"] += 1
+            return [Note(f"{membership.describe()}: not applied: {error}", warning=True)]
+        self.membership, self.graph = membership, view
+        actions: list[NodeAction] = [Note(membership.describe())]
+        round_now = self.machine.position[0]
+        if self.started and round_now > roster.effective_round:
+            actions.append(Note(f"roster version {roster.version} arrived at round {round_now}, after its "
+                                f"effective round {roster.effective_round}: its members refuse our rounds "
+                                "from then on", warning=True))
+        names = view.neighbours(self.name)
+        added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
+        self._follow(names)
+        actions.append(Connect(membership.either(), names))
+        if self._live():
+            for name in added:  # not waited for until heard (NeighbourUp), like a neighbour absent at Start
+                actions += self._machine(NeighbourDown(name), now)
+        return actions + self._settle(now)
+
+    def _settle(self, now: float) -> list[NodeAction]:
+        """From the change's round on: forget the removed neighbours, or leave if we were removed."""
+        membership, graph = self.membership, self.graph
+        if membership.previous is None or not isinstance(graph, ChangingGraph):
+            return []
+        round_now = self.machine.position[0]
+        if not membership.in_force(round_now):
+            return []
+        self.membership = membership.settled()
+        roster = membership.current
+        if self.name not in roster:
+            self.left = self.finished = True
+            self.early.clear()
+            return [Note(f"removed from the roster at version {roster.version} (round "
+                         f"{roster.effective_round}): leaving the run"), Finished()]
+        keep = graph.neighbours_from(self.name)
+        for name in self.neighbourhood.names():
+            if name not in keep:
+                self.neighbourhood.forget(name)
+        self._follow(keep)
+        return [Connect(roster, keep),
+                Note(f"roster version {roster.version} in effect from round {roster.effective_round} "
+                     f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}")]
+
+    def _follow(self, names: Sequence[str]) -> None:
+        """State sync and early messages take these neighbours from now on."""
+        self.sync.neighbours = frozenset(names)
+        self.early.neighbours = frozenset(names)
+
+    def _stamped(self, actions: Sequence[Action]) -> list[Action]:
+        """Our roster version for its round on every round-bearing message we send."""
+        return [Send(a.recipients, self.membership.stamp(a.message)) if isinstance(a, Send) else a
+                for a in actions]
+
+    def _refuse_version(self, sender: str, message: Message) -> list[NodeAction] | None:
+        """None to go on; else the refusal (counted) of a message we must not take: we left the run,
+        or its roster version for its round is not ours."""
+        if self.left:
+            self.rejected["after_leaving"] += 1
+            return []
+        mismatch = self.membership.mismatch(message)
+        if mismatch is None:
+            return None
+        round_index, theirs, ours = mismatch
+        self.rejected["roster_version_mismatch"] += 1
+        if (sender, theirs) in self._version_said:
+            return []
+        self._version_said.add((sender, theirs))
+        return [Note(f"{self.name} refused {sender}'s {message.KIND} for round {round_index}: roster version "
+                     f"{theirs} (theirs) != {ours} (ours)", warning=True)]
