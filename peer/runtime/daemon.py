@@ -45,6 +45,12 @@ reason in the status's ``rejections`` (with the wire's own).
 Test hooks (peer/runtime/testhooks.py) hold, kill or stop the peer when its trainer
 reaches a given step, so process tests place faults on progress, not time.
 
+Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
+pass re-reads the roster file when it changed; a later version goes to the
+Node, which applies it from its ``effective_round`` and answers ``Connect``
+(verify against this roster, exchange with these neighbours): the daemon dials
+who is new and drops who left.
+
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
@@ -82,8 +88,9 @@ from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
-from peer.runtime.assemble import Parts, assemble, tcp_address
+from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.checkpoint import CheckpointSchedule
@@ -111,6 +118,7 @@ from protocols.node import (
     verdict,
     waiting_line,
 )
+from protocols.node.membership import Connect
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
@@ -182,6 +190,8 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
         self.machine = self.node.machine  # the daemon's one machine (a restart is a new process)
+        self.node.set_membership(self.parts.roster, self.parts.topology)
+        self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
@@ -304,10 +314,12 @@ class PeerDaemon:
         said = ""
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
-            if self.node.neighbourhood.all_up() and not self.counters.unreachable_now:
-                return False
+            # ahead first: a joiner that hears every neighbour at once, far on, syncs (it used to
+            # start at round 0 when their first heartbeats all came in one poll)
             if any(info.step > ahead_steps for info in self.neighbours.values()):
                 return True
+            if self.node.neighbourhood.all_up() and not self.counters.unreachable_now:
+                return False
             if self._resumed and self.now() >= quiet_until and self._nobody_heard():
                 return False
             line = waiting_line(self.node.neighbourhood.presence())
@@ -481,6 +493,8 @@ class PeerDaemon:
                         self._warn(text)
                     else:
                         self.status.say(f"{self.name}: {text}")
+                case Connect():
+                    self._connect(action)
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
@@ -563,6 +577,7 @@ class PeerDaemon:
 
     def _periodic(self) -> None:
         self._heartbeat_if_due()
+        self._follow_roster()
         now = self.now()
         if self.node.neighbourhood.overdue(now):
             self._wait_sent()   # the machine may close a round (and mix) on NeighbourDown
@@ -584,6 +599,40 @@ class PeerDaemon:
         if self.schedule.should_save(self.trainer.step, now):
             self._checkpoint(final=False)
         self._write_status()
+
+    # ------------------------------------------------------------------ membership
+
+    def _follow_roster(self) -> None:
+        """A new roster version in the file goes to the Node, which applies it at its round."""
+        found = self.roster_watch.poll(self.now())
+        if isinstance(found, Unusable):
+            self._warn(found.reason)
+        elif isinstance(found, NewVersion):
+            try:
+                topology = peer_topology(self.config, found.roster)
+            except HivemeshError as error:
+                self._warn(f"roster version {found.roster.version} not applied: {error}")
+                return
+            self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
+            self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
+                                                        make_neighbour=NeighbourInfo))
+
+    def _connect(self, connect: Connect) -> None:
+        """The Node's new roster and neighbour set: verify against it, dial who is new, drop who left."""
+        assert self.transport is not None
+        roster = connect.roster
+        self.endpoint.set_roster(roster)
+        curve = self.config.peer.curve
+        for name in connect.neighbours:
+            if name not in self.transport.neighbours:
+                member = roster.member(name)
+                server_key = member.curve_key.encode() if curve and member.curve_key else None
+                self.transport.add_neighbour(name, tcp_address(member.address), server_key=server_key)
+        for name in self.transport.neighbours:
+            if name not in connect.neighbours:
+                self.transport.drop_neighbour(name)
+        if curve:
+            self.transport.allow(frozenset(k.encode() for k in roster.curve_allowlist()))
 
     def _evaluate(self) -> None:
         if self._last_eval_step == self.trainer.step:

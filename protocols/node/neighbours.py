@@ -67,8 +67,9 @@ class Neighbourhood(Generic[N]):
         """A new neighbour (membership changed): known from now on, not up until heard. True when new."""
         if name in self.members:
             return False
-        self.members[name] = record
-        self.members = dict(sorted(self.members.items()))
+        members = sorted([*self.members.items(), (name, record)])
+        self.members.clear()      # in place: a driver may hold this dict
+        self.members.update(members)
         return True
 
     def forget(self, name: str) -> bool:

@@ -288,11 +288,15 @@ class Node(Generic[N]):
             return []
         self.membership = membership.settled()
         roster = membership.current
-        if self.name not in roster:
+        if self.name not in roster:    # we were removed: no neighbour any more, and done
             self.left = self.finished = True
             self.early.clear()
+            for name in self.neighbourhood.names():
+                self.neighbourhood.forget(name)
+            self._follow(())
             return [Note(f"removed from the roster at version {roster.version} (round "
-                         f"{roster.effective_round}): leaving the run"), Finished()]
+                         f"{roster.effective_round}): leaving the run"),
+                    Connect(membership.previous, ()), Finished()]
         keep = graph.neighbours_from(self.name)
         for name in self.neighbourhood.names():
             if name not in keep:
