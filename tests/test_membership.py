@@ -9,6 +9,7 @@ gains one member and loses another mid-run.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,36 @@ def test_a_member_that_missed_the_change_is_refused_from_the_effective_round_on(
     assert refused["p01"] == refused["p05"] == 0, refused
     assert max(r for r, _ in run.sent["p04"]) >= EFFECTIVE_ROUND
     assert all(recipients == ("p00", "p03") for _, recipients in run.sent["p04"])
+
+
+def test_a_member_that_starts_with_a_roster_not_yet_in_force_speaks_the_version_before_it() -> None:
+    # A joiner (or a restart) reads version 2 from round 40 and knows nothing of version 1's members
+    membership = Membership(roster_of(NEW, version=2, effective_round=EFFECTIVE_ROUND))
+    assert membership.version_at(EFFECTIVE_ROUND - 1) == 1 and membership.version_at(EFFECTIVE_ROUND) == 2
+    assert membership.mismatch(ParamPush(round=EFFECTIVE_ROUND - 1, roster_version=1)) is None
+
+
+def test_the_daemon_sees_a_new_roster_version_in_its_file_and_says_what_it_cannot_use(tmp_path: Path) -> None:
+    from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
+
+    path = tmp_path / "roster.toml"
+    v1 = roster_of(OLD)
+    roster_file.write(path, v1)
+    watch = RosterWatch(path, v1, every_s=1.0)
+    assert watch.poll(0.0) is None                                    # unchanged
+    # the same version with other members: said, not applied
+    roster_file.write(path, v1.remove("p02"))
+    os.utime(path, ns=(1, 1))
+    found = watch.poll(1.0)
+    assert isinstance(found, Unusable) and "not later than ours (1)" in found.reason
+    # the next version: handed over once (looked at no more often than every_s)
+    roster_file.write(path, v1.remove("p02").revised(EFFECTIVE_ROUND))
+    os.utime(path, ns=(2, 2))
+    assert watch.poll(1.5) is None
+    found = watch.poll(2.0)
+    assert isinstance(found, NewVersion) and found.roster.version == 2
+    assert watch.poll(3.0) is None
+    path.write_text("not toml [")
+    os.utime(path, ns=(3, 3))
+    found = watch.poll(4.0)
+    assert isinstance(found, Unusable) and "running on with version 2" in found.reason

@@ -13,7 +13,10 @@ message by kind and holds the parts below.
 * :class:`Neighbourhood` (neighbours.py): the failure detector, up/down/finished
   per neighbour from what was heard and when;
 * :func:`verdict` (liveness.py): whether a member can go on, from its neighbours'
-  presence (up, down, finished, never heard), and the one line saying why not.
+  presence (up, down, finished, never heard), and the one line saying why not;
+* :class:`Membership` (membership.py): roster versions, the round each takes
+  effect, the version stamped on and checked in round-bearing messages, and the
+  ``Connect`` action that tells a driver whom to verify and exchange with.
 
 The trainer step a catch-up implies is an action (``SetTrainerStep``,
 protocols/events.py) emitted by the machine that skipped, and by

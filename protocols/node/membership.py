@@ -26,6 +26,11 @@ learnt the new version still speaks the old one for every round, so it is
 refused only for the rounds from ``effective_round`` on, where the two would mix
 with different neighbour sets. What the Node sends is stamped the same way
 (:meth:`Membership.stamp`). Pure: no files, no clocks.
+
+Not handled yet: a member that (re)starts with the new roster before its
+effective round knows the previous version's number but not its members, so it
+mixes by the new graph for those rounds (a joiner is unaffected: it
+state-syncs to a round at or past the change before it mixes).
 """
 
 from __future__ import annotations
@@ -47,10 +52,15 @@ class Membership:
     previous: Roster | None = None
 
     def version_at(self, round_index: int) -> int:
-        """The roster version this member applies to ``round_index``."""
-        if self.previous is not None and round_index < self.current.effective_round:
+        """The roster version this member applies to ``round_index``. A member that started with a
+        roster not yet in force (a joiner, a restart) knows no previous version: it takes the one
+        before its own (edits count up by one) for the rounds before ``effective_round``."""
+        current = self.current
+        if round_index >= current.effective_round:
+            return current.version
+        if self.previous is not None:
             return self.previous.version
-        return self.current.version
+        return max(current.version - 1, 1)
 
     def roster_at(self, round_index: int) -> Roster:
         if self.previous is not None and round_index < self.current.effective_round:

@@ -13,6 +13,9 @@ Routing by kind, one rule for both drivers:
 ==========================  ============================================================
 message                     what the Node does
 ==========================  ============================================================
+anything, once we left      counted ``after_leaving`` (a roster version removed us)
+a roster version not ours   counted ``roster_version_mismatch``, said once per sender and
+for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 ``Heartbeat``               its step and "finished" flag are noted
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
@@ -24,6 +27,12 @@ anything else, not started  held (protocols/node/early.py), fed after ``Start``
 anything else, started      fed to the machine (which counts what arrives after it
                             finished as ``after_finish``)
 ==========================  ============================================================
+
+Membership (protocols/node/membership.py): a driver hands a later roster version
+to :meth:`Node.change_membership`; the machine reads the old graph before its
+``effective_round`` and the new one from it, new neighbours are known at once,
+removed ones forgotten at that round (a removed member leaves: ``Finished``), and
+``Connect`` tells the driver whom to verify and exchange with.
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
@@ -143,7 +152,9 @@ class Node(Generic[N]):
 
     def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
         """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
-        its counters and the state-sync rate limits carry over."""
+        its counters, the state-sync rate limits and its membership carry over."""
+        if isinstance(self.graph, ChangingGraph):
+            machine.set_graph(self.graph)   # a roster change learnt before the restart still holds
         self.machine = machine
         self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
         self.early.clear()
