@@ -387,6 +387,8 @@ class GossipRun:
             case Metric(name=name, value=value):
                 peer.metric_last[name] = float(value)
             case Finished():
+                if peer.node.left:      # removed by a roster version: gone, like a member that left
+                    peer.alive = False
                 if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
                     self.engine.stop()
             case SetTrainerStep(step=step):
