@@ -440,7 +440,8 @@ class PeerDaemon:
                     info.latency_ms = latency_ms
             self._remember_params(info, message)
         reachable = info is None or info.up or self._can_send(sender)  # (tried only when it matters)
-        self._wait_sent()
+        if self.node.may_write_params(message) or (info is not None and not info.up):
+            self._wait_sent()   # a NeighbourUp may close a round and mix too
         self._carry_out(self.node.receive(sender, message, self.now(), reachable=reachable))
 
     def _feed(self, event: Event) -> None:

@@ -240,6 +240,14 @@ class Node(Generic[N]):
                 actions += self._deliver(sender, message, now)
         return actions
 
+    def may_write_params(self, message: Message) -> bool:
+        """Whether receiving ``message`` now may change the parameters in place (a state-sync answer
+        while syncing; what the machine takes once started): a driver whose sends still read them
+        lets those go first. A heartbeat, a request, a role's message never do."""
+        if isinstance(message, StateSyncResponse):
+            return self.syncing
+        return self.started and self.owners.get(type(message)) == ""
+
     def expire(self, now: float) -> tuple[list[str], list[NodeAction]]:
         """The neighbours that fell silent (now down), and what the machine does about it."""
         silent = self.neighbourhood.expire(now)
