@@ -212,3 +212,9 @@ def test_the_node_says_which_messages_may_write_the_parameters() -> None:
     assert n.may_write_params(push(0)) and n.may_write_params(ParamPull(round=0)) is False
     assert not n.may_write_params(beat()) and not n.may_write_params(StateSyncRequest())
     assert not n.may_write_params(RoundStart(round=0))    # no role here takes it
+
+
+def test_a_heartbeat_from_a_member_that_is_not_a_neighbour_is_counted() -> None:
+    n = Recorded()
+    n.receive("p02", beat(9), 0.0)
+    assert n.all_rejections() == {"heartbeat_not_neighbour": 1} and "p02" not in n.neighbourhood

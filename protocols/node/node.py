@@ -16,7 +16,8 @@ Routing by kind, one rule for both drivers:
 message                     what the Node does
 ==========================  ============================================================
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
-``Heartbeat``               its step and "finished" flag are noted
+``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
+                            counted ``heartbeat_not_neighbour``)
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
 ``StateSyncResponse``       checked, then adopted, while syncing; after (a second
                             answer, or none asked) counted ``sync_answer_late``
@@ -226,6 +227,8 @@ class Node(Generic[N]):
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
             actions += self._machine(NeighbourUp(sender), now)
         match message:
+            case Heartbeat() if sender not in self.neighbourhood:
+                self.rejected["heartbeat_not_neighbour"] += 1
             case Heartbeat():
                 self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
             case StateSyncRequest():
