@@ -337,7 +337,7 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
     header = _unpack_header(raw_header, policy)
 
     version = header.get("v")
-    if version != PROTOCOL_VERSION or isinstance(version, bool):
+    if type(version) is not int or version != PROTOCOL_VERSION:   # 1.0 == 1 and True == 1: refused
         raise _Reject("unknown_version", f"version {version!r}, this peer speaks {PROTOCOL_VERSION}")
     kind = _need(header, "k", str)
     cls = KINDS.get(kind)
