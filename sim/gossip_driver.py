@@ -504,7 +504,7 @@ class GossipRun:
             self.peers[sender].dropped["receiver_down"] += 1
             return
         if isinstance(delivery, list):
-            opened = peer.endpoint.open(delivery)
+            opened = peer.endpoint.open(delivery, now_s=self.engine.now_s)
             if not isinstance(opened, Opened):
                 return  # counted by the endpoint, by reason
             sender, message = opened.sender, opened.message

@@ -416,7 +416,7 @@ class PeerDaemon:
             if self.hooks.cutting(self.now()):
                 self.counters.test_cut_dropped["received"] += 1
                 continue
-            opened = self.endpoint.open([f.buffer for f in frames])
+            opened = self.endpoint.open([f.buffer for f in frames], now_s=self.now())
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
                 self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
