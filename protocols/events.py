@@ -125,7 +125,20 @@ ProtocolState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 """What a machine exports for a checkpoint: named tensors plus JSON-able scalars."""
 
 
-class Machine(Protocol):
+class Role(Protocol):
+    """What the Node asks of every role a member holds: the message kinds it takes, and its
+    events. A member's model role is a :class:`Machine`; a role beside it (a FedAvg server on a
+    gateway) need be no more than this."""
+
+    @property
+    def accepts(self) -> frozenset[type[Message]]:
+        """The message kinds it takes: the Node routes these to it and counts any other kind."""
+        ...
+
+    def handle(self, event: Event, now: float) -> list[Action]: ...
+
+
+class Machine(Role, Protocol):
     """An algorithm as a pure state machine: everything a driver (or the Node) asks of one.
 
     Drivers use a machine through this interface only: no ``getattr``, no casts, no branching on
@@ -143,11 +156,6 @@ class Machine(Protocol):
     @property
     def joinable(self) -> bool:
         """Whether ``join_at`` can take a neighbour's state (False: its shared state cannot move)."""
-        ...
-
-    @property
-    def accepts(self) -> frozenset[type[Message]]:
-        """The message kinds it takes: the Node routes these to it and counts any other kind."""
         ...
 
     @property
@@ -177,8 +185,6 @@ class Machine(Protocol):
     def gauges(self) -> dict[str, float]:
         """Settings the machine chose or changed while running (``Metric`` actions when they change)."""
         ...
-
-    def handle(self, event: Event, now: float) -> list[Action]: ...
 
     def export_state(self) -> ProtocolState: ...
 

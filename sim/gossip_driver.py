@@ -25,18 +25,17 @@ meanwhile are held as the daemon holds them (``EarlyMessages``: per
 neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
 catch-up or an adopted sync) sets the trainer's step, as in the daemon.
 
-Liveness is the daemon's failure detector, the same code
-(protocols/node/neighbours.py): a neighbour is up from its first accepted
-message, down once nothing of it was accepted for ``neighbour_timeout_s``
-(``NeighbourDown``), and up again at its next accepted message
-(``NeighbourUp``); at ``Start`` the neighbours not heard yet are told down.
-The daemon's 1-second heartbeats are modelled, not sent: a running neighbour
-whose frames verify (honest, crash-before-crashing, sign-flip, noise) and
-whose link is not cut counts as heard when a member starts and at each
-check; forgers and replayers are never heard, so their honest neighbours do
-not wait for them. The members there from the start start together, as
-processes launched at once hear one another before training. A member that
-leaves says goodbye: its neighbours are told at once.
+Liveness is the daemon's, the same code (protocols/node): every running
+member sends the Node's heartbeat every ``heartbeat_interval_s`` (a real
+signed message over the link model, as any other); a neighbour is up from its
+first accepted message, down once nothing of it was accepted for
+``neighbour_timeout_s`` (``NeighbourDown``), and up again at its next accepted
+message (``NeighbourUp``). Before its first round a member waits for its
+neighbours as the daemon does (``Node.start_wait``: all up, one far ahead so
+it joins by state sync, or the start timeout); at ``Start`` the neighbours not
+heard yet are told down. Forgers are never heard, so their honest neighbours
+start only at ``start_timeout_s``, as real peers would. A member that leaves
+says goodbye: its neighbours are told at once.
 
 ``verify_fraction < 1`` (scale runs only): each honest message is opened by
 the codec with that probability (a counter-based draw per link and message);
@@ -48,9 +47,11 @@ verified, so a sampled run never lets a forgery through.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -70,8 +71,8 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.identity import Identity
-from protocols.messages import Heartbeat, Message
-from protocols.node import Adoption, Neighbour, Node, NodeAction, Note
+from protocols.messages import Message
+from protocols.node import Adoption, Neighbour, Node, NodeAction, Note, Wait
 from protocols.node.membership import Connect
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
@@ -82,6 +83,15 @@ from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, n
 from topology import Topology
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A member waiting for its neighbours (``Node.start_wait``), then to sync or start."""
+
+    since_s: float
+    sync: bool       # joins late or restarts: asks its neighbours for their state first
+    resumed: bool    # restarted from its checkpoint
 
 
 class SimPeer:
@@ -104,6 +114,9 @@ class SimPeer:
         self.bytes_sent = 0
         self.payload_bytes_sent = 0
         self.messages_sent = 0
+        self.sent_by_kind: Counter[str] = Counter()   # messages, times recipients, by kind
+        self.bytes_by_kind: Counter[str] = Counter()  # their wire bytes, by kind
+        self.started_at_s = math.nan                  # when it first started its rounds
         self.steps_done = 0
         self.restarts = 0
         self.rejections: Counter[str] = Counter()  # from endpoints retired by restarts
@@ -112,6 +125,10 @@ class SimPeer:
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
+        self.last_loss = math.nan                  # what its heartbeats say
+        self.waiting: Waiting | None = None        # waiting for its neighbours before its first round
+        self.resumed = False                       # this life began from its checkpoint
+        self.stranded = ""                         # why it stopped short of the end (Node.judge)
         self.neighbour_names = tuple(sorted(neighbours))
         self.node = node(self)  # machine, state sync, failure detector, early messages: protocols/node
 
@@ -202,31 +219,27 @@ class GossipRun:
 
     def _check_liveness(self) -> None:
         """Every running member's failure detector (protocols/node/neighbours.py), every quarter of
-        the timeout: the heartbeats that arrive are heard, then the silent neighbours go down."""
+        the timeout: the silent neighbours go down."""
         now = self.engine.now_s
-        for name, peer in sorted(self.peers.items()):
-            if not peer.alive or peer.node.syncing:
-                continue
-            for other in peer.node.neighbourhood.names():   # the Node's: they follow roster changes
-                if self._heartbeat_arrives(other, name, now):
-                    self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
-            _, actions = peer.node.expire(now)
-            self._carry_out(peer, actions)
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive and not peer.node.syncing and peer.waiting is None:
+                silent, actions = peer.node.expire(now)
+                self._carry_out(peer, actions)
+                if silent and peer.node.started and not peer.node.finished:
+                    why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
+                    if why:
+                        self._strand(peer, why)
         self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
-    def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
-        sender = self.peers[src]
-        return (sender.alive and sender.behaviour not in _ALWAYS_VERIFIED
-                and not self.network.partitioned(src, dst, now))
-
-    def _heard(self, peer: SimPeer, sender: str) -> None:
-        """A modelled heartbeat of ``sender`` reached ``peer``."""
-        self._carry_out(peer, peer.node.receive(sender, self._beat(sender), self.engine.now_s))
-
-    def _beat(self, sender: str) -> Heartbeat:
-        """What ``sender``'s heartbeat says (its wall-clock stamp is the daemon's business only)."""
-        return Heartbeat(step=self.world.trainers[sender].step, loss=0.0, sent_at_s=0.0,
-                         finished=self.peers[sender].node.finished)
+    def _tick(self, peer: SimPeer, incarnation: int) -> None:
+        """The member's heartbeat (the Node's, when due) and, while it waits, whether the wait is over."""
+        if peer.incarnation != incarnation:
+            return
+        self._carry_out(peer, peer.node.tick(self.engine.now_s, step=self.world.trainers[peer.name].step,
+                                             loss=peer.last_loss))
+        if peer.waiting is not None:
+            self._check_wait(peer)
+        self.engine.at(peer.node.next_beat_s, functools.partial(self._tick, peer, incarnation))
 
     def end(self, wall_s: float = 0.0) -> ScenarioResult:
         """Evaluate everyone once more and fill in the result."""
@@ -243,7 +256,10 @@ class GossipRun:
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
-                "state_sync": dict(sorted(peer.node.sync.outcomes.items())),
+                "messages_sent_by_kind": dict(sorted(peer.sent_by_kind.items())),
+                "bytes_sent_by_kind": dict(sorted(peer.bytes_by_kind.items())),
+                "started_at_s": peer.started_at_s,
+                "state_sync": dict(sorted(peer.node.sync.outcomes.items())), "stranded": peer.stranded,
                 "sync_answers_sent": peer.node.sync.answers_sent,
                 "rejections": dict(sorted(peer.all_rejections().items())),
                 "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
@@ -263,22 +279,35 @@ class GossipRun:
     # ------------------------------------------------------------ lifecycle
 
     def _start_together(self, peers: list[SimPeer]) -> None:
-        """The members there from the start: launched at once, they hear one another's heartbeats
-        before any trains (the daemon's wait for its neighbours)."""
+        """The members there from the start, launched at once: each then waits for its neighbours."""
         for peer in peers:
             peer.alive = True
         for peer in peers:
             self._start(peer)
 
     def _start(self, peer: SimPeer, *, sync: bool = False, resumed: bool = False) -> None:
-        now = self.engine.now_s
+        """The member's process is up: it heartbeats and waits for its neighbours (``_check_wait``)."""
         peer.alive = True
         peer.started = True
-        for other in peer.node.neighbourhood.names():  # the heartbeats that reach it while it starts
-            if self._heartbeat_arrives(other, peer.name, now):
-                self._heard(peer, other)
-        if sync:
-            self._asked(peer, peer.node.begin_sync(resumed=resumed))
+        peer.waiting = Waiting(since_s=self.engine.now_s, sync=sync, resumed=resumed)
+        peer.resumed = resumed
+        peer.stranded = ""
+        self._tick(peer, peer.incarnation)
+
+    def _check_wait(self, peer: SimPeer) -> None:
+        """Whether its wait for its neighbours is over (``Node.start_wait``, as in the daemon); then
+        it asks for their state (a late joiner, a restart, or one that finds the network ahead)
+        or starts its rounds."""
+        waiting = peer.waiting
+        assert waiting is not None
+        ahead_steps = self.config.max_rounds_ahead * self.config.local_steps
+        outcome = peer.node.start_wait(waited_s=self.engine.now_s - waiting.since_s, resumed=waiting.resumed,
+                                       ahead_steps=ahead_steps)
+        if outcome is Wait.WAIT:
+            return
+        peer.waiting = None
+        if waiting.sync or outcome is Wait.JOIN:
+            self._asked(peer, peer.node.begin_sync(resumed=waiting.resumed))
         else:
             self._begin(peer)
 
@@ -286,15 +315,36 @@ class GossipRun:
         """One state-sync attempt made (its timeout set), or, none left, start from what it has."""
         self._carry_out(peer, actions)
         if not peer.node.syncing:
-            self._begin(peer)
+            self._synced(peer, unanswered=True)
             return
         attempt = peer.node.sync.attempts_made
         self.engine.after(self.node_config.sync_timeout_s,
                           functools.partial(self._sync_timeout, peer, peer.incarnation, attempt))
 
+    def _synced(self, peer: SimPeer, *, unanswered: bool) -> None:
+        """The state sync is over: the member starts, unless the Node finds nobody left to train
+        with (as the daemon does after its sync)."""
+        why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
+        if why:
+            self._strand(peer, why)
+        else:
+            self._begin(peer)
+
+    def _strand(self, peer: SimPeer, why: str) -> None:
+        """The member stops short of the end (the daemon exits with status 3), its state kept."""
+        peer.stranded = why
+        self._stop(peer, keep_checkpoint=True)
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
+            self.engine.stop()
+
     def _begin(self, peer: SimPeer) -> None:
         """Start the machine (the Node hands it what arrived before), and finish interrupted work."""
         interrupted = peer.pending_work  # only set when a crash cut work short
+        if math.isnan(peer.started_at_s):
+            peer.started_at_s = self.engine.now_s
         self._carry_out(peer, peer.node.start(self.engine.now_s))
         if interrupted is not None and peer.pending_work is interrupted:
             # It crashed mid-work: the restored state already holds those steps (they are
@@ -337,6 +387,7 @@ class GossipRun:
                 ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
                 peer.endpoint.export_state())
         peer.alive = False
+        peer.waiting = None
         peer.node.stop()
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
         peer.timers.clear()
@@ -389,8 +440,7 @@ class GossipRun:
             case Finished():
                 if peer.node.left:      # removed by a roster version: gone, like a member that left
                     peer.alive = False
-                if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
-                    self.engine.stop()
+                self._maybe_end()
             case SetTrainerStep(step=step):
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
             case Note():
@@ -412,6 +462,7 @@ class GossipRun:
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:
             event, peer.pending_work = peer.pending_work, None
+            peer.last_loss = event.loss
             self._feed(peer, event)
 
     def _timer(self, peer: SimPeer, incarnation: int, key: str, token: int) -> None:
@@ -451,6 +502,8 @@ class GossipRun:
             peer.bytes_sent += nbytes
             peer.payload_bytes_sent += payload
             peer.messages_sent += 1
+            peer.sent_by_kind[message.KIND] += 1
+            peer.bytes_by_kind[message.KIND] += nbytes
             transfer = self.network.transmit(peer.name, recipient, nbytes, now)
             if transfer.arrival_s is None:
                 peer.dropped[transfer.dropped or "dropped"] += 1
@@ -470,7 +523,7 @@ class GossipRun:
             self.peers[sender].dropped["receiver_down"] += 1
             return
         if isinstance(delivery, list):
-            opened = peer.endpoint.open(delivery)
+            opened = peer.endpoint.open(delivery, now_s=self.engine.now_s)
             if not isinstance(opened, Opened):
                 return  # counted by the endpoint, by reason
             sender, message = opened.sender, opened.message
@@ -478,10 +531,12 @@ class GossipRun:
             message = delivery
         was_syncing = peer.node.syncing
         self._carry_out(peer, peer.node.receive(sender, message, self.engine.now_s))
-        if was_syncing and not peer.node.syncing:  # an answer was taken
+        if peer.waiting is not None:
+            self._check_wait(peer)
+        elif was_syncing and not peer.node.syncing:  # an answer was taken
             if peer.node.adoption is Adoption.ADOPTED:
                 peer.pending_work = None  # superseded by the adopted state
-            self._begin(peer)
+            self._synced(peer, unanswered=False)
 
 
 def _deep_copy(value: Any) -> Any:

@@ -300,7 +300,7 @@ def test_a_ring_gains_a_member_and_loses_another_while_it_runs() -> None:
     assert run.peers["p02"].node.left
     joined = [r for r, _ in run.sent["p05"]]
     assert joined and min(joined) > EFFECTIVE_ROUND                          # the joiner synced, then mixed
-    assert all(recipients == ("p00", "p04") for _, recipients in run.sent["p05"])
+    assert set().union(*(set(recipients) for _, recipients in run.sent["p05"])) == {"p00", "p04"}
     # Assert: no restart, one run id, no version refusals, the new members finished together
     for name, peer in sorted(run.peers.items()):
         assert peer.restarts == 0 and peer.endpoint.run_id == run.run_id
@@ -325,7 +325,7 @@ def test_a_member_that_missed_the_change_is_refused_from_the_effective_round_on(
     assert refused["p00"] > 0 and refused["p03"] > 0 and refused["p04"] > 0, refused
     assert refused["p01"] == refused["p05"] == 0, refused
     assert max(r for r, _ in run.sent["p04"]) >= EFFECTIVE_ROUND
-    assert all(recipients == ("p00", "p03") for _, recipients in run.sent["p04"])
+    assert set().union(*(set(recipients) for _, recipients in run.sent["p04"])) == {"p00", "p03"}
 
 
 def test_a_member_that_starts_with_a_roster_not_yet_in_force_speaks_the_version_before_it() -> None:

@@ -99,6 +99,7 @@ from protocols.events import (
     CancelTimer,
     Event,
     Finished,
+    Machine,
     Metric,
     Send,
     SetTimer,
@@ -113,9 +114,7 @@ from protocols.node import (
     Node,
     NodeAction,
     Note,
-    Verdict,
-    reason,
-    verdict,
+    Wait,
     waiting_line,
 )
 from protocols.node.membership import Connect
@@ -134,6 +133,7 @@ class NeighbourInfo(Neighbour):
 
     latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
     params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
+    reachable: bool = True            # the last message we sent it went out (its connection is up)
 
 
 @dataclass
@@ -141,9 +141,9 @@ class Counters:
     payload_bytes_sent: int = 0        # tensor bytes in sealed messages, times recipients
     wire_bytes_sent: int = 0           # whole sealed messages, times recipients (what the wire carries)
     messages_sent: int = 0
+    messages_sent_by_kind: Counter[str] = field(default_factory=Counter)  # heartbeat, param_push, ...
     messages_accepted: int = 0
     unreachable: Counter[str] = field(default_factory=Counter)
-    unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
     neighbour_down: Counter[str] = field(default_factory=Counter)   # times each went silent (timeout)
@@ -189,7 +189,6 @@ class PeerDaemon:
             config=config.peer.node_config(),
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
-        self.machine = self.node.machine  # the daemon's one machine (a restart is a new process)
         self.node.set_membership(self.parts.roster, self.parts.topology)
         self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
@@ -205,12 +204,16 @@ class PeerDaemon:
         self._last_eval_step = -1
         self._train_start_s = math.nan
         self._train_end_s = math.nan
-        self._next_heartbeat = 0.0
         self._stranded = ""     # why this peer stops short of the end (protocols/node/liveness.py)
         self._resumed = False
         self.state = "starting"
         self._published: dict[str, Any] | None = None    # the last status written (the metrics endpoint's)
         self.scalars: ScalarLog | None = None      # TensorBoard, when [peer] tensorboard
+
+    @property
+    def machine(self) -> Machine:
+        """The Node's machine (the model role this member trains and gossips)."""
+        return self.node.machine
 
     # ------------------------------------------------------------------ time
 
@@ -306,43 +309,35 @@ class PeerDaemon:
         never come).
         """
         self.state = "waiting for neighbours"
-        deadline = self.now() + self.config.peer.start_timeout_s
-        # a restarted peer that hears nobody in this long waits no more (see _judge_neighbours)
-        quiet_until = self.now() + self.config.peer.neighbour_timeout_s
+        began = self.now()
         gossip = self.config.gossip
-        ahead_steps = gossip.max_rounds_ahead * gossip.local_steps
         said = ""
-        while self._stop_signal is None and self.now() < deadline:
-            self._heartbeat()
-            # ahead first: a joiner that hears every neighbour at once, far on, syncs (it used to
-            # start at round 0 when their first heartbeats all came in one poll)
-            if any(info.step > ahead_steps for info in self.neighbours.values()):
-                return True
-            if self.node.neighbourhood.all_up() and not self.counters.unreachable_now:
-                return False
-            if self._resumed and self.now() >= quiet_until and self._nobody_heard():
-                return False
+        outcome = Wait.WAIT
+        while self._stop_signal is None:
+            self._tick()
+            outcome = self.node.start_wait(
+                waited_s=self.now() - began, resumed=self._resumed,
+                ahead_steps=gossip.max_rounds_ahead * gossip.local_steps,
+                all_reachable=all(info.reachable for info in self.neighbours.values()))
+            if outcome is not Wait.WAIT:
+                break
             line = waiting_line(self.node.neighbourhood.presence())
             if line and line != said:    # on change only
                 said = line
                 self.status.say(f"{self.name}: {line}")
             self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
-        missing = self.node.neighbourhood.absent()
-        if missing:
+        if outcome is Wait.TIMED_OUT:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
-                       f"{', '.join(missing)}; starting without them (their rounds will be left out)")
-        return False
-
-    def _nobody_heard(self) -> bool:
-        return bool(self.neighbours) and all(info.last_seen == -math.inf for info in self.neighbours.values())
+                       f"{', '.join(self.node.neighbourhood.absent())}; starting without them "
+                       "(their rounds will be left out)")
+        return outcome is Wait.JOIN
 
     def _judge_neighbours(self, *, start_wait_over: bool) -> None:
         """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
-        presence = self.node.neighbourhood.presence()
-        outcome = verdict(presence, resumed=self._resumed, start_wait_over=start_wait_over)
-        if outcome is not Verdict.GO_ON and not self._stranded:
-            self._stranded = reason(presence, outcome)
+        why = self.node.judge(resumed=self._resumed, start_wait_over=start_wait_over)
+        if why and not self._stranded:
+            self._stranded = why
             self.timeline["stranded"] = time.time()
 
     def _state_sync(self, *, resumed: bool) -> bool:
@@ -355,7 +350,7 @@ class PeerDaemon:
             deadline = self.now() + sync.config.sync_timeout_s
             while self.node.syncing and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)       # an answer is adopted as it arrives (Node.receive)
-                self._heartbeat_if_due()
+                self._tick()
                 self._write_status()    # "syncing", for `hivemesh status`
             if self.node.syncing and self._stop_signal is None:
                 self._warn(f"no state-sync answer (attempt {sync.attempts_made}/{sync.attempts})")
@@ -396,7 +391,7 @@ class PeerDaemon:
             grace_end = self.now() + self.config.peer.finish_grace_s
             while self.now() < grace_end and self._stop_signal is None:
                 self._pump(0.05)
-                self._heartbeat_if_due()
+                self._tick()
             self.transport.wait_sent(timeout_s=5.0)
             self._write_status(force=True)
             return 0
@@ -419,7 +414,7 @@ class PeerDaemon:
 
     def _poll_timeout(self) -> float:
         now = self.now()
-        deadlines = [self._next_heartbeat, self.status.next_due]
+        deadlines = [self.node.next_beat_s, self.status.next_due]
         if self._timers:
             deadlines.append(self._timers[0][0])
         return max(0.0, min(min(deadlines) - now, 0.1 if self._work else 0.5))
@@ -431,7 +426,7 @@ class PeerDaemon:
             if self.hooks.cutting(self.now()):
                 self.counters.test_cut_dropped["received"] += 1
                 continue
-            opened = self.endpoint.open([f.buffer for f in frames])
+            opened = self.endpoint.open([f.buffer for f in frames], now_s=self.now())
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
                 self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
@@ -455,7 +450,8 @@ class PeerDaemon:
                     info.latency_ms = latency_ms
             self._remember_params(info, message)
         reachable = info is None or info.up or self._can_send(sender)  # (tried only when it matters)
-        self._wait_sent()
+        if self.node.may_write_params(message) or (info is not None and not info.up):
+            self._wait_sent()   # a NeighbourUp may close a round and mix too
         self._carry_out(self.node.receive(sender, message, self.now(), reachable=reachable))
 
     def _feed(self, event: Event) -> None:
@@ -510,14 +506,17 @@ class PeerDaemon:
         size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
-            if recipient not in self.neighbours:
+            info = self.neighbours.get(recipient)
+            if info is None:
                 self.counters.unreachable[recipient] += 1
                 continue
             if self.hooks.cutting(self.now()):
                 self.counters.test_cut_dropped["sent"] += 1
                 continue
-            if self.transport.send(recipient, frames):
+            info.reachable = self.transport.send(recipient, frames)
+            if info.reachable:
                 self.counters.messages_sent += 1
+                self.counters.messages_sent_by_kind[action.message.KIND] += 1
                 self.counters.wire_bytes_sent += size
                 self.counters.payload_bytes_sent += payload
             else:
@@ -541,20 +540,10 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ periodic duties
 
-    def _heartbeat(self) -> None:
-        assert self.transport is not None
-        self._next_heartbeat = self.now() + self.config.peer.heartbeat_interval_s
-        if not self.neighbours:
-            return
-        if self.hooks.cutting(self.now()):
-            self.counters.test_cut_dropped["sent"] += len(self.neighbours)
-            return
-        frames = self.endpoint.seal(tuple(self.neighbours), self._beat())
-        unreachable = set()
-        for name in self.neighbours:
-            if not self.transport.send(name, frames):
-                unreachable.add(name)
-        self.counters.unreachable_now = unreachable
+    def _tick(self) -> None:
+        """The Node's heartbeat, when due (stamped with the wall clock for the latency estimate)."""
+        self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss,
+                                       stamp_s=time.time()))
 
     def _can_send(self, name: str) -> bool:
         """Whether a message to ``name`` goes out now: a heartbeat is tried. A neighbour is up when
@@ -565,18 +554,11 @@ class PeerDaemon:
         if self.hooks.cutting(self.now()):
             self.counters.test_cut_dropped["sent"] += 1
             return False
-        return self.transport.send(name, self.endpoint.seal((name,), self._beat()))
-
-    def _beat(self) -> Heartbeat:
-        return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time(),
-                         finished=self.node.finished)
-
-    def _heartbeat_if_due(self) -> None:
-        if self.now() >= self._next_heartbeat:
-            self._heartbeat()
+        beat = self.node.heartbeat(step=self.trainer.step, loss=self._last_loss, stamp_s=time.time())
+        return self.transport.send(name, self.endpoint.seal((name,), beat))
 
     def _periodic(self) -> None:
-        self._heartbeat_if_due()
+        self._tick()
         self._follow_roster()
         now = self.now()
         if self.node.neighbourhood.overdue(now):
@@ -712,6 +694,7 @@ class PeerDaemon:
             "payload_bytes_sent": self.counters.payload_bytes_sent,
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
+            "messages_sent_by_kind": dict(self.counters.messages_sent_by_kind),
             "messages_accepted": self.counters.messages_accepted,
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
