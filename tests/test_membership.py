@@ -359,3 +359,23 @@ def test_the_daemon_sees_a_new_roster_version_in_its_file_and_says_what_it_canno
     os.utime(path, ns=(3, 3))
     found = watch.poll(4.0)
     assert isinstance(found, Unusable) and "running on with version 2" in found.reason
+
+
+def test_a_member_restarted_after_a_roster_change_resumes_on_its_new_shard() -> None:
+    from peer.train.partition import partition
+    from peer.train.tasks import get_task
+    from peer.train.trainer import Trainer, TrainerConfig
+
+    # Prepare: p01's trainer on its shard among OLD, a few steps into its first epoch
+    task = get_task("logreg", n_samples=200, n_features=4)
+    config = TrainerConfig(device="cpu", batch_size=4)
+    before = Trainer(task, config, partition(task.labels, OLD, seed=1)["p01"], seed=1, member_index=1)
+    before.run_steps(3)
+    state = before.state_dict()
+    # Execute: it restarts with NEW's roster: p05 took some of its samples, p02's came to some
+    after = Trainer(task, config, partition(task.labels, NEW, seed=1)["p01"], seed=1, member_index=1)
+    assert len(after.shard) != len(before.shard)
+    after.load_state_dict(state)
+    # Assert: its model and step carry over; its place in the data starts a new epoch of the new shard
+    assert torch.equal(after.flat_params, before.flat_params) and after.step == 3
+    assert (after.epoch, after.offset) == (before.epoch + 1, 0)
