@@ -62,6 +62,9 @@ def _revised(roster: Roster, edited: Roster, args: argparse.Namespace, *, new_fi
         raise RosterError(f"--effective-round must be >= 0, not {args.effective_round}")
     if new_file:
         return edited
+    if args.effective_round == 0:
+        print("note: effective from round 0, as if from the start: peers already running apply it at once, "
+              "not together (for a running network give --effective-round, a round none has reached)")
     return dataclasses.replace(edited, version=roster.version + 1, effective_round=args.effective_round)
 
 
