@@ -192,13 +192,12 @@ class Transport:
 
     def drop_neighbour(self, name: str) -> None:
         """Stop sending to ``name`` (the roster lost it): what is queued for it is dropped."""
-        outbox = self._outboxes.pop(name, None)
-        if outbox is not None:
-            if outbox.pending:
-                self._abandon(name, outbox)
-                outbox.socket.close(linger=0)     # _abandon dialled again: this one goes too
-            else:
-                outbox.socket.close(linger=0)
+        outbox = self._outboxes.get(name)
+        if outbox is None:
+            return
+        if outbox.pending:
+            self.wait_sent()    # what is in flight goes first (or is abandoned after the send timeout)
+        self._outboxes.pop(name).socket.close(linger=0)
 
     def allow(self, client_keys: frozenset[bytes]) -> None:
         """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not."""
