@@ -381,3 +381,19 @@ def test_a_member_restarted_after_a_roster_change_resumes_on_its_new_shard() -> 
     # Assert: its model and step carry over; its place in the data starts a new epoch of the new shard
     assert torch.equal(after.flat_params, before.flat_params) and after.step == 3
     assert (after.epoch, after.offset) == (before.epoch + 1, 0)
+
+
+def test_a_version_learnt_after_its_round_is_applied_at_once_and_said() -> None:
+    # Prepare: p01 is at round 45 when version 2 (from round 40) reaches it
+    node, _ = node_at_round(EFFECTIVE_ROUND + 5)
+    v2 = roster_of(NEW, version=2, effective_round=EFFECTIVE_ROUND)
+    # Execute
+    actions = node.change_membership(v2, build("ring", NEW), 0.0, make_neighbour=Neighbour)
+    # Assert: it says which rounds went by the old version, and switches at once
+    assert Note("roster version 2 arrived at round 45, after its effective round 40: rounds 40-44 went by "
+                "version 1 here (members already on version 2 refused them)", warning=True) in actions
+    assert node.neighbourhood.names() == ("p00", "p03") and node.membership.previous is None
+    assert node.all_rejections()["roster_not_newer"] == 0
+    assert node.change_membership(v2, build("ring", NEW), 0.0, make_neighbour=Neighbour) == [
+        Note("roster version 2 is not newer than 2: ignored", warning=True)]
+    assert node.all_rejections()["roster_not_newer"] == 1

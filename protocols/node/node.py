@@ -389,13 +389,15 @@ class Node(Generic[N]):
         except HivemeshError as error:
             self.rejected["roster_change_refused"] += 1
             return [Note(f"{membership.describe()}: not applied: {error}", warning=True)]
+        old_version = self.membership.current.version
         self.membership, self.graph = membership, view
         actions: list[NodeAction] = [Note(membership.describe())]
         round_now = self.machine.position[0]
         if self.started and round_now > roster.effective_round:
             actions.append(Note(f"roster version {roster.version} arrived at round {round_now}, after its "
-                                f"effective round {roster.effective_round}: its members refuse our rounds "
-                                "from then on", warning=True))
+                                f"effective round {roster.effective_round}: rounds {roster.effective_round}"
+                                f"-{round_now - 1} went by version {old_version} here "
+                                f"(members already on version {roster.version} refused them)", warning=True))
         names = view.neighbours(self.name)
         added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
         self._follow(names)
