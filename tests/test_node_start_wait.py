@@ -72,6 +72,9 @@ def test_every_row_of_the_start_wait_table() -> None:
     assert wait({"a": DOWN, "b": NEVER}, resumed=True, waited_s=30.0) is Wait.WAIT    # someone was there
     assert wait({"a": UP, "b": NEVER}, waited_s=60.0) is Wait.TIMED_OUT
     assert wait({"a": NEVER, "b": NEVER}, resumed=True, waited_s=60.0) is Wait.ALONE  # first row wins
+    assert start_wait({"a": UP, "b": NEVER}, {"a": 0, "b": -1}, waited_s=0.0, resumed=False, ahead_steps=10,
+                      all_reachable=True, neighbour_timeout_s=5.0, start_timeout_s=60.0,
+                      later=frozenset({"b"})) is Wait.START                   # b starts later: not waited for
 
 
 @pytest.mark.parametrize("states", list(itertools.product([UP, NEVER, DOWN, DONE], repeat=2)))

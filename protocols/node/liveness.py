@@ -63,14 +63,15 @@ class Wait(Enum):
 
 
 def start_wait(presence: Mapping[str, Presence], steps: Mapping[str, int], *, waited_s: float,
-               resumed: bool, ahead_steps: int, all_reachable: bool, neighbour_timeout_s: float,
-               start_timeout_s: float) -> Wait:
+               resumed: bool, ahead_steps: float, all_reachable: bool, neighbour_timeout_s: float,
+               start_timeout_s: float, later: frozenset[str] = frozenset()) -> Wait:
     """The start-wait table above. ``steps``: each neighbour's trainer step from its last heartbeat
-    (-1: none yet); ``all_reachable``: the driver can reach every neighbour it heard."""
+    (-1: none yet); ``all_reachable``: the driver can reach every neighbour it heard; ``later``:
+    neighbours known to start after us (a test's schedule says so), not waited for."""
     states = set(presence.values())
     if any(step > ahead_steps for step in steps.values()):
         return Wait.JOIN
-    if states <= {Presence.UP} and all_reachable:
+    if {state for name, state in presence.items() if name not in later} <= {Presence.UP} and all_reachable:
         return Wait.START
     if resumed and waited_s >= neighbour_timeout_s and states == {Presence.NEVER_HEARD}:
         return Wait.ALONE

@@ -207,16 +207,17 @@ class Node(Generic[N]):
         """What our heartbeat says now (the daemon also sends one to try a connection)."""
         return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished)
 
-    def start_wait(self, *, waited_s: float, resumed: bool, ahead_steps: int,
-                   all_reachable: bool = True) -> Wait:
+    def start_wait(self, *, waited_s: float, resumed: bool, ahead_steps: float,
+                   all_reachable: bool = True, later: frozenset[str] = frozenset()) -> Wait:
         """Whether the wait for the neighbours before the first round is over, and how the member
         starts (protocols/node/liveness.py's table). ``ahead_steps``: how far on (trainer steps) a
-        neighbour may be for us still to start at round 0 with it."""
+        neighbour may be for us still to start at round 0 with it (inf: wait for every one, and
+        ask them all); ``later``: neighbours not waited for (a test's schedule starts them later)."""
         hood = self.neighbourhood
         return start_wait(hood.presence(), {name: n.step for name, n in hood.members.items()},
                           waited_s=waited_s, resumed=resumed, ahead_steps=ahead_steps,
                           all_reachable=all_reachable, neighbour_timeout_s=self.config.neighbour_timeout_s,
-                          start_timeout_s=self.config.start_timeout_s)
+                          start_timeout_s=self.config.start_timeout_s, later=later)
 
     def judge(self, *, resumed: bool, start_wait_over: bool) -> str:
         """Why this member stops short of the end (protocols/node/liveness.py's verdict, in one line
