@@ -17,9 +17,9 @@ machine and replay windows from it with the next epoch, and feeds ``Start``.
 
 A member that joins late or restarts first asks its neighbours for their
 state, as the daemon does, with the same code (protocols/node's
-``StateSync``: answers rate-limited per requester; the first usable answer
-checked, then adopted unless behind us or the algorithm cannot join, with the
-trainer's step following), then feeds ``Start``; with no answer within
+``StateSync``: answers rate-limited per requester; the answers of the
+neighbours asked collected and the best adopted, unless behind us or the
+algorithm cannot join, with the trainer's step following), then feeds ``Start``; with no answer within
 ``NodeConfig.sync_timeout_s`` it starts from what it has. Messages that arrive
 meanwhile are held as the daemon holds them (``EarlyMessages``: per
 neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
@@ -279,10 +279,10 @@ class GossipRun:
             self._begin(peer)
 
     def _asked(self, peer: SimPeer, actions: list[NodeAction]) -> None:
-        """One state-sync attempt made (its timeout set), or, none left, start from what it has."""
+        """One state-sync attempt made (its timeout set), or, synced or none left, start."""
         self._carry_out(peer, actions)
         if not peer.node.syncing:
-            self._begin(peer)
+            self._synced(peer)
             return
         attempt = peer.node.sync.attempts_made
         self.engine.after(self.node_config.sync_timeout_s,
@@ -459,10 +459,14 @@ class GossipRun:
             message = delivery
         was_syncing = peer.node.syncing
         self._carry_out(peer, peer.node.receive(sender, message, self.engine.now_s))
-        if was_syncing and not peer.node.syncing:  # an answer was taken
-            if peer.node.adoption is Adoption.ADOPTED:
-                peer.pending_work = None  # superseded by the adopted state
-            self._begin(peer)
+        if was_syncing and not peer.node.syncing:  # the attempt's answers are in: one was taken
+            self._synced(peer)
+
+    def _synced(self, peer: SimPeer) -> None:
+        """The sync is over (an answer adopted or kept out, or none came): start."""
+        if peer.node.adoption is Adoption.ADOPTED:
+            peer.pending_work = None  # superseded by the adopted state
+        self._begin(peer)
 
 
 def _deep_copy(value: Any) -> Any:

@@ -32,8 +32,9 @@ the trainer's (it leads ``steps_done`` by the steps of a round still open),
 Start-up: the epoch is incremented and stored before the first message; a
 checkpoint, if any, is restored; the peer then waits until it has heard every
 neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
-neighbours for their state (StateSyncRequest) and adopts the first usable
-answer (an unusable one is counted and it waits on for another). Answering and
+neighbours for their state (StateSyncRequest) and adopts the best answer
+(highest round, ties to the lowest name) once every neighbour it asked that is
+up has answered, or the attempt's time is up (an unusable one is counted). Answering and
 adopting are protocols/node's ``StateSync``, the simulator's too.
 
 What a neighbour sends cannot grow memory or work without bound: messages
@@ -335,7 +336,7 @@ class PeerDaemon:
 
     def _state_sync(self, *, resumed: bool) -> bool:
         """Ask the neighbours for their current state, as often as protocols/node/sync.py says;
-        adopt the first answer. True when every attempt went unanswered."""
+        the Node adopts the best answer. True when every attempt went unanswered."""
         self.state = "syncing"
         sync = self.node.sync
         self._carry_out(self.node.begin_sync(resumed=resumed))
@@ -346,7 +347,7 @@ class PeerDaemon:
                 self._heartbeat_if_due()
                 self._write_status()    # "syncing", for `hivemesh status`
             if self.node.syncing and self._stop_signal is None:
-                self._warn(f"no state-sync answer (attempt {sync.attempts_made}/{sync.attempts})")
+                self._warn(f"state-sync attempt {sync.attempts_made}/{sync.attempts} timed out")
                 self._carry_out(self.node.sync_timed_out())
         return sync.outcomes["no_answer"] > 0     # (a peer process syncs once)
 

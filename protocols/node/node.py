@@ -15,9 +15,13 @@ message                     what the Node does
 ==========================  ============================================================
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 ``Heartbeat``               its step and "finished" flag are noted
-``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
-``StateSyncResponse``       checked, then adopted, while syncing; after (a second
-                            answer, or none asked) counted ``sync_answer_late``
+``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
+                            an answered neighbour that was up already has restarted:
+                            the machine is told it is up, so it resends its round
+``StateSyncResponse``       checked and collected while syncing; the best is adopted once
+                            every asked neighbour that is up has answered (or at the
+                            attempt's timeout); after (a second answer from one
+                            neighbour, or none asked) counted ``sync_answer_late``
 a kind the machine does    counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
 not take (``accepts``)      (federation's kinds get their role when it comes)
 anything else, not started  held (protocols/node/early.py), fed after ``Start``
@@ -54,7 +58,7 @@ from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncRe
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.neighbours import N, Neighbourhood
-from protocols.node.sync import Adoption, StateSync, SyncOffer
+from protocols.node.sync import Adoption, StateSync, SyncOffer, best_offer
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,12 @@ class Node(Generic[N]):
         self.syncing = False
         self.finished = False
         self.adoption: Adoption | None = None  # what became of the last answer adopted (None: none yet)
+        self._asked: tuple[str, ...] = ()  # whom the current attempt asked
+        self._answered: set[str] = set()  # who answered it (usable or not)
+        self._offers: dict[str, SyncOffer] = {}  # its usable answers, by sender
+        # neighbours the machine was told are up since their last answered request: that
+        # NeighbourUp already resent the round, the request needs no second resend
+        self._told_up: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -99,18 +109,23 @@ class Node(Generic[N]):
         if not self.neighbourhood.names() or self.started:
             return []
         self.syncing = True
+        self.adoption = None
         heard_anyone = any(n.up for n in self.neighbourhood.members.values())
         self.sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
         return self._ask()
 
     def sync_timed_out(self) -> list[NodeAction]:
-        """The current attempt went unanswered: ask again, or give up (``syncing`` turns False)."""
-        return self._ask() if self.syncing else []
+        """The current attempt's time is up: adopt the best answer it had, else ask again, or give up
+        (``syncing`` turns False)."""
+        if not self.syncing:
+            return []
+        return self._adopt_best() if self._offers else self._ask()
 
     def _ask(self) -> list[NodeAction]:
         if self.sync.ask():
             # up neighbours first: they are the ones likely to answer
             targets = sorted(self.neighbourhood.names(), key=lambda n: (not self.neighbourhood[n].up, n))
+            self._asked, self._answered, self._offers = tuple(targets), set(), {}
             return [Send(tuple(targets), StateSyncRequest(reason="join"))]
         self.syncing = False
         # what it does next (train on, or stop: protocols/node/liveness.py) the driver says
@@ -132,6 +147,8 @@ class Node(Generic[N]):
         """The member stopped (crash, leave): forget what it held."""
         self.early.clear()
         self.syncing = False
+        self._asked, self._answered, self._offers = (), set(), {}
+        self._told_up.clear()
 
     def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
         """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
@@ -139,6 +156,7 @@ class Node(Generic[N]):
         self.machine = machine
         self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
         self.early.clear()
+        self._told_up.clear()
         self.started = self.syncing = self.finished = False
 
     # ------------------------------------------------------------ events
@@ -152,6 +170,7 @@ class Node(Generic[N]):
         """A verified message from ``sender`` (``reachable``: whether we can answer it now)."""
         actions: list[NodeAction] = []
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
+            self._told_up.add(sender)
             actions += self._machine(NeighbourUp(sender), now)
         match message:
             case Heartbeat():
@@ -188,18 +207,42 @@ class Node(Generic[N]):
     def _answer(self, requester: str, now: float) -> list[NodeAction]:
         if not self.sync.may_answer(requester, now, started=self.started):
             return []  # counted by reason
+        actions: list[NodeAction] = []
+        if requester in self._told_up:
+            self._told_up.discard(requester)  # its NeighbourUp resent the round already
+        elif self._live() and self.neighbourhood[requester].up:
+            # Up all along, yet it asks: it restarted faster than the failure detector noticed, and
+            # what we sent its old life is lost. Told up, the machine resends its round (bounded by
+            # the answer's rate limit), as it does for one heard again after a silence.
+            actions += self._machine(NeighbourUp(requester), now)
         params, trainer_step = self.answer_source()
-        return [Send((requester,), self.sync.answer(self.machine, params, trainer_step=trainer_step))]
+        answer = self.sync.answer(self.machine, params, trainer_step=trainer_step)
+        return [*actions, Send((requester,), answer)]
 
     def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
-        if not self.syncing:
+        if not self.syncing or sender in self._answered:
             self.rejected["sync_answer_late"] += 1
             return []
         offer = self.sync.check(sender, message, self.machine)
-        if not isinstance(offer, SyncOffer):
-            return [Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
-                         warning=True)]
+        notes: list[NodeAction] = []
+        if sender in self._asked:
+            self._answered.add(sender)
+        if isinstance(offer, SyncOffer):
+            self._offers[sender] = offer
+        else:
+            notes.append(Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
+                              warning=True))
+        waited_for = [n for n in self._asked if self.neighbourhood[n].up]
+        if self._offers and all(n in self._answered for n in waited_for):
+            return [*notes, *self._adopt_best()]
+        return notes
+
+    def _adopt_best(self) -> list[NodeAction]:
+        """Adopt the best answer of this attempt (protocols/node/sync.py, "Choosing")."""
+        sender = best_offer(self._offers)
+        offer = self._offers[sender]
         outcome, actions = self.sync.adopt(offer, self.machine)
+        self._asked, self._answered, self._offers = (), set(), {}
         self.syncing = False
         self.adoption = outcome
         note = {
