@@ -44,7 +44,11 @@ non-neighbours); a neighbour's state-sync requests are answered at most once
 per ``sync_answer_interval_s`` (``StateSync``). Each refusal is counted by
 reason in the status's ``rejections`` (with the wire's own).
 Test hooks (peer/runtime/testhooks.py) hold, kill or stop the peer when its trainer
-reaches a given step, so process tests place faults on progress, not time.
+reaches a given step, so process tests place faults on progress, not time. A
+fault schedule keyed by rounds (protocols/node/schedule.py, which the simulator
+honours too) fires at the work point of a round, before its steps are trained:
+holds, a SIGTERM stop, a flood of state-sync requests, and cuts whose
+neighbours go down and up for the machine by the schedule, never by a timeout.
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
@@ -68,11 +72,12 @@ import dataclasses
 import heapq
 import itertools
 import math
+import os
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -86,7 +91,13 @@ from peer.net.transport import Transport, TransportError
 from peer.runtime.assemble import Parts, assemble, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.tensorboard import ScalarLog
-from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.runtime.testhooks import (
+    Hook,
+    Hooks,
+    ScheduleFiles,
+    hooks_from_environment,
+    schedule_from_environment,
+)
 from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
 from protocols.events import (
@@ -94,6 +105,8 @@ from protocols.events import (
     Event,
     Finished,
     Metric,
+    NeighbourDown,
+    NeighbourUp,
     Send,
     SetTimer,
     SetTrainerStep,
@@ -101,7 +114,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.messages import Heartbeat, Message
+from protocols.messages import Heartbeat, Message, StateSyncRequest
 from protocols.node import (
     Neighbour,
     Node,
@@ -112,6 +125,7 @@ from protocols.node import (
     verdict,
     waiting_line,
 )
+from protocols.node.schedule import Cut, Flood, Stop
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
@@ -144,15 +158,18 @@ class Counters:
     test_cut_dropped: Counter[str] = field(default_factory=Counter)  # "sent"/"received" by a cut test hook
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
     bytes_received_from: Counter[str] = field(default_factory=Counter)  # accepted messages, by sender
+    trainer_steps_set: list[int] = field(default_factory=list)  # each SetTrainerStep (catch-up, sync)
 
 
 class PeerDaemon:
     """One running peer. ``run()`` returns the process exit code."""
 
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
-                 hooks: Sequence[Hook] = ()) -> None:
+                 hooks: Sequence[Hook] = (),
+                 schedule_for: Callable[[str], ScheduleFiles | None] | None = None) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
-        ``hooks``: test hooks (peer.runtime.testhooks)."""
+        ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name
+        (peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -172,6 +189,7 @@ class PeerDaemon:
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
+        self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
@@ -242,7 +260,8 @@ class PeerDaemon:
                                          key=f"{self.config.source}: [peer] tensorboard")
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
-            if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
+            late_join = self.config.peer.late_join or self.name in self._joins_later()
+            if self._stop_signal is None and (resumed or running or late_join):
                 unanswered = self._state_sync(resumed=resumed)
                 self.timeline["synced"] = time.time()
                 if self._stop_signal is None:
@@ -303,9 +322,11 @@ class PeerDaemon:
         gossip = self.config.gossip
         ahead_steps = gossip.max_rounds_ahead * gossip.local_steps
         said = ""
+        later = self._joins_later()   # a test's schedule starts them later: not waited for
         while self._stop_signal is None and self.now() < deadline:
             self._heartbeat()
-            if self.node.neighbourhood.all_up() and not self.counters.unreachable_now:
+            if (all(info.up for name, info in self.neighbours.items() if name not in later)
+                    and not self.counters.unreachable_now - later):
                 return False
             if any(info.step > ahead_steps for info in self.neighbours.values()):
                 return True
@@ -322,6 +343,9 @@ class PeerDaemon:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
                        f"{', '.join(missing)}; starting without them (their rounds will be left out)")
         return False
+
+    def _joins_later(self) -> frozenset[str]:
+        return self.faults.faults.schedule.joins_later() if self.faults is not None else frozenset()
 
     def _nobody_heard(self) -> bool:
         return bool(self.neighbours) and all(info.last_seen == -math.inf for info in self.neighbours.values())
@@ -366,13 +390,40 @@ class PeerDaemon:
             else:
                 self._pump(self._poll_timeout())
             self._fire_timers()
+            self._heal()
             self._periodic()
 
     def _held(self) -> bool:
         """A test hook holds training at this step (or has just stopped the peer)."""
-        held = self.hooks.holding(self.trainer.step, self.now()) or self._stop_signal is not None
+        held = (self.hooks.holding(self.trainer.step, self.now()) or self._work_point()
+                or self._stop_signal is not None)
         self.state = "held by a test hook" if held else "training"
         return held
+
+    def _work_point(self) -> bool:
+        """What a test's fault schedule fires before this round's steps are trained; True while it
+        holds them (protocols/node/schedule.py)."""
+        if self.faults is None:
+            return False
+        self._heal()    # before a hold is released by the same condition
+        for fault in self.faults.work_point(self.machine.position[0]):
+            match fault:
+                case Stop():
+                    os.kill(os.getpid(), signal.SIGTERM)    # the clean path: checkpoint, exit 0
+                case Flood(to=to, requests=requests):
+                    for _ in range(requests):
+                        self._send(Send((to,), StateSyncRequest(reason="flood")))
+                case Cut():
+                    for name in sorted(fault.across(self.name) & set(self.neighbours)):
+                        self._feed(NeighbourDown(name))
+        return self.faults.faults.holding()
+
+    def _heal(self) -> None:
+        """Neighbours across a cut whose heal condition is met: up again for the machine."""
+        if self.faults is not None:
+            for name in self.faults.faults.heals():
+                if name in self.neighbours:
+                    self._feed(NeighbourUp(name))
 
     def _shutdown(self) -> int:
         assert self.transport is not None
@@ -477,6 +528,7 @@ class PeerDaemon:
                     self.timeline["finished"] = time.time()
                 case SetTrainerStep():
                     self.trainer.step = action.step     # the learning-rate schedule follows the network
+                    self.counters.trainer_steps_set.append(action.step)
                 case Note(text=text, warning=warning):
                     if warning:
                         self._warn(text)
@@ -500,7 +552,8 @@ class PeerDaemon:
             if recipient not in self.neighbours:
                 self.counters.unreachable[recipient] += 1
                 continue
-            if self.hooks.cutting(self.now()):
+            if self.hooks.cutting(self.now()) or (self.faults is not None
+                                                  and self.faults.faults.drops(recipient, action.message)):
                 self.counters.test_cut_dropped["sent"] += 1
                 continue
             if self.transport.send(recipient, frames):
@@ -668,6 +721,9 @@ class PeerDaemon:
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
             "sync_answers_sent": self.node.sync.answers_sent,
+            "early_held": self.node.early.held_total,
+            "state_sync": dict(sorted(self.node.sync.outcomes.items())),
+            "trainer_steps_set": list(self.counters.trainer_steps_set),
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
             "neighbour_finished": dict(self.counters.neighbour_finished),
@@ -731,7 +787,8 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
             config = dataclasses.replace(config, peer=peer)
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
-        return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()
+        return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment(),
+                          schedule_for=schedule_from_environment).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2
