@@ -442,6 +442,7 @@ class GossipRun:
             return
         round_index = peer.node.machine.position[0]
         self.reached[peer.name] = max(self.reached.get(peer.name, -1), round_index)
+        self._heal(peer)  # before a hold is released by the same condition
         faults = self.faults[peer.name]
         for fault in faults.work_point(round_index):
             match fault:
@@ -461,6 +462,12 @@ class GossipRun:
                 self._work(peer, steps)
         self.engine.at(self.engine.now_s, self._check_schedule)
 
+    def _heal(self, peer: SimPeer) -> None:
+        """Its neighbours across a cut whose heal condition is met: up again for the machine."""
+        for other in self.faults[peer.name].heals():
+            if other in peer.neighbour_names:
+                self._feed(peer, NeighbourUp(other))
+
     def _check_schedule(self) -> None:
         """Whatever conditions the last work point met: joins, restarts, heals, then holds released."""
         def reached(member: str) -> int:
@@ -475,11 +482,9 @@ class GossipRun:
             if met(stop.restart_when, reached):
                 del self._stopped[name]
                 self.engine.after(PROCESS_START_S, functools.partial(self._restart, self.peers[name]))
-        for name, peer in sorted(self.peers.items()):
+        for _, peer in sorted(self.peers.items()):
             if peer.alive:
-                for other in self.faults[name].heals():
-                    if other in peer.neighbour_names:
-                        self._feed(peer, NeighbourUp(other))
+                self._heal(peer)
         for _, peer in sorted(self.peers.items()):
             if peer.alive and peer.deferred_steps and not self.faults[peer.name].holding():
                 steps, peer.deferred_steps = peer.deferred_steps, 0

@@ -320,7 +320,9 @@ class PeerDaemon:
         # a restarted peer that hears nobody in this long waits no more (see _judge_neighbours)
         quiet_until = self.now() + self.config.peer.neighbour_timeout_s
         gossip = self.config.gossip
-        ahead_steps = gossip.max_rounds_ahead * gossip.local_steps
+        # under a test's schedule every neighbour it has running is waited for (the simulator's
+        # start hears them all at once), so a sync asks them all; else one far ahead starts it
+        ahead_steps = math.inf if self.faults is not None else gossip.max_rounds_ahead * gossip.local_steps
         said = ""
         later = self._joins_later()   # a test's schedule starts them later: not waited for
         while self._stop_signal is None and self.now() < deadline:
@@ -405,8 +407,10 @@ class PeerDaemon:
         holds them (protocols/node/schedule.py)."""
         if self.faults is None:
             return False
+        round_index = self.machine.position[0]
+        self.faults.reached(round_index)    # first: it may be what a heal or a hold waits for
         self._heal()    # before a hold is released by the same condition
-        for fault in self.faults.work_point(self.machine.position[0]):
+        for fault in self.faults.work_point(round_index):
             match fault:
                 case Stop():
                     os.kill(os.getpid(), signal.SIGTERM)    # the clean path: checkpoint, exit 0

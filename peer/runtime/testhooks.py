@@ -167,10 +167,13 @@ class ScheduleFiles:
         self.faults = MemberFaults(schedule, name, reached=lambda member: read_round(progress, member),
                                    fired=fired)
 
-    def work_point(self, round_index: int) -> list[Any]:
-        """Say how far we are, then what fires (recorded, for a restarted life)."""
+    def reached(self, round_index: int) -> None:
+        """Say how far we are: at a work point of ``round_index`` (first, before heals and faults)."""
         if read_round(self.progress, self.name) < round_index:
             _write(self.progress / self.name, str(round_index))
+
+    def work_point(self, round_index: int) -> list[Any]:
+        """What fires (recorded, for a restarted life)."""
         before = set(self.faults.fired)
         fired = self.faults.work_point(round_index)
         if self.faults.fired != before:
