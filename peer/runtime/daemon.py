@@ -420,7 +420,11 @@ class PeerDaemon:
                 case Cut():
                     for name in sorted(fault.across(self.name) & set(self.neighbours)):
                         self._feed(NeighbourDown(name))
-        return self.faults.faults.holding()
+        held = self.faults.faults.holding()
+        # conditions only grow: one that has just released a hold may also heal a cut, which must
+        # be in force before the steps are trained (another peer's file may have appeared since)
+        self._heal()
+        return held
 
     def _heal(self) -> None:
         """Neighbours across a cut whose heal condition is met: up again for the machine."""
