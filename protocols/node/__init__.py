@@ -13,7 +13,10 @@ message by kind and holds the parts below.
 * :class:`Neighbourhood` (neighbours.py): the failure detector, up/down/finished
   per neighbour from what was heard and when;
 * :func:`verdict` (liveness.py): whether a member can go on, from its neighbours'
-  presence (up, down, finished, never heard), and the one line saying why not.
+  presence (up, down, finished, never heard), and the one line saying why not;
+* :class:`~protocols.node.schedule.Schedule` (schedule.py, tests only): faults keyed by
+  rounds (hold, stop and restart, join, cut, a flood of sync requests) that both
+  drivers honour, so one test can ask them for the same decisions.
 
 The trainer step a catch-up implies is an action (``SetTrainerStep``,
 protocols/events.py) emitted by the machine that skipped, and by
