@@ -87,7 +87,7 @@ def plain_loop(peers: int, rounds: int) -> float:
     sc = scenario(peers, rounds, 1.0)
     task = get_task(sc.task.name, **sc.task.options)
     topology = build(sc.graph.spec)
-    shards = partition(task.labels, peers, scheme="iid", seed=0)
+    shards = list(partition(task.labels, topology.names, scheme="iid", seed=0).values())
     x, y = task.data("train", torch.float32, torch.device("cpu"))
     models = [task.build_model(0) for _ in range(peers)]
     flats = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]

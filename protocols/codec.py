@@ -87,7 +87,7 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # Every reason decode can give. internal_error is the catch-all that must stay at 0.
 REASONS = (
     "unknown_version", "malformed_header", "unknown_kind", "unknown_sender", "wrong_role",
-    "not_a_recipient", "bad_signature", "config_mismatch", "old_epoch", "replay",
+    "not_a_recipient", "bad_signature", "config_mismatch", "old_epoch", "replay", "epoch_jump", "seq_jump",
     "too_many_frames", "too_many_tensors", "frame_too_large", "message_too_large",
     "too_many_elements", "bad_dtype", "manifest_mismatch", "digest_mismatch", "bad_field",
     "internal_error",
@@ -285,10 +285,12 @@ def encode(
 
 def decode(
     frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows | None = None,
+    now_s: float | None = None,
 ) -> Decoded | Rejection:
-    """Verify and decode one message; never raises. On success the replay window advances."""
+    """Verify and decode one message; never raises. On success the replay window advances.
+    ``now_s``: the driver's clock, which bounds a jump of the sender's counters (protocols/replay.py)."""
     try:
-        return _decode(frames, verifier, windows)
+        return _decode(frames, verifier, windows, now_s)
     except _Reject as reject:
         return Rejection(reject.reason, reject.detail, reject.sender)
     except Exception as error:  # a bug, never the sender's fault: counted as internal_error
@@ -323,7 +325,8 @@ def _counter(header: Mapping[str, Any], key: str) -> int:
     return int(value)
 
 
-def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows | None) -> Decoded:
+def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows | None,
+            now_s: float | None = None) -> Decoded:
     policy = verifier.policy
     if len(frames) < 2:
         raise _Reject("malformed_header", f"{len(frames)} frame(s): need a header and a signature")
@@ -337,7 +340,7 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
     header = _unpack_header(raw_header, policy)
 
     version = header.get("v")
-    if version != PROTOCOL_VERSION or isinstance(version, bool):
+    if type(version) is not int or version != PROTOCOL_VERSION:   # 1.0 == 1 and True == 1: refused
         raise _Reject("unknown_version", f"version {version!r}, this peer speaks {PROTOCOL_VERSION}")
     kind = _need(header, "k", str)
     cls = KINDS.get(kind)
@@ -363,13 +366,13 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
 
     run = _need(header, "run", bytes)
     if run != verifier.run_id:
-        # the run id digests the roster and the [network] table: one of the two differs
+        # the run id digests the [network] table (not the member list, which changes by roster version)
         raise _Reject("config_mismatch",
                       f"their run id {run.hex()[:12]} != ours {verifier.run_id.hex()[:12]}: "
-                      "the roster or the [network] settings differ", sender.name)
+                      "the [network] settings differ", sender.name)
     epoch, seq = _counter(header, "e"), _counter(header, "q")
     if windows is not None:
-        stale = windows.check(sender.name, epoch, seq)
+        stale = windows.check(sender.name, epoch, seq, now_s)
         if stale is not None:
             raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}", sender.name)
 
@@ -387,7 +390,7 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
             raise _Reject("digest_mismatch", f"payload frame {index}")
     message = _build(cls, kind, header, layout, flats)
     if windows is not None:
-        windows.accept(sender.name, epoch, seq)
+        windows.accept(sender.name, epoch, seq, now_s)
     return Decoded(sender, message, epoch, seq)
 
 

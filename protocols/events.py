@@ -125,7 +125,20 @@ ProtocolState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 """What a machine exports for a checkpoint: named tensors plus JSON-able scalars."""
 
 
-class Machine(Protocol):
+class Role(Protocol):
+    """What the Node asks of every role a member holds: the message kinds it takes, and its
+    events. A member's model role is a :class:`Machine`; a role beside it (a FedAvg server on a
+    gateway) need be no more than this."""
+
+    @property
+    def accepts(self) -> frozenset[type[Message]]:
+        """The message kinds it takes: the Node routes these to it and counts any other kind."""
+        ...
+
+    def handle(self, event: Event, now: float) -> list[Action]: ...
+
+
+class Machine(Role, Protocol):
     """An algorithm as a pure state machine: everything a driver (or the Node) asks of one.
 
     Drivers use a machine through this interface only: no ``getattr``, no casts, no branching on
@@ -146,11 +159,6 @@ class Machine(Protocol):
         ...
 
     @property
-    def accepts(self) -> frozenset[type[Message]]:
-        """The message kinds it takes: the Node routes these to it and counts any other kind."""
-        ...
-
-    @property
     def last_round(self) -> int:
         """The highest round any honest member can be in or send."""
         ...
@@ -158,6 +166,11 @@ class Machine(Protocol):
     def join_at(self, round_index: int, steps_done: int) -> None:
         """Continue from a neighbour's parameters (already copied into ``params``) at ``round_index``;
         raises HivemeshError when not ``joinable``."""
+        ...
+
+    def set_graph(self, topology: Any) -> None:
+        """Membership changed: ``topology`` (a GraphView, per round) holds from now on; raises
+        HivemeshError when the algorithm cannot follow a change while running."""
         ...
 
     def sender_params(self, message: Message) -> torch.Tensor | None:
@@ -172,8 +185,6 @@ class Machine(Protocol):
     def gauges(self) -> dict[str, float]:
         """Settings the machine chose or changed while running (``Metric`` actions when they change)."""
         ...
-
-    def handle(self, event: Event, now: float) -> list[Action]: ...
 
     def export_state(self) -> ProtocolState: ...
 

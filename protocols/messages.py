@@ -2,8 +2,12 @@
 
 A message says *what* is sent; the envelope (sender, recipients, run id,
 epoch, sequence number, signature) is added by :mod:`protocols.codec` and is
-invisible to the algorithms. Tensors travel as raw frames; ``meta`` carries
-small scalars such as a compressor's name and parameters. Field names are the
+invisible to the algorithms. A round-bearing gossip message also says which
+roster version its sender applies to that round (``roster_version``): the
+Node stamps it on what its machine sends and refuses a message whose version
+differs from its own for that round (protocols/node/membership.py).
+Tensors travel as raw frames; ``meta`` carries small scalars such as a
+compressor's name and parameters. Field names are the
 wire names, so renaming a field is a protocol change (bump PROTOCOL_VERSION).
 """
 
@@ -15,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-PROTOCOL_VERSION = 2  # 2: Heartbeat.finished
+PROTOCOL_VERSION = 3  # 2: Heartbeat.finished; 3: roster_version in round-bearing messages
 
 Scalar = int | float | str | bool
 TensorMap = Mapping[str, torch.Tensor]
@@ -43,6 +47,7 @@ class ParamPush:
     tensors: TensorMap = field(default_factory=_no_tensors)
     meta: Meta = field(default_factory=_no_meta)
     want_reply: bool = False
+    roster_version: int = 1  # the sender's roster version for ``round`` (the Node stamps and checks it)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class ParamPull:
 
     KIND: ClassVar[str] = "param_pull"
     round: int
+    roster_version: int = 1  # the sender's roster version for ``round``
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class StateSyncResponse:
     round: int
     tensors: TensorMap = field(default_factory=_no_tensors)
     meta: Meta = field(default_factory=_no_meta)
+    roster_version: int = 1  # the answerer's roster version for ``round``: a joiner adopts only its own
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Pure data: ``Roster.from_dict`` validates a plain mapping (as read from the
 roster TOML by ``peer.files.roster_file``) and names every bad entry; ``to_dict``
 gives it back. ``run_id`` digests the network's shared configuration so that
-peers configured differently refuse each other (``config_mismatch``).
+peers configured differently refuse each other (``config_mismatch``); the
+member list is not part of it (a roster carries a ``version`` and an
+``effective_round`` instead, see :class:`Roster`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from topology.errors import HivemeshError
 
 ROLES = ("peer", "gateway", "edge")
 ROLES_WITH_ADDRESS = ("peer", "gateway")
+GOSSIP_ROLES = ("peer", "gateway")  # the members of the topology: a gateway gossips too
 RUN_ID_BYTES = 32
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ADDRESS = re.compile(r"(tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
@@ -92,9 +95,18 @@ def _member_problems(member: Member) -> list[str]:
 
 @dataclass(frozen=True)
 class Roster:
-    """Members sorted by name, with lookups by name and by public key."""
+    """Members sorted by name, with lookups by name and by public key.
+
+    ``version`` counts the edits (``hivemesh roster add|remove`` bump it) and
+    ``effective_round`` is the round from which every member applies this
+    version: before it, the previous version's membership holds. Members whose
+    versions differ for a round refuse each other's messages of that round
+    (protocols/node/membership.py), naming both versions.
+    """
 
     members: tuple[Member, ...] = ()
+    version: int = 1
+    effective_round: int = 0
     _by_name: dict[str, Member] = field(init=False, repr=False, compare=False)
     _by_key: dict[bytes, Member] = field(init=False, repr=False, compare=False)
     _verifiers: dict[str, Ed25519PublicKey] = field(init=False, repr=False, compare=False)
@@ -102,6 +114,10 @@ class Roster:
     def __post_init__(self) -> None:
         members = tuple(sorted(self.members, key=lambda m: m.name))
         problems = []
+        if not _is_count(self.version) or self.version < 1:
+            problems.append(f"version must be an integer >= 1, not {self.version!r}")
+        if not _is_count(self.effective_round):
+            problems.append(f"effective_round must be an integer >= 0, not {self.effective_round!r}")
         by_name: dict[str, Member] = {}
         by_key: dict[bytes, Member] = {}
         for member in members:
@@ -175,23 +191,31 @@ class Roster:
     # ---------------------------------------------------------- edits (new rosters)
 
     def add(self, member: Member) -> Roster:
-        return Roster((*self.members, member))
+        """This roster with ``member`` (same version: :meth:`revised` makes the edit a new version)."""
+        return dataclasses.replace(self, members=(*self.members, member))
 
     def remove(self, name: str) -> Roster:
+        """This roster without ``name`` (same version: see :meth:`revised`)."""
         self.member(name)
-        return Roster(tuple(member for member in self.members if member.name != name))
+        kept = tuple(member for member in self.members if member.name != name)
+        return dataclasses.replace(self, members=kept)
+
+    def revised(self, effective_round: int) -> Roster:
+        """The next version of this roster, applied by every member from ``effective_round`` on."""
+        return dataclasses.replace(self, version=self.version + 1, effective_round=effective_round)
 
     # ---------------------------------------------------------- plain data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "roster") -> Roster:
-        """Build from ``{"member": [{name, public_id, role, address, curve_key}, ...]}``.
+        """Build from ``{"version": 1, "effective_round": 0, "member": [{name, public_id, role,
+        address, curve_key}, ...]}`` (``version`` and ``effective_round`` optional: 1 and 0).
 
         RosterError names every bad entry (by name where it has one).
         """
         if not isinstance(data, Mapping):
             raise RosterError(f"{source}: expected a table with [[member]] entries")
-        unknown = set(data) - {"member"}
+        unknown = set(data) - {"member", "version", "effective_round"}
         if unknown:
             raise RosterError(f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
         entries = data.get("member", [])
@@ -220,15 +244,25 @@ class Roster:
                 members.append(Member(**entry))
             except (ValueError, TypeError) as error:
                 problems.append(f"{label}: {error}")
+        version, effective_round = data.get("version", 1), data.get("effective_round", 0)
+        if not _is_count(version) or version < 1:
+            problems.append(f"'version' must be an integer >= 1, not {version!r}")
+        if not _is_count(effective_round):
+            problems.append(f"'effective_round' must be an integer >= 0, not {effective_round!r}")
         if problems:
             raise RosterError(f"{source}: " + "; ".join(problems))
         try:
-            return cls(tuple(members))
+            return cls(tuple(members), version=version, effective_round=effective_round)
         except RosterError as error:
             raise RosterError(f"{source}: {str(error).removeprefix('roster: ')}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"member": [member.to_dict() for member in self.members]}
+        return {"version": self.version, "effective_round": self.effective_round,
+                "member": [member.to_dict() for member in self.members]}
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # ------------------------------------------------------------ run id
@@ -254,7 +288,12 @@ def _canonical(value: Any, where: str) -> Any:
 
 
 def run_id(shared: Mapping[str, Any]) -> bytes:
-    """A 32-byte digest of the shared configuration (roster, topology spec, algorithm, task, ...).
+    """A 32-byte digest of the shared configuration (topology spec, algorithm, task, ...).
+
+    Drivers give it the network settings, not the roster's member list: membership changes by
+    roster version while a run goes on (a member with another version is refused by the Node,
+    naming both versions), and a run id that hashed the members would split the network at
+    every edit.
 
     Canonical: map keys are sorted, tuples count as lists, floats as float64,
     so equal configurations give equal ids on every machine.

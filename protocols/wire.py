@@ -107,9 +107,10 @@ class Endpoint:
         self.bytes_sent += wire_size(frames) * len(recipients)
         return frames
 
-    def open(self, frames: Sequence[Frame]) -> Opened | Rejection:
-        """The verified message, or a counted Rejection; never raises."""
-        result = decode(frames, self._verifier, self.windows)
+    def open(self, frames: Sequence[Frame], *, now_s: float | None = None) -> Opened | Rejection:
+        """The verified message, or a counted Rejection; never raises. ``now_s`` (the driver's
+        clock, seconds): bounds how far one message may move its sender's replay window."""
+        result = decode(frames, self._verifier, self.windows, now_s)
         self.bytes_received += sum(
             wire_size([frame]) for frame in frames if isinstance(frame, bytes | bytearray | memoryview))
         if isinstance(result, Rejection):

@@ -2,7 +2,7 @@
 
 ``scenario_from_peer_file(peer.toml)`` takes the ``[network]`` table every
 member agrees on (topology, seed, task, partition, gossip, trainer) and the
-roster's peer names, so the simulated members are the same members with the
+roster's gossip members (peers and gateways), so the simulated members are the same members with the
 same shards, seeds and algorithm as the daemons; relative paths in it are taken
 from its folder, as the daemon takes them. The link and node model
 (which a peer file does not describe) comes from ``overrides``. Only TOML is
@@ -20,6 +20,7 @@ from peer.files.paths import from_folder
 from peer.files.roster_file import read as read_roster
 from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
+from protocols.roster import GOSSIP_ROLES
 from sim.scenario import ScenarioConfig, scenario_from_dict
 
 
@@ -31,7 +32,8 @@ def scenario_from_peer_file(path: str | Path, **overrides: Any) -> ScenarioConfi
     if not isinstance(peer, dict) or not isinstance(peer.get("roster"), str):
         raise ConfigError(f"{path}: missing key 'peer.roster'")
     base = path.resolve().parent   # the peer file's relative paths are relative to its folder
-    names = tuple(member.name for member in read_roster(from_folder(base, peer["roster"])).with_role("peer"))
+    roster = read_roster(from_folder(base, peer["roster"]))
+    names = tuple(member.name for member in roster.with_role(*GOSSIP_ROLES))  # gateways gossip too
     # the peer file's own schema, defaults and checks (peer.files.schema), then its paths as the daemon
     # takes them
     network = resolve_network_paths(load(NetworkSection, data.get("network", {}), source=str(path),

@@ -25,18 +25,17 @@ meanwhile are held as the daemon holds them (``EarlyMessages``: per
 neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
 catch-up or an adopted sync) sets the trainer's step, as in the daemon.
 
-Liveness is the daemon's failure detector, the same code
-(protocols/node/neighbours.py): a neighbour is up from its first accepted
-message, down once nothing of it was accepted for ``neighbour_timeout_s``
-(``NeighbourDown``), and up again at its next accepted message
-(``NeighbourUp``); at ``Start`` the neighbours not heard yet are told down.
-The daemon's 1-second heartbeats are modelled, not sent: a running neighbour
-whose frames verify (honest, crash-before-crashing, sign-flip, noise) and
-whose link is not cut counts as heard when a member starts and at each
-check; forgers and replayers are never heard, so their honest neighbours do
-not wait for them. The members there from the start start together, as
-processes launched at once hear one another before training. A member that
-leaves says goodbye: its neighbours are told at once.
+Liveness is the daemon's, the same code (protocols/node): every running
+member sends the Node's heartbeat every ``heartbeat_interval_s`` (a real
+signed message over the link model, as any other); a neighbour is up from its
+first accepted message, down once nothing of it was accepted for
+``neighbour_timeout_s`` (``NeighbourDown``), and up again at its next accepted
+message (``NeighbourUp``). Before its first round a member waits for its
+neighbours as the daemon does (``Node.start_wait``: all up, one far ahead so
+it joins by state sync, or the start timeout); at ``Start`` the neighbours not
+heard yet are told down. Forgers are never heard, so their honest neighbours
+start only at ``start_timeout_s``, as real peers would. A member that leaves
+says goodbye: its neighbours are told at once.
 
 A test may hand the run a fault schedule keyed by rounds (``faults``:
 protocols/node/schedule.py, the one the daemon honours through its test hooks):
@@ -58,9 +57,11 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -82,8 +83,9 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.identity import Identity
-from protocols.messages import Heartbeat, Message, StateSyncRequest
-from protocols.node import Adoption, Neighbour, Node, NodeAction, Note
+from protocols.messages import Message, StateSyncRequest
+from protocols.node import Adoption, Neighbour, Node, NodeAction, Note, Wait
+from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, MemberFaults, Schedule, Stop, met
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
@@ -91,11 +93,21 @@ from sim.network import uniform
 from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
 from sim.scenario import ChurnEvent
 from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, new_result
+from topology import Topology
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
 # a schedule's join or restart is a process starting: what was sent to it meanwhile, in flight when
 # its condition was met, has landed on nobody (as on a port nobody listens on) before it runs
 PROCESS_START_S = 1.0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A member waiting for its neighbours (``Node.start_wait``), then to sync or start."""
+
+    since_s: float
+    sync: bool       # joins late or restarts: asks its neighbours for their state first
+    resumed: bool    # restarted from its checkpoint
 
 
 class SimPeer:
@@ -118,6 +130,9 @@ class SimPeer:
         self.bytes_sent = 0
         self.payload_bytes_sent = 0
         self.messages_sent = 0
+        self.sent_by_kind: Counter[str] = Counter()   # messages, times recipients, by kind
+        self.bytes_by_kind: Counter[str] = Counter()  # their wire bytes, by kind
+        self.started_at_s = math.nan                  # when it first started its rounds
         self.steps_done = 0
         self.restarts = 0
         self.rejections: Counter[str] = Counter()  # from endpoints retired by restarts
@@ -126,6 +141,10 @@ class SimPeer:
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
+        self.last_loss = math.nan                  # what its heartbeats say
+        self.waiting: Waiting | None = None        # waiting for its neighbours before its first round
+        self.resumed = False                       # this life began from its checkpoint
+        self.stranded = ""                         # why it stopped short of the end (Node.judge)
         self.deferred_steps = 0  # work a schedule's hold keeps back
         self.trainer_steps_set: list[int] = []  # each SetTrainerStep (catch-up, sync), as the daemon shows
         self.neighbour_names = tuple(sorted(neighbours))
@@ -182,10 +201,12 @@ class GossipRun:
 
     def _node(self, peer: SimPeer) -> Node[Neighbour]:
         trainer = self.world.trainers[peer.name]
-        return Node(peer.name, self._machine(peer.name), neighbours=peer.fresh_neighbours(),
+        node = Node(peer.name, self._machine(peer.name), neighbours=peer.fresh_neighbours(),
                     config=self.node_config, early_per_neighbour=self.config.max_rounds_ahead + 1,
                     # what the machine mixes (buffers too when averaged), as it is between rounds
                     answer_source=lambda: (trainer.mixed.detach().clone(), trainer.step))
+        node.set_membership(self.roster, self.world.topology)
+        return node
 
     def _machine(self, name: str) -> Machine:
         trainer = self.world.trainers[name]
@@ -224,31 +245,27 @@ class GossipRun:
 
     def _check_liveness(self) -> None:
         """Every running member's failure detector (protocols/node/neighbours.py), every quarter of
-        the timeout: the heartbeats that arrive are heard, then the silent neighbours go down."""
+        the timeout: the silent neighbours go down."""
         now = self.engine.now_s
-        for name, peer in sorted(self.peers.items()):
-            if not peer.alive or peer.node.syncing:
-                continue
-            for other in self.world.neighbours(name):
-                if self._heartbeat_arrives(other, name, now):
-                    self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
-            _, actions = peer.node.expire(now)
-            self._carry_out(peer, actions)
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive and not peer.node.syncing and peer.waiting is None:
+                silent, actions = peer.node.expire(now)
+                self._carry_out(peer, actions)
+                if silent and peer.node.started and not peer.node.finished:
+                    why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
+                    if why:
+                        self._strand(peer, why)
         self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
-    def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
-        sender = self.peers[src]
-        return (sender.alive and sender.behaviour not in _ALWAYS_VERIFIED
-                and not self.network.partitioned(src, dst, now))
-
-    def _heard(self, peer: SimPeer, sender: str) -> None:
-        """A modelled heartbeat of ``sender`` reached ``peer``."""
-        self._carry_out(peer, peer.node.receive(sender, self._beat(sender), self.engine.now_s))
-
-    def _beat(self, sender: str) -> Heartbeat:
-        """What ``sender``'s heartbeat says (its wall-clock stamp is the daemon's business only)."""
-        return Heartbeat(step=self.world.trainers[sender].step, loss=0.0, sent_at_s=0.0,
-                         finished=self.peers[sender].node.finished)
+    def _tick(self, peer: SimPeer, incarnation: int) -> None:
+        """The member's heartbeat (the Node's, when due) and, while it waits, whether the wait is over."""
+        if peer.incarnation != incarnation:
+            return
+        self._carry_out(peer, peer.node.tick(self.engine.now_s, step=self.world.trainers[peer.name].step,
+                                             loss=peer.last_loss))
+        if peer.waiting is not None:
+            self._check_wait(peer)
+        self.engine.at(peer.node.next_beat_s, functools.partial(self._tick, peer, incarnation))
 
     def end(self, wall_s: float = 0.0) -> ScenarioResult:
         """Evaluate everyone once more and fill in the result."""
@@ -265,7 +282,10 @@ class GossipRun:
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
-                "state_sync": dict(sorted(peer.node.sync.outcomes.items())),
+                "messages_sent_by_kind": dict(sorted(peer.sent_by_kind.items())),
+                "bytes_sent_by_kind": dict(sorted(peer.bytes_by_kind.items())),
+                "started_at_s": peer.started_at_s,
+                "state_sync": dict(sorted(peer.node.sync.outcomes.items())), "stranded": peer.stranded,
                 "sync_answers_sent": peer.node.sync.answers_sent,
                 "early_held": peer.node.early.held_total,
                 "trainer_steps_set": list(peer.trainer_steps_set),
@@ -287,22 +307,42 @@ class GossipRun:
     # ------------------------------------------------------------ lifecycle
 
     def _start_together(self, peers: list[SimPeer]) -> None:
-        """The members there from the start: launched at once, they hear one another's heartbeats
-        before any trains (the daemon's wait for its neighbours)."""
+        """The members there from the start, launched at once: each then waits for its neighbours."""
         for peer in peers:
             peer.alive = True
         for peer in peers:
             self._start(peer)
 
     def _start(self, peer: SimPeer, *, sync: bool = False, resumed: bool = False) -> None:
-        now = self.engine.now_s
+        """The member's process is up: it heartbeats and waits for its neighbours (``_check_wait``)."""
         peer.alive = True
         peer.started = True
-        for other in self.world.neighbours(peer.name):  # the heartbeats that reach it while it starts
-            if self._heartbeat_arrives(other, peer.name, now):
-                self._heard(peer, other)
-        if sync:
-            self._asked(peer, peer.node.begin_sync(resumed=resumed))
+        peer.waiting = Waiting(since_s=self.engine.now_s, sync=sync, resumed=resumed)
+        peer.resumed = resumed
+        peer.stranded = ""
+        self._tick(peer, peer.incarnation)
+
+    def _check_wait(self, peer: SimPeer) -> None:
+        """Whether its wait for its neighbours is over (``Node.start_wait``, as in the daemon); then
+        it asks for their state (a late joiner, a restart, or one that finds the network ahead)
+        or starts its rounds."""
+        waiting = peer.waiting
+        assert waiting is not None
+        # under a test's schedule, as in the daemon: members it starts later are not waited for,
+        # and every running neighbour is (no far-ahead shortcut): a sync then asks them all
+        later = self.schedule.joins_later()
+        ahead_steps = (sys.maxsize if self.schedule.faults
+                       else self.config.max_rounds_ahead * self.config.local_steps)
+        outcome = peer.node.start_wait(waited_s=self.engine.now_s - waiting.since_s, resumed=waiting.resumed,
+                                       ahead_steps=ahead_steps)
+        if outcome is Wait.WAIT and later and all(
+                n.up for name, n in peer.node.neighbourhood.members.items() if name not in later):
+            outcome = Wait.START
+        if outcome is Wait.WAIT:
+            return
+        peer.waiting = None
+        if waiting.sync or outcome is Wait.JOIN:
+            self._asked(peer, peer.node.begin_sync(resumed=waiting.resumed))
         else:
             self._begin(peer)
 
@@ -310,15 +350,38 @@ class GossipRun:
         """One state-sync attempt made (its timeout set), or, synced or none left, start."""
         self._carry_out(peer, actions)
         if not peer.node.syncing:
-            self._synced(peer)
+            if peer.node.adoption is Adoption.ADOPTED:
+                peer.pending_work = None  # superseded by the adopted state (at the attempt's timeout)
+            self._synced(peer, unanswered=peer.node.adoption is None)
             return
         attempt = peer.node.sync.attempts_made
         self.engine.after(self.node_config.sync_timeout_s,
                           functools.partial(self._sync_timeout, peer, peer.incarnation, attempt))
 
+    def _synced(self, peer: SimPeer, *, unanswered: bool) -> None:
+        """The state sync is over: the member starts, unless the Node finds nobody left to train
+        with (as the daemon does after its sync)."""
+        why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
+        if why:
+            self._strand(peer, why)
+        else:
+            self._begin(peer)
+
+    def _strand(self, peer: SimPeer, why: str) -> None:
+        """The member stops short of the end (the daemon exits with status 3), its state kept."""
+        peer.stranded = why
+        self._stop(peer, keep_checkpoint=True)
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
+            self.engine.stop()
+
     def _begin(self, peer: SimPeer) -> None:
         """Start the machine (the Node hands it what arrived before), and finish interrupted work."""
         interrupted = peer.pending_work  # only set when a crash cut work short
+        if math.isnan(peer.started_at_s):
+            peer.started_at_s = self.engine.now_s
         self._carry_out(peer, peer.node.start(self.engine.now_s))
         if interrupted is not None and peer.pending_work is interrupted:
             # It crashed mid-work: the restored state already holds those steps (they are
@@ -339,7 +402,7 @@ class GossipRun:
                 return
             self._stop(peer, keep_checkpoint=event.kind == "crash")
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
-                for other in self.world.neighbours(peer.name):
+                for other in peer.node.neighbourhood.names():
                     neighbour = self.peers[other]
                     if neighbour.alive:
                         self._carry_out(neighbour, neighbour.node.goodbye(peer.name, self.engine.now_s))
@@ -366,6 +429,7 @@ class GossipRun:
                 ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
                 peer.endpoint.export_state())
         peer.alive = False
+        peer.waiting = None
         peer.deferred_steps = 0
         peer.node.stop()
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
@@ -413,13 +477,27 @@ class GossipRun:
             case Metric(name=name, value=value):
                 peer.metric_last[name] = float(value)
             case Finished():
-                if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
-                    self.engine.stop()
+                if peer.node.left:      # removed by a roster version: gone, like a member that left
+                    peer.alive = False
+                self._maybe_end()
             case SetTrainerStep(step=step):
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
                 peer.trainer_steps_set.append(step)
             case Note():
                 pass  # the operator's lines: a simulation reports counters instead
+            case Connect(roster=roster, neighbours=neighbours):
+                peer.endpoint.set_roster(roster)   # links need no dialling: the network model reaches all
+                peer.neighbour_names = neighbours
+
+    def change_roster(self, roster: Roster, topology: Topology, *, skip: Collection[str] = ()) -> None:
+        """Every running member (but ``skip``: it never learns) learns roster ``roster`` (graph
+        ``topology`` over its members) now; each applies it from ``roster.effective_round``
+        (protocols/node/membership.py)."""
+        now = self.engine.now_s
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive and peer.name not in skip:
+                self._carry_out(peer, peer.node.change_membership(roster, topology, now,
+                                                                  make_neighbour=Neighbour))
 
     def _work(self, peer: SimPeer, steps: int) -> None:
         """Run ``steps`` real SGD steps now; ``WorkDone`` comes after their modelled time."""
@@ -493,6 +571,7 @@ class GossipRun:
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:
             event, peer.pending_work = peer.pending_work, None
+            peer.last_loss = event.loss
             self._feed(peer, event)
 
     def _timer(self, peer: SimPeer, incarnation: int, key: str, token: int) -> None:
@@ -535,6 +614,8 @@ class GossipRun:
             peer.bytes_sent += nbytes
             peer.payload_bytes_sent += payload
             peer.messages_sent += 1
+            peer.sent_by_kind[message.KIND] += 1
+            peer.bytes_by_kind[message.KIND] += nbytes
             transfer = self.network.transmit(peer.name, recipient, nbytes, now)
             if transfer.arrival_s is None:
                 peer.dropped[transfer.dropped or "dropped"] += 1
@@ -554,7 +635,7 @@ class GossipRun:
             self.peers[sender].dropped["receiver_down"] += 1
             return
         if isinstance(delivery, list):
-            opened = peer.endpoint.open(delivery)
+            opened = peer.endpoint.open(delivery, now_s=self.engine.now_s)
             if not isinstance(opened, Opened):
                 return  # counted by the endpoint, by reason
             sender, message = opened.sender, opened.message
@@ -562,14 +643,12 @@ class GossipRun:
             message = delivery
         was_syncing = peer.node.syncing
         self._carry_out(peer, peer.node.receive(sender, message, self.engine.now_s))
-        if was_syncing and not peer.node.syncing:  # the attempt's answers are in: one was taken
-            self._synced(peer)
-
-    def _synced(self, peer: SimPeer) -> None:
-        """The sync is over (an answer adopted or kept out, or none came): start."""
-        if peer.node.adoption is Adoption.ADOPTED:
-            peer.pending_work = None  # superseded by the adopted state
-        self._begin(peer)
+        if peer.waiting is not None:
+            self._check_wait(peer)
+        elif was_syncing and not peer.node.syncing:  # an answer was taken
+            if peer.node.adoption is Adoption.ADOPTED:
+                peer.pending_work = None  # superseded by the adopted state
+            self._synced(peer, unanswered=False)
 
 
 def _deep_copy(value: Any) -> Any:

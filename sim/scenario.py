@@ -87,9 +87,9 @@ class GraphConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class NodesConfig(NodeConfig):
-    """The members' model. Its liveness and state-sync keys (``neighbour_timeout_s``,
-    ``sync_answer_interval_s``, ``sync_timeout_s``, ``sync_attempts``) are
-    protocols.node.NodeConfig's, as in a peer file's ``[peer]``."""
+    """The members' model. Its liveness, start and state-sync keys (``heartbeat_interval_s``,
+    ``neighbour_timeout_s``, ``start_timeout_s``, ``sync_answer_interval_s``, ``sync_timeout_s``,
+    ``sync_attempts``) are protocols.node.NodeConfig's, as in a peer file's ``[peer]``."""
 
     step_time_ms: float = 10.0   # one local SGD step; measure it with `hivemesh sim calibrate`
     speed: dict[str, float] = field(default_factory=dict)  # per member; 0.25 = four times slower

@@ -106,8 +106,7 @@ def build_world(scenario: ScenarioConfig) -> World:
     """Topology, links, speeds and one trainer per member, from the scenario."""
     topology = scenario.topology(resolve_graph_spec(scenario))
     names = topology.names
-    task, by_index = build_trainers(scenario.network(), scenario.trainer_config(), members=len(names))
-    trainers = {name: by_index[i] for i, name in enumerate(names)}
+    task, trainers = build_trainers(scenario.network(), scenario.trainer_config(), members=names)
     speeds = {}
     for name in names:
         speed = float(topology.graph.nodes[name].get("speed", 1.0))

@@ -45,7 +45,7 @@ def run_rank(rank: int, world: int, init_method: str, config_path: str, steps: i
     config = load_peer_config(config_path)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
-        trainer = make_trainer(config, members=world, index=rank)
+        trainer = make_trainer(config)
         # all-reduces the gradients in backward; the running statistics stay each rank's own...
         trainer.model = DistributedDataParallel(trainer.model, broadcast_buffers=False)
         for _ in range(steps):
@@ -55,7 +55,7 @@ def run_rank(rank: int, world: int, init_method: str, config_path: str, steps: i
         data_parallel = {"params": trainer.flat_params.detach().clone(),
                          "buffers": trainer.flat_buffers.detach().clone()}
 
-        control = make_trainer(config, members=world, index=rank)
+        control = make_trainer(config)
         state = control.mixed       # parameters and buffers, as gossip mixes them
         for _ in range(steps):
             sent = state.detach().clone()

@@ -18,7 +18,7 @@ from peer.train.partition import partition
 from peer.train.tasks import Task, get_task, seeded
 from peer.train.trainer import Trainer, TrainerConfig
 
-SHARD = 0  # its shard has 168 samples: 9 steps an epoch, the last one of 8
+SHARD = 0  # its shard (seed 20) has 176 samples: 9 steps an epoch, the last one of 16
 CONFIG = TrainerConfig(optimizer="adamw", lr=2e-3, weight_decay=0.01, batch_size=20, warmup_steps=4,
                        lr_decay="cosine", total_steps=20, grad_clip=1.0, device="cpu", threads=1)
 
@@ -39,7 +39,8 @@ def make_task() -> Task:
 def make_trainer() -> Trainer:
     """A BatchNorm + dropout model on a label-skewed shard; AdamW with warm-up, decay and clipping."""
     task = make_task()
-    shard = partition(task.labels, 4, scheme="dirichlet", seed=1, alpha=0.5)[SHARD]
+    names = ["m0", "m1", "m2", "m3"]
+    shard = partition(task.labels, names, scheme="dirichlet", seed=20, alpha=0.5)[names[SHARD]]
     return Trainer(task, CONFIG, shard, seed=5, member_index=SHARD)
 
 

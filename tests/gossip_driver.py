@@ -326,10 +326,10 @@ def digits_network(config: Any, topology_spec: str, *, n: int = 8, lr: float = 0
     topology = build(topology_spec)
     names = topology.names
     data = get_task(task)
-    shards = partition(data.labels, n, scheme="dirichlet", seed=seed, alpha=alpha)
+    shards = partition(data.labels, names, scheme="dirichlet", seed=seed, alpha=alpha)
     trainer_config = TrainerConfig(lr=lr, batch_size=batch_size, threads=1, device="cpu",
                                    **(trainer_options or {}))
-    trainers = {name: Trainer(data, trainer_config, shards[i], seed=seed, member_index=i)
+    trainers = {name: Trainer(data, trainer_config, shards[name], seed=seed, member_index=i)
                 for i, name in enumerate(names)}
     # trainer.mixed: parameters, and floating buffers when trainer_options' buffers = "average"
     machines = {name: make_machine(config, name=name, topology=topology, params=trainers[name].mixed,

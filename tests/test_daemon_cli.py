@@ -125,7 +125,7 @@ def _checkpoint_as_model_state(config_path: Path, index: int) -> dict[str, torch
     config = load_peer_config(config_path)
     loaded = CheckpointStore(config.data_dir, keep=config.checkpoint.keep).load_latest()
     assert loaded is not None
-    trainer = make_trainer(config, members=2, index=index)
+    trainer = make_trainer(config)
     trainer.load_state_dict(loaded[0])
     state = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
     # trained statistics, so an export that drops the buffers cannot pass

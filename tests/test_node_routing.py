@@ -250,3 +250,21 @@ def test_a_kind_no_role_takes_is_counted_and_never_reaches_the_machine() -> None
     n.receive("p02", ParamPull(round=0), 1.0)   # from a non-neighbour too: counted by kind first
     assert n.fed() == [NeighbourUp("p01")]
     assert n.rejected == {"no_role_for_param_pull": 2, "no_role_for_error": 1, "no_role_for_round_start": 1}
+
+
+def test_the_node_says_which_messages_may_write_the_parameters() -> None:
+    n = Recorded()
+    assert not n.may_write_params(push(0))                 # not started: held, not mixed
+    assert not n.may_write_params(answer(3, 1.0))          # no sync asked
+    n.begin_sync(resumed=False)
+    assert n.may_write_params(answer(3, 1.0))              # adopted in place
+    n.start(0.0)
+    assert n.may_write_params(push(0)) and n.may_write_params(ParamPull(round=0)) is False
+    assert not n.may_write_params(beat()) and not n.may_write_params(StateSyncRequest())
+    assert not n.may_write_params(RoundStart(round=0))    # no role here takes it
+
+
+def test_a_heartbeat_from_a_member_that_is_not_a_neighbour_is_counted() -> None:
+    n = Recorded()
+    n.receive("p02", beat(9), 0.0)
+    assert n.all_rejections() == {"heartbeat_not_neighbour": 1} and "p02" not in n.neighbourhood

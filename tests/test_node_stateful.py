@@ -1,16 +1,20 @@
 """Stateful property tests (Hypothesis ``RuleBasedStateMachine``) over the Node around each machine.
 
 The Node of p00 (ring:4; neighbours p01 and p03, p02 is not one) is driven with arbitrary
-interleavings of everything a driver can hand it: heartbeats (reachable or not, finished or not),
+interleavings of everything a driver can hand it: heartbeats (reachable or not, finished or not)
+and its own heartbeat timer, its start wait and verdict,
 state-sync requests and answers (usable, unusable, unasked), honest and crafted messages from
 members and strangers, Start (again, too), a sync begun at any moment, its timeouts, silences,
-goodbyes, the trainer's work and the machine's timers. After every call:
+goodbyes, the trainer's work, the machine's timers, and the messages and timers of a role held
+beside the machine. After every call:
 
 - no exception escaped;
 - no counter decreased (the Node's refusals, state sync's outcomes and answers, the machine's);
 - the parameters stay finite, and nothing non-finite was sent;
 - a state sync never replaced the parameters once the machine had started;
-- what is held before Start stays within its per-neighbour cap.
+- what is held before Start stays within its per-neighbour cap;
+- the role beside the machine got only its own kind and its own timers (never the trainer's
+  work), and nothing before the Node started.
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from protocols.events import Send, SetTimer, TimerFired, WorkDone
+from protocols.events import Action, Event, Received, Send, SetTimer, Start, TimerFired, WorkDone
 from protocols.gossip import make_machine
-from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
-from protocols.node import Neighbour, Node, NodeAction, NodeConfig
+from protocols.messages import (
+    ClientUpdate,
+    Heartbeat,
+    Message,
+    ParamPush,
+    StateSyncRequest,
+    StateSyncResponse,
+)
+from protocols.node import Neighbour, Node, NodeAction, NodeConfig, Wait
 from topology import build
 
 TOPOLOGY = build("ring:4")
@@ -42,6 +53,19 @@ def _sent_floats(actions: list[NodeAction]) -> list[torch.Tensor]:
             for t in a.message.tensors.values() if t.is_floating_point()]
 
 
+class Role:
+    """A role beside the machine: takes ClientUpdate, sets a timer at Start, records its events."""
+
+    accepts = frozenset({ClientUpdate})
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        self.events.append(event)
+        return [SetTimer("round", now + 1.0)] if isinstance(event, Start) else []
+
+
 class NodeUnderFire(RuleBasedStateMachine):
     key = "dpsgd"
 
@@ -49,10 +73,11 @@ class NodeUnderFire(RuleBasedStateMachine):
         super().__init__()
         self.params = torch.linspace(-1.0, 1.0, D)
         machine = make_machine(CONFIGS[self.key], name=ME, topology=TOPOLOGY, params=self.params, seed=0)
+        self.role = Role()
         self.node: Node[Neighbour] = Node(
             ME, machine, neighbours={INSIDER: Neighbour(), HONEST: Neighbour()},
             config=NodeConfig(neighbour_timeout_s=1.0, sync_answer_interval_s=0.5, sync_attempts=2),
-            early_per_neighbour=CAP, answer_source=lambda: (self.params.clone(), 0))
+            early_per_neighbour=CAP, answer_source=lambda: (self.params.clone(), 0), roles={"fed": self.role})
         self.now = 0.0
         self.timers: list[str] = []
         self.counts = self._counts()
@@ -87,6 +112,20 @@ class NodeUnderFire(RuleBasedStateMachine):
         if started:
             assert actions == [] and not self.node.syncing and torch.equal(before, self.params)
 
+    @rule(step=st.integers(0, 50))
+    def tick(self, step: int) -> None:
+        actions = self._call(self.node.tick, self.now, step=step, loss=0.5)
+        assert all(isinstance(a, Send) and isinstance(a.message, Heartbeat) for a in actions)
+
+    @rule(waited_s=st.floats(0.0, 100.0), resumed=st.booleans(), start_wait_over=st.booleans())
+    def ask_whether_to_start_or_stop(self, waited_s: float, resumed: bool, start_wait_over: bool) -> None:
+        assert isinstance(self.node.start_wait(waited_s=waited_s, resumed=resumed, ahead_steps=8), Wait)
+        assert isinstance(self.node.judge(resumed=resumed, start_wait_over=start_wait_over), str)
+
+    @rule(sender=SENDERS, r=st.integers(0, 3))
+    def client_update(self, sender: str, r: int) -> None:
+        self._receive(sender, ClientUpdate(round=r, num_samples=1))
+
     @rule()
     def sync_timed_out(self) -> None:
         self._call(self.node.sync_timed_out)
@@ -97,7 +136,7 @@ class NodeUnderFire(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def fire_a_timer(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(self.timers)) if self.timers else "gossip-deadline:0"
+        key = data.draw(st.sampled_from([*self.timers, "fed/round", "fed/other", "nobody/round"]))
         self._call(self.node.handle, TimerFired(key), self.now)
 
     @rule(wait_s=st.floats(0.0, 3.0))
@@ -151,6 +190,14 @@ class NodeUnderFire(RuleBasedStateMachine):
     @invariant()
     def parameters_stay_finite(self) -> None:
         assert bool(torch.isfinite(self.params).all()), self.params
+
+    @invariant()
+    def the_role_gets_only_its_own(self) -> None:
+        for event in self.role.events:
+            assert not isinstance(event, Received) or isinstance(event.message, ClientUpdate)
+            assert not isinstance(event, TimerFired) or event.key in ("round", "other")
+            assert not isinstance(event, WorkDone)
+        assert not self.role.events or self.node.started
 
     @invariant()
     def what_is_held_is_bounded(self) -> None:

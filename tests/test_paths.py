@@ -24,7 +24,7 @@ NAMES = ("p00", "p01", "p02")
 N_TRAIN = 30
 # Member i gets every third sample from i: no seeded scheme would deal these, so using them proves
 # the file was read.
-SHARDS = [list(range(i, N_TRAIN, N)) for i in range(N)]
+SHARDS = {f"p{i:02d}": list(range(i, N_TRAIN, N)) for i in range(N)}  # keyed by member name
 
 TASK_FILE = '''
 import torch
@@ -78,7 +78,7 @@ def test_peer_config_paths_resolve_against_its_folder_from_any_working_directory
     parts = assemble(load_peer_config(Path("../net/p01.toml")))
 
     assert parts.topology.names == NAMES and parts.topology.graph.number_of_edges() == 3
-    assert parts.trainer.shard.tolist() == SHARDS[1]
+    assert parts.trainer.shard.tolist() == SHARDS["p01"]
     assert parts.trainer.flat_params.numel() == 4 * 2 + 2    # the custom task's nn.Linear(4, 2)
     assert config_path.parent.name == "net"
 
@@ -116,7 +116,7 @@ def test_scenario_from_a_peer_file_takes_its_paths_from_the_peer_files_folder(
     world = build_world(scenario_from_peer_file(Path("../net/p00.toml"), duration_s=10.0))
 
     assert world.names == NAMES
-    assert [world.trainers[n].shard.tolist() for n in NAMES] == SHARDS
+    assert [world.trainers[n].shard.tolist() for n in NAMES] == [SHARDS[n] for n in NAMES]
 
 
 SCENARIO = """
@@ -159,5 +159,5 @@ def test_scenario_paths_resolve_against_its_folder_from_any_working_directory(
     result = GossipRun(world).run()
 
     assert world.names == NAMES
-    assert [world.trainers[n].shard.tolist() for n in NAMES] == SHARDS
+    assert [world.trainers[n].shard.tolist() for n in NAMES] == [SHARDS[n] for n in NAMES]
     assert all(result.peers[n]["steps"] == 2 for n in NAMES)

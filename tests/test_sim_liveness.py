@@ -72,12 +72,13 @@ def test_a_ring_member_cut_off_for_15_s_keeps_its_place_and_ends_in_consensus() 
 
 def test_a_joiner_no_neighbour_can_answer_asks_sync_attempts_times_then_trains_on() -> None:
     # Prepare: p03 joins at 1 s inside a partition that keeps it from every neighbour until 30 s;
-    # it asks 3 times, 2 s apart, as the daemon would (protocols/node/sync.py), then starts alone.
+    # it waits 1 s for them (start_timeout_s), then asks 3 times, 2 s apart, as the daemon would
+    # (protocols/node/sync.py), then starts alone.
     scenario = scenario_from_dict({
         "seed": 1, "duration_s": 40.0, "eval_every_s": 1000.0, "graph": {"spec": "ring:4"},
         "links": {"latency_ms": 5.0, "bandwidth_mbps": 1000.0},
         "nodes": {"step_time_ms": 10.0, "neighbour_timeout_s": 0.5, "sync_timeout_s": 2.0,
-                  "sync_attempts": 3},
+                  "sync_attempts": 3, "start_timeout_s": 1.0},
         "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.5, "total_steps": 100},
         "task": {"name": "logreg", "options": {"n_samples": 200, "n_features": 5}},
         "faults": {"churn": [{"node": "p03", "kind": "join", "at_s": 1.0}],
@@ -86,9 +87,37 @@ def test_a_joiner_no_neighbour_can_answer_asks_sync_attempts_times_then_trains_o
     run = GossipRun(build_world(scenario))
     run.begin()
     # Execute: until just before its last attempt times out, then past it.
-    run.engine.run(until_s=1.0 + 3 * 2.0 - 0.01)
+    run.engine.run(until_s=2.0 + 3 * 2.0 - 0.01)
     joiner = run.peers["p03"]
     assert joiner.node.syncing and joiner.node.sync.attempts_made == 3
-    run.engine.run(until_s=1.0 + 3 * 2.0 + 0.01)
+    run.engine.run(until_s=2.0 + 3 * 2.0 + 0.01)
     # Assert: no answer counted once, and it started.
     assert not joiner.node.syncing and joiner.node.sync.outcomes == {"no_answer": 1}
+
+
+def test_a_restarted_member_whose_neighbours_are_gone_stops_as_a_daemon_would() -> None:
+    # Prepare: p00 crashes at 1 s; its neighbours p01 and p03 leave at 2 s; p00 restarts at 3 s.
+    scenario = scenario_from_dict({
+        "seed": 2, "duration_s": 40.0, "eval_every_s": 1000.0, "graph": {"spec": "ring:4"},
+        "links": {"latency_ms": 5.0, "bandwidth_mbps": 1000.0},
+        "nodes": {"step_time_ms": 10.0, "neighbour_timeout_s": 0.5, "sync_timeout_s": 2.0},
+        "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.5, "total_steps": 10_000},
+        "task": {"name": "logreg", "options": {"n_samples": 200, "n_features": 5}},
+        "faults": {"churn": [{"node": "p00", "kind": "crash", "at_s": 1.0},
+                             {"node": "p01", "kind": "leave", "at_s": 2.0},
+                             {"node": "p03", "kind": "leave", "at_s": 2.0},
+                             {"node": "p00", "kind": "restart", "at_s": 3.0}]},
+    })
+    run = GossipRun(build_world(scenario))
+    run.begin()
+    # Execute
+    run.engine.run(until_s=scenario.duration_s)
+    result = run.end()
+    # Assert: it heard nobody for the neighbour timeout, asked once, then stopped with the daemon's
+    # line (protocols/node/liveness.py), its state kept; it did not train on alone to the end.
+    p00 = result.peers["p00"]
+    assert p00["state_sync"] == {"no_answer": 1} and p00["restarts"] == 1
+    assert p00["stranded"].startswith("no neighbour running (p01, p03 never heard")
+    assert not p00["running"] and not p00["finished"] and p00["steps"] < 10_000
+    assert run.peers["p00"].checkpoint is not None
+    assert result.peers["p02"]["stranded"] == ""      # p02 has no neighbour either, but was never restarted

@@ -59,11 +59,12 @@ def started_run(**overrides: Any) -> GossipRun:
 
 
 def test_the_simulator_caps_early_messages_per_neighbour_keeping_the_newest() -> None:
-    # Prepare: p00 joins at 1 s and waits for its neighbours' state-sync answers.
+    # Prepare: p00 joins at 1 s, hears its neighbours' heartbeats and waits for their state-sync answers.
     run = started_run(faults={"churn": [{"node": "p00", "kind": "join", "at_s": 1.0}]})
-    run.engine.run(until_s=1.0)
     joiner = run.peers["p00"]
-    assert joiner.node.syncing
+    while not joiner.node.syncing:      # until it has heard them and asked (a few ms of link latency)
+        assert run.engine.now_s < 2.0, "the joiner never asked for state"
+        run.engine.run(until_s=run.engine.now_s + 1e-4)
     cap = run.config.max_rounds_ahead + 1
     # Execute: a flood from one neighbour, one message from the other, some from a non-neighbour.
     for r in range(1000):

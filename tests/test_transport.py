@@ -171,3 +171,32 @@ def test_curve_admits_roster_keys_only() -> None:
         a.close()
         b.close()
         outsider.close()
+
+
+def test_a_roster_change_dials_a_new_member_admits_its_key_and_drops_a_leaver() -> None:
+    # Prepare: a and b on the roster, with CURVE; c is not yet
+    la, lb, lc = reserve_listeners(3)
+    a_addr, b_addr, c_addr = (listener_address(x) for x in (la, lb, lc))
+    (pa, sa), (pb, sb), (pc, sc) = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
+    a = _serve(la, {"b": b_addr}, curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb},
+                                                   allowed_client_keys=frozenset({pa, pb})))
+    b = _serve(lb, {"a": a_addr}, curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={"a": pa},
+                                                   allowed_client_keys=frozenset({pa, pb})))
+    c = _serve(lc, {"a": a_addr}, curve=CurveKeys(public_key=pc, secret_key=sc, server_keys={"a": pa},
+                                                   allowed_client_keys=frozenset({pa, pc})))
+    try:
+        # Execute: the roster gains c and loses b, as a's daemon carries it out
+        a.allow(frozenset({pa, pc}))
+        a.add_neighbour("c", c_addr, server_key=pc)
+        a.drop_neighbour("b")
+        # Assert: a and c reach each other (c's key admitted), a no longer has b
+        _send_until_connected(a, "c", [b"from a"])
+        _send_until_connected(c, "a", [b"from c"])
+        assert [bytes(m[0]) for m in _receive(c, 1)] == [b"from a"]
+        assert [bytes(m[0]) for m in _receive(a, 1)] == [b"from c"]
+        assert a.neighbours == ("c",)
+        with pytest.raises(KeyError):
+            a.send("b", [b"gone"])
+    finally:
+        for transport in (a, b, c):
+            transport.close()

@@ -181,6 +181,8 @@ def _set_manifest(index: int, position: int, value: Any) -> Any:
 
 @pytest.mark.parametrize(("mutate", "policy", "reason"), [
     (lambda h: h.update(v=PROTOCOL_VERSION + 1), Policy(), "unknown_version"),
+    (lambda h: h.update(v=float(PROTOCOL_VERSION)), Policy(), "unknown_version"),   # 1.0 == 1, not an int
+    (lambda h: h.update(v=True), Policy(), "unknown_version"),
     (lambda h: h.update(k="no_such_kind"), Policy(), "unknown_kind"),
     (lambda h: h.update(e="one"), Policy(), "malformed_header"),
     (lambda h: h.update(t="not a list"), Policy(), "malformed_header"),
@@ -304,3 +306,42 @@ def test_remembered_signatures_never_excuse_a_different_one(net: Network,
     assert calls == []
     assert reason_of(bob, [*frames[:-1], flip(frames[-1], 5)]) == "bad_signature"
     assert calls == [1]
+
+
+def test_one_message_with_a_far_sequence_number_cannot_silence_its_sender(net: Network) -> None:
+    # Prepare: alice is heard at 0 s; then a message of hers sealed with sequence number 2**62
+    # (an insider's forgery, or a corrupted counter) arrives at 1 s.
+    alice, bob = net.endpoint("alice"), net.endpoint("bob")
+    assert isinstance(bob.open(alice.seal(["bob"], Heartbeat(step=0)), now_s=0.0), Opened)
+    genuine = alice.seal(["bob"], Heartbeat(step=1))
+    alice.seq = 1 << 62
+    far = alice.seal(["bob"], Heartbeat(step=2))
+    # Execute / Assert: refused and counted, and her real traffic is still heard afterwards.
+    assert reason_of_at(bob, far, 1.0) == "seq_jump" and bob.rejections["seq_jump"] == 1
+    assert isinstance(bob.open(genuine, now_s=1.0), Opened)
+    # A legitimate gap (a partition: one counter serves all her recipients) grows with her silence.
+    alice.seq = 2 + bob.windows.seq_slack + 50 * 100_000
+    assert reason_of_at(bob, alice.seal(["bob"], Heartbeat(step=3)), 2.0) == "seq_jump"
+    alice.seq = 2 + bob.windows.seq_slack + 50 * 100_000
+    assert isinstance(bob.open(alice.seal(["bob"], Heartbeat(step=3)), now_s=60.0), Opened)
+
+
+def test_a_far_epoch_is_refused_and_the_next_real_restart_is_heard(net: Network) -> None:
+    bob = net.endpoint("bob")
+    assert isinstance(bob.open(net.endpoint("alice", epoch=3).seal(["bob"], Heartbeat(step=0)), now_s=0.0),
+                      Opened)
+    forged = net.endpoint("alice", epoch=(1 << 63) - 1).seal(["bob"], Heartbeat(step=0))
+    assert reason_of_at(bob, forged, 1.0) == "epoch_jump"
+    assert isinstance(bob.open(net.endpoint("alice", epoch=4).seal(["bob"], Heartbeat(step=0)), now_s=2.0),
+                      Opened)                       # her next restart: epoch + 1
+    # a restored window has no time yet: its first message is not bounded (we were down too)
+    restarted = net.endpoint("bob", epoch=2)
+    restarted.restore_state(bob.export_state())
+    assert isinstance(restarted.open(net.endpoint("alice", epoch=40).seal(["bob"], Heartbeat(step=0)),
+                                     now_s=0.0), Opened)
+
+
+def reason_of_at(receiver: Endpoint, frames: Any, now_s: float) -> str:
+    result = receiver.open(frames, now_s=now_s)
+    assert isinstance(result, Rejection), "expected a rejection"
+    return result.reason

@@ -1,8 +1,18 @@
-"""``hivemesh roster add|remove|show --roster FILE``: edit and print the membership list."""
+"""``hivemesh roster add|remove|show --roster FILE``: edit and print the membership list.
+
+An edit of an existing roster is its next version (``version`` + 1), applied by every member
+from ``--effective-round`` on; running peers pick the file up without a restart.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocols.roster import Roster
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,16 +33,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--role", default="peer", choices=("peer", "gateway", "edge"), help="default: peer")
     add.add_argument("--address", default="", help="tcp://HOST:PORT (required for peers and gateways)")
     add.add_argument("--curve-key", default="", help="the member's CurveZMQ public key (Z85)")
+    _effective_round(add)
     add.set_defaults(func=run_add)
 
     remove = actions.add_parser("remove", help="remove a member")
     remove.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
     remove.add_argument("name", help="member name")
+    _effective_round(remove)
     remove.set_defaults(func=run_remove)
 
     show = actions.add_parser("show", help="print the members")
     show.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
     show.set_defaults(func=run_show)
+
+
+def _effective_round(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--effective-round", type=int, default=0, metavar="ROUND",
+                        help="the round from which every member applies the edit (a running network: a "
+                             "round every member has yet to reach; running peers pick the file up). "
+                             "Default: 0, from the start")
+
+
+def _revised(roster: Roster, edited: Roster, args: argparse.Namespace, *, new_file: bool) -> Roster:
+    """``edited`` as the next version of ``roster`` (a new file starts at version 1)."""
+    from protocols.roster import RosterError
+
+    if args.effective_round < 0:
+        raise RosterError(f"--effective-round must be >= 0, not {args.effective_round}")
+    if new_file:
+        return edited
+    if args.effective_round == 0:
+        print("note: effective from round 0, as if from the start: peers already running apply it at once, "
+              "not together (for a running network give --effective-round, a round none has reached)")
+    return dataclasses.replace(edited, version=roster.version + 1, effective_round=args.effective_round)
+
+
+def _said(roster: Roster) -> str:
+    return f"version {roster.version}, effective from round {roster.effective_round}"
 
 
 def run_add(args: argparse.Namespace) -> int:
@@ -52,8 +89,10 @@ def run_add(args: argparse.Namespace) -> int:
                         curve_key=curve_key)
     except ValueError as error:
         raise RosterError(f"member {args.name!r}: {error}") from None
-    roster_file.write(args.roster, roster.add(member))
-    print(f"added {args.name} ({args.role}) to {args.roster}: {len(roster) + 1} members")
+    new_file = not Path(args.roster).exists()
+    edited = _revised(roster, roster.add(member), args, new_file=new_file)
+    roster_file.write(args.roster, edited)
+    print(f"added {args.name} ({args.role}) to {args.roster}: {len(edited)} members ({_said(edited)})")
     return 0
 
 
@@ -65,8 +104,9 @@ def run_remove(args: argparse.Namespace) -> int:
     if args.name not in roster:
         listed = ", ".join(roster.names) or "none"
         raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
-    roster_file.write(args.roster, roster.remove(args.name))
-    print(f"removed {args.name} from {args.roster}: {len(roster) - 1} members")
+    edited = _revised(roster, roster.remove(args.name), args, new_file=False)
+    roster_file.write(args.roster, edited)
+    print(f"removed {args.name} from {args.roster}: {len(edited)} members ({_said(edited)})")
     return 0
 
 
@@ -77,6 +117,7 @@ def run_show(args: argparse.Namespace) -> int:
     if not len(roster):
         print(f"{args.roster}: no members")
         return 0
+    print(f"{args.roster}: {_said(roster)}")
     rows = [("NAME", "ROLE", "ADDRESS", "CURVE", "PUBLIC ID")]
     rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no", m.public_id) for m in roster]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

@@ -109,8 +109,11 @@ class Transport:
         self._own_context = context is None
         self._curve = curve
         self._authenticator: object | None = None
+        self._server_keys: dict[str, bytes] = dict(curve.server_keys) if curve is not None else {}
+        # the ZAP handler (its own thread) reads the one set in this box; ``allow`` swaps it whole
+        self._allowed = [curve.allowed_client_keys if curve is not None else frozenset[bytes]()]
         if curve is not None:
-            self._authenticator = _start_authenticator(self._context, curve.allowed_client_keys)
+            self._authenticator = _start_authenticator(self._context, self._allowed)
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
@@ -159,7 +162,7 @@ class Transport:
         sock.setsockopt(zmq.SNDHWM, self.config.high_water_mark)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         if self._curve is not None:
-            server_key = self._curve.server_keys.get(name)
+            server_key = self._server_keys.get(name)
             if server_key is None:
                 sock.close(linger=0)
                 raise TransportError(f"no CurveZMQ public key for neighbour {name!r}")
@@ -176,6 +179,29 @@ class Transport:
     @property
     def neighbours(self) -> tuple[str, ...]:
         return tuple(self._outboxes)
+
+    # ----------------------------------------------------- membership changes
+
+    def add_neighbour(self, name: str, address: str, *, server_key: bytes | None = None) -> None:
+        """Dial a new neighbour (the roster gained it); ``server_key``: its CURVE key, with CURVE on."""
+        if name in self._outboxes:
+            return
+        if server_key is not None:
+            self._server_keys[name] = server_key
+        self._outboxes[name] = _Outbox(address, self._connect(name, address))
+
+    def drop_neighbour(self, name: str) -> None:
+        """Stop sending to ``name`` (the roster lost it): what is queued for it is dropped."""
+        outbox = self._outboxes.get(name)
+        if outbox is None:
+            return
+        if outbox.pending:
+            self.wait_sent()    # what is in flight goes first (or is abandoned after the send timeout)
+        self._outboxes.pop(name).socket.close(linger=0)
+
+    def allow(self, client_keys: frozenset[bytes]) -> None:
+        """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not."""
+        self._allowed[0] = frozenset(client_keys)
 
     # --------------------------------------------------------------- send
 
@@ -278,13 +304,13 @@ class TransportError(HivemeshError):
     """A socket could not be set up (address in use, malformed address, missing key)."""
 
 
-def _start_authenticator(context: zmq.Context, allowed: frozenset[bytes]) -> object:
+def _start_authenticator(context: zmq.Context, allowed: list[frozenset[bytes]]) -> object:
     """A ZAP handler (its own thread, inside pyzmq) admitting only the roster's CURVE keys."""
     from zmq.auth.thread import ThreadAuthenticator
 
     class _Roster:
         def callback(self, domain: str, key: bytes) -> bool:
-            return key in allowed
+            return key in allowed[0]
 
     authenticator = ThreadAuthenticator(context)
     authenticator.start()

@@ -9,6 +9,7 @@ is opened or any step trained.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
 from protocols.events import Machine
 from protocols.identity import Identity
-from protocols.roster import Roster, run_id
+from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
 from topology.errors import HivemeshError
@@ -32,7 +33,7 @@ class Parts:
     roster: Roster
     topology: Topology
     name: str
-    index: int                    # position among the sorted peer names (data shard, data order)
+    index: int                    # position among the sorted member names (data order; the shard is by name)
     neighbours: dict[str, str]    # name -> address: everyone this peer sends to or hears from
     run_id: bytes
     epoch: int
@@ -91,16 +92,17 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
         raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
                           f"{identity.public_id}) is not the key of {name!r} on the roster "
                           f"{config.roster_path}", key="peer.key")
-    if member.role != "peer":
+    if member.role not in GOSSIP_ROLES:
         raise ConfigError(f"{config.source}: key 'peer.name': {name!r} has role {member.role!r} on the "
-                          "roster; `hivemesh peer` runs peers", key="peer.name")
+                          "roster; `hivemesh peer` runs peers and gateways", key="peer.name")
     return identity, roster, name
 
 
 def peer_topology(config: PeerConfig, roster: Roster) -> Topology:
-    """The network's graph over the roster's peers (errors name the file and ``network.topology``)."""
+    """The network's graph over the roster's gossip members, peers and gateways (a gateway is a
+    gossip peer as well as a FedAvg server); errors name the file and ``network.topology``."""
     network = config.network
-    peer_names = tuple(m.name for m in roster.with_role("peer"))
+    peer_names = tuple(m.name for m in roster.with_role(*GOSSIP_ROLES))
     try:
         return build(network.topology, peer_names, seed=network.seed, weights=network.weights)
     except HivemeshError as error:
@@ -108,11 +110,15 @@ def peer_topology(config: PeerConfig, roster: Roster) -> Topology:
                           key="network.topology") from None
 
 
-def make_trainer(config: PeerConfig, *, members: int, index: int) -> Any:
-    """Member ``index``'s trainer: the task, its shard of ``members`` shards, its data order."""
+def make_trainer(config: PeerConfig, *, members: Sequence[str] | None = None) -> Any:
+    """This peer's trainer: the task, its shard (keyed by its name) among ``members`` (default: the
+    topology's members on the roster), its data order."""
     from peer.train.build import build_trainers
 
-    return build_trainers(config.network, config.trainer, members=members, indices=(index,))[1][index]
+    name = config.peer.name
+    if members is None:
+        members = peer_topology(config, load_roster(config.roster_path)).names
+    return build_trainers(config.network, config.trainer, members=members, wanted=(name,))[1][name]
 
 
 def assemble(config: PeerConfig) -> Parts:
@@ -129,12 +135,12 @@ def assemble(config: PeerConfig) -> Parts:
         if not address:
             raise HivemeshError(f"roster {config.roster_path}: neighbour {other!r} has no address")
         neighbours[other] = tcp_address(address)
-    digest = run_id({"roster": roster, **config.shared()})
+    digest = run_id(config.shared())  # not the members: a roster edit must not split the network
     lock = DataDirLock(config.data_dir)     # before the epoch: a second peer here must change nothing
     try:
         epoch = next_epoch(config.data_dir)
         endpoint = Endpoint(identity, roster, digest, epoch)
-        trainer = make_trainer(config, members=len(topology.names), index=index)
+        trainer = make_trainer(config, members=topology.names)
         graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
         machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,

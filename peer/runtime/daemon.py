@@ -50,6 +50,12 @@ honours too) fires at the work point of a round, before its steps are trained:
 holds, a SIGTERM stop, a flood of state-sync requests, and cuts whose
 neighbours go down and up for the machine by the schedule, never by a timeout.
 
+Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
+pass re-reads the roster file when it changed; a later version goes to the
+Node, which applies it from its ``effective_round`` and answers ``Connect``
+(verify against this roster, exchange with these neighbours): the daemon dials
+who is new and drops who left.
+
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
@@ -88,8 +94,9 @@ from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
-from peer.runtime.assemble import Parts, assemble, tcp_address
+from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
+from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import (
     Hook,
@@ -104,6 +111,7 @@ from protocols.events import (
     CancelTimer,
     Event,
     Finished,
+    Machine,
     Metric,
     NeighbourDown,
     NeighbourUp,
@@ -120,11 +128,10 @@ from protocols.node import (
     Node,
     NodeAction,
     Note,
-    Verdict,
-    reason,
-    verdict,
+    Wait,
     waiting_line,
 )
+from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, Stop
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
@@ -141,6 +148,7 @@ class NeighbourInfo(Neighbour):
 
     latency_ms: float = math.nan      # one-way, from the heartbeat's wall-clock stamp (same host: exact)
     params: torch.Tensor | None = None  # last full parameters heard (for the consensus estimate)
+    reachable: bool = True            # the last message we sent it went out (its connection is up)
 
 
 @dataclass
@@ -148,9 +156,9 @@ class Counters:
     payload_bytes_sent: int = 0        # tensor bytes in sealed messages, times recipients
     wire_bytes_sent: int = 0           # whole sealed messages, times recipients (what the wire carries)
     messages_sent: int = 0
+    messages_sent_by_kind: Counter[str] = field(default_factory=Counter)  # heartbeat, param_push, ...
     messages_accepted: int = 0
     unreachable: Counter[str] = field(default_factory=Counter)
-    unreachable_now: set[str] = field(default_factory=set)     # neighbours the last heartbeat missed
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
     neighbour_down: Counter[str] = field(default_factory=Counter)   # times each went silent (timeout)
@@ -190,6 +198,7 @@ class PeerDaemon:
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
         self.faults = schedule_for(self.name) if schedule_for is not None else None
+        self._was_held = False      # the schedule held the last work point
         self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
@@ -200,7 +209,8 @@ class PeerDaemon:
             config=config.peer.node_config(),
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
-        self.machine = self.node.machine  # the daemon's one machine (a restart is a new process)
+        self.node.set_membership(self.parts.roster, self.parts.topology)
+        self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
@@ -214,12 +224,16 @@ class PeerDaemon:
         self._last_eval_step = -1
         self._train_start_s = math.nan
         self._train_end_s = math.nan
-        self._next_heartbeat = 0.0
         self._stranded = ""     # why this peer stops short of the end (protocols/node/liveness.py)
         self._resumed = False
         self.state = "starting"
         self._published: dict[str, Any] | None = None    # the last status written (the metrics endpoint's)
         self.scalars: ScalarLog | None = None      # TensorBoard, when [peer] tensorboard
+
+    @property
+    def machine(self) -> Machine:
+        """The Node's machine (the model role this member trains and gossips)."""
+        return self.node.machine
 
     # ------------------------------------------------------------------ time
 
@@ -316,48 +330,44 @@ class PeerDaemon:
         never come).
         """
         self.state = "waiting for neighbours"
-        deadline = self.now() + self.config.peer.start_timeout_s
-        # a restarted peer that hears nobody in this long waits no more (see _judge_neighbours)
-        quiet_until = self.now() + self.config.peer.neighbour_timeout_s
+        began = self.now()
         gossip = self.config.gossip
-        # under a test's schedule every neighbour it has running is waited for (the simulator's
-        # start hears them all at once), so a sync asks them all; else one far ahead starts it
-        ahead_steps = math.inf if self.faults is not None else gossip.max_rounds_ahead * gossip.local_steps
         said = ""
-        later = self._joins_later()   # a test's schedule starts them later: not waited for
-        while self._stop_signal is None and self.now() < deadline:
-            self._heartbeat()
-            if (all(info.up for name, info in self.neighbours.items() if name not in later)
-                    and not self.counters.unreachable_now - later):
-                return False
-            if any(info.step > ahead_steps for info in self.neighbours.values()):
-                return True
-            if self._resumed and self.now() >= quiet_until and self._nobody_heard():
-                return False
+        outcome = Wait.WAIT
+        # under a test's schedule, members it starts later are not waited for, and every running
+        # neighbour is (the simulator's start hears them all at once): a sync then asks them all
+        later = self._joins_later()
+        ahead_steps = sys.maxsize if self.faults is not None else gossip.max_rounds_ahead * gossip.local_steps
+        while self._stop_signal is None:
+            self._tick()
+            outcome = self.node.start_wait(
+                waited_s=self.now() - began, resumed=self._resumed, ahead_steps=ahead_steps,
+                all_reachable=all(info.reachable for info in self.neighbours.values()))
+            if outcome is Wait.WAIT and later and all(info.up and info.reachable for name, info
+                                                      in self.neighbours.items() if name not in later):
+                outcome = Wait.START
+            if outcome is not Wait.WAIT:
+                break
             line = waiting_line(self.node.neighbourhood.presence())
             if line and line != said:    # on change only
                 said = line
                 self.status.say(f"{self.name}: {line}")
             self._write_status()
             self._pump(min(0.1, self.config.peer.heartbeat_interval_s))
-        missing = self.node.neighbourhood.absent()
-        if missing:
+        if outcome is Wait.TIMED_OUT:
             self._warn(f"neighbours not heard within {self.config.peer.start_timeout_s:g} s: "
-                       f"{', '.join(missing)}; starting without them (their rounds will be left out)")
-        return False
+                       f"{', '.join(self.node.neighbourhood.absent())}; starting without them "
+                       "(their rounds will be left out)")
+        return outcome is Wait.JOIN
 
     def _joins_later(self) -> frozenset[str]:
         return self.faults.faults.schedule.joins_later() if self.faults is not None else frozenset()
 
-    def _nobody_heard(self) -> bool:
-        return bool(self.neighbours) and all(info.last_seen == -math.inf for info in self.neighbours.values())
-
     def _judge_neighbours(self, *, start_wait_over: bool) -> None:
         """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
-        presence = self.node.neighbourhood.presence()
-        outcome = verdict(presence, resumed=self._resumed, start_wait_over=start_wait_over)
-        if outcome is not Verdict.GO_ON and not self._stranded:
-            self._stranded = reason(presence, outcome)
+        why = self.node.judge(resumed=self._resumed, start_wait_over=start_wait_over)
+        if why and not self._stranded:
+            self._stranded = why
             self.timeline["stranded"] = time.time()
 
     def _state_sync(self, *, resumed: bool) -> bool:
@@ -370,7 +380,7 @@ class PeerDaemon:
             deadline = self.now() + sync.config.sync_timeout_s
             while self.node.syncing and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)       # an answer is adopted as it arrives (Node.receive)
-                self._heartbeat_if_due()
+                self._tick()
                 self._write_status()    # "syncing", for `hivemesh status`
             if self.node.syncing and self._stop_signal is None:
                 self._warn(f"state-sync attempt {sync.attempts_made}/{sync.attempts} timed out")
@@ -424,6 +434,11 @@ class PeerDaemon:
         # conditions only grow: one that has just released a hold may also heal a cut, which must
         # be in force before the steps are trained (another peer's file may have appeared since)
         self._heal()
+        if self._was_held and not held:
+            # what arrived while held is handled before the steps: a peer starved of CPU meanwhile
+            # would otherwise read it only after them (a jump then mixes without it)
+            self._pump(0.0)
+        self._was_held = held
         return held
 
     def _heal(self) -> None:
@@ -444,7 +459,7 @@ class PeerDaemon:
             grace_end = self.now() + self.config.peer.finish_grace_s
             while self.now() < grace_end and self._stop_signal is None:
                 self._pump(0.05)
-                self._heartbeat_if_due()
+                self._tick()
             self.transport.wait_sent(timeout_s=5.0)
             self._write_status(force=True)
             return 0
@@ -467,7 +482,7 @@ class PeerDaemon:
 
     def _poll_timeout(self) -> float:
         now = self.now()
-        deadlines = [self._next_heartbeat, self.status.next_due]
+        deadlines = [self.node.next_beat_s, self.status.next_due]
         if self._timers:
             deadlines.append(self._timers[0][0])
         return max(0.0, min(min(deadlines) - now, 0.1 if self._work else 0.5))
@@ -479,7 +494,7 @@ class PeerDaemon:
             if self.hooks.cutting(self.now()):
                 self.counters.test_cut_dropped["received"] += 1
                 continue
-            opened = self.endpoint.open([f.buffer for f in frames])
+            opened = self.endpoint.open([f.buffer for f in frames], now_s=self.now())
             if isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
                 self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
@@ -503,7 +518,8 @@ class PeerDaemon:
                     info.latency_ms = latency_ms
             self._remember_params(info, message)
         reachable = info is None or info.up or self._can_send(sender)  # (tried only when it matters)
-        self._wait_sent()
+        if self.node.may_write_params(message) or (info is not None and not info.up):
+            self._wait_sent()   # a NeighbourUp may close a round and mix too
         self._carry_out(self.node.receive(sender, message, self.now(), reachable=reachable))
 
     def _feed(self, event: Event) -> None:
@@ -542,6 +558,8 @@ class PeerDaemon:
                         self._warn(text)
                     else:
                         self.status.say(f"{self.name}: {text}")
+                case Connect():
+                    self._connect(action)
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
@@ -557,15 +575,18 @@ class PeerDaemon:
         size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
-            if recipient not in self.neighbours:
+            info = self.neighbours.get(recipient)
+            if info is None:
                 self.counters.unreachable[recipient] += 1
                 continue
             if self.hooks.cutting(self.now()) or (self.faults is not None
                                                   and self.faults.faults.drops(recipient, action.message)):
                 self.counters.test_cut_dropped["sent"] += 1
                 continue
-            if self.transport.send(recipient, frames):
+            info.reachable = self.transport.send(recipient, frames)
+            if info.reachable:
                 self.counters.messages_sent += 1
+                self.counters.messages_sent_by_kind[action.message.KIND] += 1
                 self.counters.wire_bytes_sent += size
                 self.counters.payload_bytes_sent += payload
             else:
@@ -589,20 +610,10 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ periodic duties
 
-    def _heartbeat(self) -> None:
-        assert self.transport is not None
-        self._next_heartbeat = self.now() + self.config.peer.heartbeat_interval_s
-        if not self.neighbours:
-            return
-        if self.hooks.cutting(self.now()):
-            self.counters.test_cut_dropped["sent"] += len(self.neighbours)
-            return
-        frames = self.endpoint.seal(tuple(self.neighbours), self._beat())
-        unreachable = set()
-        for name in self.neighbours:
-            if not self.transport.send(name, frames):
-                unreachable.add(name)
-        self.counters.unreachable_now = unreachable
+    def _tick(self) -> None:
+        """The Node's heartbeat, when due (stamped with the wall clock for the latency estimate)."""
+        self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss,
+                                       stamp_s=time.time()))
 
     def _can_send(self, name: str) -> bool:
         """Whether a message to ``name`` goes out now: a heartbeat is tried. A neighbour is up when
@@ -613,18 +624,12 @@ class PeerDaemon:
         if self.hooks.cutting(self.now()):
             self.counters.test_cut_dropped["sent"] += 1
             return False
-        return self.transport.send(name, self.endpoint.seal((name,), self._beat()))
-
-    def _beat(self) -> Heartbeat:
-        return Heartbeat(step=self.trainer.step, loss=self._last_loss, sent_at_s=time.time(),
-                         finished=self.node.finished)
-
-    def _heartbeat_if_due(self) -> None:
-        if self.now() >= self._next_heartbeat:
-            self._heartbeat()
+        beat = self.node.heartbeat(step=self.trainer.step, loss=self._last_loss, stamp_s=time.time())
+        return self.transport.send(name, self.endpoint.seal((name,), beat))
 
     def _periodic(self) -> None:
-        self._heartbeat_if_due()
+        self._tick()
+        self._follow_roster()
         now = self.now()
         if self.node.neighbourhood.overdue(now):
             self._wait_sent()   # the machine may close a round (and mix) on NeighbourDown
@@ -646,6 +651,40 @@ class PeerDaemon:
         if self.schedule.should_save(self.trainer.step, now):
             self._checkpoint(final=False)
         self._write_status()
+
+    # ------------------------------------------------------------------ membership
+
+    def _follow_roster(self) -> None:
+        """A new roster version in the file goes to the Node, which applies it at its round."""
+        found = self.roster_watch.poll(self.now())
+        if isinstance(found, Unusable):
+            self._warn(found.reason)
+        elif isinstance(found, NewVersion):
+            try:
+                topology = peer_topology(self.config, found.roster)
+            except HivemeshError as error:
+                self._warn(f"roster version {found.roster.version} not applied: {error}")
+                return
+            self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
+            self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
+                                                        make_neighbour=NeighbourInfo))
+
+    def _connect(self, connect: Connect) -> None:
+        """The Node's new roster and neighbour set: verify against it, dial who is new, drop who left."""
+        assert self.transport is not None
+        roster = connect.roster
+        self.endpoint.set_roster(roster)
+        curve = self.config.peer.curve
+        for name in connect.neighbours:
+            if name not in self.transport.neighbours:
+                member = roster.member(name)
+                server_key = member.curve_key.encode() if curve and member.curve_key else None
+                self.transport.add_neighbour(name, tcp_address(member.address), server_key=server_key)
+        for name in self.transport.neighbours:
+            if name not in connect.neighbours:
+                self.transport.drop_neighbour(name)
+        if curve:
+            self.transport.allow(frozenset(k.encode() for k in roster.curve_allowlist()))
 
     def _evaluate(self) -> None:
         if self._last_eval_step == self.trainer.step:
@@ -725,6 +764,7 @@ class PeerDaemon:
             "payload_bytes_sent": self.counters.payload_bytes_sent,
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
+            "messages_sent_by_kind": dict(self.counters.messages_sent_by_kind),
             "messages_accepted": self.counters.messages_accepted,
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),

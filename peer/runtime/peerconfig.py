@@ -51,8 +51,9 @@ from protocols.node.config import NodeConfig
 class PeerSection(NodeConfig):
     """This member: name, files, timings of the daemon loop.
 
-    The liveness and state-sync keys (``neighbour_timeout_s``, ``sync_answer_interval_s``,
-    ``sync_timeout_s``, ``sync_attempts``) are protocols.node.NodeConfig's, shared with a
+    The liveness, start and state-sync keys (``heartbeat_interval_s``, ``neighbour_timeout_s``,
+    ``start_timeout_s``, ``sync_answer_interval_s``, ``sync_timeout_s``, ``sync_attempts``) are
+    protocols.node.NodeConfig's, shared with a
     scenario's ``[nodes]``: one name, default and check for both.
     """
 
@@ -64,10 +65,6 @@ class PeerSection(NodeConfig):
     # a late joiner (or a replacement) pulls parameters from a neighbour before it trains
     late_join: bool = False
     curve: bool = False           # CurveZMQ encryption with the roster's curve keys as allowlist
-    # signed liveness messages; also what `hivemesh status` shows as last-seen and latency
-    heartbeat_interval_s: float = 1.0
-    # wait this long for every neighbour before the first round (slow starts, many processes)
-    start_timeout_s: float = 60.0
     # after finishing, keep answering neighbours this long (their last round may need us)
     finish_grace_s: float = 3.0
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
@@ -84,9 +81,8 @@ class PeerSection(NodeConfig):
         for name in ("name", "key", "roster", "data_dir"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        for name in ("heartbeat_interval_s", "start_timeout_s", "status_interval_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.status_interval_s <= 0:
+            raise ValueError(f"status_interval_s must be positive, got {self.status_interval_s}")
         if self.finish_grace_s < 0:
             raise ValueError("finish_grace_s must be >= 0")
         if self.eval_every_steps < 0:
@@ -123,7 +119,8 @@ class PeerConfig:
     data_dir: Path
 
     def shared(self) -> dict[str, Any]:
-        """The network-wide settings that go into the run id (with the roster)."""
+        """The network-wide settings that go into the run id (never the member list: membership
+        changes by roster version while the run goes on)."""
         return {"network": dataclasses.asdict(self.network_as_written)}
 
 

@@ -8,7 +8,7 @@ deployed twin would. No ZeroMQ here: the simulator imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from peer.files.schema import NetworkSection
 from peer.train.partition import partition
@@ -16,17 +16,19 @@ from peer.train.tasks import Task, get_task
 from peer.train.trainer import Trainer, TrainerConfig
 
 
-def build_trainers(network: NetworkSection, config: TrainerConfig, *, members: int,
-                   indices: Iterable[int] | None = None) -> tuple[Task, dict[int, Trainer]]:
-    """The task and the trainers of members ``indices`` (default: all) of ``members``.
+def build_trainers(network: NetworkSection, config: TrainerConfig, *, members: Sequence[str],
+                   wanted: Iterable[str] | None = None) -> tuple[Task, dict[str, Trainer]]:
+    """The task and the trainers of members ``wanted`` (default: all) of ``members`` (names).
 
-    A member's index is its position among the sorted member names (the topology's
-    order): it picks the shard and seeds the data order.
+    A member's shard is keyed by its name (peer.train.partition), so it stays put when others
+    join or leave. Its data order is still seeded by its position among the sorted ``members``.
     """
     task = get_task(network.task, **network.task_options)
     part = network.partition
-    # every member's shard comes from one draw over all members: the split does not depend on who asks
-    shards = partition(task.labels, members, scheme=part.scheme, seed=network.seed, alpha=part.alpha,
+    names = sorted(members)
+    # every member's shard comes from one assignment over all members: the same whoever asks
+    shards = partition(task.labels, names, scheme=part.scheme, seed=network.seed, alpha=part.alpha,
                        shards_per_member=part.shards_per_member, path=part.path or None)
-    wanted = range(members) if indices is None else indices
-    return task, {i: Trainer(task, config, shards[i], seed=network.seed, member_index=i) for i in wanted}
+    chosen = names if wanted is None else list(wanted)
+    return task, {name: Trainer(task, config, shards[name], seed=network.seed, member_index=names.index(name))
+                  for name in chosen}

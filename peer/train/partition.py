@@ -1,28 +1,51 @@
-"""Split a training set across N members, reproducibly from a seed.
+"""Split a training set across named members, reproducibly from a seed, stable as members come and go.
 
-``partition(labels, n_members, scheme=..., seed=...)`` returns one sorted int64
-index array per member (member ``i`` gets element ``i``; every member computes the
-same list from the same seed, so its shard follows from its index alone). Every
-sample lands in exactly one shard and no shard is empty.
+``partition(labels, names, scheme=..., seed=...)`` returns ``{name: sorted int64
+index array}``. Each member's shard is keyed by its *name*, never by its position
+among the others: the roster can gain or lose a member while a run goes on
+(issue 11, item 5), and a member's data must not change because someone else
+joined. Every scheme is a rendezvous (highest-random-weight) assignment: each
+member scores each sample from a counter-based draw of (seed, member name,
+sample index) and the best score takes the sample. So:
+
+- a member that joins takes samples only from the others (those it now wins),
+  and one that leaves hands out only its own (each to its runner-up);
+- every member computes the same assignment from the same seed and names,
+  whatever order it asks in; every sample lands in exactly one shard.
+
+Shard sizes are multinomial (each sample is won independently), not cut to
+equal parts: with ``N`` members a shard holds Binomial(n, 1/N) samples for
+``iid``.
 
 Schemes:
 
-- ``iid``: a seeded permutation cut into N near-equal parts.
-- ``dirichlet``: label skew (Hsu et al. 2019; Wang et al. 2020): for each class,
-  the proportions of its samples going to each member are drawn from
-  Dirichlet(alpha * 1_N). Small alpha: each member sees few classes.
-- ``shards``: McMahan et al. 2017: sort by label, cut into N*k equal shards, deal
-  k random shards to each member.
-- ``file``: a JSON list of N lists of indices (written by :func:`save_index_file`).
+- ``iid``: the winner of each sample is uniform over the members.
+- ``dirichlet``: label skew (Hsu et al. 2019; Wang et al. 2020). Each member
+  draws a weight g[m, c] ~ Gamma(alpha) per class, keyed by (seed, name,
+  class); member m wins a sample of class c with probability g[m, c] / sum_m
+  g[m, c] (an exponential race: score log E - log g, E ~ Exp(1), lowest wins).
+  Normalised over the members, g[:, c] is exactly Dirichlet(alpha * 1_N), the
+  usual scheme; small alpha: each member sees few classes.
+- ``shards``: McMahan et al. 2017, label-sorted runs: the samples sorted by
+  label (seeded tie-break) lie on a circle; each member places
+  ``shards_per_member`` points on it, keyed by (seed, name), and owns the run
+  from each of its points to the next point (consistent hashing). A joiner's
+  points cut runs out of others'; a leaver's runs go to the points before them.
+  Runs have random lengths (mean n / (N * k)), so sizes vary.
+- ``file``: a JSON object ``{name: [indices]}`` (written by :func:`save_index_file`):
+  every member named, the lists disjoint and covering every sample; names of
+  members not in this run (another roster version) may be listed too.
 
-A shard left empty by a draw is repaired deterministically: it takes the last
-index of the currently largest shard (lowest member index on ties), repeated.
+A shard left empty by the draw (tiny alpha, few samples) is repaired
+deterministically: in name order, an empty member takes the sample it scores
+best among those of members holding more than one. Only a repair moves samples
+between members that did not join or leave.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,113 +55,154 @@ from topology.errors import HivemeshError
 
 SCHEMES = ("iid", "dirichlet", "shards", "file")
 
+Shards = dict[str, np.ndarray]
+
 
 class PartitionError(HivemeshError, ValueError):
     """A partition that cannot be made (too few samples, bad index file, bad option)."""
 
 
-def partition(labels: Sequence[int] | np.ndarray, n_members: int, *, scheme: str = "iid", seed: int = 0,
+def partition(labels: Sequence[int] | np.ndarray, names: Sequence[str], *, scheme: str = "iid", seed: int = 0,
               alpha: float = 0.5, shards_per_member: int = 2,
-              path: str | Path | None = None) -> list[np.ndarray]:
-    """The shards of ``len(labels)`` samples for ``n_members`` members (see the module docstring)."""
+              path: str | Path | None = None) -> Shards:
+    """The shards of ``len(labels)`` samples for the members ``names`` (see the module docstring)."""
     labels = np.asarray(labels)
+    names = list(names)
     n = len(labels)
-    if n_members < 1:
-        raise PartitionError(f"n_members must be at least 1, not {n_members}")
-    if n < n_members:
-        raise PartitionError(f"{n} samples cannot fill {n_members} non-empty shards")
-    if scheme == "iid":
-        order = numpy_generator(seed, "", 0, "partition-iid").permutation(n)
-        shards = list(np.array_split(order, n_members))
-    elif scheme == "dirichlet":
-        shards = _dirichlet(labels, n_members, alpha, seed)
-    elif scheme == "shards":
-        shards = _label_shards(labels, n_members, shards_per_member, seed)
-    elif scheme == "file":
+    if not names:
+        raise PartitionError("a partition needs at least one member")
+    if len(set(names)) != len(names):
+        raise PartitionError("member names must be unique")
+    if n < len(names):
+        raise PartitionError(f"{n} samples cannot fill {len(names)} non-empty shards")
+    if scheme == "file":
         if path is None:
             raise PartitionError("scheme 'file' needs a path to a JSON index file")
-        return load_index_file(path, n, n_members)
+        return load_index_file(path, n, names)
+    if scheme == "iid":
+        scores = _Scores(names, lambda name: -_uniform(seed, name, n, "partition-iid"))
+    elif scheme == "dirichlet":
+        scores = _dirichlet_scores(labels, names, alpha, seed)
+    elif scheme == "shards":
+        scores = _shard_scores(labels, names, shards_per_member, seed)
     else:
         raise PartitionError(f"unknown partition scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
-    return [np.sort(s).astype(np.int64) for s in _repair_empty(shards)]
+    owner = scores.winners(n)
+    _repair_empty(owner, scores)
+    return {name: np.flatnonzero(owner == m).astype(np.int64) for m, name in enumerate(names)}
 
 
-def _dirichlet(labels: np.ndarray, n_members: int, alpha: float, seed: int) -> list[np.ndarray]:
+class _Scores:
+    """Each member's score for every sample (lower wins), computed one member at a time."""
+
+    def __init__(self, names: Sequence[str], score: Callable[[str], np.ndarray]) -> None:
+        self.names = list(names)
+        self.score = score
+
+    def winners(self, n: int) -> np.ndarray:
+        """The index (into ``names``) of each sample's winner; ties go to the smaller name."""
+        best = np.full(n, np.inf)
+        owner = np.full(n, -1, dtype=np.int64)
+        for m in sorted(range(len(self.names)), key=self.names.__getitem__):
+            score = self.score(self.names[m])
+            better = score < best
+            best[better] = score[better]
+            owner[better] = m
+        return owner
+
+
+def _uniform(seed: int, name: str, n: int, purpose: str) -> np.ndarray:
+    """n draws in (0, 1], the i-th keyed by (seed, name, i) alone (a prefix of one keyed stream)."""
+    return 1.0 - numpy_generator(seed, name, 0, purpose).random(n)
+
+
+def _dirichlet_scores(labels: np.ndarray, names: Sequence[str], alpha: float, seed: int) -> _Scores:
     if not alpha > 0:
         raise PartitionError(f"dirichlet alpha must be positive, not {alpha}")
-    rng = numpy_generator(seed, "", 0, "partition-dirichlet")
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_members)]
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        proportions = rng.dirichlet(np.full(n_members, alpha))
-        cuts = np.round(np.cumsum(proportions)[:-1] * len(members)).astype(np.int64)
-        for member, piece in enumerate(np.split(members, cuts)):
-            parts[member].append(piece)
-    return [np.concatenate(p) if p else np.empty(0, np.int64) for p in parts]
+    classes, class_of = np.unique(labels, return_inverse=True)
+
+    def score(name: str) -> np.ndarray:
+        # log Gamma(alpha) as log Gamma(alpha + 1) + log(U) / alpha: no underflow to log(0) for tiny alpha
+        log_weight = np.empty(len(classes))
+        for c, label in enumerate(classes):
+            rng = numpy_generator(seed, name, int(label), "partition-dirichlet-weight")
+            log_weight[c] = np.log(rng.gamma(alpha + 1.0)) + np.log(1.0 - rng.random()) / alpha
+        race = -np.log(_uniform(seed, name, len(labels), "partition-dirichlet-race"))  # Exp(1)
+        with np.errstate(divide="ignore"):
+            return np.log(race) - log_weight[class_of]
+
+    return _Scores(names, score)
 
 
-def _label_shards(labels: np.ndarray, n_members: int, per_member: int, seed: int) -> list[np.ndarray]:
+def _shard_scores(labels: np.ndarray, names: Sequence[str], per_member: int, seed: int) -> _Scores:
     if per_member < 1:
         raise PartitionError(f"shards_per_member must be at least 1, not {per_member}")
-    n_shards = n_members * per_member
-    if len(labels) < n_shards:
-        raise PartitionError(f"{len(labels)} samples cannot make {n_shards} shards "
-                             f"({n_members} members x {per_member})")
-    rng = numpy_generator(seed, "", 0, "partition-shards")
-    tiebreak = rng.permutation(len(labels))
+    n = len(labels)
+    tiebreak = numpy_generator(seed, "", 0, "partition-shards").permutation(n)
     by_label = tiebreak[np.argsort(labels[tiebreak], kind="stable")]
-    pieces = np.array_split(by_label, n_shards)
-    deal = rng.permutation(n_shards)
-    return [np.concatenate([pieces[s] for s in deal[m * per_member:(m + 1) * per_member]])
-            for m in range(n_members)]
+    position = np.empty(n)
+    position[by_label] = (np.arange(n) + 0.5) / n  # each sample's place on the circle [0, 1)
+
+    def score(name: str) -> np.ndarray:
+        points = numpy_generator(seed, name, 0, "partition-shards-points").random(per_member)
+        return np.min((position[:, None] - points[None, :]) % 1.0, axis=1)  # distance back to its point
+
+    return _Scores(names, score)
 
 
-def _repair_empty(shards: list[np.ndarray]) -> list[np.ndarray]:
-    shards = [np.asarray(s, dtype=np.int64) for s in shards]
-    for member in range(len(shards)):
-        if len(shards[member]) == 0:
-            donor = max(range(len(shards)), key=lambda m: (len(shards[m]), -m))
-            shards[member] = shards[donor][-1:]
-            shards[donor] = shards[donor][:-1]
-    return shards
+def _repair_empty(owner: np.ndarray, scores: _Scores) -> None:
+    """Give each empty member (in name order) the sample it scores best among those of members
+    holding more than one (see the module docstring)."""
+    counts = np.bincount(owner, minlength=len(scores.names))
+    for m in sorted(np.flatnonzero(counts == 0), key=lambda m: scores.names[m]):
+        counts = np.bincount(owner, minlength=len(scores.names))
+        score = np.where(counts[owner] > 1, scores.score(scores.names[m]), np.inf)
+        sample = int(np.argmin(score))
+        owner[sample] = m
 
 
 # ---------------------------------------------------------------- index files
 
 
-def save_index_file(path: str | Path, shards: Sequence[np.ndarray]) -> None:
-    """Write shards as a JSON list of lists of ints."""
-    Path(path).write_text(json.dumps([[int(i) for i in s] for s in shards]) + "\n")
+def save_index_file(path: str | Path, shards: Mapping[str, np.ndarray]) -> None:
+    """Write shards as a JSON object ``{name: [indices]}``."""
+    data = {name: [int(i) for i in shard] for name, shard in sorted(shards.items())}
+    Path(path).write_text(json.dumps(data) + "\n")
 
 
-def load_index_file(path: str | Path, n_samples: int, n_members: int) -> list[np.ndarray]:
-    """Read and check an index file: N non-empty lists covering every sample exactly once."""
+def load_index_file(path: str | Path, n_samples: int, names: Sequence[str]) -> Shards:
+    """Read and check an index file: a non-empty list for every member in ``names``, the lists
+    (of every name in the file) disjoint and covering every sample."""
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PartitionError(f"{path}: no such index file") from None
     except (OSError, ValueError) as error:
         raise PartitionError(f"{path}: not a JSON index file: {error}") from None
-    if not isinstance(data, list) or not all(isinstance(s, list) for s in data):
-        raise PartitionError(f"{path}: expected a JSON list of lists of sample indices")
-    if len(data) != n_members:
-        raise PartitionError(f"{path}: has {len(data)} shards, the run has {n_members} members")
-    shards = []
-    for member, items in enumerate(data):
-        if not items:
-            raise PartitionError(f"{path}: shard {member} is empty")
+    if isinstance(data, list):
+        raise PartitionError(f"{path}: a JSON list of shards is the old, positional format; shards are "
+                             'keyed by member name now: write {"p00": [...], "p01": [...], ...}')
+    if not isinstance(data, dict) or not all(isinstance(s, list) for s in data.values()):
+        raise PartitionError(f"{path}: expected a JSON object of member name -> list of sample indices")
+    missing = [name for name in names if name not in data]
+    if missing:
+        raise PartitionError(f"{path}: no shard for member(s) {', '.join(missing)}")
+    shards: Shards = {}
+    for name, items in sorted(data.items()):
+        if not items and name in names:
+            raise PartitionError(f"{path}: the shard of {name} is empty")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-            raise PartitionError(f"{path}: shard {member} holds something other than integers")
-        shards.append(np.sort(np.asarray(items, dtype=np.int64)))
-    every = np.concatenate(shards)
+            raise PartitionError(f"{path}: the shard of {name} holds something other than integers")
+        shards[name] = np.sort(np.asarray(items, dtype=np.int64))
+    every = np.concatenate(list(shards.values()))
     if every.min() < 0 or every.max() >= n_samples:
         raise PartitionError(f"{path}: indices must lie in [0, {n_samples})")
     counts = np.bincount(every, minlength=n_samples)
     if (counts != 1).any():
-        missing, repeated = int((counts == 0).sum()), int((counts > 1).sum())
+        missing_n, repeated = int((counts == 0).sum()), int((counts > 1).sum())
         raise PartitionError(f"{path}: every sample must be in exactly one shard "
-                             f"({missing} missing, {repeated} repeated)")
-    return shards
+                             f"({missing_n} missing, {repeated} repeated)")
+    return {name: shards[name] for name in names}
 
 
 # ---------------------------------------------------------------- label statistics
@@ -151,28 +215,31 @@ def label_entropy(labels: np.ndarray, shard: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def mean_label_entropy(labels: np.ndarray, shards: Sequence[np.ndarray]) -> float:
+def mean_label_entropy(labels: np.ndarray, shards: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> float:
     """Mean over shards of :func:`label_entropy`."""
-    return float(np.mean([label_entropy(labels, s) for s in shards]))
+    values = shards.values() if isinstance(shards, Mapping) else shards
+    return float(np.mean([label_entropy(labels, s) for s in values]))
 
 
 def expected_dirichlet_entropy(labels: np.ndarray, n_members: int, alpha: float, *, draws: int = 200,
                                seed: int = 0) -> float:
     """Monte Carlo expectation of the mean shard label entropy under the Dirichlet(alpha) scheme.
 
-    Same generative model as ``partition(scheme="dirichlet")`` (each class split by
-    Dirichlet(alpha * 1_N) proportions) but with continuous proportions: no rounding
-    to whole samples and no repair, so it measures what the discrete partition should match.
+    The generative model of ``partition(scheme="dirichlet")``: per class, proportions over the
+    members from Dirichlet(alpha * 1_N), then each sample of the class won by a member drawn from
+    them (multinomial counts), so the empirical entropy of small shards is matched too. A member
+    left empty counts as entropy 0 (the repair gives it one sample).
     """
     labels = np.asarray(labels)
-    class_counts = np.unique(labels, return_counts=True)[1].astype(np.float64)
+    class_counts = np.unique(labels, return_counts=True)[1]
     rng = numpy_generator(seed, "", 0, "partition-entropy-expectation")
     total = 0.0
     for _ in range(draws):
         proportions = rng.dirichlet(np.full(n_members, alpha), size=len(class_counts))  # classes x members
-        mass = proportions * class_counts[:, None]
-        p = mass / mass.sum(axis=0, keepdims=True)
+        counts = np.stack([rng.multinomial(k, p) for k, p in zip(class_counts, proportions, strict=True)])
+        size = counts.sum(axis=0, keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(p > 0, -p * np.log(p), 0.0)
+            p = counts / size
+            terms = np.where(counts > 0, -p * np.log(p), 0.0)
         total += float(terms.sum(axis=0).mean())
     return total / draws

@@ -408,7 +408,7 @@ class Trainer:
         if set(tensors) != set(expected["tensors"]):
             raise HivemeshError(f"trainer state has tensors {sorted(tensors)}, expected "
                                 f"{sorted(expected['tensors'])} (different task or optimizer?)")
-        for key in ("task", "optimizer", "n_params", "shard_size"):
+        for key in ("task", "optimizer", "n_params"):
             if meta.get(key) != expected["meta"][key]:
                 raise HivemeshError(f"trainer state is for {key}={meta.get(key)!r}, "
                                     f"this trainer has {expected['meta'][key]!r}")
@@ -422,5 +422,10 @@ class Trainer:
         self.step = int(meta["step"])
         self.epoch = int(meta["epoch"])
         self.offset = int(meta["offset"])
+        if meta.get("shard_size") != len(self.shard):
+            # the roster changed while it was away (shards are keyed by member name: a joiner took
+            # some of its samples, a leaver's came to it): its place in the old shard's order means
+            # nothing in the new one, so it goes on from the start of the next epoch
+            self.epoch, self.offset = self.epoch + 1, 0
         self._optimizer.steps = int(meta["optimizer_steps"])
         self._order = None

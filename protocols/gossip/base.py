@@ -153,6 +153,24 @@ class MachineBase:
             self.outer.rebase(self.params, steps_done)
         self._joined()
 
+    def set_graph(self, topology: GraphView) -> None:
+        """Membership changed while running: ``topology`` answers for every round from now on
+        (topology/membership.py: the old graph before the change's round, the new one from it).
+        Raises HivemeshError when the algorithm cannot follow a change without a restart."""
+        if self.name not in topology.names:
+            raise ValueError(f"{self.name!r} is not a member of the new graph")
+        if topology.directed != self.topology.directed:
+            raise HivemeshError("a membership change cannot change whether the graph is directed")
+        previous, self.topology = self.topology, topology
+        try:
+            self._graph_changed()
+        except HivemeshError:
+            self.topology = previous
+            raise
+
+    def _graph_changed(self) -> None:
+        """``set_graph``: recompute what was derived from the graph at construction."""
+
     def _forget_exchanges(self) -> None:
         """``join_at``: drop what was buffered or in flight for the rounds left behind."""
 

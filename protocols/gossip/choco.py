@@ -55,6 +55,7 @@ from protocols.gossip.base import GraphView
 from protocols.gossip.consensus_step import ConsensusStepChoice, choose_consensus_step
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
+from topology.errors import HivemeshError
 
 GUARD_WINDOW = 10          # rounds per median of ||x - x_hat||
 GUARD_WARMUP_WINDOWS = 5   # windows ignored after the start or a change of step (x_hat is catching up)
@@ -98,6 +99,12 @@ class Choco(RoundMachine):
         self.corrections: list[float] = []   # ||x - x_hat|| of this guard window's rounds
         self.windows_seen = 0                # windows since the start or the last change of step
         self.smallest_window = math.inf      # smallest window median since the warm-up
+
+    def _graph_changed(self) -> None:
+        # x_hat_j views and the consensus step were made for one static graph: a joiner's public copy
+        # would start from zero in its neighbours' sums while its own starts elsewhere
+        raise HivemeshError("algorithm 'choco' cannot change membership while running (its public "
+                            "copies belong to one graph): restart the run with the new roster")
 
     def notes(self) -> list[str]:
         if self.choice is not None:

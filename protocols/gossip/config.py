@@ -44,6 +44,9 @@ class GossipConfig:
     outer_momentum: float = 0.9  # DiLoCo's Nesterov momentum
     outer_every: int = 100  # local steps between outer steps; a multiple of local_steps
     norm_multiple: float = 10.0  # refuse updates over this x the other senders' median (robust.py); 0 = off
+    # ClippedGossip (He, Karimireddy & Jaggi 2022; dpsgd and local): each round the differences of the
+    # farthest this many in-neighbours are clipped to the distance of the next one (mixing.py); 0 = off
+    clip_neighbours: int = 0
     seed: int = 0  # root of the counter-based randomness (partner choice, stochastic compressors)
 
     def __post_init__(self) -> None:
@@ -89,6 +92,11 @@ class GossipConfig:
                              f"local_steps ({self.local_steps})")
         if self.norm_multiple < 0:
             raise ValueError(f"norm_multiple must be >= 0 (0 = off), not {self.norm_multiple}")
+        if self.clip_neighbours < 0:
+            raise ValueError(f"clip_neighbours must be >= 0 (0 = off), not {self.clip_neighbours}")
+        if self.clip_neighbours and self.algorithm not in ("dpsgd", "local"):
+            raise ValueError(f"clip_neighbours (ClippedGossip) clips whole models' differences: algorithms "
+                             f"dpsgd and local, not {self.algorithm!r}")
 
     @property
     def compressed(self) -> bool:

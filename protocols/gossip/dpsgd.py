@@ -6,6 +6,10 @@ Round ``t`` sends ``x_t`` (through the configured operator: ``identity``,
 present, exactly ``x_{t+1} = W x_t - lr g(x_t)``. ``x_sent`` is the decoded
 form of what was sent, so a lossy cast perturbs but never shifts the average.
 
+With ``clip_neighbours = B`` each ``x_j - x_sent`` is first clipped to the distance of the
+(B+1)-th farthest neighbour (ClippedGossip, mixing.py ``clipped_gossip``), bounding what B
+Byzantine in-neighbours can do to one round.
+
 With ``mixing = "after"`` (rounds.py) the message is built after the H
 steps, so ``x_sent`` is the post-step value and the same correction is
 ``x <- sum_j W_ij x_j``: local SGD, and with H = 1 on a complete graph with
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 
 from protocols.events import Send
-from protocols.gossip.mixing import gossip_correction
+from protocols.gossip.mixing import clipped_gossip, gossip_correction
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
 
@@ -56,7 +60,11 @@ class DPSGD(RoundMachine):
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
         assert self.sent is not None
         weights = self.topology.in_neighbours(self.name, t)
-        gossip_correction(self.params, self.sent, [(weights[j], x_j) for j, _, x_j in accepted])
+        received = [(weights[j], x_j) for j, _, x_j in accepted]
+        if self.config.clip_neighbours:
+            received, clipped = clipped_gossip(self.sent, received, self.config.clip_neighbours)
+            self._count("clipped_updates", clipped)
+        gossip_correction(self.params, self.sent, received)
         self.sent = None
 
     def _joined(self) -> None:

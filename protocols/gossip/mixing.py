@@ -28,6 +28,35 @@ def gossip_correction(x: torch.Tensor, sent: torch.Tensor,
         x.add_(sent, alpha=-total)
 
 
+def clip_radius(distances: Sequence[float], clipped: int) -> float:
+    """ClippedGossip's radius for one round: the distance of the (``clipped`` + 1)-th farthest
+    neighbour, so that the ``clipped`` farthest (where a Byzantine minority's messages must be to
+    pull us far) move us no farther than it. With no more candidates than ``clipped``, the nearest
+    one's distance: each is then bounded by the closest of them."""
+    if not distances:
+        return 0.0
+    ordered = sorted(distances, reverse=True)
+    return ordered[clipped] if clipped < len(ordered) else ordered[-1]
+
+
+def clipped_gossip(sent: torch.Tensor, received: Sequence[tuple[float, torch.Tensor]],
+                   clipped: int) -> tuple[list[tuple[float, torch.Tensor]], int]:
+    """ClippedGossip (He, Karimireddy & Jaggi 2022) for :func:`gossip_correction`: each ``x_j``
+    replaced by ``sent + min(1, tau / ||x_j - sent||) (x_j - sent)``, with ``tau`` from
+    :func:`clip_radius`. Returns the new list (same order and weights) and how many were clipped."""
+    differences = [x_j - sent for _, x_j in received]
+    norms = [float(torch.linalg.vector_norm(d)) for d in differences]
+    tau = clip_radius(norms, clipped)
+    out: list[tuple[float, torch.Tensor]] = []
+    count = 0
+    for (weight, x_j), difference, norm in zip(received, differences, norms, strict=True):
+        if norm > tau:
+            count += 1
+            x_j = sent + difference * (tau / norm)
+        out.append((weight, x_j))
+    return out, count
+
+
 def nesterov_outer_step(params: torch.Tensor, anchor: torch.Tensor, momentum_buffer: torch.Tensor, *,
                         lr: float, momentum: float) -> None:
     """DiLoCo's outer step, in place, as ``torch.optim.SGD(nesterov=True)`` does it.

@@ -69,6 +69,9 @@ class PushSum(RoundMachine):
         self.before: torch.Tensor | None = None  # z at the start of the round
         self.max_share = MASS_SLACK * len(self.topology.names)
 
+    def _graph_changed(self) -> None:
+        self.max_share = MASS_SLACK * len(self.topology.names)  # the union of both sides of a change
+
     @property
     def mass(self) -> float:
         """This peer's push-sum weight plus the weight in messages it holds but has not mixed yet."""

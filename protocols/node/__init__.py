@@ -14,6 +14,11 @@ message by kind and holds the parts below.
   per neighbour from what was heard and when;
 * :func:`verdict` (liveness.py): whether a member can go on, from its neighbours'
   presence (up, down, finished, never heard), and the one line saying why not;
+  :func:`start_wait`: when a member's wait for its neighbours before its first
+  round is over, and how it starts.
+* :class:`Membership` (membership.py): roster versions, the round each takes
+  effect, the version stamped on and checked in round-bearing messages, and the
+  ``Connect`` action that tells a driver whom to verify and exchange with.
 * :class:`~protocols.node.schedule.Schedule` (schedule.py, tests only): faults keyed by
   rounds (hold, stop and restart, join, cut, a flood of sync requests) that both
   drivers honour, so one test can ask them for the same decisions.
@@ -28,11 +33,11 @@ from __future__ import annotations
 from protocols.node.check import SyncOffer, check_sync_response
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
-from protocols.node.liveness import Presence, Verdict, reason, verdict, waiting_line
+from protocols.node.liveness import Presence, Verdict, Wait, reason, start_wait, verdict, waiting_line
 from protocols.node.neighbours import Neighbour, Neighbourhood
 from protocols.node.node import Node, NodeAction, Note
 from protocols.node.sync import Adoption, StateSync
 
 __all__ = ["Adoption", "EarlyMessages", "Neighbour", "Neighbourhood", "Node", "NodeAction", "NodeConfig",
-           "Note", "Presence", "StateSync", "SyncOffer", "Verdict", "check_sync_response", "reason",
-           "verdict", "waiting_line"]
+           "Note", "Presence", "StateSync", "SyncOffer", "Verdict", "Wait", "check_sync_response", "reason",
+           "start_wait", "verdict", "waiting_line"]

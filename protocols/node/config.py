@@ -16,8 +16,12 @@ from dataclasses import dataclass, fields
 class NodeConfig:
     """Times are seconds of the driver's clock (wall clock for the daemon, virtual for the simulator)."""
 
+    # signed liveness messages to every neighbour, with the trainer's step and "finished"
+    heartbeat_interval_s: float = 1.0
     # a neighbour silent this long is reported down (the machine's deadlines still decide rounds)
     neighbour_timeout_s: float = 5.0
+    # wait this long for every neighbour before the first round (slow starts, many processes)
+    start_timeout_s: float = 60.0
 
     # each answer is the whole model: a neighbour that keeps asking must not make us send it in a loop
     sync_answer_interval_s: float = 5.0
@@ -27,6 +31,9 @@ class NodeConfig:
     sync_attempts: int = 6
 
     def __post_init__(self) -> None:
+        for name in ("heartbeat_interval_s", "start_timeout_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not (math.isfinite(self.neighbour_timeout_s) and self.neighbour_timeout_s > 0):
             raise ValueError(f"neighbour_timeout_s must be > 0, got {self.neighbour_timeout_s}")
         if not self.sync_answer_interval_s >= 0:

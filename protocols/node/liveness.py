@@ -1,7 +1,7 @@
 """Whether a member can go on, from what it knows of its neighbours: one table for both drivers.
 
-Each neighbour is in one of four states (a driver tracks them: the daemon from
-heartbeats, the simulator from its modelled ones):
+Each neighbour is in one of four states (the Node's failure detector tracks
+them from what it hears, heartbeats included, in both drivers):
 
 * ``NEVER_HEARD``: nothing accepted from it since we started;
 * ``UP``: heard within the neighbour timeout;
@@ -24,6 +24,21 @@ otherwise (DOWN, or still starting)    go on: a cut heals, a neighbour restarts;
 =====================================  =========================================
 
 A member that stops says why in one line naming its neighbours (``reason``).
+
+Before its first round a member waits for its neighbours (``start_wait``), first
+matching row; ``waited_s`` counts from the start of the wait:
+
+=====================================  =========================================
+neighbours                             outcome
+=====================================  =========================================
+one's heartbeat is further on than the ``JOIN``: the network runs without us;
+  machine can buffer (``ahead_steps``)   join by state sync, not at round 0
+every one UP (and reachable)           ``START``
+resumed, none ever heard, after        ``ALONE``: nobody to wait for (a restart
+  ``neighbour_timeout_s``                after the others finished, most likely)
+waited ``start_timeout_s``             ``TIMED_OUT``: start without the absent
+otherwise                              ``WAIT``
+=====================================  =========================================
 """
 
 from __future__ import annotations
@@ -37,6 +52,31 @@ class Presence(Enum):
     UP = "up"
     DOWN = "down"
     FINISHED = "finished"
+
+
+class Wait(Enum):
+    WAIT = "wait"
+    START = "start"
+    JOIN = "join"
+    ALONE = "alone"
+    TIMED_OUT = "timed out"
+
+
+def start_wait(presence: Mapping[str, Presence], steps: Mapping[str, int], *, waited_s: float,
+               resumed: bool, ahead_steps: int, all_reachable: bool, neighbour_timeout_s: float,
+               start_timeout_s: float) -> Wait:
+    """The start-wait table above. ``steps``: each neighbour's trainer step from its last heartbeat
+    (-1: none yet); ``all_reachable``: the driver can reach every neighbour it heard."""
+    states = set(presence.values())
+    if any(step > ahead_steps for step in steps.values()):
+        return Wait.JOIN
+    if states <= {Presence.UP} and all_reachable:
+        return Wait.START
+    if resumed and waited_s >= neighbour_timeout_s and states == {Presence.NEVER_HEARD}:
+        return Wait.ALONE
+    if waited_s >= start_timeout_s:
+        return Wait.TIMED_OUT
+    return Wait.WAIT
 
 
 class Verdict(Enum):

@@ -63,6 +63,19 @@ class Neighbourhood(Generic[N]):
     def names(self) -> tuple[str, ...]:
         return tuple(self.members)
 
+    def join(self, name: str, record: N) -> bool:
+        """A new neighbour (membership changed): known from now on, not up until heard. True when new."""
+        if name in self.members:
+            return False
+        members = sorted([*self.members.items(), (name, record)])
+        self.members.clear()      # in place: a driver may hold this dict
+        self.members.update(members)
+        return True
+
+    def forget(self, name: str) -> bool:
+        """A neighbour no longer (membership changed): True when it was one."""
+        return self.members.pop(name, None) is not None
+
     def heard(self, name: str, now: float, *, reachable: bool = True) -> bool:
         """Something of ``name`` was accepted at ``now``. True when it has just come up."""
         neighbour = self.members.get(name)

@@ -4,7 +4,9 @@ A driver (the daemon with sockets and the wall clock, the simulator with its
 link model and virtual clock) opens and verifies frames, then hands each
 message to :meth:`Node.receive`; it calls :meth:`Node.start` when the member
 starts its rounds, :meth:`Node.handle` for its own events (work done, a timer),
-and :meth:`Node.expire` as time passes. It carries out the actions that come
+and, as time passes, :meth:`Node.tick` (the heartbeat, when due: a real signed
+message in both drivers) and :meth:`Node.expire`. Before the first round it
+asks :meth:`Node.start_wait` whether its wait for its neighbours is over. It carries out the actions that come
 back, in order: the machine's (``Send``, ``StartWork``, timers, ``Metric``,
 ``Finished``, ``SetTrainerStep``) and the Node's own :class:`Note` lines.
 
@@ -13,8 +15,12 @@ Routing by kind, one rule for both drivers:
 ==========================  ============================================================
 message                     what the Node does
 ==========================  ============================================================
+anything, once we left      counted ``after_leaving`` (a roster version removed us)
+a roster version not ours   counted ``roster_version_mismatch``, said once per sender and
+for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
-``Heartbeat``               its step and "finished" flag are noted
+``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
+                            counted ``heartbeat_not_neighbour``)
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
@@ -22,12 +28,26 @@ anything from a neighbour   the failure detector hears it (``NeighbourUp`` once 
                             every asked neighbour that is up has answered (or at the
                             attempt's timeout); after (a second answer from one
                             neighbour, or none asked) counted ``sync_answer_late``
-a kind the machine does    counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
-not take (``accepts``)      (federation's kinds get their role when it comes)
+a kind no role takes        counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
+(``Role.accepts``)
 anything else, not started  held (protocols/node/early.py), fed after ``Start``
-anything else, started      fed to the machine (which counts what arrives after it
-                            finished as ``after_finish``)
+anything else, started      fed to the role that takes its kind (a machine counts what
+                            arrives after it finished as ``after_finish``)
 ==========================  ============================================================
+
+Roles. A member holds its machine (the model it trains and gossips) and,
+beside it, any number of named roles (``roles``: a gateway's FedAvg server).
+Each message kind belongs to one role (two roles that take the same kind are
+refused when the Node is made). Every role gets ``Start``; the machine alone
+gets the trainer's ``WorkDone``, the neighbours' up and down, and state sync.
+A role's timer keys and metric names reach the driver prefixed with its name
+(``fedavg/round``), and a ``TimerFired`` so prefixed goes back to that role.
+
+Membership (protocols/node/membership.py): a driver hands a later roster version
+to :meth:`Node.change_membership`; the machine reads the old graph before its
+``effective_round`` and the new one from it, new neighbours are known at once,
+removed ones forgotten at that round (a removed member leaves: ``Finished``), and
+``Connect`` tells the driver whom to verify and exchange with.
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
@@ -36,6 +56,7 @@ state-sync answer) it asks its driver through ``answer_source``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,20 +66,30 @@ import torch
 
 from protocols.events import (
     Action,
+    CancelTimer,
     Event,
     Finished,
     Machine,
+    Metric,
     NeighbourDown,
     NeighbourUp,
     Received,
+    Role,
     Send,
+    SetTimer,
     Start,
+    TimerFired,
 )
 from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
+from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
+from protocols.node.membership import Connect, Membership
 from protocols.node.neighbours import N, Neighbourhood
 from protocols.node.sync import Adoption, StateSync, SyncOffer, best_offer
+from protocols.roster import Roster
+from topology.errors import HivemeshError
+from topology.membership import ChangingGraph, RoundGraph
 
 
 @dataclass(frozen=True)
@@ -69,7 +100,7 @@ class Note:
     warning: bool = False
 
 
-NodeAction = Action | Note
+NodeAction = Action | Note | Connect
 
 # (what the machine mixes, as a copy the driver may send; the trainer's step)
 AnswerSource = Callable[[], tuple[torch.Tensor, int]]
@@ -79,9 +110,16 @@ class Node(Generic[N]):
     """One member: its machine, state sync, failure detector and messages heard before Start."""
 
     def __init__(self, name: str, machine: Machine, *, neighbours: Mapping[str, N], config: NodeConfig,
-                 early_per_neighbour: int, answer_source: AnswerSource) -> None:
+                 early_per_neighbour: int, answer_source: AnswerSource,
+                 roles: Mapping[str, Role] | None = None) -> None:
+        """``roles``: what the member holds beside its machine, by name (see the module docstring)."""
         self.name = name
         self.machine = machine
+        self.roles: dict[str, Role] = dict(sorted((roles or {}).items()))
+        for role_name in self.roles:
+            if not role_name or "/" in role_name:
+                raise ValueError(f"a role's name must be non-empty and without '/', got {role_name!r}")
+        self.owners = self._owners()
         self.config = config
         names = frozenset(neighbours)
         self.sync = StateSync(config, names)
@@ -99,6 +137,11 @@ class Node(Generic[N]):
         # neighbours the machine was told are up since their last answered request: that
         # NeighbourUp already resent the round, the request needs no second resend
         self._told_up: set[str] = set()
+        self.membership = Membership(Roster(()))  # version 1 from round 0 until set_membership says more
+        self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
+        self.left = False                          # removed from the roster: it takes no part any more
+        self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
+        self.next_beat_s = -math.inf  # when the next heartbeat is due
 
     # ------------------------------------------------------------ lifecycle
 
@@ -137,10 +180,12 @@ class Node(Generic[N]):
         self.syncing = False
         self.started = True
         actions = self._machine(Start(), now)
+        for role in self.roles:
+            actions += self._role(role, Start(), now)
         for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
             actions += self._machine(NeighbourDown(name), now)
         for sender, message in self.early.release():
-            actions += self._machine(Received(sender, message), now)
+            actions += self._deliver(sender, message, now)
         return actions
 
     def stop(self) -> None:
@@ -152,40 +197,100 @@ class Node(Generic[N]):
 
     def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
         """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
-        its counters and the state-sync rate limits carry over."""
+        its counters, the state-sync rate limits and its membership carry over."""
+        if isinstance(self.graph, ChangingGraph):
+            machine.set_graph(self.graph)   # a roster change learnt before the restart still holds
         self.machine = machine
+        self.owners = self._owners()
         self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
         self.early.clear()
         self._told_up.clear()
         self.started = self.syncing = self.finished = False
+        self.next_beat_s = -math.inf
+
+    # ------------------------------------------------------------ heartbeats and the start wait
+
+    def tick(self, now: float, *, step: int, loss: float, stamp_s: float = 0.0) -> list[NodeAction]:
+        """The heartbeat to every neighbour, when due (every ``heartbeat_interval_s``): liveness,
+        the trainer's ``step`` and ``loss``, whether we finished. ``stamp_s``: the sender's wall
+        clock, for the receiver's latency estimate (a simulator leaves it 0)."""
+        if now < self.next_beat_s:
+            return []
+        self.next_beat_s = now + self.config.heartbeat_interval_s
+        if not self.neighbourhood.names():
+            return []
+        return [Send(self.neighbourhood.names(), self.heartbeat(step=step, loss=loss, stamp_s=stamp_s))]
+
+    def heartbeat(self, *, step: int, loss: float, stamp_s: float = 0.0) -> Heartbeat:
+        """What our heartbeat says now (the daemon also sends one to try a connection)."""
+        return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished)
+
+    def start_wait(self, *, waited_s: float, resumed: bool, ahead_steps: int,
+                   all_reachable: bool = True) -> Wait:
+        """Whether the wait for the neighbours before the first round is over, and how the member
+        starts (protocols/node/liveness.py's table). ``ahead_steps``: how far on (trainer steps) a
+        neighbour may be for us still to start at round 0 with it."""
+        hood = self.neighbourhood
+        return start_wait(hood.presence(), {name: n.step for name, n in hood.members.items()},
+                          waited_s=waited_s, resumed=resumed, ahead_steps=ahead_steps,
+                          all_reachable=all_reachable, neighbour_timeout_s=self.config.neighbour_timeout_s,
+                          start_timeout_s=self.config.start_timeout_s)
+
+    def judge(self, *, resumed: bool, start_wait_over: bool) -> str:
+        """Why this member stops short of the end (protocols/node/liveness.py's verdict, in one line
+        naming its neighbours), or "" to go on. Asked after the state sync and whenever
+        neighbours fall silent; the driver stops the member (its checkpoint kept)."""
+        presence = self.neighbourhood.presence()
+        outcome = verdict(presence, resumed=resumed, start_wait_over=start_wait_over)
+        return "" if outcome is Verdict.GO_ON else reason(presence, outcome)
 
     # ------------------------------------------------------------ events
 
     def handle(self, event: Event, now: float) -> list[NodeAction]:
-        """The member's own events for its machine (work done, a timer), once started."""
-        return self._machine(event, now) if self.started else []
+        """The member's own events (work done, a timer), once started: a timer whose key a role's
+        name prefixes goes to that role, everything else to the machine."""
+        if not self.started or self.left:
+            return []
+        if isinstance(event, TimerFired):
+            role, _, key = event.key.partition("/")
+            if key and role in self.roles:
+                return self._role(role, TimerFired(key), now)
+        return self._machine(event, now)
 
     def receive(self, sender: str, message: Message, now: float, *,
                 reachable: bool = True) -> list[NodeAction]:
         """A verified message from ``sender`` (``reachable``: whether we can answer it now)."""
+        refused = self._refuse_version(sender, message)
+        if refused is not None:
+            return refused
         actions: list[NodeAction] = []
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
             self._told_up.add(sender)
             actions += self._machine(NeighbourUp(sender), now)
         match message:
+            case Heartbeat() if sender not in self.neighbourhood:
+                self.rejected["heartbeat_not_neighbour"] += 1
             case Heartbeat():
                 self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
             case StateSyncRequest():
                 actions += self._answer(sender, now)
             case StateSyncResponse():
                 actions += self._take_answer(sender, message)
-            case _ if type(message) not in self.machine.accepts:
+            case _ if type(message) not in self.owners:
                 self.rejected[f"no_role_for_{message.KIND}"] += 1  # a kind no role here takes
             case _ if not self.started:
                 self.early.hold(sender, message)
             case _:
-                actions += self._machine(Received(sender, message), now)
+                actions += self._deliver(sender, message, now)
         return actions
+
+    def may_write_params(self, message: Message) -> bool:
+        """Whether receiving ``message`` now may change the parameters in place (a state-sync answer
+        while syncing; what the machine takes once started): a driver whose sends still read them
+        lets those go first. A heartbeat, a request, a role's message never do."""
+        if isinstance(message, StateSyncResponse):
+            return self.syncing
+        return self.started and self.owners.get(type(message)) == ""
 
     def expire(self, now: float) -> tuple[list[str], list[NodeAction]]:
         """The neighbours that fell silent (now down), and what the machine does about it."""
@@ -217,7 +322,7 @@ class Node(Generic[N]):
             actions += self._machine(NeighbourUp(requester), now)
         params, trainer_step = self.answer_source()
         answer = self.sync.answer(self.machine, params, trainer_step=trainer_step)
-        return [*actions, Send((requester,), answer)]
+        return [*actions, Send((requester,), self.membership.stamp(answer))]
 
     def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
         if not self.syncing or sender in self._answered:
@@ -253,6 +358,39 @@ class Node(Generic[N]):
         }[outcome]
         return [*actions, note]
 
+    # ------------------------------------------------------------ the roles
+
+    def _owners(self) -> dict[type[Message], str]:
+        """Which role takes each kind ("": the machine); a kind two roles take is refused."""
+        owners: dict[type[Message], str] = {kind: "" for kind in self.machine.accepts}
+        for role_name, role in self.roles.items():
+            for kind in sorted(role.accepts, key=lambda k: k.KIND):
+                if kind in owners:
+                    first = owners[kind] or "the machine"
+                    raise ValueError(f"roles {first} and {role_name} both take {kind.KIND} messages")
+                owners[kind] = role_name
+        return owners
+
+    def _deliver(self, sender: str, message: Message, now: float) -> list[NodeAction]:
+        owner = self.owners[type(message)]
+        event = Received(sender, message)
+        return self._role(owner, event, now) if owner else self._machine(event, now)
+
+    def _role(self, name: str, event: Event, now: float) -> list[NodeAction]:
+        """A role beside the machine handles ``event``; its timer keys and metric names are prefixed."""
+        actions: list[NodeAction] = []
+        for action in self.roles[name].handle(event, now):
+            match action:
+                case SetTimer(key=key, at=at):
+                    actions.append(SetTimer(f"{name}/{key}", at))
+                case CancelTimer(key=key):
+                    actions.append(CancelTimer(f"{name}/{key}"))
+                case Metric(name=metric, value=value):
+                    actions.append(Metric(f"{name}.{metric}", value))
+                case _:
+                    actions.append(action)
+        return actions
+
     # ------------------------------------------------------------ the machine
 
     def _live(self) -> bool:
@@ -262,8 +400,106 @@ class Node(Generic[N]):
         actions: Sequence[Action] = self.machine.handle(event, now)
         if any(isinstance(a, Finished) for a in actions):
             self.finished = True
-        return list(actions)
+        return [*self._stamped(actions), *self._settle(now)]
 
     def all_rejections(self) -> Counter[str]:
         """Every refusal the Node counted (its own, state sync's, early messages')."""
         return self.rejected + self.sync.rejected + self.early.rejected
+
+    # ------------------------------------------------------------ membership (protocols/node/membership.py)
+
+    def set_membership(self, roster: Roster, graph: RoundGraph) -> None:
+        """The roster and graph this member starts with (the machine was built on ``graph``)."""
+        self.membership = Membership(roster)
+        self.graph = graph
+
+    def change_membership(self, roster: Roster, after: RoundGraph, now: float, *,
+                          make_neighbour: Callable[[], N]) -> list[NodeAction]:
+        """A later roster version was learnt: ``after`` is the graph over its members, in force from
+        ``roster.effective_round``. The machine reads the old graph for the rounds before it; new
+        neighbours are known (down until heard) at once, the removed ones forgotten at that round."""
+        if self.graph is None:
+            raise ValueError("change_membership needs set_membership first")
+        try:
+            membership = self.membership.changed_to(roster)
+        except ValueError as error:
+            self.rejected["roster_not_newer"] += 1
+            return [Note(f"{error}: ignored", warning=True)]
+        view = ChangingGraph(self.graph, after, roster.effective_round)
+        try:
+            self.machine.set_graph(view)
+        except HivemeshError as error:
+            self.rejected["roster_change_refused"] += 1
+            return [Note(f"{membership.describe()}: not applied: {error}", warning=True)]
+        old_version = self.membership.current.version
+        self.membership, self.graph = membership, view
+        actions: list[NodeAction] = [Note(membership.describe())]
+        round_now = self.machine.position[0]
+        if self.started and round_now > roster.effective_round:
+            actions.append(Note(f"roster version {roster.version} arrived at round {round_now}, after its "
+                                f"effective round {roster.effective_round}: rounds {roster.effective_round}"
+                                f"-{round_now - 1} went by version {old_version} here "
+                                f"(members already on version {roster.version} refused them)", warning=True))
+        names = view.neighbours(self.name)
+        added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
+        self._follow(names)
+        actions.append(Connect(membership.either(), names))
+        if self._live():
+            for name in added:  # not waited for until heard (NeighbourUp), like a neighbour absent at Start
+                actions += self._machine(NeighbourDown(name), now)
+        return actions + self._settle(now)
+
+    def _settle(self, now: float) -> list[NodeAction]:
+        """From the change's round on: forget the removed neighbours, or leave if we were removed."""
+        membership, graph = self.membership, self.graph
+        if membership.previous is None or not isinstance(graph, ChangingGraph):
+            return []
+        round_now = self.machine.position[0]
+        if not membership.in_force(round_now):
+            return []
+        self.membership = membership.settled()
+        roster = membership.current
+        if self.name not in roster:    # we were removed: no neighbour any more, and done
+            self.left = self.finished = True
+            self.early.clear()
+            for name in self.neighbourhood.names():
+                self.neighbourhood.forget(name)
+            self._follow(())
+            return [Note(f"removed from the roster at version {roster.version} (round "
+                         f"{roster.effective_round}): leaving the run"),
+                    Connect(membership.previous, ()), Finished()]
+        keep = graph.neighbours_from(self.name)
+        for name in self.neighbourhood.names():
+            if name not in keep:
+                self.neighbourhood.forget(name)
+        self._follow(keep)
+        return [Connect(roster, keep),
+                Note(f"roster version {roster.version} in effect from round {roster.effective_round} "
+                     f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}")]
+
+    def _follow(self, names: Sequence[str]) -> None:
+        """State sync and early messages take these neighbours from now on."""
+        self.sync.neighbours = frozenset(names)
+        self.early.neighbours = frozenset(names)
+
+    def _stamped(self, actions: Sequence[Action]) -> list[Action]:
+        """Our roster version for its round on every round-bearing message we send."""
+        return [Send(a.recipients, self.membership.stamp(a.message)) if isinstance(a, Send) else a
+                for a in actions]
+
+    def _refuse_version(self, sender: str, message: Message) -> list[NodeAction] | None:
+        """None to go on; else the refusal (counted) of a message we must not take: we left the run,
+        or its roster version for its round is not ours."""
+        if self.left:
+            self.rejected["after_leaving"] += 1
+            return []
+        mismatch = self.membership.mismatch(message)
+        if mismatch is None:
+            return None
+        round_index, theirs, ours = mismatch
+        self.rejected["roster_version_mismatch"] += 1
+        if (sender, theirs) in self._version_said:
+            return []
+        self._version_said.add((sender, theirs))
+        return [Note(f"{self.name} refused {sender}'s {message.KIND} for round {round_index}: roster version "
+                     f"{theirs} (theirs) != {ours} (ours)", warning=True)]

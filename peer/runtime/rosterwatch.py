@@ -1,0 +1,69 @@
+"""The daemon's eye on its roster file: a new version is picked up while the peer runs.
+
+``hivemesh roster add|remove --effective-round R`` rewrites the roster file
+(atomically) with the next version. The daemon asks :meth:`RosterWatch.poll`
+in its periodic pass; when the file's modification time changed it is read
+again, and a later version is handed to the Node (protocols/node/membership.py),
+which applies it from round R on like every other member. What cannot be used
+(unreadable, an older version, the same version with other members) is said
+once per change of the file, and the peer runs on with what it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from peer.files import roster_file
+from protocols.roster import Roster
+from topology.errors import HivemeshError
+
+
+@dataclass(frozen=True)
+class NewVersion:
+    roster: Roster
+
+
+@dataclass(frozen=True)
+class Unusable:
+    reason: str   # one line for the operator
+
+
+class RosterWatch:
+    """Re-reads ``path`` when its modification time changes, at most every ``every_s`` seconds."""
+
+    def __init__(self, path: str | Path, roster: Roster, *, every_s: float = 1.0) -> None:
+        self.path = Path(path)
+        self.roster = roster
+        self.every_s = every_s
+        self._stamp = self._modified()
+        self._next_s = 0.0
+
+    def _modified(self) -> int | None:
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def poll(self, now: float) -> NewVersion | Unusable | None:
+        """What changed since the last look (``now``: the daemon's clock, s); None: nothing."""
+        if now < self._next_s:
+            return None
+        self._next_s = now + self.every_s
+        stamp = self._modified()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            roster = roster_file.read(self.path)
+        except HivemeshError as error:
+            return Unusable(f"roster file changed but cannot be used ({error}); running on with version "
+                            f"{self.roster.version}")
+        if roster.version > self.roster.version:
+            self.roster = roster
+            return NewVersion(roster)
+        if roster == self.roster:
+            return None     # rewritten unchanged
+        return Unusable(f"roster file {self.path} changed but holds version {roster.version}, not later than "
+                        f"ours ({self.roster.version}): ignored (an edit is a new version: `hivemesh roster "
+                        "add|remove --effective-round ROUND`)")
