@@ -190,6 +190,7 @@ class PeerDaemon:
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
         self.faults = schedule_for(self.name) if schedule_for is not None else None
+        self._was_held = False      # the schedule held the last work point
         self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
@@ -424,6 +425,11 @@ class PeerDaemon:
         # conditions only grow: one that has just released a hold may also heal a cut, which must
         # be in force before the steps are trained (another peer's file may have appeared since)
         self._heal()
+        if self._was_held and not held:
+            # what arrived while held is handled before the steps: a peer starved of CPU meanwhile
+            # would otherwise read it only after them (a jump then mixes without it)
+            self._pump(0.0)
+        self._was_held = held
         return held
 
     def _heal(self) -> None:
