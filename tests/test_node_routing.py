@@ -112,12 +112,13 @@ def test_messages_before_start_are_capped_per_neighbour_and_non_neighbours_refus
 
 def test_a_state_sync_request_is_answered_once_started_and_rate_limited() -> None:
     n = Recorded(sync_answer_interval_s=5.0)
-    assert n.receive("p01", StateSyncRequest(), 0.0) == []          # not started: nothing to offer
+    refused = [Send(("p01",), ErrorReply(code="sync_refused"))]
+    assert n.receive("p01", StateSyncRequest(), 0.0) == refused     # not started: nothing to offer
     n.start(0.0)
     sent = [a for a in n.receive("p01", StateSyncRequest(), 1.0) if isinstance(a, Send)]
     assert [s.recipients for s in sent] == [("p01",), ("p01",)]    # the round resent, then the answer
     assert isinstance(sent[1].message, StateSyncResponse) and sent[1].message.meta["trainer_step"] == 7
-    assert n.receive("p01", StateSyncRequest(), 2.0) == []          # too soon
+    assert n.receive("p01", StateSyncRequest(), 2.0) == refused     # too soon: told so
     assert n.all_rejections() == {"sync_request_not_started": 1, "sync_request_too_often": 1}
     # p01 was heard (its first request) before Start; up since, its answered request tells it restarted
     assert n.fed() == [Start(), NeighbourDown("p03"), NeighbourUp("p01")]
@@ -154,6 +155,19 @@ def test_a_sync_takes_the_highest_round_then_the_lowest_name_whatever_the_order(
             assert not n.syncing and torch.equal(n.machine.params, torch.full((3,), winner)), (order, rounds)
 
 
+def test_a_refusal_counts_as_an_answer_so_the_best_is_taken_without_waiting() -> None:
+    n = Recorded()
+    n.receive("p03", beat(), 0.0)
+    n.receive("p01", beat(), 0.0)
+    n.begin_sync(resumed=False)
+    n.receive("p03", answer(4, 2.0), 0.5)
+    assert n.syncing
+    n.receive("p01", ErrorReply(code="sync_refused"), 0.6)   # p01 has not started: it says so
+    assert not n.syncing and n.adoption is Adoption.ADOPTED and n.machine.position == (4, 4)
+    n.receive("p01", ErrorReply(code="sync_refused"), 0.7)   # nobody waits for it any more
+    assert n.rejected == {"sync_answer_late": 1}
+
+
 def test_a_sync_waits_only_for_neighbours_up_and_takes_what_it_has_at_the_timeout() -> None:
     n = Recorded()
     n.receive("p03", beat(), 0.0)
@@ -179,7 +193,7 @@ def test_a_neighbour_up_all_along_that_asks_is_resent_the_round_once_per_answer(
     first = n.receive("p01", StateSyncRequest(), 1.0)      # it restarted: the round is resent, then answered
     assert [type(a.message) for a in first if isinstance(a, Send)] == [ParamPush, StateSyncResponse]
     assert n.fed() == [NeighbourUp("p01")]
-    assert n.receive("p01", StateSyncRequest(), 2.0) == []  # refused (too soon): nothing resent
+    assert n.receive("p01", StateSyncRequest(), 2.0) == [Send(("p01",), ErrorReply(code="sync_refused"))]
     # one that comes up by being heard is resent the round by that; its request is only answered
     n.goodbye("p03", 3.0)
     n.receive("p03", beat(), 3.0)

@@ -91,10 +91,10 @@ def test_the_simulator_rate_limits_state_sync_answers_per_requester() -> None:
     for _ in range(20):
         run._arrive("p01", "p00", StateSyncRequest())
     run._arrive("p03", "p00", StateSyncRequest())
-    # Assert: one whole-model answer per requester, the rest refused and counted; each answered one
-    # (up all along, so it must have restarted) is also resent the round, once
+    # Assert: one whole-model answer per requester, the rest refused (each told so) and counted;
+    # each answered one (up all along, so it must have restarted) is also resent the round, once
     assert peer.node.sync.answers_sent - answers == 2
-    assert peer.messages_sent - sent == 2 * 2
+    assert peer.messages_sent - sent == 2 * 2 + 19
     assert peer.all_rejections()["sync_request_too_often"] == 19
     # Once the interval has passed, p01 is answered again.
     from protocols.node import NodeConfig  # here: the assertions above say what the old code did

@@ -15,7 +15,8 @@ down and up only by the schedule's cut. In order:
    in round 13: it syncs from both (a tie: p01's) and holds what they resend (each was up all
    along for them: its answered request tells them it restarted);
 3. p02 floods p01 with 5 state-sync requests at round 16: within the answer interval of the answer
-   p01 gave it at round 13, every one is refused (and none makes p01 resend its round);
+   p01 gave it at round 13, every one is refused (p02 is told so, five times, and counts the
+   refusals nobody waits for; none makes p01 resend its round);
 4. a partition {p00, p01} | {p02, p03, p04} from round 18; the halves go on alone and are held at
    rounds 20 and 27; it heals there: the half behind jumps to round 27 (rounds and steps skipped,
    the trainer's step set), the half ahead drops the round the others resend as stale.
@@ -212,6 +213,7 @@ def test_one_schedule_the_same_decisions_in_the_daemon_and_the_simulator(tmp_pat
         assert decisions[name]["trainer_steps_set"] == [AHEAD]
         assert decisions[name]["metrics"]["rounds_skipped"] == AHEAD - BEHIND - 1
     assert decisions["p01"]["node_rejections"] == {"sync_request_too_often": 5}    # the flood
+    assert decisions["p02"]["node_rejections"] == {"sync_answer_late": 5}
     assert [decisions[n]["sync_answers_sent"] for n in world.names] == [1, 1, 0, 2, 0]
     assert decisions["p04"]["early_held_synced"] == 2 == decisions["p02"]["early_held_synced"]
     assert decisions["p02"]["state_sync"] == {"adopted": 1} == decisions["p04"]["state_sync"]

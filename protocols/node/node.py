@@ -24,7 +24,8 @@ anything from a neighbour   the failure detector hears it (``NeighbourUp`` once 
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
-``StateSyncResponse``       checked and collected while syncing; the best is adopted once
+``StateSyncResponse``       (or a refusal: ``ErrorReply`` ``sync_refused``) checked and
+                            collected while syncing; the best is adopted once
                             every asked neighbour that is up has answered (or at the
                             attempt's timeout); after (a second answer from one
                             neighbour, or none asked) counted ``sync_answer_late``
@@ -64,6 +65,7 @@ from typing import Generic
 
 import torch
 
+from protocols.compress import BadParts
 from protocols.events import (
     Action,
     CancelTimer,
@@ -80,13 +82,13 @@ from protocols.events import (
     Start,
     TimerFired,
 )
-from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest, StateSyncResponse
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership
 from protocols.node.neighbours import N, Neighbourhood
-from protocols.node.sync import Adoption, StateSync, SyncOffer, best_offer
+from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
@@ -276,6 +278,8 @@ class Node(Generic[N]):
                 actions += self._answer(sender, now)
             case StateSyncResponse():
                 actions += self._take_answer(sender, message)
+            case ErrorReply() if message.code == REFUSED_CODE:
+                actions += self._take_answer(sender, None)
             case _ if type(message) not in self.owners:
                 self.rejected[f"no_role_for_{message.KIND}"] += 1  # a kind no role here takes
             case _ if not self.started:
@@ -311,7 +315,9 @@ class Node(Generic[N]):
 
     def _answer(self, requester: str, now: float) -> list[NodeAction]:
         if not self.sync.may_answer(requester, now, started=self.started):
-            return []  # counted by reason
+            # counted by reason; a neighbour is told, so that its sync does not wait for us
+            refusal = ErrorReply(code=REFUSED_CODE)
+            return [Send((requester,), refusal)] if requester in self.neighbourhood else []
         actions: list[NodeAction] = []
         if requester in self._told_up:
             self._told_up.discard(requester)  # its NeighbourUp resent the round already
@@ -324,17 +330,24 @@ class Node(Generic[N]):
         answer = self.sync.answer(self.machine, params, trainer_step=trainer_step)
         return [*actions, Send((requester,), self.membership.stamp(answer))]
 
-    def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
+    def _take_answer(self, sender: str, message: StateSyncResponse | None) -> list[NodeAction]:
+        """An answer to our request (None: a refusal), while syncing."""
         if not self.syncing or sender in self._answered:
             self.rejected["sync_answer_late"] += 1
             return []
-        offer = self.sync.check(sender, message, self.machine)
+        if message is None:
+            offer: SyncOffer | BadParts = BadParts("refused", "not started, or asked too often")
+            if sender not in self._asked:
+                self.rejected["sync_answer_late"] += 1
+                return []
+        else:
+            offer = self.sync.check(sender, message, self.machine)
         notes: list[NodeAction] = []
         if sender in self._asked:
             self._answered.add(sender)
         if isinstance(offer, SyncOffer):
             self._offers[sender] = offer
-        else:
+        elif message is not None:
             notes.append(Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
                               warning=True))
         waited_for = [n for n in self._asked if self.neighbourhood[n].up]
