@@ -227,13 +227,17 @@ class GossipRun:
         the timeout: the heartbeats that arrive are heard, then the silent neighbours go down."""
         now = self.engine.now_s
         for name, peer in sorted(self.peers.items()):
-            if not peer.alive or peer.node.syncing:
+            if not peer.alive:
                 continue
-            for other in self.world.neighbours(name):
-                if self._heartbeat_arrives(other, name, now):
-                    self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
+            syncing = peer.node.syncing
+            if not syncing:
+                for other in self.world.neighbours(name):
+                    if self._heartbeat_arrives(other, name, now):
+                        self._heard(peer, other)  # NeighbourUp if it was down, as a heartbeat would
             _, actions = peer.node.expire(now)
             self._carry_out(peer, actions)
+            if syncing and not peer.node.syncing:  # a silent neighbour was all it still waited for
+                self._synced(peer)
         self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
     def _heartbeat_arrives(self, src: str, dst: str, now: float) -> bool:
