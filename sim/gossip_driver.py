@@ -248,10 +248,15 @@ class GossipRun:
         the timeout: the silent neighbours go down."""
         now = self.engine.now_s
         for _, peer in sorted(self.peers.items()):
-            if peer.alive and not peer.node.syncing and peer.waiting is None:
+            if peer.alive and peer.waiting is None:
+                syncing = peer.node.syncing
                 silent, actions = peer.node.expire(now)
                 self._carry_out(peer, actions)
-                if silent and peer.node.started and not peer.node.finished:
+                if syncing and not peer.node.syncing:  # a silent neighbour was all it still waited for
+                    if peer.node.adoption is Adoption.ADOPTED:
+                        peer.pending_work = None  # superseded by the adopted state
+                    self._synced(peer, unanswered=False)
+                elif silent and peer.node.started and not peer.node.finished:
                     why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
                     if why:
                         self._strand(peer, why)

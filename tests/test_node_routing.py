@@ -168,6 +168,18 @@ def test_a_refusal_counts_as_an_answer_so_the_best_is_taken_without_waiting() ->
     assert n.rejected == {"sync_answer_late": 1}
 
 
+def test_a_sync_stops_waiting_for_an_asked_neighbour_that_falls_silent() -> None:
+    n = Recorded(neighbour_timeout_s=2.0)
+    n.receive("p01", beat(), 0.0)
+    n.receive("p03", beat(), 0.0)
+    n.begin_sync(resumed=False)
+    n.receive("p03", answer(4, 2.0), 1.5)
+    assert n.syncing                                        # p01 is up: waited for
+    silent, actions = n.expire(2.5)                         # p01 silent past the timeout: down
+    assert silent == ["p01"] and SetTrainerStep(4) in actions
+    assert not n.syncing and n.adoption is Adoption.ADOPTED
+
+
 def test_a_sync_waits_only_for_neighbours_up_and_takes_what_it_has_at_the_timeout() -> None:
     n = Recorded()
     n.receive("p03", beat(), 0.0)

@@ -380,6 +380,9 @@ class PeerDaemon:
             deadline = self.now() + sync.config.sync_timeout_s
             while self.node.syncing and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)       # an answer is adopted as it arrives (Node.receive)
+                silent, actions = self.node.expire(self.now())   # or once the rest fell silent
+                self.counters.neighbour_down.update(silent)
+                self._carry_out(actions)
                 self._tick()
                 self._write_status()    # "syncing", for `hivemesh status`
             if self.node.syncing and self._stop_signal is None:

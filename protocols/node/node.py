@@ -303,6 +303,8 @@ class Node(Generic[N]):
         if self._live():
             for name in silent:
                 actions += self._machine(NeighbourDown(name), now)
+        if self.syncing and silent:
+            actions += self._sync_complete()  # an asked neighbour gone silent is waited for no more
         return silent, actions
 
     def goodbye(self, name: str, now: float) -> list[NodeAction]:
@@ -350,10 +352,15 @@ class Node(Generic[N]):
         elif message is not None:
             notes.append(Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
                               warning=True))
+        return [*notes, *self._sync_complete()]
+
+    def _sync_complete(self) -> list[NodeAction]:
+        """Adopt the best answer once every asked neighbour that is up has answered (and one could
+        be used); else nothing yet."""
         waited_for = [n for n in self._asked if self.neighbourhood[n].up]
         if self._offers and all(n in self._answered for n in waited_for):
-            return [*notes, *self._adopt_best()]
-        return notes
+            return self._adopt_best()
+        return []
 
     def _adopt_best(self) -> list[NodeAction]:
         """Adopt the best answer of this attempt (protocols/node/sync.py, "Choosing")."""
