@@ -17,9 +17,9 @@ machine and replay windows from it with the next epoch, and feeds ``Start``.
 
 A member that joins late or restarts first asks its neighbours for their
 state, as the daemon does, with the same code (protocols/node's
-``StateSync``: answers rate-limited per requester; the first usable answer
-checked, then adopted unless behind us or the algorithm cannot join, with the
-trainer's step following), then feeds ``Start``; with no answer within
+``StateSync``: answers rate-limited per requester; the answers of the
+neighbours asked collected and the best adopted, unless behind us or the
+algorithm cannot join, with the trainer's step following), then feeds ``Start``; with no answer within
 ``NodeConfig.sync_timeout_s`` it starts from what it has. Messages that arrive
 meanwhile are held as the daemon holds them (``EarlyMessages``: per
 neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
@@ -36,6 +36,15 @@ it joins by state sync, or the start timeout); at ``Start`` the neighbours not
 heard yet are told down. Forgers are never heard, so their honest neighbours
 start only at ``start_timeout_s``, as real peers would. A member that leaves
 says goodbye: its neighbours are told at once.
+
+A test may hand the run a fault schedule keyed by rounds (``faults``:
+protocols/node/schedule.py, the one the daemon honours through its test hooks):
+its faults fire when a member carries out ``StartWork`` (the round's work
+point), holds defer that work, a stop keeps the member's state as its
+checkpoint and restarts it (with a state sync) once its condition is met,
+joins start a member, and cuts drop what crosses them and tell the machines
+their neighbours are down, then up, by the schedule. Conditions are checked
+after every work point, all at one instant of the virtual clock.
 
 ``verify_fraction < 1`` (scale runs only): each honest message is opened by
 the codec with that probability (a counter-based draw per link and message);
@@ -63,6 +72,8 @@ from protocols.events import (
     Finished,
     Machine,
     Metric,
+    NeighbourDown,
+    NeighbourUp,
     Send,
     SetTimer,
     SetTrainerStep,
@@ -71,9 +82,10 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.identity import Identity
-from protocols.messages import Message
+from protocols.messages import Message, StateSyncRequest
 from protocols.node import Adoption, Neighbour, Node, NodeAction, Note, Wait
 from protocols.node.membership import Connect
+from protocols.node.schedule import Cut, Flood, MemberFaults, Schedule, Stop, met
 from protocols.roster import Member, Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
@@ -83,6 +95,9 @@ from sim.world import Progress, Recorder, ScenarioResult, World, merge_counts, n
 from topology import Topology
 
 _ALWAYS_VERIFIED = ("stale-replay", "forged-key", "forged-signature")
+# a schedule's join or restart is a process starting: what was sent to it meanwhile, in flight when
+# its condition was met, has landed on nobody (as on a port nobody listens on) before it runs
+PROCESS_START_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,8 @@ class SimPeer:
         self.waiting: Waiting | None = None        # waiting for its neighbours before its first round
         self.resumed = False                       # this life began from its checkpoint
         self.stranded = ""                         # why it stopped short of the end (Node.judge)
+        self.deferred_steps = 0  # work a schedule's hold keeps back
+        self.trainer_steps_set: list[int] = []  # each SetTrainerStep (catch-up, sync), as the daemon shows
         self.neighbour_names = tuple(sorted(neighbours))
         self.node = node(self)  # machine, state sync, failure detector, early messages: protocols/node
 
@@ -143,7 +160,9 @@ class SimPeer:
 class GossipRun:
     """Everything a gossip scenario needs in the engine; :meth:`run` returns the result."""
 
-    def __init__(self, world: World, progress: Progress | None = None) -> None:
+    def __init__(self, world: World, progress: Progress | None = None, *,
+                 faults: Schedule | None = None) -> None:
+        """``faults``: a test's fault schedule (see the module docstring)."""
         from protocols.gossip import make_machine
 
         self.world = world
@@ -172,6 +191,12 @@ class GossipRun:
             self.result.notes.extend(n for n in peer.node.machine.notes() if n not in self.result.notes)
         self.recorder = Recorder(world, self.result, running=lambda n: self.peers[n].alive,
                                  bytes_sent=self._bytes_sent, progress=progress)
+        self.schedule = faults or Schedule()
+        self.reached: dict[str, int] = {}  # each member's latest work-point round
+        self.faults = {name: MemberFaults(self.schedule, name, reached=lambda m: self.reached.get(m, -1))
+                       for name in names}
+        self._joined: set[str] = set()
+        self._stopped: dict[str, Stop] = {}  # stopped by the schedule, waiting to restart
 
     def _node(self, peer: SimPeer) -> Node[Neighbour]:
         trainer = self.world.trainers[peer.name]
@@ -205,10 +230,10 @@ class GossipRun:
     def begin(self) -> None:
         """Schedule the starts, the churn and the evaluations (a test may then step the engine)."""
         churn = churn_events(self.scenario, self.world.names)
-        joins_later = {e.node for e in churn if e.kind == "join"}
+        joins_later = {e.node for e in churn if e.kind == "join"} | self.schedule.joins_later()
         first_join = {e.node: e.at_s for e in sorted(churn, key=lambda e: e.at_s) if e.kind == "join"}
         first = [peer for name, peer in sorted(self.peers.items())
-                 if name not in joins_later or first_join[name] <= 0.0]
+                 if name not in joins_later or first_join.get(name, math.inf) <= 0.0]
         self.engine.at(0.0, functools.partial(self._start_together, first))
         for event in churn:
             if event.kind == "join" and event.at_s <= 0.0:
@@ -222,10 +247,15 @@ class GossipRun:
         the timeout: the silent neighbours go down."""
         now = self.engine.now_s
         for _, peer in sorted(self.peers.items()):
-            if peer.alive and not peer.node.syncing and peer.waiting is None:
+            if peer.alive and peer.waiting is None:
+                syncing = peer.node.syncing
                 silent, actions = peer.node.expire(now)
                 self._carry_out(peer, actions)
-                if silent and peer.node.started and not peer.node.finished:
+                if syncing and not peer.node.syncing:  # a silent neighbour was all it still waited for
+                    if peer.node.adoption is Adoption.ADOPTED:
+                        peer.pending_work = None  # superseded by the adopted state
+                    self._synced(peer, unanswered=False)
+                elif silent and peer.node.started and not peer.node.finished:
                     why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
                     if why:
                         self._strand(peer, why)
@@ -261,6 +291,8 @@ class GossipRun:
                 "started_at_s": peer.started_at_s,
                 "state_sync": dict(sorted(peer.node.sync.outcomes.items())), "stranded": peer.stranded,
                 "sync_answers_sent": peer.node.sync.answers_sent,
+                "early_held": peer.node.early.held_total,
+                "trainer_steps_set": list(peer.trainer_steps_set),
                 "rejections": dict(sorted(peer.all_rejections().items())),
                 "metrics": {key: peer.metric_last[key] for key in sorted(peer.metric_last)},
             }
@@ -300,9 +332,13 @@ class GossipRun:
         or starts its rounds."""
         waiting = peer.waiting
         assert waiting is not None
-        ahead_steps = self.config.max_rounds_ahead * self.config.local_steps
+        # under a test's schedule, as in the daemon: members it starts later are not waited for,
+        # and every running neighbour is (no far-ahead shortcut): a sync then asks them all
+        later = self.schedule.joins_later()
+        ahead_steps = (math.inf if self.schedule.faults
+                       else self.config.max_rounds_ahead * self.config.local_steps)
         outcome = peer.node.start_wait(waited_s=self.engine.now_s - waiting.since_s, resumed=waiting.resumed,
-                                       ahead_steps=ahead_steps)
+                                       ahead_steps=ahead_steps, later=later)
         if outcome is Wait.WAIT:
             return
         peer.waiting = None
@@ -312,10 +348,12 @@ class GossipRun:
             self._begin(peer)
 
     def _asked(self, peer: SimPeer, actions: list[NodeAction]) -> None:
-        """One state-sync attempt made (its timeout set), or, none left, start from what it has."""
+        """One state-sync attempt made (its timeout set), or, synced or none left, start."""
         self._carry_out(peer, actions)
         if not peer.node.syncing:
-            self._synced(peer, unanswered=True)
+            if peer.node.adoption is Adoption.ADOPTED:
+                peer.pending_work = None  # superseded by the adopted state (at the attempt's timeout)
+            self._synced(peer, unanswered=peer.node.adoption is None)
             return
         attempt = peer.node.sync.attempts_made
         self.engine.after(self.node_config.sync_timeout_s,
@@ -377,6 +415,11 @@ class GossipRun:
         elif event.kind == "join" and not peer.alive and not peer.started:
             self._start(peer, sync=True)
 
+    def _restart(self, peer: SimPeer) -> None:
+        """From its checkpoint, syncing first (a schedule's stop)."""
+        self._restore(peer)
+        self._start(peer, sync=True, resumed=True)
+
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
             trainer_state = self.world.trainers[peer.name].state_dict()
@@ -388,6 +431,7 @@ class GossipRun:
                 peer.endpoint.export_state())
         peer.alive = False
         peer.waiting = None
+        peer.deferred_steps = 0
         peer.node.stop()
         peer.incarnation += 1  # pending work, timers and deliveries of this life are void
         peer.timers.clear()
@@ -411,7 +455,10 @@ class GossipRun:
             self._carry_out(peer, peer.node.handle(event, self.engine.now_s))
 
     def _carry_out(self, peer: SimPeer, actions: list[NodeAction]) -> None:
+        incarnation = peer.incarnation
         for action in actions:
+            if peer.incarnation != incarnation:
+                return  # stopped (a schedule's stop at its work point): the rest died with it
             self._act(peer, action)
 
     def _act(self, peer: SimPeer, action: NodeAction) -> None:
@@ -420,14 +467,7 @@ class GossipRun:
             case Send():
                 self._send(peer, action)
             case StartWork(steps=steps):
-                loss = self.world.trainers[peer.name].run_steps(steps)
-                duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
-                                          peer.work_index, steps)
-                peer.work_index += 1
-                peer.steps_done += steps
-                peer.pending_work = WorkDone(steps, loss)
-                self.engine.at(now + duration_s, functools.partial(
-                    self._work_done, peer, peer.incarnation))
+                self._work_point(peer, steps)
             case SetTimer(key=key, at=at):
                 peer.timer_tokens += 1
                 peer.timers[key] = peer.timer_tokens
@@ -443,6 +483,7 @@ class GossipRun:
                 self._maybe_end()
             case SetTrainerStep(step=step):
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
+                peer.trainer_steps_set.append(step)
             case Note():
                 pass  # the operator's lines: a simulation reports counters instead
             case Connect(roster=roster, neighbours=neighbours):
@@ -458,6 +499,75 @@ class GossipRun:
             if peer.alive and peer.name not in skip:
                 self._carry_out(peer, peer.node.change_membership(roster, topology, now,
                                                                   make_neighbour=Neighbour))
+
+    def _work(self, peer: SimPeer, steps: int) -> None:
+        """Run ``steps`` real SGD steps now; ``WorkDone`` comes after their modelled time."""
+        loss = self.world.trainers[peer.name].run_steps(steps)
+        duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
+                                  peer.work_index, steps)
+        peer.work_index += 1
+        peer.steps_done += steps
+        peer.pending_work = WorkDone(steps, loss)
+        self.engine.at(self.engine.now_s + duration_s, functools.partial(
+            self._work_done, peer, peer.incarnation))
+
+    # ------------------------------------------------------------ a test's fault schedule
+
+    def _work_point(self, peer: SimPeer, steps: int) -> None:
+        """The round's messages are out, its steps not done: what the schedule fires here, then the
+        work (unless a hold keeps it back, or a stop ends this life)."""
+        if not self.schedule.faults:
+            self._work(peer, steps)
+            return
+        round_index = peer.node.machine.position[0]
+        self.reached[peer.name] = max(self.reached.get(peer.name, -1), round_index)
+        self._heal(peer)  # before a hold is released by the same condition
+        faults = self.faults[peer.name]
+        for fault in faults.work_point(round_index):
+            match fault:
+                case Stop():
+                    self._stop(peer, keep_checkpoint=True)  # as a SIGTERM: its state is the checkpoint
+                    self._stopped[peer.name] = fault
+                case Flood(to=to, requests=requests):
+                    for _ in range(requests):
+                        self._send(peer, Send((to,), StateSyncRequest(reason="flood")))
+                case Cut():
+                    for name in sorted(fault.across(peer.name) & set(peer.neighbour_names)):
+                        self._feed(peer, NeighbourDown(name))
+        if peer.alive:
+            if faults.holding():
+                peer.deferred_steps = steps
+            else:
+                self._work(peer, steps)
+        self.engine.at(self.engine.now_s, self._check_schedule)
+
+    def _heal(self, peer: SimPeer) -> None:
+        """Its neighbours across a cut whose heal condition is met: up again for the machine."""
+        for other in self.faults[peer.name].heals():
+            if other in peer.neighbour_names:
+                self._feed(peer, NeighbourUp(other))
+
+    def _check_schedule(self) -> None:
+        """Whatever conditions the last work point met: joins, restarts, heals, then holds released."""
+        def reached(member: str) -> int:
+            return self.reached.get(member, -1)
+
+        for join in self.schedule.joins():
+            if join.member not in self._joined and met(join.when, reached):
+                self._joined.add(join.member)
+                self.engine.after(PROCESS_START_S, functools.partial(self._start, self.peers[join.member],
+                                                                     sync=True))
+        for name, stop in sorted(self._stopped.items()):
+            if met(stop.restart_when, reached):
+                del self._stopped[name]
+                self.engine.after(PROCESS_START_S, functools.partial(self._restart, self.peers[name]))
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive:
+                self._heal(peer)
+        for _, peer in sorted(self.peers.items()):
+            if peer.alive and peer.deferred_steps and not self.faults[peer.name].holding():
+                steps, peer.deferred_steps = peer.deferred_steps, 0
+                self._work_point(peer, steps)  # faults after the hold fire now, then the work
 
     def _work_done(self, peer: SimPeer, incarnation: int) -> None:
         if peer.incarnation == incarnation and peer.pending_work is not None:
@@ -499,6 +609,9 @@ class GossipRun:
         payload = nbytes - len(frames[0]) - len(frames[-1])
         fraction = self.scenario.verify_fraction
         for recipient in recipients:
+            if self.faults[peer.name].drops(recipient, send.message):
+                peer.dropped["schedule_cut"] += 1  # a test's cut (the daemon: test_cut_dropped)
+                continue
             peer.bytes_sent += nbytes
             peer.payload_bytes_sent += payload
             peer.messages_sent += 1

@@ -49,11 +49,13 @@ def make_network(folder: Path, *, peers: int = 8, topology: str = "ring", algori
                           reserve=True)
 
 
-def peers(files: NetworkFiles, names: Iterable[str] | None = None) -> PeerProcesses:
-    """The peer processes of ``files`` (``names``: a subset), each adopting its reserved port."""
+def peers(files: NetworkFiles, names: Iterable[str] | None = None, *, schedule: str = "") -> PeerProcesses:
+    """The peer processes of ``files`` (``names``: a subset), each adopting its reserved port;
+    ``schedule``: a fault schedule for all (``peer.runtime.testhooks.schedule_json``)."""
     chosen = list(names) if names is not None else list(files.configs)
     return PeerProcesses({n: files.configs[n] for n in chosen},
-                         listeners={n: files.listeners[n] for n in chosen if n in files.listeners})
+                         listeners={n: files.listeners[n] for n in chosen if n in files.listeners},
+                         schedule=schedule)
 
 
 @dataclass(frozen=True)

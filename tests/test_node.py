@@ -11,6 +11,7 @@ from protocols.events import Machine, Received, Send, SetTrainerStep, Start, Sta
 from protocols.gossip import GossipConfig, make_machine
 from protocols.messages import ParamPush, StateSyncResponse
 from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
+from protocols.node.sync import best_offer
 from topology import build
 from topology.errors import HivemeshError
 
@@ -80,6 +81,26 @@ def test_the_answer_says_where_the_machine_is() -> None:
 def test_a_negative_answer_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="sync_answer_interval_s"):
         NodeConfig(sync_answer_interval_s=-1.0)
+
+
+# ------------------------------------------------------------ choosing among answers
+
+
+@pytest.mark.parametrize(("offers", "chosen"), [
+    ({"p01": (4, 4)}, "p01"),
+    ({"p01": (4, 4), "p03": (6, 6)}, "p03"),                 # the highest round
+    ({"p03": (6, 6), "p01": (6, 6)}, "p01"),                 # a tie: the lowest name, whatever the order
+    ({"p01": (6, 5), "p03": (6, 6)}, "p03"),                 # same round: the most steps done
+    ({"p09": (7, 7), "p01": (6, 6), "p02": (7, 7)}, "p02"),
+])
+def test_a_sync_takes_the_highest_round_then_the_most_steps_then_the_lowest_name(
+        offers: dict[str, tuple[int, int]], chosen: str) -> None:
+    assert best_offer({name: offer(r, s) for name, (r, s) in offers.items()}) == chosen
+
+
+def test_there_is_no_best_of_no_offer() -> None:
+    with pytest.raises(ValueError):
+        best_offer({})
 
 
 # ------------------------------------------------------------ checking and adopting an answer

@@ -112,31 +112,107 @@ def test_messages_before_start_are_capped_per_neighbour_and_non_neighbours_refus
 
 def test_a_state_sync_request_is_answered_once_started_and_rate_limited() -> None:
     n = Recorded(sync_answer_interval_s=5.0)
-    assert n.receive("p01", StateSyncRequest(), 0.0) == []          # not started: nothing to offer
+    refused = [Send(("p01",), ErrorReply(code="sync_refused"))]
+    assert n.receive("p01", StateSyncRequest(), 0.0) == refused     # not started: nothing to offer
     n.start(0.0)
     sent = [a for a in n.receive("p01", StateSyncRequest(), 1.0) if isinstance(a, Send)]
-    assert len(sent) == 1 and sent[0].recipients == ("p01",)
-    assert isinstance(sent[0].message, StateSyncResponse) and sent[0].message.meta["trainer_step"] == 7
-    assert n.receive("p01", StateSyncRequest(), 2.0) == []          # too soon
+    assert [s.recipients for s in sent] == [("p01",), ("p01",)]    # the round resent, then the answer
+    assert isinstance(sent[1].message, StateSyncResponse) and sent[1].message.meta["trainer_step"] == 7
+    assert n.receive("p01", StateSyncRequest(), 2.0) == refused     # too soon: told so
     assert n.all_rejections() == {"sync_request_not_started": 1, "sync_request_too_often": 1}
-    assert n.fed() == [Start(), NeighbourDown("p03")]  # p01 was heard (its request); nothing else
+    # p01 was heard (its first request) before Start; up since, its answered request tells it restarted
+    assert n.fed() == [Start(), NeighbourDown("p03"), NeighbourUp("p01")]
 
 
-def test_a_sync_adopts_the_first_usable_answer_and_counts_a_late_one() -> None:
+def test_a_sync_waits_for_every_asked_neighbour_up_then_adopts_the_best_and_counts_a_late_one() -> None:
     n = Recorded()
     n.receive("p03", beat(), 0.0)
+    n.receive("p01", beat(), 0.0)
     asked = n.begin_sync(resumed=False)
-    assert n.syncing and [a.recipients for a in asked if isinstance(a, Send)] == [("p03", "p01")]  # up first
-    unusable = n.receive("p01", answer(4, float("nan")), 0.5)
+    assert n.syncing and [a.recipients for a in asked if isinstance(a, Send)] == [("p01", "p03")]
+    unusable = n.receive("p01", answer(6, float("nan")), 0.5)
     assert n.syncing and any(isinstance(a, Note) and a.warning for a in unusable)
-    adopted = n.receive("p03", answer(4, 2.0), 0.6)
+    assert n.receive("p01", answer(5, 3.0), 0.55) == []     # a second answer of one neighbour: late
+    adopted = n.receive("p03", answer(4, 2.0), 0.6)         # the last one up: the best is taken
     assert not n.syncing and n.adoption is Adoption.ADOPTED
     assert SetTrainerStep(4) in adopted and any(isinstance(a, Note) for a in adopted)
     assert torch.equal(n.machine.params, torch.full((3,), 2.0)) and n.machine.position == (4, 4)
-    n.receive("p01", answer(5, 3.0), 0.7)                   # a second answer: counted, not taken
+    n.receive("p01", answer(5, 3.0), 0.7)                   # after the sync: counted, not taken
     assert torch.equal(n.machine.params, torch.full((3,), 2.0))
-    assert n.rejected == {"sync_answer_late": 1}
+    assert n.rejected == {"sync_answer_late": 2}
     assert n.fed() == []                                    # the machine is not started by a sync
+
+
+def test_a_sync_takes_the_highest_round_then_the_lowest_name_whatever_the_order() -> None:
+    for order in (("p01", "p03"), ("p03", "p01")):
+        for rounds, winner in (({"p01": 4, "p03": 6}, 6.0), ({"p01": 5, "p03": 5}, 1.0)):
+            n = Recorded()
+            for name in order:
+                n.receive(name, beat(), 0.0)
+            n.begin_sync(resumed=False)
+            for name in order:
+                n.receive(name, answer(rounds[name], 1.0 if name == "p01" else 6.0), 0.5)
+            assert not n.syncing and torch.equal(n.machine.params, torch.full((3,), winner)), (order, rounds)
+
+
+def test_a_refusal_counts_as_an_answer_so_the_best_is_taken_without_waiting() -> None:
+    n = Recorded()
+    n.receive("p03", beat(), 0.0)
+    n.receive("p01", beat(), 0.0)
+    n.begin_sync(resumed=False)
+    n.receive("p03", answer(4, 2.0), 0.5)
+    assert n.syncing
+    n.receive("p01", ErrorReply(code="sync_refused"), 0.6)   # p01 has not started: it says so
+    assert not n.syncing and n.adoption is Adoption.ADOPTED and n.machine.position == (4, 4)
+    n.receive("p01", ErrorReply(code="sync_refused"), 0.7)   # nobody waits for it any more
+    assert n.rejected == {"sync_answer_late": 1}
+
+
+def test_a_sync_stops_waiting_for_an_asked_neighbour_that_falls_silent() -> None:
+    n = Recorded(neighbour_timeout_s=2.0)
+    n.receive("p01", beat(), 0.0)
+    n.receive("p03", beat(), 0.0)
+    n.begin_sync(resumed=False)
+    n.receive("p03", answer(4, 2.0), 1.5)
+    assert n.syncing                                        # p01 is up: waited for
+    silent, actions = n.expire(2.5)                         # p01 silent past the timeout: down
+    assert silent == ["p01"] and SetTrainerStep(4) in actions
+    assert not n.syncing and n.adoption is Adoption.ADOPTED
+
+
+def test_a_sync_waits_only_for_neighbours_up_and_takes_what_it_has_at_the_timeout() -> None:
+    n = Recorded()
+    n.receive("p03", beat(), 0.0)
+    n.receive("p01", beat(), 0.0)
+    n.begin_sync(resumed=False)
+    n.receive("p03", answer(4, 2.0), 0.5)
+    assert n.syncing                                         # p01 is up: its answer is waited for
+    assert SetTrainerStep(4) in n.sync_timed_out()           # the attempt's time is up: p03's is taken
+    assert not n.syncing and n.sync.attempts_made == 1 and n.adoption is Adoption.ADOPTED
+    m = Recorded()
+    m.receive("p03", beat(), 0.0)                            # p01 never heard: not waited for
+    m.begin_sync(resumed=False)
+    m.receive("p03", answer(4, 2.0), 0.5)
+    assert not m.syncing and m.adoption is Adoption.ADOPTED
+
+
+def test_a_neighbour_up_all_along_that_asks_is_resent_the_round_once_per_answer() -> None:
+    n = Recorded(sync_answer_interval_s=5.0)
+    n.receive("p01", beat(), 0.0)
+    n.receive("p03", beat(), 0.0)
+    n.start(0.0)
+    n.fed()
+    first = n.receive("p01", StateSyncRequest(), 1.0)      # it restarted: the round is resent, then answered
+    assert [type(a.message) for a in first if isinstance(a, Send)] == [ParamPush, StateSyncResponse]
+    assert n.fed() == [NeighbourUp("p01")]
+    assert n.receive("p01", StateSyncRequest(), 2.0) == [Send(("p01",), ErrorReply(code="sync_refused"))]
+    # one that comes up by being heard is resent the round by that; its request is only answered
+    n.goodbye("p03", 3.0)
+    n.receive("p03", beat(), 3.0)
+    n.fed()
+    answered = n.receive("p03", StateSyncRequest(), 3.0)
+    assert [type(a.message) for a in answered if isinstance(a, Send)] == [StateSyncResponse]
+    assert n.fed() == []
 
 
 def test_a_sync_nobody_answers_asks_its_attempts_then_says_so() -> None:

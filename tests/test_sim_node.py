@@ -86,19 +86,21 @@ def test_the_simulator_rate_limits_state_sync_answers_per_requester() -> None:
     run.engine.run(until_s=0.5)
     peer = run.peers["p00"]
     assert not peer.node.syncing and not peer.node.finished
-    sent = peer.messages_sent
+    sent, answers = peer.messages_sent, peer.node.sync.answers_sent
     # Execute: p01 floods p00 with requests; p03 asks once.
     for _ in range(20):
         run._arrive("p01", "p00", StateSyncRequest())
     run._arrive("p03", "p00", StateSyncRequest())
-    # Assert: one whole-model answer per requester, the rest refused and counted.
-    assert peer.messages_sent - sent == 2
+    # Assert: one whole-model answer per requester, the rest refused (each told so) and counted;
+    # each answered one (up all along, so it must have restarted) is also resent the round, once
+    assert peer.node.sync.answers_sent - answers == 2
+    assert peer.messages_sent - sent == 2 * 2 + 19
     assert peer.all_rejections()["sync_request_too_often"] == 19
     # Once the interval has passed, p01 is answered again.
     from protocols.node import NodeConfig  # here: the assertions above say what the old code did
 
     run.engine.run(until_s=0.5 + NodeConfig().sync_answer_interval_s)
-    sent = peer.messages_sent
+    answers = peer.node.sync.answers_sent
     run._arrive("p01", "p00", StateSyncRequest())
     run._arrive("p01", "p00", StateSyncRequest())
-    assert peer.messages_sent - sent == 1
+    assert peer.node.sync.answers_sent - answers == 1

@@ -32,8 +32,9 @@ the trainer's (it leads ``steps_done`` by the steps of a round still open),
 Start-up: the epoch is incremented and stored before the first message; a
 checkpoint, if any, is restored; the peer then waits until it has heard every
 neighbour (or ``start_timeout_s``); a restarted or late peer first asks its
-neighbours for their state (StateSyncRequest) and adopts the first usable
-answer (an unusable one is counted and it waits on for another). Answering and
+neighbours for their state (StateSyncRequest) and adopts the best answer
+(highest round, ties to the lowest name) once every neighbour it asked that is
+up has answered, or the attempt's time is up (an unusable one is counted). Answering and
 adopting are protocols/node's ``StateSync``, the simulator's too.
 
 What a neighbour sends cannot grow memory or work without bound: messages
@@ -43,7 +44,11 @@ non-neighbours); a neighbour's state-sync requests are answered at most once
 per ``sync_answer_interval_s`` (``StateSync``). Each refusal is counted by
 reason in the status's ``rejections`` (with the wire's own).
 Test hooks (peer/runtime/testhooks.py) hold, kill or stop the peer when its trainer
-reaches a given step, so process tests place faults on progress, not time.
+reaches a given step, so process tests place faults on progress, not time. A
+fault schedule keyed by rounds (protocols/node/schedule.py, which the simulator
+honours too) fires at the work point of a round, before its steps are trained:
+holds, a SIGTERM stop, a flood of state-sync requests, and cuts whose
+neighbours go down and up for the machine by the schedule, never by a timeout.
 
 Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
 pass re-reads the roster file when it changed; a later version goes to the
@@ -73,11 +78,12 @@ import dataclasses
 import heapq
 import itertools
 import math
+import os
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -92,7 +98,13 @@ from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
-from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.runtime.testhooks import (
+    Hook,
+    Hooks,
+    ScheduleFiles,
+    hooks_from_environment,
+    schedule_from_environment,
+)
 from peer.train.checkpoint import CheckpointSchedule
 from protocols.consensus import max_relative_distance
 from protocols.events import (
@@ -101,6 +113,8 @@ from protocols.events import (
     Finished,
     Machine,
     Metric,
+    NeighbourDown,
+    NeighbourUp,
     Send,
     SetTimer,
     SetTrainerStep,
@@ -108,7 +122,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.messages import Heartbeat, Message
+from protocols.messages import Heartbeat, Message, StateSyncRequest
 from protocols.node import (
     Neighbour,
     Node,
@@ -118,6 +132,7 @@ from protocols.node import (
     waiting_line,
 )
 from protocols.node.membership import Connect
+from protocols.node.schedule import Cut, Flood, Stop
 from protocols.wire import Opened, wire_size
 from topology.errors import HivemeshError
 
@@ -151,15 +166,18 @@ class Counters:
     test_cut_dropped: Counter[str] = field(default_factory=Counter)  # "sent"/"received" by a cut test hook
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
     bytes_received_from: Counter[str] = field(default_factory=Counter)  # accepted messages, by sender
+    trainer_steps_set: list[int] = field(default_factory=list)  # each SetTrainerStep (catch-up, sync)
 
 
 class PeerDaemon:
     """One running peer. ``run()`` returns the process exit code."""
 
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
-                 hooks: Sequence[Hook] = ()) -> None:
+                 hooks: Sequence[Hook] = (),
+                 schedule_for: Callable[[str], ScheduleFiles | None] | None = None) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
-        ``hooks``: test hooks (peer.runtime.testhooks)."""
+        ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name
+        (peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -179,6 +197,8 @@ class PeerDaemon:
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self.hooks = Hooks(hooks)
+        self.faults = schedule_for(self.name) if schedule_for is not None else None
+        self._was_held = False      # the schedule held the last work point
         self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
@@ -254,7 +274,8 @@ class PeerDaemon:
                                          key=f"{self.config.source}: [peer] tensorboard")
             running = self._wait_for_neighbours()
             self.timeline["neighbours"] = time.time()
-            if self._stop_signal is None and (resumed or running or self.config.peer.late_join):
+            late_join = self.config.peer.late_join or self.name in self._joins_later()
+            if self._stop_signal is None and (resumed or running or late_join):
                 unanswered = self._state_sync(resumed=resumed)
                 self.timeline["synced"] = time.time()
                 if self._stop_signal is None:
@@ -313,12 +334,15 @@ class PeerDaemon:
         gossip = self.config.gossip
         said = ""
         outcome = Wait.WAIT
+        # under a test's schedule, members it starts later are not waited for, and every running
+        # neighbour is (the simulator's start hears them all at once): a sync then asks them all
+        later = self._joins_later()
+        ahead_steps = math.inf if self.faults is not None else gossip.max_rounds_ahead * gossip.local_steps
         while self._stop_signal is None:
             self._tick()
-            outcome = self.node.start_wait(
-                waited_s=self.now() - began, resumed=self._resumed,
-                ahead_steps=gossip.max_rounds_ahead * gossip.local_steps,
-                all_reachable=all(info.reachable for info in self.neighbours.values()))
+            reachable = all(info.reachable for name, info in self.neighbours.items() if name not in later)
+            outcome = self.node.start_wait(waited_s=self.now() - began, resumed=self._resumed,
+                                           ahead_steps=ahead_steps, later=later, all_reachable=reachable)
             if outcome is not Wait.WAIT:
                 break
             line = waiting_line(self.node.neighbourhood.presence())
@@ -333,6 +357,9 @@ class PeerDaemon:
                        "(their rounds will be left out)")
         return outcome is Wait.JOIN
 
+    def _joins_later(self) -> frozenset[str]:
+        return self.faults.faults.schedule.joins_later() if self.faults is not None else frozenset()
+
     def _judge_neighbours(self, *, start_wait_over: bool) -> None:
         """Stop (``_stranded``) when protocols/node/liveness.py says there is nobody left to train with."""
         why = self.node.judge(resumed=self._resumed, start_wait_over=start_wait_over)
@@ -342,7 +369,7 @@ class PeerDaemon:
 
     def _state_sync(self, *, resumed: bool) -> bool:
         """Ask the neighbours for their current state, as often as protocols/node/sync.py says;
-        adopt the first answer. True when every attempt went unanswered."""
+        the Node adopts the best answer. True when every attempt went unanswered."""
         self.state = "syncing"
         sync = self.node.sync
         self._carry_out(self.node.begin_sync(resumed=resumed))
@@ -350,10 +377,13 @@ class PeerDaemon:
             deadline = self.now() + sync.config.sync_timeout_s
             while self.node.syncing and self.now() < deadline and self._stop_signal is None:
                 self._pump(0.1)       # an answer is adopted as it arrives (Node.receive)
+                silent, actions = self.node.expire(self.now())   # or once the rest fell silent
+                self.counters.neighbour_down.update(silent)
+                self._carry_out(actions)
                 self._tick()
                 self._write_status()    # "syncing", for `hivemesh status`
             if self.node.syncing and self._stop_signal is None:
-                self._warn(f"no state-sync answer (attempt {sync.attempts_made}/{sync.attempts})")
+                self._warn(f"state-sync attempt {sync.attempts_made}/{sync.attempts} timed out")
                 self._carry_out(self.node.sync_timed_out())
         return sync.outcomes["no_answer"] > 0     # (a peer process syncs once)
 
@@ -372,13 +402,51 @@ class PeerDaemon:
             else:
                 self._pump(self._poll_timeout())
             self._fire_timers()
+            self._heal()
             self._periodic()
 
     def _held(self) -> bool:
         """A test hook holds training at this step (or has just stopped the peer)."""
-        held = self.hooks.holding(self.trainer.step, self.now()) or self._stop_signal is not None
+        held = (self.hooks.holding(self.trainer.step, self.now()) or self._work_point()
+                or self._stop_signal is not None)
         self.state = "held by a test hook" if held else "training"
         return held
+
+    def _work_point(self) -> bool:
+        """What a test's fault schedule fires before this round's steps are trained; True while it
+        holds them (protocols/node/schedule.py)."""
+        if self.faults is None:
+            return False
+        round_index = self.machine.position[0]
+        self.faults.reached(round_index)    # first: it may be what a heal or a hold waits for
+        self._heal()    # before a hold is released by the same condition
+        for fault in self.faults.work_point(round_index):
+            match fault:
+                case Stop():
+                    os.kill(os.getpid(), signal.SIGTERM)    # the clean path: checkpoint, exit 0
+                case Flood(to=to, requests=requests):
+                    for _ in range(requests):
+                        self._send(Send((to,), StateSyncRequest(reason="flood")))
+                case Cut():
+                    for name in sorted(fault.across(self.name) & set(self.neighbours)):
+                        self._feed(NeighbourDown(name))
+        held = self.faults.faults.holding()
+        # conditions only grow: one that has just released a hold may also heal a cut, which must
+        # be in force before the steps are trained (another peer's file may have appeared since)
+        self._heal()
+        if self._was_held and not held:
+            # what arrived while held is handled before the steps: a peer starved of CPU meanwhile
+            # would otherwise read it only after them (a jump then mixes without it)
+            self._pump(0.0)
+        self._was_held = held
+        return held
+
+    def _heal(self) -> None:
+        """Neighbours across a cut whose heal condition is met: up again for the machine."""
+        if self.faults is not None:
+            for name in self.faults.faults.heals():
+                if name in self.neighbours:
+                    self._feed(NeighbourUp(name))
 
     def _shutdown(self) -> int:
         assert self.transport is not None
@@ -484,6 +552,7 @@ class PeerDaemon:
                     self.timeline["finished"] = time.time()
                 case SetTrainerStep():
                     self.trainer.step = action.step     # the learning-rate schedule follows the network
+                    self.counters.trainer_steps_set.append(action.step)
                 case Note(text=text, warning=warning):
                     if warning:
                         self._warn(text)
@@ -510,7 +579,8 @@ class PeerDaemon:
             if info is None:
                 self.counters.unreachable[recipient] += 1
                 continue
-            if self.hooks.cutting(self.now()):
+            if self.hooks.cutting(self.now()) or (self.faults is not None
+                                                  and self.faults.faults.drops(recipient, action.message)):
                 self.counters.test_cut_dropped["sent"] += 1
                 continue
             info.reachable = self.transport.send(recipient, frames)
@@ -699,6 +769,9 @@ class PeerDaemon:
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
             "sync_answers_sent": self.node.sync.answers_sent,
+            "early_held": self.node.early.held_total,
+            "state_sync": dict(sorted(self.node.sync.outcomes.items())),
+            "trainer_steps_set": list(self.counters.trainer_steps_set),
             "unreachable": dict(self.counters.unreachable),
             "neighbour_down": dict(self.counters.neighbour_down),
             "neighbour_finished": dict(self.counters.neighbour_finished),
@@ -762,7 +835,8 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
             config = dataclasses.replace(config, peer=peer)
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
-        return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment()).run()
+        return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment(),
+                          schedule_for=schedule_from_environment).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

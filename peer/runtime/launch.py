@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
+from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, SCHEDULE_VARIABLE, Hook, hooks_json
 
 PRELOAD = ["torch", "sklearn.datasets", "peer.runtime.daemon", "peer.train.trainer", "peer.train.tasks",
            "peer.train.tasks.digits", "peer.train.partition", "protocols.wire", "protocols.gossip"]
@@ -42,7 +42,7 @@ def context() -> multiprocessing.context.ForkServerContext:
 
 
 def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.socket | None,
-               hooks: str) -> None:
+               hooks: str, schedule: str) -> None:
     with open(log_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -54,6 +54,8 @@ def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.so
     from peer.runtime.daemon import run_peer
 
     os.environ[ENVIRONMENT_VARIABLE] = hooks
+    if schedule:
+        os.environ[SCHEDULE_VARIABLE] = schedule
     listen_fd = listener.detach() if listener is not None else None
     code = run_peer(config_path, quiet=quiet, listen_fd=listen_fd)
     sys.stdout.flush()
@@ -65,9 +67,11 @@ class PeerProcesses:
     """A set of peer processes started from config files; ``close()`` kills whatever still runs."""
 
     def __init__(self, configs: Mapping[str, Path], *, quiet: bool = True,
-                 listeners: Mapping[str, socket.socket] | None = None) -> None:
-        """``listeners``: per peer, a socket bound to its roster address; closed by ``close()``."""
+                 listeners: Mapping[str, socket.socket] | None = None, schedule: str = "") -> None:
+        """``listeners``: per peer, a socket bound to its roster address; closed by ``close()``;
+        ``schedule``: a test's fault schedule for every peer (``testhooks.schedule_json``)."""
         self.configs = dict(configs)
+        self.schedule = schedule
         self.quiet = quiet
         self.listeners = dict(listeners or {})
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -86,7 +90,7 @@ class PeerProcesses:
             raise RuntimeError(f"peer {name} is already running")
         process = context().Process(target=_peer_main, name=f"hivemesh-{name}",
                                     args=(str(self.configs[name]), str(self.log_path(name)), self.quiet,
-                                          self.listeners.get(name), hooks_json(hooks)))
+                                          self.listeners.get(name), hooks_json(hooks), self.schedule))
         process.start()
         self.processes[name] = process
 

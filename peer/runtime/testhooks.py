@@ -18,6 +18,14 @@ When a hook fires, the peer first creates the file ``mark`` (if given), so a
 test waits on files, not on time. Hooks come from the environment variable
 ``HIVEMESH_TEST_HOOKS``, a JSON list of objects with these keys; nothing sets
 it in normal use, and a malformed value is a configuration error.
+
+A fault schedule keyed by rounds (protocols/node/schedule.py, the one the
+simulator honours too) comes from ``HIVEMESH_TEST_SCHEDULE``: a JSON object
+``{"progress": DIR, "faults": [...]}``. Peers of one test share ``DIR``: each
+writes there the round of its latest work point (``DIR/NAME``, what other
+peers' conditions read) and the faults it has fired (``DIR/NAME.fired``, so a
+restarted peer does not fire its stop again). :class:`ScheduleFiles` is that
+file side; the daemon carries out what :class:`MemberFaults` says fires.
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
 from topology.errors import HivemeshError
 
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
+SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
 ACTIONS = ("hold", "kill", "stop", "cut")
 
 
@@ -119,3 +130,63 @@ class Hooks:
             self._holding = None
             return self.holding(step, now)     # a later hook may be due at the same step
         return self._holding is not None
+
+
+# ------------------------------------------------------------ a fault schedule keyed by rounds
+
+
+def schedule_json(schedule: Schedule, progress: Path) -> str:
+    """The value of ``HIVEMESH_TEST_SCHEDULE`` for ``schedule``, peers sharing the folder ``progress``."""
+    return json.dumps({"progress": str(progress), "faults": to_plain(schedule)})
+
+
+def read_round(progress: Path, name: str) -> int:
+    """The round of ``name``'s latest work point, as it wrote it in ``progress`` (-1: none yet)."""
+    try:
+        return int((progress / name).read_text())
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: another process reads it at any moment."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as out:
+        out.write(text)
+    os.replace(temporary, path)
+
+
+class ScheduleFiles:
+    """One peer's side of a schedule, on the files its peers share (see the module docstring)."""
+
+    def __init__(self, schedule: Schedule, name: str, progress: Path) -> None:
+        self.progress = progress
+        self.name = name
+        fired_file = progress / f"{name}.fired"
+        fired = set(json.loads(fired_file.read_text())) if fired_file.exists() else set()
+        self.faults = MemberFaults(schedule, name, reached=lambda member: read_round(progress, member),
+                                   fired=fired)
+
+    def reached(self, round_index: int) -> None:
+        """Say how far we are: at a work point of ``round_index`` (first, before heals and faults)."""
+        if read_round(self.progress, self.name) < round_index:
+            _write(self.progress / self.name, str(round_index))
+
+    def work_point(self, round_index: int) -> list[Any]:
+        """What fires (recorded, for a restarted life)."""
+        before = set(self.faults.fired)
+        fired = self.faults.work_point(round_index)
+        if self.faults.fired != before:
+            _write(self.progress / f"{self.name}.fired", json.dumps(sorted(self.faults.fired)))
+        return fired
+
+
+def schedule_from_environment(name: str) -> ScheduleFiles | None:
+    text = os.environ.get(SCHEDULE_VARIABLE, "")
+    if not text:
+        return None
+    try:
+        plain = json.loads(text)
+        return ScheduleFiles(from_plain(plain["faults"]), name, Path(plain["progress"]))
+    except (ValueError, TypeError, KeyError) as error:
+        raise HivemeshError(f"{SCHEDULE_VARIABLE}: {error!r}") from None

@@ -19,6 +19,9 @@ message by kind and holds the parts below.
 * :class:`Membership` (membership.py): roster versions, the round each takes
   effect, the version stamped on and checked in round-bearing messages, and the
   ``Connect`` action that tells a driver whom to verify and exchange with.
+* :class:`~protocols.node.schedule.Schedule` (schedule.py, tests only): faults keyed by
+  rounds (hold, stop and restart, join, cut, a flood of sync requests) that both
+  drivers honour, so one test can ask them for the same decisions.
 
 The trainer step a catch-up implies is an action (``SetTrainerStep``,
 protocols/events.py) emitted by the machine that skipped, and by

@@ -27,6 +27,7 @@ class EarlyMessages:
         self.neighbours = frozenset(neighbours)
         self.per_neighbour = per_neighbour
         self.rejected: Counter[str] = Counter()  # early_not_neighbour, early_overflow
+        self.held_total = 0  # every neighbour's message held (released, or dropped as overflow)
         self._held: dict[str, deque[tuple[int, Message]]] = {}
         self._arrivals = itertools.count()  # one order across neighbours, for release
 
@@ -36,6 +37,7 @@ class EarlyMessages:
             self.rejected["early_not_neighbour"] += 1
             return
         kept = self._held.setdefault(sender, deque(maxlen=self.per_neighbour))
+        self.held_total += 1
         if len(kept) == kept.maxlen:
             self.rejected["early_overflow"] += 1
         kept.append((next(self._arrivals), message))

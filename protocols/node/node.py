@@ -21,9 +21,14 @@ for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 ``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
                             counted ``heartbeat_not_neighbour``)
-``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py)
-``StateSyncResponse``       checked, then adopted, while syncing; after (a second
-                            answer, or none asked) counted ``sync_answer_late``
+``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
+                            an answered neighbour that was up already has restarted:
+                            the machine is told it is up, so it resends its round
+``StateSyncResponse``       (or a refusal: ``ErrorReply`` ``sync_refused``) checked and
+                            collected while syncing; the best is adopted once
+                            every asked neighbour that is up has answered (or at the
+                            attempt's timeout); after (a second answer from one
+                            neighbour, or none asked) counted ``sync_answer_late``
 a kind no role takes        counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
 (``Role.accepts``)
 anything else, not started  held (protocols/node/early.py), fed after ``Start``
@@ -60,6 +65,7 @@ from typing import Generic
 
 import torch
 
+from protocols.compress import BadParts
 from protocols.events import (
     Action,
     CancelTimer,
@@ -76,13 +82,13 @@ from protocols.events import (
     Start,
     TimerFired,
 )
-from protocols.messages import Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest, StateSyncResponse
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership
 from protocols.node.neighbours import N, Neighbourhood
-from protocols.node.sync import Adoption, StateSync, SyncOffer
+from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
@@ -127,6 +133,12 @@ class Node(Generic[N]):
         self.syncing = False
         self.finished = False
         self.adoption: Adoption | None = None  # what became of the last answer adopted (None: none yet)
+        self._asked: tuple[str, ...] = ()  # whom the current attempt asked
+        self._answered: set[str] = set()  # who answered it (usable or not)
+        self._offers: dict[str, SyncOffer] = {}  # its usable answers, by sender
+        # neighbours the machine was told are up since their last answered request: that
+        # NeighbourUp already resent the round, the request needs no second resend
+        self._told_up: set[str] = set()
         self.membership = Membership(Roster(()))  # version 1 from round 0 until set_membership says more
         self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
         self.left = False                          # removed from the roster: it takes no part any more
@@ -142,18 +154,23 @@ class Node(Generic[N]):
         if not self.neighbourhood.names() or self.started:
             return []
         self.syncing = True
+        self.adoption = None
         heard_anyone = any(n.up for n in self.neighbourhood.members.values())
         self.sync.begin_asking(resumed=resumed, heard_anyone=heard_anyone)
         return self._ask()
 
     def sync_timed_out(self) -> list[NodeAction]:
-        """The current attempt went unanswered: ask again, or give up (``syncing`` turns False)."""
-        return self._ask() if self.syncing else []
+        """The current attempt's time is up: adopt the best answer it had, else ask again, or give up
+        (``syncing`` turns False)."""
+        if not self.syncing:
+            return []
+        return self._adopt_best() if self._offers else self._ask()
 
     def _ask(self) -> list[NodeAction]:
         if self.sync.ask():
             # up neighbours first: they are the ones likely to answer
             targets = sorted(self.neighbourhood.names(), key=lambda n: (not self.neighbourhood[n].up, n))
+            self._asked, self._answered, self._offers = tuple(targets), set(), {}
             return [Send(tuple(targets), StateSyncRequest(reason="join"))]
         self.syncing = False
         # what it does next (train on, or stop: protocols/node/liveness.py) the driver says
@@ -177,6 +194,8 @@ class Node(Generic[N]):
         """The member stopped (crash, leave): forget what it held."""
         self.early.clear()
         self.syncing = False
+        self._asked, self._answered, self._offers = (), set(), {}
+        self._told_up.clear()
 
     def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
         """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
@@ -187,6 +206,7 @@ class Node(Generic[N]):
         self.owners = self._owners()
         self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
         self.early.clear()
+        self._told_up.clear()
         self.started = self.syncing = self.finished = False
         self.next_beat_s = -math.inf
 
@@ -248,6 +268,7 @@ class Node(Generic[N]):
             return refused
         actions: list[NodeAction] = []
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
+            self._told_up.add(sender)
             actions += self._machine(NeighbourUp(sender), now)
         match message:
             case Heartbeat() if sender not in self.neighbourhood:
@@ -258,6 +279,8 @@ class Node(Generic[N]):
                 actions += self._answer(sender, now)
             case StateSyncResponse():
                 actions += self._take_answer(sender, message)
+            case ErrorReply() if message.code == REFUSED_CODE:
+                actions += self._take_answer(sender, None)
             case _ if type(message) not in self.owners:
                 self.rejected[f"no_role_for_{message.KIND}"] += 1  # a kind no role here takes
             case _ if not self.started:
@@ -281,6 +304,8 @@ class Node(Generic[N]):
         if self._live():
             for name in silent:
                 actions += self._machine(NeighbourDown(name), now)
+        if self.syncing and silent:
+            actions += self._sync_complete()  # an asked neighbour gone silent is waited for no more
         return silent, actions
 
     def goodbye(self, name: str, now: float) -> list[NodeAction]:
@@ -293,20 +318,57 @@ class Node(Generic[N]):
 
     def _answer(self, requester: str, now: float) -> list[NodeAction]:
         if not self.sync.may_answer(requester, now, started=self.started):
-            return []  # counted by reason
+            # counted by reason; a neighbour is told, so that its sync does not wait for us
+            refusal = ErrorReply(code=REFUSED_CODE)
+            return [Send((requester,), refusal)] if requester in self.neighbourhood else []
+        actions: list[NodeAction] = []
+        if requester in self._told_up:
+            self._told_up.discard(requester)  # its NeighbourUp resent the round already
+        elif self._live() and self.neighbourhood[requester].up:
+            # Up all along, yet it asks: it restarted faster than the failure detector noticed, and
+            # what we sent its old life is lost. Told up, the machine resends its round (bounded by
+            # the answer's rate limit), as it does for one heard again after a silence.
+            actions += self._machine(NeighbourUp(requester), now)
         params, trainer_step = self.answer_source()
         answer = self.sync.answer(self.machine, params, trainer_step=trainer_step)
-        return [Send((requester,), self.membership.stamp(answer))]
+        return [*actions, Send((requester,), self.membership.stamp(answer))]
 
-    def _take_answer(self, sender: str, message: StateSyncResponse) -> list[NodeAction]:
-        if not self.syncing:
+    def _take_answer(self, sender: str, message: StateSyncResponse | None) -> list[NodeAction]:
+        """An answer to our request (None: a refusal), while syncing."""
+        if not self.syncing or sender in self._answered:
             self.rejected["sync_answer_late"] += 1
             return []
-        offer = self.sync.check(sender, message, self.machine)
-        if not isinstance(offer, SyncOffer):
-            return [Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
-                         warning=True)]
+        if message is None:
+            offer: SyncOffer | BadParts = BadParts("refused", "not started, or asked too often")
+            if sender not in self._asked:
+                self.rejected["sync_answer_late"] += 1
+                return []
+        else:
+            offer = self.sync.check(sender, message, self.machine)
+        notes: list[NodeAction] = []
+        if sender in self._asked:
+            self._answered.add(sender)
+        if isinstance(offer, SyncOffer):
+            self._offers[sender] = offer
+        elif message is not None:
+            notes.append(Note(f"state sync from {sender}: unusable answer ({offer}); waiting for another",
+                              warning=True))
+        return [*notes, *self._sync_complete()]
+
+    def _sync_complete(self) -> list[NodeAction]:
+        """Adopt the best answer once every asked neighbour that is up has answered (and one could
+        be used); else nothing yet."""
+        waited_for = [n for n in self._asked if self.neighbourhood[n].up]
+        if self._offers and all(n in self._answered for n in waited_for):
+            return self._adopt_best()
+        return []
+
+    def _adopt_best(self) -> list[NodeAction]:
+        """Adopt the best answer of this attempt (protocols/node/sync.py, "Choosing")."""
+        sender = best_offer(self._offers)
+        offer = self._offers[sender]
         outcome, actions = self.sync.adopt(offer, self.machine)
+        self._asked, self._answered, self._offers = (), set(), {}
         self.syncing = False
         self.adoption = outcome
         note = {

@@ -13,6 +13,18 @@ before each attempt); a restarted member that heard no neighbour while it
 started asks once (they are likely gone: one attempt tells). When every
 attempt went unanswered it goes on from its own state (``no_answer``).
 
+Choosing. An attempt collects the answers of the neighbours it asked and takes
+one once every asked neighbour that is up has answered, or when the attempt
+times out with at least one usable answer (protocols/node/node.py). The one
+taken is :func:`best_offer`'s: the highest round, then the most steps done,
+then the lowest name. A neighbour that refuses a request (not started yet, or
+asked too often) says so (an ``ErrorReply`` with ``REFUSED_CODE``), which counts
+as its answer: a sync never waits out its timeout for a neighbour that is up
+but will not answer. Taking the first answer to arrive made the state a
+member joins with depend on which neighbour happened to be faster; this
+choice depends only on what the neighbours hold, so the daemon and the
+simulator (and two runs of either) adopt the same state.
+
 Adopting. An answer is checked first (protocols/node/check.py: a roster
 member may still send nonsense). A usable one is then judged in this order:
 
@@ -27,6 +39,7 @@ member may still send nonsense). A usable one is then judged in this order:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from enum import Enum
 
 import torch
@@ -36,6 +49,17 @@ from protocols.events import Action, Machine, SetTrainerStep
 from protocols.messages import StateSyncResponse
 from protocols.node.check import SyncOffer, check_sync_response
 from protocols.node.config import NodeConfig
+
+# the code of the ErrorReply a refused neighbour's request gets: its sync need not wait for us
+REFUSED_CODE = "sync_refused"
+
+
+def best_offer(offers: Mapping[str, SyncOffer]) -> str:
+    """The sender whose offer a sync takes: the highest round, then the most steps done, then the
+    lowest name (a tie between equally advanced neighbours is broken the same way everywhere)."""
+    if not offers:
+        raise ValueError("no offer to choose from")
+    return min(offers, key=lambda name: (-offers[name].round, -offers[name].steps_done, name))
 
 
 class Adoption(Enum):
