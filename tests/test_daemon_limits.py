@@ -103,16 +103,20 @@ def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerD
     for info in fresh.neighbours.values():
         info.up = True      # heard and reachable: sends below are the answers only
     transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
+    sent = fresh.counters.messages_sent_by_kind
     for _ in range(20):
         deliver(fresh, "p01", StateSyncRequest())
     deliver(fresh, "p03", StateSyncRequest())     # another requester has its own allowance
-    assert transport.sent == ["p01", "p03"]
+    # one answer each (the whole model); every refusal is a small "sync_refused" reply, so the
+    # asker's sync does not wait for us
+    assert sent["state_sync_response"] == 2 and sent["error"] == 19
+    assert transport.sent == ["p01"] * 20 + ["p03"]
     assert fresh._snapshot()["rejections"]["sync_request_too_often"] == 19
     fresh._t0 -= fresh.config.peer.sync_answer_interval_s     # the daemon's clock: the interval passes
     deliver(fresh, "p01", StateSyncRequest())
-    assert transport.sent == ["p01", "p03", "p01"]
-    deliver(fresh, "p02", StateSyncRequest())     # not a neighbour: never answered
-    assert transport.sent == ["p01", "p03", "p01"]
+    assert sent["state_sync_response"] == 3
+    deliver(fresh, "p02", StateSyncRequest())     # not a neighbour: never answered, nor told
+    assert sent["state_sync_response"] == 3 and sent["error"] == 19 and transport.sent[-1] == "p01"
     assert fresh._snapshot()["rejections"]["sync_request_not_neighbour"] == 1
     assert fresh._snapshot()["sync_answers_sent"] == 3
 
@@ -125,16 +129,23 @@ def sync_answer(numel: int, *, value: float = 0.5) -> StateSyncResponse:
 def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaemon) -> None:
     fresh._carry_out(fresh.node.begin_sync(resumed=False))     # asks (the recorder takes the request)
     numel = fresh.trainer.flat_params.numel()
+    fresh.neighbours["p01"].up = fresh.neighbours["p03"].up = True   # both asked and up: both awaited
     deliver(fresh, "p01", sync_answer(numel + 1))
-    deliver(fresh, "p01", sync_answer(numel, value=math.nan))
-    assert fresh.node.syncing and fresh.node.adoption is None
+    assert fresh.node.syncing and fresh.node.adoption is None      # p03 has not answered yet
     assert fresh.node.sync.rejected["sync_answer_wrong_length"] == 1
+    deliver(fresh, "p01", sync_answer(numel))   # one answer per neighbour and attempt: this one is late
+    assert fresh.node.syncing and fresh._snapshot()["rejections"]["sync_answer_late"] == 1
+    deliver(fresh, "p03", sync_answer(numel, value=math.nan))
     assert fresh.node.sync.rejected["sync_answer_nonfinite"] == 1
+    assert fresh.node.syncing and fresh.node.adoption is None      # no usable answer: the wait goes on
+    fresh._carry_out(fresh.node.sync_timed_out())                  # the next attempt
     deliver(fresh, "p03", sync_answer(numel))
+    assert fresh.node.syncing                                      # p01, up, is waited for
+    deliver(fresh, "p01", sync_answer(numel))
     assert not fresh.node.syncing and fresh.node.adoption is Adoption.ADOPTED
     assert torch.equal(fresh.trainer.flat_params.detach(), torch.full((numel,), 0.5))
-    deliver(fresh, "p01", sync_answer(numel))   # a second answer, after we adopted: counted, not taken
-    assert fresh._snapshot()["rejections"]["sync_answer_late"] == 1
+    deliver(fresh, "p01", sync_answer(numel))   # an answer after we adopted: counted, not taken
+    assert fresh._snapshot()["rejections"]["sync_answer_late"] == 2
 
 
 @pytest.mark.parametrize("sent_at_s", [-math.inf, math.inf, math.nan, 1e300, -1e300, 10**400, 0.0])

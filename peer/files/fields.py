@@ -73,6 +73,12 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
     Field("sync_answers_sent", "messages", "counter", "state-sync answers sent to joining neighbours"),
+    Field("state_sync", "syncs", "counter", "what became of this peer's own state syncs, by outcome "
+          "(adopted, kept, refused, no_answer)", label="outcome"),
+    Field("early_held", "messages", "counter",
+          "neighbours' messages held before training started (fed to the machine once it starts)"),
+    Field("trainer_steps_set", "steps", "text", "the trainer's step after each catch-up or adopted sync, "
+          "in order (a list; status.json only)", prometheus="-"),
     Field("unreachable", "messages", "counter",
           "gossip messages not sent (no route or queue full), by recipient",
           label="neighbour"),
