@@ -252,8 +252,6 @@ class GossipRun:
                 silent, actions = peer.node.expire(now)
                 self._carry_out(peer, actions)
                 if syncing and not peer.node.syncing:  # a silent neighbour was all it still waited for
-                    if peer.node.adoption is Adoption.ADOPTED:
-                        peer.pending_work = None  # superseded by the adopted state
                     self._synced(peer, unanswered=False)
                 elif silent and peer.node.started and not peer.node.finished:
                     why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
@@ -351,8 +349,6 @@ class GossipRun:
         """One state-sync attempt made (its timeout set), or, synced or none left, start."""
         self._carry_out(peer, actions)
         if not peer.node.syncing:
-            if peer.node.adoption is Adoption.ADOPTED:
-                peer.pending_work = None  # superseded by the adopted state (at the attempt's timeout)
             self._synced(peer, unanswered=peer.node.adoption is None)
             return
         attempt = peer.node.sync.attempts_made
@@ -362,6 +358,8 @@ class GossipRun:
     def _synced(self, peer: SimPeer, *, unanswered: bool) -> None:
         """The state sync is over: the member starts, unless the Node finds nobody left to train
         with (as the daemon does after its sync)."""
+        if peer.node.adoption is Adoption.ADOPTED:
+            peer.pending_work = None  # superseded by the adopted state
         why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
         if why:
             self._strand(peer, why)
@@ -647,8 +645,6 @@ class GossipRun:
         if peer.waiting is not None:
             self._check_wait(peer)
         elif was_syncing and not peer.node.syncing:  # an answer was taken
-            if peer.node.adoption is Adoption.ADOPTED:
-                peer.pending_work = None  # superseded by the adopted state
             self._synced(peer, unanswered=False)
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class RoundGraph(Protocol):
-    """What a machine reads of a graph (``topology.Topology`` has it): W_t by name."""
+class GraphView(Protocol):
+    """What a machine reads of a graph (``topology.Topology`` has it): W_t by name, per round."""
 
     @property
     def names(self) -> tuple[str, ...]: ...
@@ -36,6 +36,11 @@ class RoundGraph(Protocol):
     def out_neighbours(self, name: str, t: int) -> dict[str, float]: ...
 
     def self_weight(self, name: str, t: int) -> float: ...
+
+
+class RoundGraph(GraphView, Protocol):
+    """A :class:`GraphView` that also names a member's neighbours over all rounds (what the Node
+    tracks for liveness and state sync)."""
 
     def neighbours(self, name: str) -> tuple[str, ...]: ...
 

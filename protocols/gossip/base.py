@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -19,25 +19,7 @@ from protocols.gossip.payload import Payload
 from protocols.gossip.robust import NormFilter
 from protocols.messages import Message, ParamPush
 from topology.errors import HivemeshError
-
-
-class GraphView(Protocol):
-    """The part of ``topology.Topology`` a machine reads (W_t rows and columns by name)."""
-
-    @property
-    def names(self) -> tuple[str, ...]: ...
-
-    @property
-    def directed(self) -> bool: ...
-
-    @property
-    def period(self) -> int: ...
-
-    def in_neighbours(self, name: str, t: int) -> dict[str, float]: ...
-
-    def out_neighbours(self, name: str, t: int) -> dict[str, float]: ...
-
-    def self_weight(self, name: str, t: int) -> float: ...
+from topology.membership import GraphView
 
 
 class Phase(Enum):
