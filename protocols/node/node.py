@@ -338,16 +338,17 @@ class Node(Generic[N]):
         if not self.syncing or sender in self._answered:
             self.rejected["sync_answer_late"] += 1
             return []
+        if sender not in self._asked:
+            # nobody asked it in this attempt: a refusal is one for an earlier attempt; an answer
+            # is dropped unread, since an unasked offer must not sway the choice of the best one
+            self.rejected["sync_answer_late" if message is None else "sync_answer_unasked"] += 1
+            return []
         if message is None:
             offer: SyncOffer | BadParts = BadParts("refused", "not started, or asked too often")
-            if sender not in self._asked:
-                self.rejected["sync_answer_late"] += 1
-                return []
         else:
             offer = self.sync.check(sender, message, self.machine)
         notes: list[NodeAction] = []
-        if sender in self._asked:
-            self._answered.add(sender)
+        self._answered.add(sender)
         if isinstance(offer, SyncOffer):
             self._offers[sender] = offer
         elif message is not None:
