@@ -1,0 +1,61 @@
+"""Federated learning as pure Roles (the sans-IO contract of shared/DESIGN.md).
+
+A gateway's Node hosts a server beside its gossip machine; an edge client's
+Node hosts a :class:`FedAvgClient`. Both update a flat parameter vector the
+driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
+``RoundResult`` (protocols/messages.py).
+
+- :func:`make_server`: the server of ``config.mode``, :class:`FedAvgServer`
+  (synchronous rounds: sampling, over-selection, deadlines, reports) or
+  :class:`FedBuffServer` (asynchronous, buffered, staleness-weighted).
+- :class:`FedAvgClient`: trains when asked, uploads its delta compressed with
+  error feedback.
+- ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
+  ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from protocols.federation.client import ClientPhase, FedAvgClient
+from protocols.federation.config import AGGREGATORS, FederationConfig
+from protocols.federation.fedbuff import BufferReport, BuffPhase, FedBuffServer, staleness_weight
+from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase
+from protocols.federation.server_opt import (
+    SERVER_OPTIMIZERS,
+    ServerOptConfig,
+    proximal_gradient,
+    proximal_loss,
+    server_step,
+)
+
+__all__ = [
+    "AGGREGATORS",
+    "SERVER_OPTIMIZERS",
+    "BuffPhase",
+    "BufferReport",
+    "ClientPhase",
+    "FedAvgClient",
+    "FedAvgServer",
+    "FedBuffServer",
+    "FederationConfig",
+    "RoundReport",
+    "ServerOptConfig",
+    "ServerPhase",
+    "make_server",
+    "proximal_gradient",
+    "proximal_loss",
+    "server_step",
+    "staleness_weight",
+]
+
+
+def make_server(config: FederationConfig, *, name: str, params: torch.Tensor, clients: Sequence[str] = (),
+                shapes: Sequence[tuple[int, ...]] | None = None) -> FedAvgServer | FedBuffServer:
+    """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place."""
+    if config.mode == "fedbuff":
+        return FedBuffServer(config, name=name, params=params, clients=clients, shapes=shapes)
+    return FedAvgServer(config, name=name, params=params, clients=clients, shapes=shapes)
