@@ -87,7 +87,8 @@ def test_aggregators_refuse_bad_input_and_leave_input_alone() -> None:
 # ---------------------------------------------------------------- robustness
 
 
-def _attacked(n_honest: int = 8, n_hostile: int = 2, dim: int = 50) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _attacked(n_honest: int = 8, n_hostile: int = 2,
+              dim: int = 50) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Honest updates around a common direction, plus sign-flipped x10 copies of their mean."""
     generator = torch_generator(0, "test", 0, "attack")
     direction = torch.randn(dim, generator=generator, dtype=torch.float64)
@@ -159,7 +160,7 @@ def test_yogi_and_adam_second_moments_differ_on_the_second_step() -> None:
     d1, d2 = t(1.0), t(0.1)
     states = {}
     for name in ("fedadam", "fedyogi"):
-        config = ServerOptConfig(name=name, beta2=0.9)  # type: ignore[arg-type]
+        config = ServerOptConfig(name=name, beta2=0.9)
         _, s1 = server_step(t(0), d1, {}, config)
         _, states[name] = server_step(t(0), d2, s1, config)
     # v1 = 0.1; Adam: 0.9 * 0.1 + 0.1 * 0.01 = 0.091; Yogi: 0.1 - 0.1 * 0.01 * sign(0.1 - 0.01) = 0.099
@@ -171,7 +172,7 @@ def test_server_step_leaves_inputs_alone() -> None:
     x, d = t(1, 2), t(3, 4)
     state = {"m": t(1, 1), "v": t(1, 1)}
     for name in ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"):
-        server_step(x, d, state, ServerOptConfig(name=name))  # type: ignore[arg-type]
+        server_step(x, d, state, ServerOptConfig(name=name))
     assert torch.equal(x, t(1, 2)) and torch.equal(d, t(3, 4))
     assert torch.equal(state["m"], t(1, 1)) and torch.equal(state["v"], t(1, 1))
 
