@@ -49,6 +49,7 @@ def test_start_keeps_concurrency_clients_training() -> None:
     actions = s.handle(Start(), 0.0)
     busy = started(actions)
     assert len(busy) == 3 and set(busy) == set(s.busy)
+    assert s.status()["training"] == {c: 0 for c in sorted(busy)}
     assert sum(isinstance(a, SetTimer) for a in actions) == 3
 
 

@@ -21,7 +21,10 @@ from protocols.events import (
     TimerFired,
 )
 from protocols.federation import FedAvgServer, FederationConfig, ServerOptConfig, ServerPhase
+from protocols.gossip import GossipConfig, make_machine
 from protocols.messages import ClientUpdate, RoundResult, RoundStart
+from protocols.node import Neighbour, Node, NodeConfig
+from topology import build
 
 CLIENTS = tuple(f"c{i:02d}" for i in range(10))
 
@@ -143,6 +146,7 @@ def test_deadline_closes_with_what_came_and_late_answers_are_data() -> None:
     s.handle(Received(asked[2], update(0, [9, 9, 9, 9])), 11.0)
     assert s.reports[0].late == (asked[2],)
     assert s.counters["refused_late"] == 1
+    assert s.status()["last_contact_s"][asked[2]] == 11.0 and s.status()["round"] == 1
     assert torch.allclose(s.params, torch.tensor([2.0, 0, 0, 0], dtype=torch.float64))
 
 
@@ -254,3 +258,25 @@ def test_restore_reopens_the_same_round_with_the_same_draw() -> None:
     again = round_start(fresh.handle(Start(), 5.0))
     assert again.recipients == opened and isinstance(again.message, RoundStart) and again.message.round == 1
     assert torch.equal(fresh.params, s.params) and torch.equal(fresh.opt_state["m"], s.opt_state["m"])
+
+
+# ---------------------------------------------------------------- hosted on a gateway's Node
+
+
+def test_a_gateway_node_hosts_the_server_beside_its_gossip_machine() -> None:
+    # Prepare: a gossip member p00 of a ring, with the FedAvg server as its "fedavg" role
+    machine = make_machine(GossipConfig(total_steps=10), name="p00", topology=build("ring:4"),
+                           params=torch.zeros(3))
+    fed = server(config(fraction=0.2))
+    node = Node("p00", machine, neighbours={"p01": Neighbour(), "p03": Neighbour()}, config=NodeConfig(),
+                early_per_neighbour=2, answer_source=lambda: (torch.zeros(3), 0), roles={"fedavg": fed})
+    # Execute / Assert: Start opens round 0, its timer and metrics prefixed with the role's name
+    started = node.start(0.0)
+    assert SetTimer("fedavg/deadline/0", 10.0) in started and Metric("fedavg.round", 0.0) in started
+    asked = fed.asked
+    node.receive(asked[0], update(0, [1, 1, 1, 1]), 1.0)
+    node.receive("c99", update(0, [1, 1, 1, 1]), 1.0)  # routed to the server, which refuses it
+    assert fed.counters["updates_taken"] == 1 and fed.counters["refused_not_sampled"] == 1
+    closed = node.handle(TimerFired("fedavg/deadline/0"), 10.0)
+    assert fed.reports[0].closed_by == "deadline" and fed.reports[0].taken == (asked[0],)
+    assert SetTimer("fedavg/deadline/1", 20.0) in closed

@@ -143,6 +143,13 @@ class FedBuffServer(Counted):
         """Not asked again; a dispatch it holds runs out at its deadline."""
         self.registered.discard(client)
 
+    def status(self) -> dict[str, Any]:
+        """What a gateway's status shows now (JSON-able); finished aggregations are in ``reports``."""
+        return {"mode": "fedbuff", "phase": self.phase.value, "round": self.version,
+                "registered": sorted(self.registered),
+                "training": {c: d.version for c, d in sorted(self.busy.items())},
+                "buffered": len(self.buffer), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+
     # ------------------------------------------------------------ events
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:

@@ -151,6 +151,12 @@ class FedAvgServer(Counted):
             return []
         return self._try_open(now)
 
+    def status(self) -> dict[str, Any]:
+        """What a gateway's status shows now (JSON-able); finished rounds are in ``reports``."""
+        return {"mode": "sync", "phase": self.phase.value, "round": self.round,
+                "registered": sorted(self.registered), "asked": list(self.asked), "wanted": self.wanted,
+                "taken": sorted(self.taken), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+
     # ------------------------------------------------------------ events
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:
