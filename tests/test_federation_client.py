@@ -149,3 +149,15 @@ def test_round_result_ends_the_client_with_the_final_model() -> None:
     assert actions[0] == Finished() and torch.equal(c.params, final) and c.phase is ClientPhase.FINISHED
     c.handle(Received("gw", start(31, final)), 1.0)
     assert c.counters["refused_after_finish"] == 1
+
+
+def test_the_end_heard_while_training_waits_for_the_work() -> None:
+    c = client(uplink="identity")
+    c.handle(Received("gw", start(0, random_vector(0))), 0.0)
+    final = random_vector(5)
+    assert c.handle(Received("gw", RoundResult(round=1, tensors={"x": final})), 0.5) == []
+    assert c.phase is ClientPhase.TRAINING  # the trainer still holds params
+    c.params.add_(1.0)
+    actions = c.handle(WorkDone(steps=4, loss=0.0), 1.0)
+    assert uploaded(actions).round == 0 and Finished() in actions
+    assert torch.equal(c.params, final) and c.phase is ClientPhase.FINISHED

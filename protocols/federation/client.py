@@ -18,7 +18,7 @@ gossip machines do).
    survives the rounds the client is not asked in (``export_state`` keeps it
    across restarts). An identity uplink sends the delta as it is.
 3. ``RoundResult`` from the server: the final model goes into ``params``;
-   ``Finished``.
+   ``Finished`` (heard while training: after the work is done and uploaded).
 
 FedProx (Li et al. 2020): when the round's ``prox_mu`` is > 0 the trainer adds
 ``server_opt.proximal_gradient(params, client.anchor, client.prox_mu)`` to its
@@ -80,6 +80,7 @@ class FedAvgClient(Counted):
         self.anchor: torch.Tensor | None = None  # the global model of that round (FedProx's anchor)
         self.prox_mu = 0.0
         self.pending: RoundStart | None = None
+        self.pending_result: RoundResult | None = None  # the end, heard while the trainer held params
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
@@ -158,6 +159,9 @@ class FedAvgClient(Counted):
             update = ClientUpdate(round=self.round, num_samples=self.num_samples, tensors=payload, meta=meta)
             actions.append(Send((self.server,), update))
             self.counters["updates_sent"] += 1
+        if self.pending_result is not None:
+            result, self.pending_result = self.pending_result, None
+            return [*actions, *self._result(result)]
         if self.pending is not None:
             pending, self.pending = self.pending, None
             actions.extend(self._round_start(pending))
@@ -166,15 +170,15 @@ class FedAvgClient(Counted):
     def _result(self, result: RoundResult) -> list[Action]:
         if self.phase is ClientPhase.FINISHED:
             return []
-        if self.phase is ClientPhase.TRAINING:
-            self.counters["result_while_training"] += 1  # the trainer owns params: keep its model
-        else:
-            try:
-                self.params.copy_(self.downlink.decode(result.tensors, result.meta))
-            except BadParts as error:
-                self.counters[f"refused_bad_model_{error.reason}"] += 1
-                self._refuse("bad_model")
-                return []
+        if self.phase is ClientPhase.TRAINING:  # the trainer holds params: the end waits for WorkDone
+            self.pending_result = result
+            return []
+        try:
+            self.params.copy_(self.downlink.decode(result.tensors, result.meta))
+        except BadParts as error:
+            self.counters[f"refused_bad_model_{error.reason}"] += 1
+            self._refuse("bad_model")
+            return []
         self.phase = ClientPhase.FINISHED
         return [Finished()]
 

@@ -31,18 +31,18 @@ gossip is done; the next round then sends whatever ``params`` holds.
 What a ``ClientUpdate`` meets (every refusal counted ``refused_<reason>`` and in
 the round's report; ``refused_update`` is their total):
 
-=============================================  ===========================
+=============================================  ====================================================
 update                                         verdict
-=============================================  ===========================
+=============================================  ====================================================
 after the federation finished                  ``after_finish``
 for the open round, from a client not asked    ``not_sampled``
 for the open round, a second one               ``duplicate``
 for the open round, malformed or not finite    ``bad_update`` (+ its reason)
 for the open round, num_samples < 1            ``bad_num_samples``
 for the open round, otherwise                  taken (``updates_taken``)
-for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota)
+for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota), once
 for any other round                            ``wrong_round``
-=============================================  ===========================
+=============================================  ====================================================
 """
 
 from __future__ import annotations
@@ -127,8 +127,12 @@ class FedAvgServer(Counted):
         self.round = 0
         self.reports: dict[int, RoundReport] = {}
         self.last_contact_s: dict[str, float] = {}
-        self._open_round(-1.0)  # an empty round record; the first real one opens at Start
-        self.phase = ServerPhase.IDLE
+        # the open round (set by _open_round)
+        self.wanted = 0
+        self.asked: tuple[str, ...] = ()
+        self.taken: dict[str, tuple[torch.Tensor, int]] = {}
+        self.refused_now: Counter[str] = Counter()
+        self.opened_at_s = 0.0
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
@@ -201,8 +205,8 @@ class FedAvgServer(Counted):
         self.wanted = self.config.clients_per_round(registered)
         asking = self.config.asked_per_round(registered)
         self.asked = sample(self.config.seed, self.round, self.registered, asking)
-        self.taken: dict[str, tuple[torch.Tensor, int]] = {}
-        self.refused_now: Counter[str] = Counter()
+        self.taken = {}
+        self.refused_now = Counter()
         self.opened_at_s = now
 
     def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
