@@ -3,10 +3,11 @@ kept across rounds (sampled or not), downlink compression, refusals and the end.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from protocols.events import Action, Finished, Received, Send, StartWork, WorkDone
-from protocols.federation import ClientPhase, FedAvgClient, FederationConfig
+from protocols.events import Action, Finished, Received, Send, Start, StartWork, WorkDone
+from protocols.federation import ClientPhase, FedAvgClient, FedAvgServer, FederationConfig
 from protocols.federation.common import payload
 from protocols.gossip.payload import Payload
 from protocols.messages import ClientUpdate, RoundResult, RoundStart
@@ -161,3 +162,24 @@ def test_the_end_heard_while_training_waits_for_the_work() -> None:
     actions = c.handle(WorkDone(steps=4, loss=0.0), 1.0)
     assert uploaded(actions).round == 0 and Finished() in actions
     assert torch.equal(c.params, final) and c.phase is ClientPhase.FINISHED
+
+
+@pytest.mark.parametrize("spec", ["identity", "fp16", "bf16", "qsgd:bits=4", "topk:fraction=0.1",
+                                  "randomk:fraction=0.1", "sign", "powersgd:rank=2"])
+def test_any_compression_operator_round_trips_to_the_server(spec: str) -> None:
+    # Prepare: a server and a client of one federation with the uplink ``spec``
+    config = FederationConfig(uplink=spec, fraction=1.0, min_clients=1, rounds=1)
+    shapes = ((10, 100),)
+    server = FedAvgServer(config, name="gw", params=torch.zeros(NUMEL), clients=("edge",), shapes=shapes)
+    c = FedAvgClient(config, name="edge", server="gw", params=torch.zeros(NUMEL), num_samples=5,
+                     steps_per_epoch=1, shapes=shapes)
+    (send,) = [a for a in server.handle(Start(), 0.0) if isinstance(a, Send)]
+    c.handle(Received("gw", send.message), 0.1)
+    c.params.add_(random_vector(3))
+    # Execute
+    server.handle(Received("edge", uploaded(c.handle(WorkDone(steps=1, loss=0.0), 0.2))), 0.3)
+    # Assert: taken, and the model moved towards the client's delta by what the operator kept
+    assert server.counters["updates_taken"] == 1 and server.counters["refused_update"] == 0
+    owed = c.feedback.residual()
+    kept = random_vector(3) - (owed if owed is not None else torch.zeros(NUMEL))
+    assert torch.allclose(server.params, kept, atol=1e-5)
