@@ -12,6 +12,20 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
   error feedback.
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
+
+What a driver does with them (the gateway and ``hivemesh edge`` are not wired yet):
+
+- gateway: ``make_server(config, name=..., params=<the flat global model>, clients=<the
+  roster's edge members>)`` as a Node role (``roles={"fedavg": server}``); the Node routes
+  ``ClientUpdate`` to it and its prefixed timers back. A client that connects or leaves is
+  ``register(name, now)`` / ``unregister(name)`` (or ``NeighbourUp`` / ``NeighbourDown``).
+  ``reports`` (per round), ``status()``, ``counters`` and ``last_contact_s`` feed the
+  status; ``export_state`` / ``restore_state`` a checkpoint. Gossip between rounds:
+  ``pause_between_rounds=True``, then ``resume(now)`` after the gossip rounds.
+- edge: ``FedAvgClient(config, name=..., server=..., params=trainer.mixed,
+  num_samples=len(shard), steps_per_epoch=trainer.steps_per_epoch)``; ``StartWork(n)`` is
+  ``trainer.run_steps(n)`` then ``WorkDone``; with ``client.prox_mu > 0`` the trainer adds
+  ``proximal_gradient(params, client.anchor, client.prox_mu)`` to its gradient.
 """
 
 from __future__ import annotations
