@@ -68,8 +68,14 @@ __all__ = [
 
 
 def make_server(config: FederationConfig, *, name: str, params: torch.Tensor, clients: Sequence[str] = (),
+                pause_between_rounds: bool = False,
                 shapes: Sequence[tuple[int, ...]] | None = None) -> FedAvgServer | FedBuffServer:
-    """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place."""
+    """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place.
+
+    ``pause_between_rounds`` (sync only: FedBuff has no rounds to pause between)."""
     if config.mode == "fedbuff":
+        if pause_between_rounds:
+            raise ValueError("federation mode 'fedbuff' has no rounds to pause between")
         return FedBuffServer(config, name=name, params=params, clients=clients, shapes=shapes)
-    return FedAvgServer(config, name=name, params=params, clients=clients, shapes=shapes)
+    return FedAvgServer(config, name=name, params=params, clients=clients,
+                        pause_between_rounds=pause_between_rounds, shapes=shapes)
