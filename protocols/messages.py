@@ -94,7 +94,12 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class RoundStart:
-    """FedAvg: the gateway's global model and the work asked of a sampled client."""
+    """FedAvg: the gateway's global model and the work asked of a sampled client.
+
+    ``round``: the round (FedBuff: the model version). ``meta``: the downlink encoding of the
+    model plus ``local_epochs``, ``local_steps`` (one of them > 0) and ``prox_mu``
+    (protocols/federation). ``deadline_s``: seconds the round stays open from when it was
+    sent (a duration: the two clocks are not compared)."""
 
     KIND: ClassVar[str] = "round_start"
     round: int
@@ -105,7 +110,10 @@ class RoundStart:
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``."""
+    """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``.
+
+    The tensors are the delta (trained minus the model of ``round``), under the uplink's encoding;
+    the server caps ``num_samples`` (protocols/federation/aggregate.py: cap_samples)."""
 
     KIND: ClassVar[str] = "client_update"
     round: int
@@ -116,7 +124,8 @@ class ClientUpdate:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """FedAvg: the aggregated model of a finished round."""
+    """FedAvg: the aggregated model of a finished round (sent with the final model when the
+    federation ends; ``round``: the rounds or versions made)."""
 
     KIND: ClassVar[str] = "round_result"
     round: int
