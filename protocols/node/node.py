@@ -143,6 +143,7 @@ class Node(Generic[N]):
         self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
         self.left = False                          # removed from the roster: it takes no part any more
         self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
+        self._behind_said: set[int] = set()  # later roster versions a neighbour has told us of
         self.next_beat_s = -math.inf  # when the next heartbeat is due
 
     # ------------------------------------------------------------ lifecycle
@@ -225,7 +226,8 @@ class Node(Generic[N]):
 
     def heartbeat(self, *, step: int, loss: float, stamp_s: float = 0.0) -> Heartbeat:
         """What our heartbeat says now (the daemon also sends one to try a connection)."""
-        return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished)
+        return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished,
+                         roster_version=self.membership.current.version)
 
     def start_wait(self, *, waited_s: float, resumed: bool, ahead_steps: float,
                    all_reachable: bool = True, later: frozenset[str] = frozenset()) -> Wait:
@@ -275,6 +277,7 @@ class Node(Generic[N]):
                 self.rejected["heartbeat_not_neighbour"] += 1
             case Heartbeat():
                 self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
+                actions += self._roster_behind(sender, message.roster_version)
             case StateSyncRequest():
                 actions += self._answer(sender, now)
             case StateSyncResponse():
@@ -464,7 +467,8 @@ class Node(Generic[N]):
         names = view.neighbours(self.name)
         added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
         self._follow(names)
-        actions.append(Connect(membership.either(), names))
+        accepted = membership.either()   # a revoked member is refused at once: no longer dialled either
+        actions.append(Connect(accepted, tuple(name for name in names if name in accepted)))
         if self._live():
             for name in added:  # not waited for until heard (NeighbourUp), like a neighbour absent at Start
                 actions += self._machine(NeighbourDown(name), now)
@@ -507,6 +511,16 @@ class Node(Generic[N]):
         """Our roster version for its round on every round-bearing message we send."""
         return [Send(a.recipients, self.membership.stamp(a.message)) if isinstance(a, Send) else a
                 for a in actions]
+
+    def _roster_behind(self, sender: str, theirs: int) -> list[NodeAction]:
+        """Said once per version: a neighbour knows a later roster than ours (a key rotated or revoked
+        there is accepted here until our roster file says so too)."""
+        if theirs <= self.membership.current.version or theirs in self._behind_said:
+            return []
+        self._behind_said.add(theirs)
+        ours = self.membership.current.version
+        return [Note(f"{sender} holds roster version {theirs}, {self.name} {ours}: is this member's roster "
+                     "file up to date?", warning=True)]
 
     def _refuse_version(self, sender: str, message: Message) -> list[NodeAction] | None:
         """None to go on; else the refusal (counted) of a message we must not take: we left the run,
