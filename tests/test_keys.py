@@ -41,8 +41,9 @@ class Keys:
     def rotated(self) -> Roster:
         """Version 2 from ROUND: a's key rotated, c revoked."""
         signature = self.old["a"].sign_rotation("a", self.new_a, ROUND)
-        roster = self.roster().rotate("a", public_id=self.new_a.public_id, curve_key=self.new_a.curve_public_key,
-                                      at_round=ROUND, signature=signature)
+        roster = self.roster().rotate("a", public_id=self.new_a.public_id,
+                                      curve_key=self.new_a.curve_public_key, at_round=ROUND,
+                                      signature=signature)
         return roster.revoke("c").revised(ROUND)
 
 
@@ -249,12 +250,13 @@ def test_roster_rotate_and_revoke_from_the_command_line(keys: Keys, tmp_path: Pa
 def test_the_node_stops_dialling_a_revoked_neighbour_at_once_and_says_a_later_roster() -> None:
     from test_membership import EFFECTIVE_ROUND, NEW, OLD, node_at_round, roster_of
 
+    from protocols.events import NeighbourDown, Send
     from protocols.node import Neighbour, Note
     from protocols.node.membership import Connect
     from topology import build
 
     # Prepare: p01 (ring of OLD, neighbours p00 and p02) at a round before the change
-    node, _machine = node_at_round(EFFECTIVE_ROUND - 2)
+    node, machine = node_at_round(EFFECTIVE_ROUND - 2)
     v1 = node.membership.current
     # Execute: version 2 revokes p02 (the ring of NEW from EFFECTIVE_ROUND); a neighbour tells of version 3
     v2 = dataclasses.replace(roster_of(NEW, version=2, effective_round=EFFECTIVE_ROUND),
@@ -262,11 +264,15 @@ def test_the_node_stops_dialling_a_revoked_neighbour_at_once_and_says_a_later_ro
     actions = node.change_membership(v2, build("ring", NEW), 0.0, make_neighbour=Neighbour)
     told = node.receive("p00", Heartbeat(step=1, roster_version=3), 1.0)
     again = node.receive("p00", Heartbeat(step=2, roster_version=3), 2.0)
-    # Assert: p02 neither verified nor dialled from now on, though the graph keeps it until the round
+    # Assert: p02 neither verified, dialled, waited for nor sent to from now on, though the graph keeps
+    # it until the round
     connect = next(a for a in actions if isinstance(a, Connect))
     assert "p02" not in connect.roster and "p02" not in connect.neighbours
     assert connect.roster.is_revoked(v1.member("p02").public_key)
-    assert "p02" in node.neighbourhood.names()
+    assert "p02" not in node.neighbourhood.names()
+    assert NeighbourDown("p02") in machine.fed
+    assert node._stamped([Send(("p00", "p02"), Heartbeat(step=1))]) == [Send(("p00",), Heartbeat(step=1))]
+    assert node._stamped([Send(("p02",), Heartbeat(step=1))]) == []
     assert told == [Note("p00 holds roster version 3, p01 2: is this member's roster file up to date?",
                          warning=True)]
     assert again == []

@@ -144,6 +144,7 @@ class Node(Generic[N]):
         self.left = False                          # removed from the roster: it takes no part any more
         self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
         self._behind_said: set[int] = set()  # later roster versions a neighbour has told us of
+        self._revoked: frozenset[str] = frozenset()  # members whose key the roster revoked: never sent to
         self.next_beat_s = -math.inf  # when the next heartbeat is due
 
     # ------------------------------------------------------------ lifecycle
@@ -464,14 +465,23 @@ class Node(Generic[N]):
                                 f"effective round {roster.effective_round}: rounds {roster.effective_round}"
                                 f"-{round_now - 1} went by version {old_version} here "
                                 f"(members already on version {roster.version} refused them)", warning=True))
-        names = view.neighbours(self.name)
+        accepted = membership.either()   # a revoked member is refused at once: no longer dialled either
+        if self.name not in accepted:
+            return actions + self._leave(f"our key was revoked at roster version {roster.version}: leaving "
+                                         "the run", membership.previous or membership.current)
+        # a revoked neighbour is gone at once: not heard, not sent to, not waited for
+        before = membership.previous or membership.current
+        self._revoked = frozenset(name for name in before.names if name not in accepted)
+        revoked = [name for name in self.neighbourhood.names() if name in self._revoked]
+        for name in revoked:
+            self.neighbourhood.forget(name)
+        names = tuple(name for name in view.neighbours(self.name) if name not in self._revoked)
         added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
         self._follow(names)
-        accepted = membership.either()   # a revoked member is refused at once: no longer dialled either
-        actions.append(Connect(accepted, tuple(name for name in names if name in accepted)))
+        actions.append(Connect(accepted, names))
         if self._live():
-            for name in added:  # not waited for until heard (NeighbourUp), like a neighbour absent at Start
-                actions += self._machine(NeighbourDown(name), now)
+            for name in [*revoked, *added]:  # added: not waited for until heard (NeighbourUp), like a
+                actions += self._machine(NeighbourDown(name), now)     # neighbour absent at Start
         return actions + self._settle(now)
 
     def _settle(self, now: float) -> list[NodeAction]:
@@ -485,14 +495,8 @@ class Node(Generic[N]):
         self.membership = membership.settled()
         roster = membership.current
         if self.name not in roster:    # we were removed: no neighbour any more, and done
-            self.left = self.finished = True
-            self.early.clear()
-            for name in self.neighbourhood.names():
-                self.neighbourhood.forget(name)
-            self._follow(())
-            return [Note(f"removed from the roster at version {roster.version} (round "
-                         f"{roster.effective_round}): leaving the run"),
-                    Connect(membership.previous, ()), Finished()]
+            return self._leave(f"removed from the roster at version {roster.version} (round "
+                               f"{roster.effective_round}): leaving the run", membership.previous)
         keep = graph.neighbours_from(self.name)
         for name in self.neighbourhood.names():
             if name not in keep:
@@ -502,15 +506,32 @@ class Node(Generic[N]):
                 Note(f"roster version {roster.version} in effect from round {roster.effective_round} "
                      f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}")]
 
+    def _leave(self, why: str, roster: Roster) -> list[NodeAction]:
+        """No neighbour any more, and done (``roster``: what the endpoint verifies against meanwhile)."""
+        self.left = self.finished = True
+        self.early.clear()
+        for name in self.neighbourhood.names():
+            self.neighbourhood.forget(name)
+        self._follow(())
+        return [Note(why), Connect(roster, ()), Finished()]
+
     def _follow(self, names: Sequence[str]) -> None:
         """State sync and early messages take these neighbours from now on."""
         self.sync.neighbours = frozenset(names)
         self.early.neighbours = frozenset(names)
 
     def _stamped(self, actions: Sequence[Action]) -> list[Action]:
-        """Our roster version for its round on every round-bearing message we send."""
-        return [Send(a.recipients, self.membership.stamp(a.message)) if isinstance(a, Send) else a
-                for a in actions]
+        """Our roster version for its round on every round-bearing message we send (to no member
+        whose key is revoked, though the machine's graph still has it until the change's round)."""
+        stamped: list[Action] = []
+        for action in actions:
+            if isinstance(action, Send):
+                recipients = tuple(name for name in action.recipients if name not in self._revoked)
+                if recipients:
+                    stamped.append(Send(recipients, self.membership.stamp(action.message)))
+            else:
+                stamped.append(action)
+        return stamped
 
     def _roster_behind(self, sender: str, theirs: int) -> list[NodeAction]:
         """Said once per version: a neighbour knows a later roster than ours (a key rotated or revoked
