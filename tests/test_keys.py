@@ -277,3 +277,19 @@ def test_the_node_stops_dialling_a_revoked_neighbour_at_once_and_says_a_later_ro
                          warning=True)]
     assert again == []
     assert set(OLD) - set(NEW) == {"p02"}
+
+
+def test_the_node_does_not_take_a_roster_that_swaps_a_key_unsigned() -> None:
+    from test_membership import EFFECTIVE_ROUND, OLD, node_at_round
+
+    from protocols.node import Neighbour
+    from topology import build
+
+    node, _machine = node_at_round(EFFECTIVE_ROUND - 2)
+    v1 = node.membership.current
+    swapped = dataclasses.replace(v1.member("p00"), public_id=Identity.generate().public_id)
+    v2 = v1.remove("p00").add(swapped).revised(EFFECTIVE_ROUND)
+    actions = node.change_membership(v2, build("ring", OLD), 0.0, make_neighbour=Neighbour)
+    assert node.membership.current is v1
+    assert node.all_rejections()["roster_key_change_unsigned"] == 1
+    assert "another key without a rotation signed by its old one" in str(actions)

@@ -64,6 +64,10 @@ from protocols.roster import Roster
 ROUND_BEARING = (ParamPush, ParamPull, StateSyncResponse)  # the messages that carry a roster_version
 
 
+class UnsignedKeyChange(ValueError):
+    """A later roster that gives a member another key without its old key's signature: not taken."""
+
+
 @dataclass(frozen=True)
 class Membership:
     """The roster in force from ``current.effective_round`` on, and the one before it (if known)."""
@@ -95,8 +99,8 @@ class Membership:
             before = self.current.get(member.name)
             if before is not None and before.public_id != member.public_id and \
                     member.rotated_from != before.public_id:
-                raise ValueError(f"roster version {roster.version} gives {member.name} another key without a "
-                                 "rotation signed by its old one (`hivemesh roster rotate`)")
+                raise UnsignedKeyChange(f"roster version {roster.version} gives {member.name} another key "
+                                        "without a rotation signed by its old one (`hivemesh roster rotate`)")
         return Membership(current=roster, previous=self.current)
 
     def in_force(self, round_index: int) -> bool:

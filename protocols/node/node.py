@@ -86,7 +86,7 @@ from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest,
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
-from protocols.node.membership import Connect, Membership
+from protocols.node.membership import Connect, Membership, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
@@ -447,6 +447,9 @@ class Node(Generic[N]):
             raise ValueError("change_membership needs set_membership first")
         try:
             membership = self.membership.changed_to(roster)
+        except UnsignedKeyChange as error:
+            self.rejected["roster_key_change_unsigned"] += 1
+            return [Note(f"{error}: ignored", warning=True)]
         except ValueError as error:
             self.rejected["roster_not_newer"] += 1
             return [Note(f"{error}: ignored", warning=True)]
