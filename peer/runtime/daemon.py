@@ -699,12 +699,9 @@ class PeerDaemon:
     def _hold_own_key(self, roster: Roster) -> None:
         """A rotation of our own key: the endpoint gets the new key file (beside the configured one,
         peer/files/keydir.py) as soon as the roster names it; it signs with it once that roster is in
-        force. Not found: said once; the peer fails when the rotation's round comes."""
-        listed = roster.get(self.name)
-        if listed is None or listed.public_key in self.endpoint.identities:
-            return
-        rotated = [entry for entry in roster.also if entry.name == self.name]
-        for entry in (listed, *rotated):
+        force. Not found: said at each roster change; the peer fails when the rotation's round comes."""
+        ours = [entry for entry in (*roster.members, *roster.also) if entry.name == self.name]
+        for entry in ours:
             if entry.public_key in self.endpoint.identities:
                 continue
             identity = find_identity(self.config.key_path, entry.public_id)
