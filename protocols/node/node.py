@@ -143,7 +143,9 @@ class Node(Generic[N]):
         self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
         self.left = False                          # removed from the roster: it takes no part any more
         self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
-        self._behind_said: set[int] = set()  # later roster versions a neighbour has told us of
+        # neighbours that told of a later roster than ours, cleared when ours changes: bounded by the
+        # neighbours whatever they send
+        self._behind_said: set[str] = set()
         self._revoked: frozenset[str] = frozenset()  # members whose key the roster revoked: never sent to
         self.next_beat_s = -math.inf  # when the next heartbeat is due
 
@@ -461,6 +463,7 @@ class Node(Generic[N]):
             return [Note(f"{membership.describe()}: not applied: {error}", warning=True)]
         old_version = self.membership.current.version
         self.membership, self.graph = membership, view
+        self._behind_said.clear()
         actions: list[NodeAction] = [Note(membership.describe())]
         round_now = self.machine.position[0]
         if self.started and round_now > roster.effective_round:
@@ -537,11 +540,11 @@ class Node(Generic[N]):
         return stamped
 
     def _roster_behind(self, sender: str, theirs: int) -> list[NodeAction]:
-        """Said once per version: a neighbour knows a later roster than ours (a key rotated or revoked
-        there is accepted here until our roster file says so too)."""
-        if theirs <= self.membership.current.version or theirs in self._behind_said:
+        """Said once per neighbour and our version: it knows a later roster than ours (a key rotated or
+        revoked there is accepted here until our roster file says so too)."""
+        if theirs <= self.membership.current.version or sender in self._behind_said:
             return []
-        self._behind_said.add(theirs)
+        self._behind_said.add(sender)
         ours = self.membership.current.version
         return [Note(f"{sender} holds roster version {theirs}, {self.name} {ours}: is this member's roster "
                      "file up to date?", warning=True)]
