@@ -20,7 +20,8 @@ a roster version not ours   counted ``roster_version_mismatch``, said once per s
 for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 ``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
-                            counted ``heartbeat_not_neighbour``)
+                            counted ``heartbeat_not_neighbour``); a later roster version
+                            than ours is said once per neighbour
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
@@ -48,7 +49,11 @@ Membership (protocols/node/membership.py): a driver hands a later roster version
 to :meth:`Node.change_membership`; the machine reads the old graph before its
 ``effective_round`` and the new one from it, new neighbours are known at once,
 removed ones forgotten at that round (a removed member leaves: ``Finished``), and
-``Connect`` tells the driver whom to verify and exchange with.
+``Connect`` tells the driver whom to verify and exchange with. A member whose key
+the new version revokes is forgotten at once, not at the round: never sent to,
+waited for (``NeighbourDown``) or verified again; a member that reads its own
+revocation leaves at once. A version that gives a member another key without
+the old key's signature is not taken (``roster_key_change_unsigned``).
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
