@@ -293,3 +293,29 @@ def test_the_node_does_not_take_a_roster_that_swaps_a_key_unsigned() -> None:
     assert node.membership.current is v1
     assert node.all_rejections()["roster_key_change_unsigned"] == 1
     assert "another key without a rotation signed by its old one" in str(actions)
+
+
+def test_a_restarted_member_finds_its_rotated_key_and_a_foreign_key_is_still_an_error(tmp_path: Path) -> None:
+    from test_membership import NETWORK
+
+    from peer.files.config import ConfigError
+    from peer.runtime.assemble import identity_and_roster
+    from peer.runtime.netinit import create_network
+    from peer.runtime.peerconfig import load_peer_config
+
+    # Prepare: a network of three whose roster rotated p01's key; the new key file beside the old
+    files = create_network(tmp_path / "net", peers=3, network=NETWORK)
+    roster = roster_file.read(files.roster)
+    old, new = Identity.load(files.keys["p01"]), Identity.generate()
+    new.save(files.keys["p01"].with_name("p01-next.key"))
+    rotated = roster.rotate("p01", public_id=new.public_id, curve_key=new.curve_public_key, at_round=ROUND,
+                            signature=old.sign_rotation("p01", new, ROUND)).revised(ROUND)
+    roster_file.write(files.roster, rotated)
+    # Execute / Assert: p01 (its config still names p01.key) starts with the new key
+    identity, _, name = identity_and_roster(load_peer_config(files.configs["p01"]))
+    assert (name, identity.public_id) == ("p01", new.public_id)
+    # ... while a config naming another member's key is refused, though that folder holds the right one
+    config = files.configs["p02"]
+    config.write_text(config.read_text().replace("p02.key", "p00.key"))
+    with pytest.raises(ConfigError, match="is not the key of 'p02' on the roster"):
+        identity_and_roster(load_peer_config(config))

@@ -7,6 +7,10 @@ peer's config names (same directory, any name ending in ``.key``, e.g.
 the roster lists for it, when it learns the rotation (and signs with it from the
 rotation's round on) and at every start, so the config keeps naming the first
 key file. A key file that cannot be read (another's, mode not 0600) is skipped.
+The search runs only for a rotation: at a start, when the configured key is
+on the roster's revoked list and the member's entry says it was rotated, so a
+config that names another member's key is still an error, even where one
+folder holds every member's key (``hivemesh init``).
 """
 
 from __future__ import annotations

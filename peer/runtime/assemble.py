@@ -89,8 +89,12 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
     if member is None:
         raise ConfigError(f"{config.source}: key 'peer.name': {name!r} is not on the roster "
                           f"{config.roster_path}", key="peer.name")
-    if member.public_id != identity.public_id:   # rotated: the new key file is beside (files/keydir.py)
-        rotated = find_identity(config.key_path, member.public_id)
+    if member.public_id != identity.public_id:
+        # rotated away (revoked, and the member's entry says it was rotated): the new key file is
+        # beside it (files/keydir.py); any other key is a configuration error, not looked past
+        rotated = None
+        if member.rotated_from and roster.is_revoked(identity.public_key):
+            rotated = find_identity(config.key_path, member.public_id)
         if rotated is None:
             raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
                               f"{identity.public_id}) is not the key of {name!r} on the roster "
