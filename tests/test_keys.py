@@ -18,7 +18,7 @@ from peer.files.keydir import find_identity
 from protocols.codec import Policy
 from protocols.compress.accounting import endpoint_message_bytes
 from protocols.identity import Identity
-from protocols.messages import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Heartbeat, ParamPush
+from protocols.messages import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Heartbeat, Message, ParamPush
 from protocols.node.membership import Membership
 from protocols.roster import Member, Roster, RosterError, run_id
 from protocols.wire import Endpoint, Opened, Rejection, wire_size
@@ -52,8 +52,8 @@ def keys() -> Keys:
     return Keys({name: Identity.generate() for name in NAMES}, Identity.generate())
 
 
-def send(sender: Endpoint, receiver: Endpoint, message: object = None) -> Opened | Rejection:
-    frames = sender.seal((receiver.name,), message or Heartbeat(step=1))  # type: ignore[arg-type]
+def send(sender: Endpoint, receiver: Endpoint, message: Message | None = None) -> Opened | Rejection:
+    frames = sender.seal((receiver.name,), message or Heartbeat(step=1))
     return receiver.open(frames)
 
 
