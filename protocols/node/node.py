@@ -432,8 +432,13 @@ class Node(Generic[N]):
 
     def _role(self, name: str, event: Event, now: float) -> list[NodeAction]:
         """A role beside the machine handles ``event``; its timer keys and metric names are prefixed."""
+        return self.role_actions(name, self.roles[name].handle(event, now))
+
+    def role_actions(self, name: str, done: Sequence[Action]) -> list[NodeAction]:
+        """What role ``name`` returned, its timer keys and metric names prefixed: for a driver's
+        direct call on a role (a gateway's ``resume`` after its gossip rounds), as for its events."""
         actions: list[NodeAction] = []
-        for action in self.roles[name].handle(event, now):
+        for action in done:
             match action:
                 case SetTimer(key=key, at=at):
                     actions.append(SetTimer(f"{name}/{key}", at))
