@@ -109,6 +109,7 @@ class Member:
     gossip_round: int = 0                    # a gateway: its machine's rounds begun
     awaiting_fedavg: bool = False            # a gateway: its machine's work is the open FedAvg round
     finished: bool = False
+    bytes_sent: int = 0
 
 
 class FederationRun:
@@ -144,6 +145,7 @@ class FederationRun:
             self.members[name] = self._client(name, self.section.gateway_of(index))
         self.dropped: Counter[str] = Counter()
         self.bytes_sent = 0
+        self.traffic: dict[tuple[str, str], list[int]] = {}  # (src, dst) -> [messages, bytes]
         self.result = ScenarioResult(
             name=scenario.name, source=scenario.source, kind=f"federation:{self.config.mode}",
             seed=scenario.seed,
@@ -286,6 +288,7 @@ class FederationRun:
                 nbytes = message_bytes(message)
                 for recipient in recipients:
                     self._send(member.name, recipient, message, nbytes, now)
+                member.bytes_sent += nbytes * len(recipients)
             case StartWork(steps=steps):
                 self._work(member, steps)
             case SetTimer(key=key, at=at):
@@ -303,6 +306,9 @@ class FederationRun:
     def _send(self, sender: str, recipient: str, message: Message, nbytes: int, now: float) -> None:
         transfer = self.network.transmit(sender, recipient, nbytes, now)
         self.bytes_sent += nbytes
+        counts = self.traffic.setdefault((sender, recipient), [0, 0])
+        counts[0] += 1
+        counts[1] += nbytes
         if transfer.arrival_s is None:
             self.dropped[transfer.dropped or "lost"] += 1
             return
@@ -424,11 +430,12 @@ class FederationRun:
                 counters["accuracy"] = self.accuracy.get(name, math.nan)
             elif member.client is not None:
                 counters = {f"client.{k}": float(v) for k, v in sorted(member.client.counters.items())}
-            result.peers[name] = {"role": "gateway" if member.server is not None else "client", **counters}
+            result.peers[name] = {"role": "gateway" if member.server is not None else "client",
+                                  "bytes_sent": member.bytes_sent, **counters}
             for reason, count in sorted(member.node.all_rejections().items()):
                 result.rejections[reason] = result.rejections.get(reason, 0) + count
         result.dropped = dict(sorted((self.dropped + self.network.dropped).items()))
-        result.links = self.network.traffic()
+        result.links = [(src, dst, m, b) for (src, dst), (m, b) in sorted(self.traffic.items())]
         result.metrics = {"rounds_closed": float(len(result.rounds)),
                           "final_accuracy": result.trace[-1].mean_accuracy if result.trace else math.nan}
 

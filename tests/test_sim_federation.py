@@ -3,12 +3,16 @@ issue 12 on the virtual clock, gateways gossiping between FedAvg rounds, and ava
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sim.availability import Availability, parse_attack
+from sim.plots import figures
+from sim.report import write_report
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.world import ScenarioResult
@@ -67,6 +71,17 @@ def test_every_client_takes_part_in_every_round_and_the_round_rows_say_so() -> N
     assert all(a["bytes_sent"] < b["bytes_sent"] and a["time_s"] < b["time_s"]
                for a, b in zip(result.rounds, result.rounds[1:], strict=False))
     assert result.rejections == {} and result.peers["gw0"]["fedavg.updates_taken"] == 100
+
+
+def test_the_report_lists_the_rounds_and_draws_accuracy_and_participation_per_round(tmp_path: Path) -> None:
+    result = run(federation(server={"rounds": 3}))
+    written = {p.name for p in write_report([result], tmp_path)}
+    assert {"report.json", "federation_rounds.png", "accuracy_vs_bytes.png"} <= written
+    rounds = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]["rounds"]
+    assert [(r["round"], r["participants"]) for r in rounds] == [(0, 10), (1, 10), (2, 10)]
+    axes = figures([result])["federation_rounds.png"].axes
+    assert [a.get_title() for a in axes][2] == "Participation per round"
+    assert list(axes[2].lines[0].get_ydata()) == [10, 10, 10]
 
 
 def test_fedbuff_reaches_the_bar_sooner_than_sync_fedavg_when_three_clients_are_five_times_slower() -> None:
@@ -142,3 +157,16 @@ def test_a_member_named_in_the_scenario_must_exist_and_the_server_table_is_check
         run(federation(attack={"e099": "signflip:10"}))
     with pytest.raises(ValueError, match="aggregator"):
         scenario_from_dict(federation(server={"aggregator": "mode"}))
+
+
+def test_the_federation_example_runs_through_the_cli_shortened(tmp_path: Path) -> None:
+    from peer.cli.main import main
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "federation-edge.toml"
+    code = main(["sim", str(example), "--out", str(tmp_path), "--no-plots", "--quiet",
+                 "--set=federation.server.rounds=3"])
+    assert code == 0
+    scenario = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]
+    assert scenario["kind"] == "federation:sync" and scenario["members"] == 22
+    assert sorted({(r["gateway"], r["round"]) for r in scenario["rounds"]}) == [
+        (g, i) for g in ("gw0", "gw1") for i in range(3)]
