@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import torch
 
 from protocols.events import NeighbourUp, Send, StartWork, WorkDone
@@ -98,3 +99,21 @@ def test_the_gossip_machine_never_hears_of_clients_and_an_unknown_sender_is_coun
     node.receive("x9", Heartbeat(step=0, loss=0.0), 1.0)    # neither neighbour nor client
     assert node.all_rejections() == {"heartbeat_not_neighbour": 1}
     assert "e0" not in node.neighbourhood and server.registered == {"e0"}
+
+
+def test_fedavg_rounds_fall_on_every_gth_gossip_round() -> None:
+    from protocols.federation.interleave import fedavg_round_due, gossip_total_rounds
+
+    assert [fedavg_round_due(k, 3) for k in range(7)] == [True, False, False, True, False, False, True]
+    assert all(fedavg_round_due(k, g) for k in range(5) for g in (0, 1))   # no gossip: every round
+    assert gossip_total_rounds(30, 2) == 60 and gossip_total_rounds(30, 0) == 30
+    with pytest.raises(ValueError):
+        fedavg_round_due(-1, 2)
+
+
+def test_a_direct_call_on_a_role_comes_back_prefixed() -> None:
+    from protocols.events import SetTimer
+
+    node, _ = gateway(("e0", "e1"))
+    node.start(0.0)
+    assert node.role_actions("fedavg", [SetTimer("deadline/0", 1.0)]) == [SetTimer("fedavg/deadline/0", 1.0)]
