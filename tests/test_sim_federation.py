@@ -184,3 +184,19 @@ def test_the_federation_example_runs_through_the_cli_shortened(tmp_path: Path) -
     assert scenario["kind"] == "federation:sync" and scenario["members"] == 22
     assert sorted({(r["gateway"], r["round"]) for r in scenario["rounds"]}) == [
         (g, i) for g in ("gw0", "gw1") for i in range(3)]
+
+
+def test_a_slow_uplink_makes_its_client_miss_the_rounds_others_fill_by_over_selection() -> None:
+    # Prepare: e002's uplink carries 0.05 Mbit/s (its ~38 kB update takes ~6 s); each round asks all
+    # 10 clients (over-selection) and takes the first 9 updates, with a 4 s deadline
+    data = federation(nodes={"nic": {"e002": {"uplink_mbps": 0.05}}},
+                      server={"rounds": 4, "fraction": 0.9, "min_clients": 9, "over_selection": 0.12,
+                              "round_timeout_s": 4.0, "uplink": "identity"})
+    # Execute
+    result = run(data)
+    # Assert: each round closed at its quota with the nine others, long before e002's first upload
+    # was through (it trained, and its update was still on its uplink when the federation ended)
+    rows = result.rounds
+    assert [len(r["asked"]) for r in rows] == [10] * 4
+    assert all(r["closed_by"] == "quota" and r["missing"] == ["e002"] for r in rows), rows
+    assert result.peers["e002"]["client.updates_sent"] >= 1 and result.simulated_time_s < 6.0

@@ -20,7 +20,8 @@ a roster version not ours   counted ``roster_version_mismatch``, said once per s
 for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 anything from a client      the roles' failure detector hears it (``NeighbourUp`` to every
-(``clients``)               role: a FedAvg server registers it; before Start, with Start)
+(``clients``)               role: a FedAvg server registers it; one heard before Start, just
+                            before the roles' ``Start``)
 ``Heartbeat``               its step and "finished" flag are noted (from one neither a
                             neighbour nor a client: counted ``heartbeat_not_neighbour``)
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
@@ -193,11 +194,11 @@ class Node(Generic[N]):
         self.syncing = False
         self.started = True
         actions = self._machine(Start(), now)
+        for name, client in self.clients.members.items():  # heard before Start: up, so that a
+            if client.up:                                    # server's first round asks them all
+                actions += self._roles(NeighbourUp(name), now)
         for role in self.roles:
             actions += self._role(role, Start(), now)
-        for name, client in self.clients.members.items():  # heard before Start: up from it
-            if client.up:
-                actions += self._roles(NeighbourUp(name), now)
         for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
             actions += self._machine(NeighbourDown(name), now)
         for sender, message in self.early.release():
