@@ -69,7 +69,7 @@ from protocols.federation import FedAvgClient, FedAvgServer, FedBuffServer, Fede
 from protocols.federation.edge import EdgeMachine
 from protocols.federation.interleave import fedavg_round_due, gossip_total_rounds
 from protocols.federation.server import ServerPhase
-from protocols.gossip import GossipConfig, make_machine
+from protocols.gossip import make_machine
 from protocols.messages import Message
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
@@ -175,10 +175,9 @@ class FederationRun:
         gossip = sync and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         members = self.gateways if gossip else (name,)
         topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
-        machine = make_machine(
-            GossipConfig(algorithm="dpsgd", mixing="after", local_steps=1, seed=self.scenario.seed,
-                         total_steps=gossip_total_rounds(self.config.rounds, self.section.gossip_rounds)),
-            name=name, topology=topology, params=params)
+        total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds)
+        machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
+                               params=params)
         own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
         server = make_server(self.config, name=name, params=params, pause_between_rounds=sync)
         node: Node[Neighbour] = Node(

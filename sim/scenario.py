@@ -13,6 +13,10 @@ in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeou
 refused with the new name). :meth:`ScenarioConfig.network` gives the shared settings
 as a peer file's ``[network]``.
 
+A ``[federation]`` table with ``gateways > 0`` makes the scenario a federation of gateways and
+edge clients (:class:`FederationSection`, run by sim/federation.py); ``[federation.server]`` holds
+:class:`protocols.federation.FederationConfig` fields, and ``[algorithm]`` the gateways' gossip.
+
 A minimal scenario::
 
     name = "ring-16"
@@ -247,7 +251,7 @@ class ScenarioConfig:
     graph: GraphConfig = field(default_factory=GraphConfig)
     links: LinkSpec = field(default_factory=LinkSpec)
     nodes: NodesConfig = field(default_factory=NodesConfig)
-    # protocols.gossip.GossipConfig fields
+    # protocols.gossip.GossipConfig fields (a federation: the gateways' gossip between FedAvg rounds)
     algorithm: dict[str, Any] = field(default_factory=dict, metadata=GOSSIP_TABLE)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)  # instead of gossip
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -296,10 +300,28 @@ class ScenarioConfig:
     def check_tables(self) -> None:
         """Check the tables other components own, as a peer file's loader does (errors name the key)."""
         if self.federation.gateways > 0:
-            self.federation_config()
+            config = self.federation_config()
+            if config.mode != "sync" and self.federation.gossip_rounds > 0 and self.federation.gateways > 1:
+                raise ConfigError(f"{self.source}: key 'federation.gossip_rounds': gateways gossip between "
+                                  "FedAvg rounds, and federation mode 'fedbuff' has none (set 0)",
+                                  key="federation.gossip_rounds")
+            self.gateway_gossip_config(config.rounds)
         elif self.baseline.kind == "none":
             self.gossip_config()
         self.trainer_config()
+
+    def gateway_gossip_config(self, total_steps: int) -> Any:
+        """The gateways' gossip (sim/federation.py): [algorithm] (default D-PSGD) on the schedule the
+        interleaving needs: one step a round (a FedAvg round, or nothing), mixing after it."""
+        from protocols.gossip import GossipConfig
+
+        schedule = {"mixing": "after", "local_steps": 1, "duration_s": 0.0, "seed": self.seed,
+                    "total_steps": total_steps}
+        try:
+            return GossipConfig(**{**self.algorithm, **schedule})
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{self.source}: [algorithm] for the gateways' gossip: {error}",
+                              key="algorithm") from None
 
     def federation_config(self) -> Any:
         """The [federation.server] table as a protocols.federation.FederationConfig (errors name the key)."""

@@ -130,6 +130,14 @@ def test_gateways_gossip_between_fedavg_rounds_and_agree_after_the_last_gossip_r
     assert result.peers["gw0"]["fedavg.rounds_aggregated"] == 20
 
 
+def test_gateways_may_gossip_by_push_sum_too() -> None:
+    data = {**federation("dirichlet", gateways=2, clients=5, gossip_rounds=1,
+                         server={"rounds": 5, "local_epochs": 2, "min_clients": 5}),
+            "algorithm": {"algorithm": "pushsum"}}
+    result = run(data)
+    assert len(result.rounds) == 10 and result.trace[-1].consensus_rms < 1e-3
+
+
 def test_clients_that_come_and_go_register_again_and_rounds_go_on_without_them() -> None:
     # Prepare: every client on for 70% of 2 s periods (a seeded draw); a round asks half the
     # registered ones (at least 3) and closes at 2 s with whatever answered
@@ -171,6 +179,10 @@ def test_a_member_named_in_the_scenario_must_exist_and_the_server_table_is_check
         run(federation(attack={"e099": "signflip:10"}))
     with pytest.raises(ValueError, match="aggregator"):
         scenario_from_dict(federation(server={"aggregator": "mode"}))
+    with pytest.raises(ValueError, match="mixing 'after' is for algorithms"):
+        scenario_from_dict({**federation(gateways=2, gossip_rounds=1), "algorithm": {"algorithm": "choco"}})
+    with pytest.raises(ValueError, match="mode 'fedbuff' has none"):
+        scenario_from_dict(federation(gateways=2, gossip_rounds=1, server={"mode": "fedbuff"}))
 
 
 def test_the_federation_example_runs_through_the_cli_shortened(tmp_path: Path) -> None:
