@@ -110,6 +110,7 @@ class Member:
     awaiting_fedavg: bool = False            # a gateway: its machine's work is the open FedAvg round
     finished: bool = False
     bytes_sent: int = 0
+    recorded: int = 0                        # a gateway: its server's reports already in the result
 
 
 class FederationRun:
@@ -385,10 +386,10 @@ class FederationRun:
     def _record(self, member: Member) -> None:
         server = member.server
         assert server is not None
-        recorded = {r["round"] for r in self.result.rounds if r["gateway"] == member.name}
-        for index in sorted(server.reports):
-            if index in recorded:
-                continue
+        if len(server.reports) == member.recorded:
+            return
+        for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
+            member.recorded += 1
             report = server.reports[index]
             self.evaluator.flat_params.copy_(server.params)
             metrics = self.evaluator.evaluate("test")
@@ -433,6 +434,11 @@ class FederationRun:
                                   "bytes_sent": member.bytes_sent, **counters}
             for reason, count in sorted(member.node.all_rejections().items()):
                 result.rejections[reason] = result.rejections.get(reason, 0) + count
+        for row in result.rounds:  # updates that came after a round closed are added to its report
+            server = self.members[row["gateway"]].server
+            report = server.reports.get(row["round"]) if server is not None else None
+            if report is not None and hasattr(report, "late"):
+                row["late"] = list(report.late)
         result.dropped = dict(sorted((self.dropped + self.network.dropped).items()))
         result.links = [(src, dst, m, b) for (src, dst), (m, b) in sorted(self.traffic.items())]
         result.metrics = {"rounds_closed": float(len(result.rounds)),

@@ -212,3 +212,16 @@ def test_a_slow_uplink_makes_its_client_miss_the_rounds_others_fill_by_over_sele
     assert [len(r["asked"]) for r in rows] == [10] * 4
     assert all(r["closed_by"] == "quota" and r["missing"] == ["e002"] for r in rows), rows
     assert result.peers["e002"]["client.updates_sent"] >= 1 and result.simulated_time_s < 6.0
+
+
+def test_a_round_that_closed_at_its_deadline_lists_the_update_that_came_late() -> None:
+    # Prepare: as above, but every round waits for all 10 until its 2 s deadline
+    data = federation(nodes={"nic": {"e002": {"uplink_mbps": 0.05}}},
+                      server={"rounds": 5, "round_timeout_s": 2.0, "uplink": "identity"})
+    # Execute
+    result = run(data)
+    # Assert: rounds closed by the deadline with nine; e002's round-0 update (~6 s on its uplink)
+    # arrived in a later round and is its round's late one, refused as late
+    assert all(r["closed_by"] == "deadline" and r["missing"] == ["e002"] for r in result.rounds)
+    assert result.rounds[0]["late"] == ["e002"]
+    assert result.peers["gw0"]["fedavg.refused_late"] >= 1
