@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from peer.files.config import ConfigError
 from peer.files.statefiles import json_safe
 from peer.train.build import build_trainers
 from peer.train.trainer import Trainer
@@ -166,9 +167,9 @@ class FederationRun:
         for key, table in named.items():
             for name in sorted(table):
                 if name not in known:
-                    raise ValueError(f"{self.scenario.source}: {key}.{name}: no such member (clients are "
-                                     f"{self.clients[0]}..{self.clients[-1]}, "
-                                     f"gateways {', '.join(self.gateways)})")
+                    raise ConfigError(f"{self.scenario.source}: key '{key}.{name}': no such member "
+                                      f"(clients are {self.clients[0]}..{self.clients[-1]}, "
+                                      f"gateways {', '.join(self.gateways)})", key=f"{key}.{name}")
 
     def _gateway(self, name: str) -> Member:
         params = self.initial.clone()

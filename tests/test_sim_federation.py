@@ -175,7 +175,7 @@ def test_availability_patterns_are_seeded_and_windows_wrap_midnight() -> None:
 
 
 def test_a_member_named_in_the_scenario_must_exist_and_the_server_table_is_checked() -> None:
-    with pytest.raises(ValueError, match=r"federation\.attack\.e099: no such member"):
+    with pytest.raises(ValueError, match=r"'federation\.attack\.e099': no such member"):
         run(federation(attack={"e099": "signflip:10"}))
     with pytest.raises(ValueError, match="aggregator"):
         scenario_from_dict(federation(server={"aggregator": "mode"}))
