@@ -18,7 +18,8 @@ time at which each round's global model was evaluated (Flower: its
 is the mean of rounds 2.. (Flower's first round carries Ray's start).
 
 What differs (said, not hidden): Flower's model starts from ``torch.manual_seed``,
-ours from the trainer's seeded init; our simulation also models the network
+ours from the task's seeded init (at seed 0 they give the same curves at 100 x 5, where
+each shard is one batch); the batch order within an epoch differs; our simulation models the network
 (link latency and bandwidth) and runs the gateway and clients on the
 per-member Node with heartbeats, on a virtual clock, in one process.
 
@@ -31,8 +32,8 @@ Measured here (2 CPUs shared with other work, load 5-8; two runs, flwr 1.42 with
 Flower 25-52 s end to end (19-46 s to its first round) and 370-400 ms per later round, ours
 0.35-0.75 s and 35-73 ms (33-147x end to end, 5.1-11.7x per later round), final accuracy 0.869
 against 0.883; 100 x 5, Flower 32-42 s and 3.1-3.2 s per later round, ours 0.42-1.0 s and
-64-154 ms (42-77x, 21-48x), both 0.444 after 5 rounds (the same shards and the same initial
-model give the same accuracy to three decimals); 1,000 x 10, ours 16.5-17.7 s with a peak of
+64-154 ms (42-77x, 21-48x), both 0.444 after 5 rounds (the same accuracy in every round, to
+three decimals); 1,000 x 10, ours 16.5-17.7 s with a peak of
 510-530 MB. Our later rounds are mostly the clients' SGD steps themselves (1 ms each).
 
 Run: ``.venv/bin/python bench/bench_federation.py [--flower-python PY] [--quick]``
