@@ -43,7 +43,8 @@ def get(m: nn.Module) -> list[np.ndarray]:
 
 
 def put(m: nn.Module, arrays: list[np.ndarray]) -> None:
-    m.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(m.state_dict(), arrays)})
+    state = {k: torch.from_numpy(np.asarray(a)) for k, a in zip(m.state_dict(), arrays, strict=True)}
+    m.load_state_dict(state)
 
 
 def main() -> None:
