@@ -82,7 +82,38 @@ def figures(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         drawn[filename] = figure
     for index, result in enumerate(results):
         drawn[f"traffic_{index:02d}_{safe_name(result.name)}.png"] = _traffic_figure(plt, result)
+    if any(result.rounds for result in results):
+        drawn["federation_rounds.png"] = _federation_figure(plt, [r for r in results if r.rounds])
     return drawn
+
+
+def _federation_figure(plt: Any, results: Sequence[ScenarioResult]) -> Any:
+    """A federation's rounds (sim/federation.py): each gateway's global accuracy at each closed round
+    against simulated time and bytes sent, and how many clients' updates each round took."""
+    figure, (by_time, by_bytes, taken) = plt.subplots(1, 3, figsize=(15.0, 4.2))
+    for result, label in zip(results, legend_labels(results), strict=True):
+        for gateway in sorted({row["gateway"] for row in result.rounds}):
+            rows = [row for row in result.rounds if row["gateway"] == gateway]
+            name = f"{label} {gateway}" if len({r["gateway"] for r in result.rounds}) > 1 else label
+            accuracy = [r["accuracy"] for r in rows]
+            by_time.plot([r["time_s"] for r in rows], accuracy, marker=".", label=name)
+            by_bytes.plot([r["bytes_sent"] for r in rows], accuracy, marker=".", label=name)
+            taken.plot([r["round"] for r in rows], [r["participants"] for r in rows], marker="o",
+                       drawstyle="steps-mid", label=name)
+    for axes, title, x_label, y_label in (
+            (by_time, "Global accuracy per round over simulated time", "simulated time (s)", "test accuracy"),
+            (by_bytes, "Global accuracy per round against bytes sent", "bytes sent (all members)",
+             "test accuracy"),
+            (taken, "Participation per round", "round (FedBuff: aggregation)", "client updates aggregated")):
+        axes.set_title(title, fontsize="medium")
+        axes.set_xlabel(x_label)
+        axes.set_ylabel(y_label)
+        axes.legend(fontsize="small")
+        axes.grid(alpha=0.3)
+    by_bytes.set_xscale("symlog")
+    taken.set_ylim(bottom=0)
+    figure.tight_layout()
+    return figure
 
 
 def legend_labels(results: Sequence[ScenarioResult]) -> list[str]:

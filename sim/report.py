@@ -33,7 +33,9 @@ def final_point(result: ScenarioResult) -> TracePoint | None:
 def scenario_summary(result: ScenarioResult) -> dict[str, Any]:
     """One scenario as plain data (what report.json lists)."""
     last = final_point(result)
+    federation = {"rounds": result.rounds} if result.rounds else {}  # sim/federation.py: per round
     return {
+        **federation,
         "name": result.name,
         "source": result.source,
         "kind": result.kind,

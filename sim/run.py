@@ -18,6 +18,10 @@ def check_scenario(scenario: ScenarioConfig) -> None:
 def run_scenario(scenario: ScenarioConfig, progress: Progress | None = None) -> ScenarioResult:
     """Simulate ``scenario`` from scratch; the same scenario gives the same result, bit for bit."""
     try:
+        if scenario.federation.gateways > 0:
+            from sim.federation import run_federation
+
+            return run_federation(scenario, progress)
         world = build_world(scenario)
         if scenario.baseline.kind != "none":
             from sim.baselines import run_baseline

@@ -13,6 +13,10 @@ in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeou
 refused with the new name). :meth:`ScenarioConfig.network` gives the shared settings
 as a peer file's ``[network]``.
 
+A ``[federation]`` table with ``gateways > 0`` makes the scenario a federation of gateways and
+edge clients (:class:`FederationSection`, run by sim/federation.py); ``[federation.server]`` holds
+:class:`protocols.federation.FederationConfig` fields, and ``[algorithm]`` the gateways' gossip.
+
 A minimal scenario::
 
     name = "ring-16"
@@ -194,6 +198,46 @@ class BaselineConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FederationSection:
+    """A federation instead of a gossip run (sim/federation.py): gateways serving edge clients.
+
+    Clients are ``e000``, ``e001``, ...; the first ``clients`` belong to gateway ``gw0``, the next to
+    ``gw1``, and so on. Stragglers and slow uplinks are ``[nodes]``' ``speed``,
+    ``straggle_probability`` and ``nic`` keyed by these names; ``[links]`` is every link."""
+
+    gateways: int = 0                 # 0: no federation (the scenario is a gossip run)
+    clients: int = 10                 # edge clients per gateway
+    gossip_rounds: int = 0            # G: gossip rounds between gateways after every FedAvg round
+    availability: str = "always"      # every client's pattern (sim/availability.py) unless named below
+    client_availability: dict[str, str] = field(default_factory=dict)  # per client
+    attack: dict[str, str] = field(default_factory=dict)  # per client: "signflip:10"
+    # protocols.federation.FederationConfig fields (mode, rounds, fraction, aggregator, ...)
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from sim.availability import Availability, parse_attack
+
+        if self.gateways < 0 or self.clients < 1 or self.gossip_rounds < 0:
+            raise ValueError("federation: gateways >= 0, clients >= 1 and gossip_rounds >= 0")
+        for spec in (self.availability, *self.client_availability.values()):
+            Availability.parse(spec)
+        for spec in self.attack.values():
+            parse_attack(spec)
+
+    def client_names(self) -> tuple[str, ...]:
+        total = self.gateways * self.clients
+        width = max(3, len(str(total - 1)))
+        return tuple(f"e{i:0{width}d}" for i in range(total))
+
+    def gateway_names(self) -> tuple[str, ...]:
+        return tuple(f"gw{j}" for j in range(self.gateways))
+
+    def gateway_of(self, index: int) -> str:
+        """The gateway of the ``index``-th client."""
+        return f"gw{index // self.clients}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ScenarioConfig:
     name: str = ""                 # defaults to the file name without .toml
     seed: int = 0                  # the one root of all randomness in the run
@@ -207,7 +251,7 @@ class ScenarioConfig:
     graph: GraphConfig = field(default_factory=GraphConfig)
     links: LinkSpec = field(default_factory=LinkSpec)
     nodes: NodesConfig = field(default_factory=NodesConfig)
-    # protocols.gossip.GossipConfig fields
+    # protocols.gossip.GossipConfig fields (a federation: the gateways' gossip between FedAvg rounds)
     algorithm: dict[str, Any] = field(default_factory=dict, metadata=GOSSIP_TABLE)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)  # instead of gossip
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -216,6 +260,7 @@ class ScenarioConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
+    federation: FederationSection = field(default_factory=FederationSection)  # gateways > 0: a federation
     # the file it came from, for error messages and the report (the loader's, not the file's)
     source: str = field(default="<scenario>", metadata=INTERNAL)
 
@@ -254,9 +299,42 @@ class ScenarioConfig:
 
     def check_tables(self) -> None:
         """Check the tables other components own, as a peer file's loader does (errors name the key)."""
-        if self.baseline.kind == "none":
+        if self.federation.gateways > 0:
+            config = self.federation_config()
+            if config.mode != "sync" and self.federation.gossip_rounds > 0 and self.federation.gateways > 1:
+                raise ConfigError(f"{self.source}: key 'federation.gossip_rounds': gateways gossip between "
+                                  "FedAvg rounds, and federation mode 'fedbuff' has none (set 0)",
+                                  key="federation.gossip_rounds")
+            self.gateway_gossip_config(config.rounds)
+        elif self.baseline.kind == "none":
             self.gossip_config()
         self.trainer_config()
+
+    def gateway_gossip_config(self, total_steps: int) -> Any:
+        """The gateways' gossip (sim/federation.py): [algorithm] (default D-PSGD) on the schedule the
+        interleaving needs: one step a round (a FedAvg round, or nothing), mixing after it."""
+        from protocols.gossip import GossipConfig
+
+        schedule = {"mixing": "after", "local_steps": 1, "duration_s": 0.0, "seed": self.seed,
+                    "total_steps": total_steps}
+        try:
+            return GossipConfig(**{**self.algorithm, **schedule})
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{self.source}: [algorithm] for the gateways' gossip: {error}",
+                              key="algorithm") from None
+
+    def federation_config(self) -> Any:
+        """The [federation.server] table as a protocols.federation.FederationConfig (errors name the key)."""
+        from protocols.federation import FederationConfig
+
+        try:
+            return load(FederationConfig, dict(self.federation.server), source=self.source,
+                        prefix="federation.server")
+        except ConfigError:
+            raise
+        except ValueError as error:
+            raise ConfigError(f"{self.source}: [federation.server]: {error}",
+                              key="federation.server") from None
 
     def topology(self, spec: str = "") -> Topology:
         """The graph (``spec``: the graph spec, default ``graph.spec``) with every member the

@@ -154,6 +154,8 @@ class ScenarioResult:
     wall_s: float = 0.0            # real seconds; printed, never written into report.json
     scenario: dict[str, Any] = field(default_factory=dict)  # as run (overrides applied), for report.html
     topology: Topology | None = None  # the graph it ran on, for the report's topology plot
+    # a federation (sim/federation.py): one row per closed round and gateway (asked, taken, late, ...)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def time_to_target_s(self) -> float | None:

@@ -62,6 +62,14 @@ EXPECTED: dict[str, list[str]] = {
         r"^peak memory \(ru_maxrss\)\s+\d+ MB",
         r"^final mean accuracy\s+[\d.]+",
     ],
+    "bench_federation.py": [
+        r"^size\s+system\s+total s\s+first round s\s+later rounds ms\s+final acc$",
+        r"^4 x 2\s+flower\s+skipped$",
+        r"^4 x 2\s+ours\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
+        r"^\s+accuracy per round, ours:\s+[\d.]+ [\d.]+$",
+        r"^20 x 2\s+ours\s+[\d.]+",
+        r"^peak memory \(ru_maxrss\) ours at 20 clients: \d+ MB$",
+    ],
     "bench_filter_grid.py": [
         r"^graph\s+shards\s+seed\s+refused\s+max/peer\s+final acc\s+consensus\s+wall$",
         r"^ring:16\s+\S+\s+1\s+\d+\s+\d+\s+[\d.]+\s+[\d.e+-]+\s+[\d.]+s$",

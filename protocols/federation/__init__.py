@@ -13,17 +13,21 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
 
-What a driver does with them (the gateway and ``hivemesh edge`` are not wired yet):
+What a driver does with them (the simulator does: sim/federation.py; the daemon's gateway and
+``hivemesh edge`` are not wired yet):
 
-- gateway: ``make_server(config, name=..., params=<the flat global model>, clients=<the
-  roster's edge members>)`` as a Node role (``roles={"fedavg": server}``); the Node routes
-  ``ClientUpdate`` to it and its prefixed timers back. A client that connects or leaves is
-  ``register(name, now)`` / ``unregister(name)`` (or ``NeighbourUp`` / ``NeighbourDown``).
+- gateway: ``make_server(config, name=..., params=<the flat global model>)`` as a Node role
+  (``roles={"fedavg": server}``, ``clients=<the roster's edge members>``); the Node routes
+  ``ClientUpdate`` to it and its prefixed timers back, and tells it ``NeighbourUp`` when it
+  hears a client (registered) and ``NeighbourDown`` when the client falls silent or says
+  goodbye. A direct call (``resume``) goes back through ``Node.role_actions``.
   ``reports`` (per round), ``status()``, ``counters`` and ``last_contact_s`` feed the
   status; ``export_state`` / ``restore_state`` a checkpoint. Gossip between rounds:
-  ``pause_between_rounds=True``, then ``resume(now)`` after the gossip rounds.
+  ``pause_between_rounds=True``, then ``resume(now)`` after the gossip rounds (``interleave``:
+  which gossip rounds' work is a FedAvg round).
 - edge: ``FedAvgClient(config, name=..., server=..., params=trainer.mixed,
-  num_samples=len(shard), steps_per_epoch=trainer.steps_per_epoch)``; ``StartWork(n)`` is
+  num_samples=len(shard), steps_per_epoch=trainer.steps_per_epoch)`` as its Node's machine
+  through ``edge.EdgeMachine``, the gateway its one neighbour; ``StartWork(n)`` is
   ``trainer.run_steps(n)`` then ``WorkDone``; with ``client.prox_mu > 0`` the trainer adds
   ``proximal_gradient(params, client.anchor, client.prox_mu)`` to its gradient.
 """

@@ -19,9 +19,12 @@ anything, once we left      counted ``after_leaving`` (a roster version removed 
 a roster version not ours   counted ``roster_version_mismatch``, said once per sender and
 for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
-``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
-                            counted ``heartbeat_not_neighbour``); a later roster version
-                            than ours is said once per neighbour
+anything from a client      the roles' failure detector hears it (``NeighbourUp`` to every
+(``clients``)               role: a FedAvg server registers it; one heard before Start, just
+                            before the roles' ``Start``)
+``Heartbeat``               its step and "finished" flag are noted (from one neither a
+                            neighbour nor a client: counted ``heartbeat_not_neighbour``); a
+                            later roster version than ours is said once per neighbour
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
@@ -42,6 +45,12 @@ beside it, any number of named roles (``roles``: a gateway's FedAvg server).
 Each message kind belongs to one role (two roles that take the same kind are
 refused when the Node is made). Every role gets ``Start``; the machine alone
 gets the trainer's ``WorkDone``, the neighbours' up and down, and state sync.
+The members the roles serve (``clients``: a gateway's edge clients, not gossip
+neighbours) have a failure detector of their own with the same timeout: heard,
+a client is ``NeighbourUp`` for every role; silent or gone, ``NeighbourDown``
+(the machine never hears of them). An edge client's Node hosts its FedAvg
+client as its machine (protocols/federation/edge.py) and the gateway as its
+one neighbour, so its heartbeats are what keeps it registered.
 A role's timer keys and metric names reach the driver prefixed with its name
 (``fedavg/round``), and a ``TimerFired`` so prefixed goes back to that role.
 
@@ -64,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -92,7 +101,7 @@ from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership, UnsignedKeyChange
-from protocols.node.neighbours import N, Neighbourhood
+from protocols.node.neighbours import N, Neighbour, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
 from topology.errors import HivemeshError
@@ -118,8 +127,9 @@ class Node(Generic[N]):
 
     def __init__(self, name: str, machine: Machine, *, neighbours: Mapping[str, N], config: NodeConfig,
                  early_per_neighbour: int, answer_source: AnswerSource,
-                 roles: Mapping[str, Role] | None = None) -> None:
-        """``roles``: what the member holds beside its machine, by name (see the module docstring)."""
+                 roles: Mapping[str, Role] | None = None, clients: Iterable[str] = ()) -> None:
+        """``roles``: what the member holds beside its machine, by name; ``clients``: the members
+        those roles serve (see the module docstring)."""
         self.name = name
         self.machine = machine
         self.roles: dict[str, Role] = dict(sorted((roles or {}).items()))
@@ -132,6 +142,8 @@ class Node(Generic[N]):
         self.sync = StateSync(config, names)
         self.early = EarlyMessages(names, per_neighbour=early_per_neighbour)
         self.neighbourhood: Neighbourhood[N] = Neighbourhood(neighbours, timeout_s=config.neighbour_timeout_s)
+        served = {name: Neighbour() for name in clients if name not in names}
+        self.clients: Neighbourhood[Neighbour] = Neighbourhood(served, timeout_s=config.neighbour_timeout_s)
         self.answer_source = answer_source
         self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
         self.started = False
@@ -191,6 +203,9 @@ class Node(Generic[N]):
         self.syncing = False
         self.started = True
         actions = self._machine(Start(), now)
+        for name, client in self.clients.members.items():  # heard before Start: up, so that a
+            if client.up:                                    # server's first round asks them all
+                actions += self._roles(NeighbourUp(name), now)
         for role in self.roles:
             actions += self._role(role, Start(), now)
         for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
@@ -214,6 +229,8 @@ class Node(Generic[N]):
         self.machine = machine
         self.owners = self._owners()
         self.neighbourhood = Neighbourhood(neighbours, timeout_s=self.config.neighbour_timeout_s)
+        self.clients = Neighbourhood({name: Neighbour() for name in self.clients.names()},
+                                     timeout_s=self.config.neighbour_timeout_s)
         self.early.clear()
         self._told_up.clear()
         self.started = self.syncing = self.finished = False
@@ -280,7 +297,11 @@ class Node(Generic[N]):
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
             self._told_up.add(sender)
             actions += self._machine(NeighbourUp(sender), now)
+        if self.clients.heard(sender, now, reachable=reachable) and self._live():
+            actions += self._roles(NeighbourUp(sender), now)
         match message:
+            case Heartbeat() if sender in self.clients:
+                pass  # liveness only
             case Heartbeat() if sender not in self.neighbourhood:
                 self.rejected["heartbeat_not_neighbour"] += 1
             case Heartbeat():
@@ -317,12 +338,17 @@ class Node(Generic[N]):
                 actions += self._machine(NeighbourDown(name), now)
         if self.syncing and silent:
             actions += self._sync_complete()  # an asked neighbour gone silent is waited for no more
+        for name in self.clients.expire(now):
+            if self._live():
+                actions += self._roles(NeighbourDown(name), now)
         return silent, actions
 
     def goodbye(self, name: str, now: float) -> list[NodeAction]:
         """``name`` said it leaves."""
         if self.neighbourhood.goodbye(name) and self._live():
             return self._machine(NeighbourDown(name), now)
+        if self.clients.goodbye(name) and self._live():
+            return self._roles(NeighbourDown(name), now)
         return []
 
     # ------------------------------------------------------------ state sync
@@ -409,10 +435,22 @@ class Node(Generic[N]):
         event = Received(sender, message)
         return self._role(owner, event, now) if owner else self._machine(event, now)
 
+    def _roles(self, event: Event, now: float) -> list[NodeAction]:
+        """Every role, in name order, handles ``event`` (a client up or down)."""
+        actions: list[NodeAction] = []
+        for name in self.roles:
+            actions += self._role(name, event, now)
+        return actions
+
     def _role(self, name: str, event: Event, now: float) -> list[NodeAction]:
         """A role beside the machine handles ``event``; its timer keys and metric names are prefixed."""
+        return self.role_actions(name, self.roles[name].handle(event, now))
+
+    def role_actions(self, name: str, done: Sequence[Action]) -> list[NodeAction]:
+        """What role ``name`` returned, its timer keys and metric names prefixed: for a driver's
+        direct call on a role (a gateway's ``resume`` after its gossip rounds), as for its events."""
         actions: list[NodeAction] = []
-        for action in self.roles[name].handle(event, now):
+        for action in done:
             match action:
                 case SetTimer(key=key, at=at):
                     actions.append(SetTimer(f"{name}/{key}", at))

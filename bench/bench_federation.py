@@ -1,0 +1,214 @@
+"""The same FedAvg task in Flower's simulation and in ours (sim/federation.py), side by side in one run.
+
+``digits-mlp`` (the 64-128-10 MLP, the project's stratified 80/20 split of
+scikit-learn's digits), every client in every round, 1 local epoch, batch 32,
+SGD at lr 0.1, float32 updates sent whole (our uplink ``identity``, as
+Flower's NumPy arrays). Both sides get the same shards: Flower's script splits
+a seeded permutation of the training set into equal parts, and ours reads the
+same index lists from a partition file. Sizes: 10 clients x 10 rounds and 100
+clients x 5 rounds; then ours alone with 1,000 clients x 10 rounds, in its own
+process, with its peak memory (Flower's users hit out-of-memory at that scale;
+``--flower-1000`` runs Flower there too).
+
+Timing: from the API call (ours: ``sim.run.run_scenario``; Flower:
+``run_simulation``) to the end, in an already-warm process: interpreter start,
+``import torch`` and loading the dataset are outside both. Per round: the wall
+time at which each round's global model was evaluated (Flower: its
+``evaluate_fn``; ours: the trace point at each round's close); "later rounds"
+is the mean of rounds 2.. (Flower's first round carries Ray's start).
+
+What differs (said, not hidden): Flower's model starts from ``torch.manual_seed``,
+ours from the task's seeded init (at seed 0 they give the same curves at 100 x 5, where
+each shard is one batch); the batch order within an epoch differs; our simulation models the network
+(link latency and bandwidth) and runs the gateway and clients on the
+per-member Node with heartbeats, on a virtual clock, in one process.
+
+Flower runs from its own venv (``--flower-python``, default
+/tmp/flwrvenv/bin/python), so the project's environment is untouched; make it
+with ``python3 -m venv /tmp/flwrvenv && /tmp/flwrvenv/bin/pip install "flwr[simulation]==1.42.*"
+torch scikit-learn`` (skipped with a note when missing).
+
+Measured here (2 CPUs shared with other work, load 5-8; two runs, flwr 1.42 with Ray): 10 x 10,
+Flower 25-52 s end to end (19-46 s to its first round) and 370-400 ms per later round, ours
+0.35-0.75 s and 35-73 ms (33-147x end to end, 5.1-11.7x per later round), final accuracy 0.869
+against 0.883; 100 x 5, Flower 32-42 s and 3.1-3.2 s per later round, ours 0.42-1.0 s and
+64-154 ms (42-77x, 21-48x), both 0.444 after 5 rounds (the same accuracy in every round, to
+three decimals); 1,000 x 10, ours 16.5-17.7 s with a peak of
+510-530 MB. Our later rounds are mostly the clients' SGD steps themselves (1 ms each).
+
+Run: ``.venv/bin/python bench/bench_federation.py [--flower-python PY] [--quick]``
+(``--quick``: 4 clients x 2 rounds and 20 x 2, no Flower: a smoke run, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+EPOCHS, BATCH, LR, SEED = 1, 32, 0.1, 0
+
+
+def shard_file(clients: int, folder: Path) -> Path:
+    """Flower's script's shards (equal parts of a seeded permutation) as our partition file."""
+    from peer.train.partition import save_index_file
+    from peer.train.tasks import get_task
+
+    n = len(get_task("digits-mlp").labels)
+    parts = np.array_split(np.random.default_rng(SEED).permutation(n), clients)
+    width = max(3, len(str(clients - 1)))
+    path = folder / f"shards-{clients}.json"
+    save_index_file(path, {f"e{i:0{width}d}": part for i, part in enumerate(parts)})
+    return path
+
+
+def ours(clients: int, rounds: int, folder: Path) -> dict[str, Any]:
+    """Our federation simulation of the task, timed from the API call."""
+    from peer.train.tasks import get_task
+    from sim.run import run_scenario
+    from sim.scenario import scenario_from_dict
+    from sim.world import TracePoint
+
+    get_task("digits-mlp")  # the dataset loaded before the clock starts, as Flower's script does
+    data = {"name": f"fed-{clients}x{rounds}", "seed": SEED, "duration_s": 1e6,
+            "task": {"name": "digits-mlp"}, "trainer": {"lr": LR, "batch_size": BATCH, "device": "cpu"},
+            "partition": {"scheme": "file", "path": str(shard_file(clients, folder))},
+            "nodes": {"step_time_ms": 10.0, "heartbeat_interval_s": 5.0, "neighbour_timeout_s": 60.0},
+            "federation": {"gateways": 1, "clients": clients,
+                           "server": {"rounds": rounds, "fraction": 1.0, "min_clients": clients,
+                                      "local_epochs": EPOCHS, "uplink": "identity", "seed": SEED}}}
+    ends_s: list[float] = []
+    accuracy: list[float] = []
+    started = time.perf_counter()
+
+    def progress(now: float, duration: float, point: TracePoint) -> None:
+        ends_s.append(time.perf_counter() - started)
+        accuracy.append(point.mean_accuracy)
+
+    result = run_scenario(scenario_from_dict(data), progress)
+    total_s = time.perf_counter() - started
+    assert len(result.rounds) == rounds and all(r["participants"] == clients for r in result.rounds)
+    return {"total_s": total_s, "round_end_s": ends_s, "accuracy": accuracy,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def ours_in_child(clients: int, rounds: int) -> dict[str, Any]:
+    """:func:`ours` in a fresh process, for its own peak memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, __file__, "--child", str(clients), str(rounds)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"child run failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def flower(python: str, clients: int, rounds: int) -> tuple[dict[str, Any] | None, str]:
+    if not python:
+        return None, "not asked for (--flower-python '')"
+    if not Path(python).exists():
+        return None, f"no Flower venv at {python} (see this script's docstring)"
+    started = time.perf_counter()
+    try:
+        command = [python, str(HERE / "_flower_fedavg.py"),
+                   *(str(v) for v in (clients, rounds, EPOCHS, BATCH, LR, SEED))]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return None, "Flower run timed out (30 min)"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        return None, f"Flower run failed after {time.perf_counter() - started:.0f} s: {tail}"
+    report = dict(json.loads(lines[-1]))
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    report["peak_mb"] = peak  # the largest single process of its tree so far (Ray's workers apart)
+    return report, f"flwr {report['version']}"
+
+
+def later_round_ms(run: dict[str, Any]) -> float:
+    ends = run["round_end_s"]
+    if len(ends) < 2:
+        return math.nan
+    return 1000.0 * (ends[-1] - ends[0]) / (len(ends) - 1)
+
+
+def per_round(run: dict[str, Any]) -> str:
+    return " ".join(f"{a:.3f}" for a in run["accuracy"])
+
+
+def row(size: str, system: str, run: dict[str, Any]) -> str:
+    ends = run["round_end_s"]
+    return (f"{size:<12} {system:<8} {run['total_s']:>8.2f} {ends[0] if ends else math.nan:>14.2f} "
+            f"{later_round_ms(run):>19.1f} {run['accuracy'][-1]:>9.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flower-python", default="/tmp/flwrvenv/bin/python")
+    parser.add_argument("--flower-1000", action="store_true", help="run Flower at 1,000 clients too")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        with tempfile.TemporaryDirectory() as folder:
+            print(json.dumps(ours(args.child[0], args.child[1], Path(folder))))
+        return 0
+    sizes, large = [(10, 10), (100, 5)], (1000, 10)
+    if args.quick:
+        sizes, large, args.flower_python = [(4, 2)], (20, 2), ""
+    import torch  # noqa: F401  (imported before any clock starts, on both sides)
+
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work shares them)")
+    print(f"{'size':<12} {'system':<8} {'total s':>8} {'first round s':>14} {'later rounds ms':>19} "
+          f"{'final acc':>9}")
+    notes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for clients, rounds in sizes:
+            size = f"{clients} x {rounds}"
+            if (clients, rounds) == sizes[0]:
+                ours(clients, rounds, Path(folder))  # warm-up: the first run in a process pays lazy imports
+            mine = ours(clients, rounds, Path(folder))
+            theirs, note = flower(args.flower_python, clients, rounds)
+            if theirs is not None:
+                print(row(size, "flower", theirs))
+            else:
+                print(f"{size:<12} {'flower':<8} skipped")
+            notes.append(f"{size}: {note}")
+            print(row(size, "ours", mine))
+            if theirs is not None:
+                print(f"{size:<12} {'speed-up':<8} {theirs['total_s'] / mine['total_s']:>7.1f}x "
+                      f"{'':>14} {later_round_ms(theirs) / later_round_ms(mine):>18.1f}x "
+                      f"{mine['accuracy'][-1] - theirs['accuracy'][-1]:>+9.3f}")
+                print(f"{'':<12} accuracy per round, flower: {per_round(theirs)}")
+            print(f"{'':<12} accuracy per round, ours:   {per_round(mine)}")
+    clients, rounds = large
+    big = ours_in_child(clients, rounds)
+    print(row(f"{clients} x {rounds}", "ours", big))
+    print(f"peak memory (ru_maxrss) ours at {clients} clients: {big['peak_mb']:.0f} MB")
+    if args.flower_1000 and not args.quick:
+        theirs, note = flower(args.flower_python, clients, rounds)
+        print(row(f"{clients} x {rounds}", "flower", theirs) if theirs else f"flower at {clients}: {note}")
+        if theirs:
+            print(f"peak memory (ru_maxrss, largest process) Flower at {clients} clients: "
+                  f"{theirs['peak_mb']:.0f} MB")
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

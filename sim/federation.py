@@ -1,0 +1,470 @@
+"""The simulator's driver of a federation: gateways and edge clients, each on the per-member Node.
+
+A scenario with ``[federation] gateways > 0`` runs here instead of gossip
+(sim/run.py). The roles are the daemon's: a gateway is a :class:`Node` whose
+machine is a gossip machine over the gateways' graph (``complete:G``, mixing
+"after") with the FedAvg (or FedBuff) server as its ``fedavg`` role, both on
+one flat vector; an edge client is a Node whose machine is its
+:class:`FedAvgClient` (protocols/federation/edge.py), with its gateway as its
+one neighbour. Registration is the Node's: a client's heartbeats reach its
+gateway, whose Node tells the server ``NeighbourUp`` (registered) and, after
+``neighbour_timeout_s`` of silence, ``NeighbourDown``.
+
+What the driver models, on the engine's virtual clock:
+
+* messages: every ``Send`` crosses the link model (sim/network.py: ``[links]``,
+  each member's NIC from ``[nodes.nic.NAME]``, so a slow uplink is a NIC). Its
+  size is the payload's tensor bytes plus :data:`HEADER_BYTES` (the frame
+  header and signature); messages are handed over as objects, unsigned (the
+  codec's checks are the daemon's tests' business, not this model's);
+* local work: ``StartWork(n)`` runs ``n`` real SGD steps on the client's
+  trainer now and feeds ``WorkDone`` ``sim.node.work_seconds`` later
+  (``[nodes] step_time_ms``, ``speed`` per client: 0.2 is five times slower,
+  and ``straggle_probability``);
+* availability (sim/availability.py): an off client's Node stops, what is sent
+  to it is dropped (counted ``client_offline``), its work in progress is lost;
+  back on, it starts again with its FedAvg client as it was;
+* attackers (``attack = {e003 = "signflip:10"}``): train honestly, then upload
+  ``-scale`` times their update (the delta is flipped in the trainer's vector
+  before ``WorkDone``);
+* gateways: the gossip machine's rounds interleave with FedAvg rounds by
+  protocols/federation/interleave.py (the server pauses after each round; the
+  machine's ``WorkDone`` is fed when a FedAvg round closes, at once for the
+  gossip-only rounds). FedBuff has no rounds to pause between: its gateway's
+  machine is alone in its graph and never given work.
+
+The result: one trace point per closed FedAvg round (the gateways' global
+models evaluated on the test split, against simulated time and bytes sent),
+and ``rounds``: per gateway and round, who was asked, who answered, who was
+late, what was refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from peer.files.config import ConfigError
+from peer.files.statefiles import json_safe
+from peer.train.build import build_trainers
+from peer.train.trainer import Trainer
+from protocols.events import (
+    CancelTimer,
+    Event,
+    Finished,
+    Send,
+    SetTimer,
+    StartWork,
+    TimerFired,
+    WorkDone,
+)
+from protocols.federation import FedAvgClient, FedAvgServer, FedBuffServer, FederationConfig, make_server
+from protocols.federation.edge import EdgeMachine
+from protocols.federation.interleave import fedavg_round_due, gossip_total_rounds
+from protocols.federation.server import ServerPhase
+from protocols.gossip import make_machine
+from protocols.messages import Message
+from protocols.node import Neighbour, Node
+from protocols.node.node import NodeAction
+from sim.availability import Availability, parse_attack
+from sim.engine import Engine
+from sim.network import Network, NicSpec
+from sim.node import work_seconds
+from sim.scenario import ScenarioConfig
+from sim.world import Progress, ScenarioResult, TracePoint
+from topology import build
+
+HEADER_BYTES = 256  # a frame's header, names and signature, beside its tensors
+
+
+def message_bytes(message: Message) -> int:
+    """What ``message`` weighs on a link (the model of this driver)."""
+    tensors = getattr(message, "tensors", {}) or {}
+    return HEADER_BYTES + sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@dataclass
+class Member:
+    """A gateway or an edge client: its Node, and what the driver tracks about it."""
+
+    name: str
+    node: Node[Neighbour]
+    gateway: str = ""                        # a client's gateway ("" for a gateway)
+    client: FedAvgClient | None = None
+    server: FedAvgServer | FedBuffServer | None = None
+    trainer: Trainer | None = None
+    availability: Availability = field(default_factory=lambda: Availability("always"))
+    attack_scale: float = 0.0
+    on: bool = True
+    incarnation: int = 0                     # bumped when it goes off: stale callbacks see it
+    work_index: int = 0
+    timers: dict[str, int] = field(default_factory=dict)  # key -> token of the live timer
+    gossip_round: int = 0                    # a gateway: its machine's rounds begun
+    awaiting_fedavg: bool = False            # a gateway: its machine's work is the open FedAvg round
+    finished: bool = False
+    bytes_sent: int = 0
+    recorded: int = 0                        # a gateway: its server's reports already in the result
+
+
+class FederationRun:
+    """One federation scenario, start to end."""
+
+    def __init__(self, scenario: ScenarioConfig, progress: Progress | None = None) -> None:
+        self.scenario = scenario
+        self.section = scenario.federation
+        self.config: FederationConfig = scenario.federation_config()
+        self.progress = progress
+        self.engine = Engine()
+        self.gateways = self.section.gateway_names()
+        self.clients = self.section.client_names()
+        self._check_names()
+        node_config = scenario.nodes.node_config()
+        self.node_config = node_config
+        _, trainers = build_trainers(scenario.network(), scenario.trainer_config(), members=self.clients)
+        self.trainers = trainers
+        # a second trainer of the first client: the same initial model, to evaluate the global ones
+        _, spare = build_trainers(scenario.network(), scenario.trainer_config(), members=self.clients,
+                                  wanted=self.clients[:1])
+        self.evaluator = spare[self.clients[0]]
+        self.initial = self.evaluator.flat_params.detach().clone()  # every gateway starts from it
+        nodes = scenario.nodes
+        nics = {name: NicSpec(**{key: float(nodes.nic.get(name, {}).get(key, getattr(nodes, key)))
+                                 for key in ("uplink_mbps", "downlink_mbps")})
+                for name in (*self.gateways, *self.clients)}
+        self.network = Network({}, default=scenario.links, seed=scenario.seed, nics=nics)
+        self.members: dict[str, Member] = {}
+        for name in self.gateways:
+            self.members[name] = self._gateway(name)
+        for index, name in enumerate(self.clients):
+            self.members[name] = self._client(name, self.section.gateway_of(index))
+        self.dropped: Counter[str] = Counter()
+        self.bytes_sent = 0
+        self.traffic: dict[tuple[str, str], list[int]] = {}  # (src, dst) -> [messages, bytes]
+        self.result = ScenarioResult(
+            name=scenario.name, source=scenario.source, kind=f"federation:{self.config.mode}",
+            seed=scenario.seed,
+            n_members=len(self.members), n_params=int(self.initial.numel()),
+            target_accuracy=scenario.target_accuracy, scenario=json_safe(dataclasses.asdict(scenario)))
+        self.accuracy: dict[str, float] = {}   # each gateway's latest global accuracy
+        self.loss: dict[str, float] = {}
+
+    # ------------------------------------------------------------ building
+
+    def _check_names(self) -> None:
+        known = set(self.clients) | set(self.gateways)
+        nodes = self.scenario.nodes
+        named: dict[str, Mapping[str, object]] = {"nodes.speed": nodes.speed, "nodes.nic": nodes.nic,
+                 "federation.attack": self.section.attack,
+                 "federation.client_availability": self.section.client_availability}
+        for key, table in named.items():
+            for name in sorted(table):
+                if name not in known:
+                    raise ConfigError(f"{self.scenario.source}: key '{key}.{name}': no such member "
+                                      f"(clients are {self.clients[0]}..{self.clients[-1]}, "
+                                      f"gateways {', '.join(self.gateways)})", key=f"{key}.{name}")
+
+    def _gateway(self, name: str) -> Member:
+        params = self.initial.clone()
+        sync = self.config.mode == "sync"
+        gossip = sync and self.section.gossip_rounds > 0 and len(self.gateways) > 1
+        members = self.gateways if gossip else (name,)
+        topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
+        total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds)
+        machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
+                               params=params)
+        own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
+        server = make_server(self.config, name=name, params=params, pause_between_rounds=sync)
+        node: Node[Neighbour] = Node(
+            name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
+            early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
+            clients=own)
+        return Member(name, node, server=server)
+
+    def _client(self, name: str, gateway: str) -> Member:
+        trainer = self.trainers[name]
+        client = FedAvgClient(self.config, name=name, server=gateway, params=trainer.flat_params,
+                              num_samples=len(trainer.shard), steps_per_epoch=trainer.steps_per_epoch)
+        node: Node[Neighbour] = Node(name, EdgeMachine(client), neighbours={gateway: Neighbour()},
+                                     config=self.node_config, early_per_neighbour=2,
+                                     answer_source=lambda: (trainer.flat_params.clone(), 0))
+        spec = self.section.client_availability.get(name, self.section.availability)
+        attack = self.section.attack.get(name)
+        return Member(name, node, gateway=gateway, client=client, trainer=trainer,
+                      availability=Availability.parse(spec),
+                      attack_scale=parse_attack(attack) if attack else 0.0)
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> ScenarioResult:
+        started = time.perf_counter()
+        seed = self.scenario.seed
+        for name in self.clients:
+            member = self.members[name]
+            member.on = member.availability.on(seed, name, 0.0)
+            if member.on:
+                self.engine.at(0.0, functools.partial(self._start, member))
+            self._schedule_availability(member, 0.0)
+        for name in self.gateways:
+            # the gateways start once their clients had a heartbeat's time to be heard
+            start = functools.partial(self._start, self.members[name])
+            self.engine.at(self.node_config.heartbeat_interval_s, start)
+        self.engine.run(until_s=self.scenario.duration_s)
+        self.result.simulated_time_s = self.engine.now_s
+        self.result.events_run = self.engine.events_run
+        self.result.wall_s = time.perf_counter() - started
+        self._finish()
+        return self.result
+
+    def _start(self, member: Member) -> None:
+        if member.finished:
+            return
+        self._carry_out(member, member.node.start(self.engine.now_s))
+        self._tick(member, member.incarnation)
+
+    def _tick(self, member: Member, incarnation: int) -> None:
+        if incarnation != member.incarnation or not member.on or self._over():
+            return
+        now = self.engine.now_s
+        self._carry_out(member, member.node.tick(now, step=member.work_index, loss=0.0))
+        _, actions = member.node.expire(now)
+        self._carry_out(member, actions)
+        self.engine.after(self.node_config.heartbeat_interval_s, lambda: self._tick(member, incarnation))
+
+    def _over(self) -> bool:
+        return all(self.members[g].finished for g in self.gateways)
+
+    # ------------------------------------------------------------ availability
+
+    def _schedule_availability(self, member: Member, now: float) -> None:
+        at = member.availability.next_change_s(now)
+        if at <= self.scenario.duration_s:
+            self.engine.at(at, lambda: self._availability(member))
+
+    def _availability(self, member: Member) -> None:
+        now = self.engine.now_s
+        on = member.availability.on(self.scenario.seed, member.name, now)
+        if on != member.on and not self._over():
+            member.on = on
+            member.incarnation += 1
+            member.timers.clear()
+            if on:
+                self._restart(member)
+                self._start(member)
+            else:
+                member.node.stop()
+        self._schedule_availability(member, now)
+
+    def _restart(self, member: Member) -> None:
+        """Back on: a new FedAvg client restored from the old one's state (its checkpoint), on the
+        same Node (its counters and refusals carry over)."""
+        old, trainer = member.client, member.trainer
+        assert old is not None and trainer is not None
+        client = FedAvgClient(self.config, name=member.name, server=member.gateway,
+                              params=trainer.flat_params,
+                              num_samples=old.num_samples, steps_per_epoch=old.steps_per_epoch)
+        client.restore_state(old.export_state())
+        member.client = client
+        member.node.restart(EdgeMachine(client), {member.gateway: Neighbour()})
+
+    # ------------------------------------------------------------ actions
+
+    def _carry_out(self, member: Member, actions: list[NodeAction]) -> None:
+        for action in actions:
+            self._act(member, action)
+        if member.server is not None:
+            self._gateway_progress(member)
+
+    def _act(self, member: Member, action: NodeAction) -> None:
+        now = self.engine.now_s
+        match action:
+            case Send(recipients=recipients, message=message):
+                nbytes = message_bytes(message)
+                for recipient in recipients:
+                    self._send(member.name, recipient, message, nbytes, now)
+                member.bytes_sent += nbytes * len(recipients)
+            case StartWork(steps=steps):
+                self._work(member, steps)
+            case SetTimer(key=key, at=at):
+                token = member.timers.get(key, 0) + 1
+                member.timers[key] = token
+                incarnation = member.incarnation
+                self.engine.at(max(at, now), lambda: self._timer(member, incarnation, key, token))
+            case CancelTimer(key=key):
+                member.timers.pop(key, None)
+            case Finished() if member.server is None:
+                member.finished = True  # a client got the final model (a gateway: _gateway_progress)
+            case _:
+                pass  # Metric, Note, Connect, a gateway machine's Finished: nothing to carry out
+
+    def _send(self, sender: str, recipient: str, message: Message, nbytes: int, now: float) -> None:
+        transfer = self.network.transmit(sender, recipient, nbytes, now)
+        self.bytes_sent += nbytes
+        counts = self.traffic.setdefault((sender, recipient), [0, 0])
+        counts[0] += 1
+        counts[1] += nbytes
+        if transfer.arrival_s is None:
+            self.dropped[transfer.dropped or "lost"] += 1
+            return
+        target = self.members[recipient]
+        incarnation = target.incarnation
+        self.engine.at(transfer.arrival_s, lambda: self._arrive(sender, target, incarnation, message))
+
+    def _arrive(self, sender: str, target: Member, incarnation: int, message: Message) -> None:
+        if not target.on or incarnation != target.incarnation:
+            self.dropped["client_offline"] += 1
+            return
+        self._carry_out(target, target.node.receive(sender, message, self.engine.now_s))
+
+    def _timer(self, member: Member, incarnation: int, key: str, token: int) -> None:
+        if incarnation != member.incarnation or member.timers.get(key) != token:
+            return
+        del member.timers[key]
+        self._feed(member, TimerFired(key))
+
+    def _feed(self, member: Member, event: Event) -> None:
+        self._carry_out(member, member.node.handle(event, self.engine.now_s))
+
+    # ------------------------------------------------------------ work
+
+    def _work(self, member: Member, steps: int) -> None:
+        if member.server is not None:  # a gateway's gossip round: its work is a FedAvg round, or nothing
+            round_index = member.gossip_round
+            member.gossip_round += 1
+            if self.config.mode != "sync":
+                return  # FedBuff: the machine stays idle
+            if fedavg_round_due(round_index, self.section.gossip_rounds):
+                member.awaiting_fedavg = True
+                if round_index > 0:  # round 0 opened at Start (or when enough clients registered)
+                    assert isinstance(member.server, FedAvgServer)
+                    resumed = member.server.resume(self.engine.now_s)
+                    self._carry_out(member, member.node.role_actions("fedavg", resumed))
+            else:
+                self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=steps, loss=0.0)))
+            return
+        assert member.trainer is not None and member.client is not None
+        loss = member.trainer.run_steps(steps)
+        if member.attack_scale > 0 and member.client.anchor is not None:
+            anchor, params = member.client.anchor, member.trainer.flat_params
+            params.copy_(anchor - member.attack_scale * (params - anchor))
+        speed = self.scenario.nodes.speed.get(member.name, 1.0)
+        took = work_seconds(self.scenario, speed, member.name, member.work_index, steps)
+        member.work_index += 1
+        incarnation = member.incarnation
+        self.engine.after(took, lambda: self._done(member, incarnation, steps, loss))
+
+    def _done(self, member: Member, incarnation: int, steps: int, loss: float) -> None:
+        if incarnation != member.incarnation:
+            self.dropped["work_lost_offline"] += 1
+            return
+        self._feed(member, WorkDone(steps=steps, loss=loss))
+
+    def _gateway_progress(self, member: Member) -> None:
+        """After a gateway acted: record the rounds its server closed; a closed FedAvg round is its
+        gossip machine's work done."""
+        server = member.server
+        assert server is not None
+        self._record(member)
+        if member.awaiting_fedavg and isinstance(server, FedAvgServer) \
+                and server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED):
+            member.awaiting_fedavg = False
+            self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=1, loss=0.0)))
+        gossip_done = member.node.finished or self.config.mode != "sync"  # its last gossip rounds too
+        if server.phase.value == "finished" and gossip_done and not member.finished:
+            member.finished = True
+            if self._over():
+                self.engine.stop()  # every gateway is done: the run ends here, not at duration_s
+
+    # ------------------------------------------------------------ results
+
+    def _record(self, member: Member) -> None:
+        server = member.server
+        assert server is not None
+        if len(server.reports) == member.recorded:
+            return
+        for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
+            member.recorded += 1
+            report = server.reports[index]
+            self.evaluator.flat_params.copy_(server.params)
+            metrics = self.evaluator.evaluate("test")
+            self.accuracy[member.name] = float(metrics["accuracy"])
+            self.loss[member.name] = float(metrics["loss"])
+            self.result.rounds.append(_round_row(member.name, index, report, self.engine.now_s,
+                                                 self.bytes_sent, self.accuracy[member.name]))
+            self._trace()
+
+    def _trace(self) -> None:
+        accuracies = list(self.accuracy.values())
+        point = TracePoint(time_s=self.engine.now_s, bytes_sent=self.bytes_sent,
+                           mean_loss=math.fsum(self.loss.values()) / len(self.loss),
+                           mean_accuracy=math.fsum(accuracies) / len(accuracies),
+                           min_accuracy=min(accuracies),
+                           consensus_rms=_spread([self.members[g].node.machine.params
+                                                  for g in self.gateways]),
+                           running=sum(1 for c in self.clients if self.members[c].on))
+        if self.result.trace and self.result.trace[-1].time_s == point.time_s:
+            self.result.trace[-1] = point
+        else:
+            self.result.trace.append(point)
+        if self.progress is not None:
+            self.progress(self.engine.now_s, self.scenario.duration_s, point)
+
+    def _finish(self) -> None:
+        result = self.result
+        if len(self.gateways) > 1:  # the models after the last gossip rounds: a last trace point
+            for name in self.gateways:
+                self.evaluator.flat_params.copy_(self.members[name].node.machine.params)
+                metrics = self.evaluator.evaluate("test")
+                self.accuracy[name], self.loss[name] = float(metrics["accuracy"]), float(metrics["loss"])
+            self._trace()
+        for name, member in sorted(self.members.items()):
+            counters: dict[str, float] = {}
+            if member.server is not None:
+                counters = {f"fedavg.{k}": float(v) for k, v in sorted(member.server.counters.items())}
+                counters["accuracy"] = self.accuracy.get(name, math.nan)
+            elif member.client is not None:
+                counters = {f"client.{k}": float(v) for k, v in sorted(member.client.counters.items())}
+            result.peers[name] = {"role": "gateway" if member.server is not None else "client",
+                                  "bytes_sent": member.bytes_sent, **counters}
+            for reason, count in sorted(member.node.all_rejections().items()):
+                result.rejections[reason] = result.rejections.get(reason, 0) + count
+        for row in result.rounds:  # updates that came after a round closed are added to its report
+            server = self.members[row["gateway"]].server
+            report = server.reports.get(row["round"]) if server is not None else None
+            if report is not None and hasattr(report, "late"):
+                row["late"] = list(report.late)
+        result.dropped = dict(sorted((self.dropped + self.network.dropped).items()))
+        result.links = [(src, dst, m, b) for (src, dst), (m, b) in sorted(self.traffic.items())]
+        result.metrics = {"rounds_closed": float(len(result.rounds)),
+                          "final_accuracy": result.trace[-1].mean_accuracy if result.trace else math.nan}
+
+
+def _spread(vectors: list[torch.Tensor]) -> float:
+    if len(vectors) < 2:
+        return 0.0
+    stacked = torch.stack([v.detach().float() for v in vectors])
+    return float(torch.linalg.vector_norm(stacked - stacked.mean(0), dim=1).pow(2).mean().sqrt())
+
+
+def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
+               accuracy: float) -> dict[str, Any]:
+    """One closed round (a FedAvg round or a FedBuff aggregation) as plain data."""
+    row: dict[str, Any] = {"gateway": gateway, "round": index, "time_s": now, "bytes_sent": nbytes,
+                           "accuracy": accuracy}
+    for key in ("asked", "taken", "missing", "late", "contributors", "staleness", "closed_by", "refused"):
+        if hasattr(report, key):
+            value = getattr(report, key)
+            row[key] = list(value) if isinstance(value, tuple) else value
+    row["participants"] = len(row.get("taken", row.get("contributors", [])))
+    return row
+
+
+def run_federation(scenario: ScenarioConfig, progress: Progress | None = None) -> ScenarioResult:
+    return FederationRun(scenario, progress).run()

@@ -1,0 +1,119 @@
+"""A federation on the per-member Node (protocols/node/node.py): a gateway is a Node with its gossip
+machine and the FedAvg server as a role, an edge client a Node whose machine is its FedAvg client
+(protocols/federation/edge.py). Clients register by being heard (the Node's ``clients`` failure
+detector tells the roles ``NeighbourUp``) and leave by falling silent (``NeighbourDown``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from protocols.events import NeighbourUp, Send, StartWork, WorkDone
+from protocols.federation import FedAvgClient, FedAvgServer, FederationConfig, make_server
+from protocols.federation.edge import EdgeMachine
+from protocols.gossip import GossipConfig, make_machine
+from protocols.messages import ClientUpdate, Heartbeat, RoundStart
+from protocols.node import Neighbour, Node, NodeConfig
+from topology import build
+
+CONFIG = FederationConfig(rounds=2, fraction=1.0, min_clients=2, local_epochs=0, local_steps=1,
+                          uplink="identity")
+NODE = NodeConfig(neighbour_timeout_s=5.0)
+
+
+def gateway(clients: tuple[str, ...]) -> tuple[Node[Neighbour], FedAvgServer]:
+    params = torch.zeros(4)
+    machine = make_machine(GossipConfig(total_steps=10), name="p00", topology=build("ring:3"), params=params)
+    server = make_server(CONFIG, name="p00", params=params)
+    assert isinstance(server, FedAvgServer)
+    node = Node("p00", machine, neighbours={"p01": Neighbour(), "p02": Neighbour()}, config=NODE,
+                early_per_neighbour=2, answer_source=lambda: (params.clone(), 0),
+                roles={"fedavg": server}, clients=clients)
+    return node, server
+
+
+def edge(name: str) -> tuple[Node[Neighbour], FedAvgClient]:
+    client = FedAvgClient(CONFIG, name=name, server="p00", params=torch.zeros(4), num_samples=3,
+                          steps_per_epoch=1)
+    node = Node(name, EdgeMachine(client), neighbours={"p00": Neighbour()}, config=NODE,
+                early_per_neighbour=2, answer_source=lambda: (client.params.clone(), 0))
+    return node, client
+
+
+def sends(actions: Sequence[object]) -> list[Send]:
+    return [a for a in actions if isinstance(a, Send)]
+
+
+def test_clients_heard_register_with_the_server_and_the_round_runs_through_both_nodes() -> None:
+    # Prepare: one client heard before the gateway starts, one after
+    node, server = gateway(("e0", "e1"))
+    e0, e1 = edge("e0")[0], edge("e1")[0]
+    edges = {"e0": e0, "e1": e1}
+    beat = sends(e0.tick(0.0, step=0, loss=0.0))
+    assert beat and beat[0].recipients == ("p00",) and isinstance(beat[0].message, Heartbeat)
+    node.receive("e0", beat[0].message, 0.1)
+    assert server.registered == set()              # roles hear of clients from Start on
+    # Execute: Start registers e0 (heard before); e1's heartbeat registers it and opens round 0
+    started = sends(node.start(0.2))
+    assert not any(isinstance(s.message, RoundStart) for s in started) and server.registered == {"e0"}
+    opened = node.receive("e1", Heartbeat(step=0, loss=0.0), 0.3)
+    # Assert: the round asks both; each edge trains on its Node and uploads through it
+    starts = [s for s in sends(opened) if isinstance(s.message, RoundStart)]
+    assert len(starts) == 1 and starts[0].recipients == ("e0", "e1")
+    assert node.all_rejections() == {}             # a client's heartbeat is no stray one
+    for name, member in edges.items():
+        member.start(0.3)
+        work = member.receive("p00", starts[0].message, 0.4)
+        assert StartWork(1) in work
+        member.machine.params.add_(1.0 if name == "e0" else 3.0)   # the "training"
+        update = sends(member.handle(WorkDone(steps=1, loss=0.0), 0.5))
+        assert update[0].recipients == ("p00",) and isinstance(update[0].message, ClientUpdate)
+        node.receive(name, update[0].message, 0.6)
+    assert server.round == 1 and torch.allclose(server.params, torch.full((4,), 2.0))
+
+
+def test_a_silent_client_is_unregistered_and_registered_again_when_heard() -> None:
+    node, server = gateway(("e0", "e1", "e2"))
+    node.start(0.0)
+    for name in ("e0", "e1", "e2"):
+        node.receive(name, Heartbeat(step=0, loss=0.0), 1.0)
+    assert server.registered == {"e0", "e1", "e2"}
+    for name in ("e0", "e1"):
+        node.receive(name, Heartbeat(step=0, loss=0.0), 5.0)
+    # Execute: e2 silent past the timeout, then heard again
+    silent, _ = node.expire(7.0)
+    assert silent == [] and server.registered == {"e0", "e1"}
+    node.receive("e2", Heartbeat(step=0, loss=0.0), 8.0)
+    assert server.registered == {"e0", "e1", "e2"}
+    node.goodbye("e1", 9.0)
+    assert server.registered == {"e0", "e2"}
+
+
+def test_the_gossip_machine_never_hears_of_clients_and_an_unknown_sender_is_counted() -> None:
+    node, server = gateway(("e0",))
+    node.start(0.0)
+    actions = node.receive("e0", Heartbeat(step=0, loss=0.0), 1.0)
+    assert NeighbourUp("e0") not in actions                 # no machine event leaks as an action
+    node.receive("x9", Heartbeat(step=0, loss=0.0), 1.0)    # neither neighbour nor client
+    assert node.all_rejections() == {"heartbeat_not_neighbour": 1}
+    assert "e0" not in node.neighbourhood and server.registered == {"e0"}
+
+
+def test_fedavg_rounds_fall_on_every_gth_gossip_round() -> None:
+    from protocols.federation.interleave import fedavg_round_due, gossip_total_rounds
+
+    assert [fedavg_round_due(k, 3) for k in range(7)] == [True, False, False, True, False, False, True]
+    assert all(fedavg_round_due(k, g) for k in range(5) for g in (0, 1))   # no gossip: every round
+    assert gossip_total_rounds(30, 2) == 60 and gossip_total_rounds(30, 0) == 30
+    with pytest.raises(ValueError):
+        fedavg_round_due(-1, 2)
+
+
+def test_a_direct_call_on_a_role_comes_back_prefixed() -> None:
+    from protocols.events import SetTimer
+
+    node, _ = gateway(("e0", "e1"))
+    node.start(0.0)
+    assert node.role_actions("fedavg", [SetTimer("deadline/0", 1.0)]) == [SetTimer("fedavg/deadline/0", 1.0)]
