@@ -38,6 +38,7 @@ being read are counted here by :data:`FRAME_DROPS`. Pure: time is the
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ class _Pending:
     announced: Announced
     last_s: float
     flats: list[torch.Tensor | None]
+    header_bytes: int
     frame: int = 0          # the next frame's index in the message
     slot: int = 0           # the tensor it belongs to
     in_slot: int = 0        # its index among that tensor's frames
@@ -210,9 +212,9 @@ class Assembler:
                              f"bytes > {self.config.max_in_flight_bytes}", sender)
         flats: list[torch.Tensor | None] = [
             None if slot.nbytes else torch.empty(0, dtype=slot.dtype) for slot in announced.layout]
-        pending = _Pending(announced, now_s, flats)
+        pending = _Pending(announced, now_s, flats, length)
         if announced.frame_count == 0:
-            return complete(announced, flats, verifier, windows, now_s)  # type: ignore[arg-type]
+            return _sized(complete(announced, flats, verifier, windows, now_s), length)  # type: ignore[arg-type]
         self._advance(pending)
         self._states[connection] = pending
         self.in_flight[sender] += total
@@ -257,7 +259,8 @@ class Assembler:
             return None
         del self._states[connection]
         self._release(pending)
-        return complete(announced, pending.flats, verifier, windows, now_s)  # type: ignore[arg-type]
+        done = complete(announced, pending.flats, verifier, windows, now_s)  # type: ignore[arg-type]
+        return _sized(done, pending.header_bytes + announced.total_bytes)
 
     @staticmethod
     def _advance(pending: _Pending) -> None:
@@ -286,6 +289,10 @@ class Assembler:
     def _skip(self, connection: Hashable, frames: int, now_s: float) -> None:
         if frames > 0:
             self._states[connection] = _Skipping(frames, now_s)
+
+
+def _sized(result: Decoded | Rejection, wire_bytes: int) -> Decoded | Rejection:
+    return dataclasses.replace(result, wire_bytes=wire_bytes) if isinstance(result, Decoded) else result
 
 
 def _length(frame: Frame) -> int:

@@ -163,6 +163,7 @@ class Decoded:
     message: Message
     epoch: int
     seq: int
+    wire_bytes: int = 0     # the message's frames together (header, payload, signature)
 
 
 @dataclass(frozen=True)
@@ -354,7 +355,8 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
     for index, (got, want) in enumerate(zip(digests, announced.digests, strict=True)):
         if got != want:
             raise _Reject("digest_mismatch", f"payload frame {index}")
-    return _finish(announced, flats, windows, now_s)
+    decoded = _finish(announced, flats, windows, now_s)
+    return dataclasses.replace(decoded, wire_bytes=sum(_length(frame) for frame in frames))
 
 
 @dataclass(frozen=True)

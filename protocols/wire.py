@@ -52,6 +52,7 @@ class Opened:
     message: Message
     epoch: int
     seq: int
+    wire_bytes: int = 0     # what the message took on the wire: header, payload and signature
 
 
 def wire_size(frames: Sequence[Frame]) -> int:
@@ -190,4 +191,4 @@ class Endpoint:
 
 
 def _opened(decoded: Decoded) -> Opened:
-    return Opened(decoded.sender.name, decoded.message, decoded.epoch, decoded.seq)
+    return Opened(decoded.sender.name, decoded.message, decoded.epoch, decoded.seq, decoded.wire_bytes)

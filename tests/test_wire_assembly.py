@@ -75,6 +75,7 @@ def test_a_message_fed_frame_by_frame_equals_open(net: Network) -> None:
     assert got.round == 7 and got.meta == message.meta
     assert bob.accepted == 1 and bob.assembler.pending == 0 and not bob.assembler.in_flight
     assert bob.bytes_received == sum(len(bytes(f)) for f in sealed)
+    assert outcomes[0].wire_bytes == opened.wire_bytes == bob.bytes_received
 
 
 def test_messages_without_payload_complete_on_their_header(net: Network) -> None:
