@@ -98,7 +98,7 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
 
 
 def test_a_multipart_arrival_is_counted_and_dropped(pair: tuple[Transport, Transport]) -> None:
-    a, b = pair
+    _, b = pair
     raw = zmq.Context.instance().socket(zmq.DEALER)     # a client that sends what our wire never does
     raw.connect(b.listen)
     try:
