@@ -198,7 +198,7 @@ class Assembler:
             return None
         if length < SIGNATURE_BYTES:
             return Rejection("malformed_header", f"a header message of {length} bytes")
-        view = memoryview(frame).cast("B") if not isinstance(frame, memoryview) else frame.cast("B")
+        view = memoryview(frame).cast("B")
         signature, raw_header = view[:SIGNATURE_BYTES], view[SIGNATURE_BYTES:]
         announced = verify_header(raw_header, signature, verifier, windows, now_s)
         if isinstance(announced, Rejection):
