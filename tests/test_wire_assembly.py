@@ -252,3 +252,14 @@ def test_a_rejected_message_pins_no_buffer(net: Network) -> None:
         assert _reasons(bob, feed(bob, bad)) == ["digest_mismatch"]
     assert len(handed_out) == 100
     assert all(ref() is None for ref in handed_out)     # nobody holds any of them
+
+
+def test_frames_out_of_order_are_refused_at_the_first_misplaced_one(net: Network) -> None:
+    alice, bob = net.endpoint("alice", policy=SMALL_FRAMES), net.endpoint("bob", policy=SMALL_FRAMES)
+    wire = wire_messages(alice.seal(["bob"], push(3000)))
+    swapped = [wire[0], wire[2], wire[1], *wire[3:]]        # two full 1 KiB frames of one tensor
+    assert _reasons(bob, feed(bob, swapped)) == ["digest_mismatch"]
+    assert bob.rejections["digest_mismatch"] == 1 and bob.assembler.pending == 0
+    assert bob.assembler.frames_dropped["after_rejection"] == len(wire) - 2
+    # a payload frame first, with nothing announced: read as a header and refused as one
+    assert _reasons(bob, feed(bob, wire[1:2], connection=b"c2")) == ["malformed_header"]
