@@ -28,6 +28,15 @@ no payload, and :func:`complete` builds the message from the gathered
 tensors and moves the replay window. ``decode`` is the two with the frame
 and digest checks between them.
 
+Versions: ``encode`` writes the version it is told to speak (leaving out the
+fields a later version introduced, messages.FIELD_SINCE) and, as ``va``, the
+highest version its sender accepts, which a version-3 receiver ignores (it reads
+only the keys it knows). ``decode`` takes any version in
+``Policy.accepted_versions`` (an int: ``1.0`` and ``True`` are refused,
+``version_unsupported``) and hands the sender's ``va`` on, so the endpoint can
+speak that version back. A key the roster has revoked (rotated away, or its
+member revoked) is refused as ``revoked_key``, not as an unknown sender.
+
 Hashing is injectable (``digest=``, a :data:`DigestStarter`): this module
 stays single-threaded, and hashes serially by default. A driver may pass one
 that starts hashing the frames on worker threads (BLAKE3 releases the GIL):
@@ -53,7 +62,15 @@ from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from protocols.identity import SIGNATURE_BYTES, Identity, encode_public_id, verify_signature
-from protocols.messages import KINDS, MESSAGE_TYPES, PROTOCOL_VERSION, Message, Scalar
+from protocols.messages import (
+    FIELD_SINCE,
+    KINDS,
+    MESSAGE_TYPES,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    Message,
+    Scalar,
+)
 from protocols.replay import ReplayWindows
 from protocols.roster import ROLES, Member, Roster
 
@@ -93,7 +110,7 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 # Every reason decode can give. internal_error is the catch-all that must stay at 0.
 REASONS = (
-    "unknown_version", "malformed_header", "unknown_kind", "unknown_sender", "wrong_role",
+    "version_unsupported", "malformed_header", "unknown_kind", "unknown_sender", "revoked_key", "wrong_role",
     "not_a_recipient", "bad_signature", "config_mismatch", "old_epoch", "replay", "epoch_jump", "seq_jump",
     "too_many_frames", "too_many_tensors", "frame_too_large", "message_too_large",
     "too_many_elements", "bad_dtype", "manifest_mismatch", "digest_mismatch", "bad_field",
@@ -126,8 +143,14 @@ class Policy:
     # role -> kinds it may send; edge clients send updates, never gossip
     allowed_kinds: Mapping[str, frozenset[str]] = field(default_factory=lambda: DEFAULT_ALLOWED_KINDS)
     replay_window: int = 1024  # sequence numbers remembered per sender (out-of-order tolerance)
+    # protocol versions taken (and the highest spoken): all this code speaks, so members upgrade one at a time
+    accepted_versions: tuple[int, int] = (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
 
     def __post_init__(self) -> None:
+        low, high = self.accepted_versions
+        if not MIN_PROTOCOL_VERSION <= low <= high <= PROTOCOL_VERSION:
+            raise ValueError(f"accepted_versions must lie within {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, "
+                             f"not {self.accepted_versions!r}")
         for name in ("max_header_bytes", "max_frames", "max_frame_bytes", "max_message_bytes",
                      "max_elements", "max_tensors", "max_recipients", "replay_window"):
             value = getattr(self, name)
@@ -163,6 +186,7 @@ class Decoded:
     message: Message
     epoch: int
     seq: int
+    accepts: int = MIN_PROTOCOL_VERSION  # the highest protocol version the sender accepts (its ``va``)
     wire_bytes: int = 0     # the message's frames together (header, payload, signature)
 
 
@@ -180,6 +204,8 @@ class Verifier:
     # How payload frames are hashed: serially here by default; a driver may hash on threads
     digest: DigestStarter = field(default=serial_digests)
     verified: VerifiedCache = field(default_factory=lambda: VerifiedCache(), compare=False)
+    # this member's other keys (a rotation under way: senders may address the old key or the new)
+    also_receiver: frozenset[bytes] = frozenset()
 
 
 class VerifiedCache:
@@ -254,15 +280,21 @@ def encode(
     seq: int,
     max_frame_bytes: int = MAX_FRAME_BYTES,
     digest: DigestStarter = serial_digests,
+    version: int = PROTOCOL_VERSION,
+    accepts: int = PROTOCOL_VERSION,
 ) -> list[Frame]:
     """Sign ``message`` for ``recipients`` (raw public keys): ``[header, payload..., signature]``.
 
     Tensor frames are memoryviews of the tensors' own memory: do not modify a
     tensor until the frames have been sent. ``digest`` hashes the payload frames.
+    ``version``: the protocol version spoken (fields introduced later are left out);
+    ``accepts``: the highest version this sender takes, told to the receiver.
     """
     if type(message) not in MESSAGE_TYPES:
         raise TypeError(f"not a message: {type(message).__name__}")
     scalars, meta, tensors = split_message(message)
+    scalars = {name: value for name, value in scalars.items()
+               if FIELD_SINCE.get((message.KIND, name), 0) <= version}
     manifest: list[list[Any]] = []
     payload: list[Frame] = []
     for name, tensor in tensors.items():
@@ -282,7 +314,7 @@ def encode(
     if len(digests) != len(payload):
         raise RuntimeError(f"the digester gave {len(digests)} digests for {len(payload)} frames")
     header = msgpack.packb({
-        "v": PROTOCOL_VERSION, "k": message.KIND, "s": identity.public_key, "r": list(recipients),
+        "v": version, "va": accepts, "k": message.KIND, "s": identity.public_key, "r": list(recipients),
         "run": run_id, "e": epoch, "q": seq, "f": scalars, "m": meta, "t": manifest, "d": digests,
     }, use_bin_type=True)
     return [header, *payload, identity.sign(SIGNING_DOMAIN + header)]
@@ -372,6 +404,7 @@ class Announced:
     seq: int
     layout: tuple[Slot, ...]
     digests: tuple[bytes, ...]
+    accepts: int = MIN_PROTOCOL_VERSION     # the highest protocol version the sender accepts
 
     @property
     def total_bytes(self) -> int:
@@ -423,8 +456,11 @@ def _verify_header(raw: Frame, signature: Frame, verifier: Verifier, windows: Re
     header = _unpack_header(raw_header, policy)
 
     version = header.get("v")
-    if type(version) is not int or version != PROTOCOL_VERSION:   # 1.0 == 1 and True == 1: refused
-        raise _Reject("unknown_version", f"version {version!r}, this peer speaks {PROTOCOL_VERSION}")
+    low, high = policy.accepted_versions
+    if type(version) is not int or not low <= version <= high:   # 1.0 == 1 and True == 1: refused
+        raise _Reject("version_unsupported", f"version {version!r}, this peer speaks {low}..{high}")
+    accepts = header.get("va")
+    accepts = accepts if type(accepts) is int and accepts >= version else version
     kind = _need(header, "k", str)
     cls = KINDS.get(kind)
     if cls is None:
@@ -433,17 +469,21 @@ def _verify_header(raw: Frame, signature: Frame, verifier: Verifier, windows: Re
     sender = verifier.roster.by_public_key(sender_key)
     if sender is None:
         public_id = encode_public_id(sender_key) if len(sender_key) == KEY_BYTES else sender_key.hex()
+        if verifier.roster.is_revoked(sender_key):
+            raise _Reject("revoked_key", f"key {public_id} was revoked or rotated away", public_id)
         raise _Reject("unknown_sender", f"key {public_id} is not on our roster", public_id)
     if kind not in policy.allowed_kinds.get(sender.role, ()):
         raise _Reject("wrong_role", f"a {sender.role} may not send {kind}", sender.name)
     recipients = _need(header, "r", list)
     if len(recipients) > policy.max_recipients:
         raise _Reject("malformed_header", f"{len(recipients)} recipients > {policy.max_recipients}")
-    if verifier.receiver not in recipients:
+    if verifier.receiver not in recipients and not any(
+            isinstance(key, bytes) and key in verifier.also_receiver for key in recipients):
         raise _Reject("not_a_recipient", f"from {sender.name}, not addressed to this member", sender.name)
 
+    public_key = verifier.roster.verifier_for(sender_key)   # the key it signed with (a rotation: either)
     if _length(signature) != SIGNATURE_BYTES or not verifier.verified.check(
-            verifier.roster.verifier(sender.name), sender_key, bytes(signature), SIGNING_DOMAIN + raw_header):
+            public_key, sender_key, bytes(signature), SIGNING_DOMAIN + raw_header):
         raise _Reject("bad_signature", f"from {sender.name}", sender.name)
 
     run = _need(header, "run", bytes)
@@ -458,7 +498,7 @@ def _verify_header(raw: Frame, signature: Frame, verifier: Verifier, windows: Re
         if stale is not None:
             raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}", sender.name)
     layout, digests = _check_manifest(header, policy)
-    return Announced(sender, kind, header, epoch, seq, tuple(layout), tuple(digests))
+    return Announced(sender, kind, header, epoch, seq, tuple(layout), tuple(digests), accepts)
 
 
 def _finish(announced: Announced, flats: Sequence[torch.Tensor], windows: ReplayWindows | None,
@@ -466,7 +506,7 @@ def _finish(announced: Announced, flats: Sequence[torch.Tensor], windows: Replay
     message = _build(KINDS[announced.kind], announced.kind, announced.header, announced.layout, flats)
     if windows is not None:
         windows.accept(announced.sender.name, announced.epoch, announced.seq, now_s)
-    return Decoded(announced.sender, message, announced.epoch, announced.seq)
+    return Decoded(announced.sender, message, announced.epoch, announced.seq, announced.accepts)
 
 
 def announced_frames(raw_header: Frame, policy: Policy) -> int:

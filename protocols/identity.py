@@ -8,6 +8,11 @@ uses, and generated here with ``cryptography`` so this package never imports zmq
 
 A key file is a small text file written with mode 0600 that is never
 overwritten; loading refuses a file that others may read or that is corrupt.
+
+A key is rotated by signing, with the old signing key, a statement of the new
+keys (:func:`rotation_statement`): the roster carries that signature
+(protocols/roster.py), so a roster edit alone cannot hand a member's place to
+someone who never held its key.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from topology.errors import HivemeshError
 KEY_FILE_MAGIC = "hivemesh-identity 1"
 PUBLIC_ID_CHARS = 52  # base32 of 32 bytes, padding dropped
 SIGNATURE_BYTES = 64
+ROTATION_DOMAIN = b"hivemesh-key-rotation/1\x00"
 
 
 class KeyFileError(HivemeshError):
@@ -107,6 +113,35 @@ def verify_signature(public_key: Ed25519PublicKey, signature: bytes, data: bytes
     return True
 
 
+def rotation_statement(name: str, new_public_key: bytes, new_curve_key: str, at_round: int) -> bytes:
+    """What a member's old key signs to hand its place to a new key pair from round ``at_round`` on.
+
+    Unambiguous without a length prefix: names and Z85 hold no NUL, the key and the round have
+    fixed widths."""
+    if len(new_public_key) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, not {len(new_public_key)}")
+    if not 0 <= at_round < 1 << 63:
+        raise ValueError(f"round {at_round} out of range")
+    return (ROTATION_DOMAIN + name.encode("utf-8") + b"\x00" + new_public_key
+            + new_curve_key.encode("ascii") + b"\x00" + at_round.to_bytes(8, "big"))
+
+
+def encode_signature(signature: bytes) -> str:
+    """A signature as the roster prints it (base64)."""
+    return base64.b64encode(signature).decode("ascii")
+
+
+def decode_signature(text: str) -> bytes:
+    """Inverse of :func:`encode_signature`; ValueError unless it is 64 bytes of base64."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise ValueError("a signature is base64") from None
+    if len(raw) != SIGNATURE_BYTES:
+        raise ValueError(f"a signature has {SIGNATURE_BYTES} bytes, not {len(raw)}")
+    return raw
+
+
 # ------------------------------------------------------------ the identity
 
 
@@ -150,6 +185,11 @@ class Identity:
     def sign(self, data: bytes) -> bytes:
         """The 64-byte Ed25519 signature of ``data``."""
         return self.signing_key.sign(data)
+
+    def sign_rotation(self, name: str, new: Identity, at_round: int) -> str:
+        """This (old) key's signature handing ``name``'s place to ``new`` from ``at_round`` (base64)."""
+        return encode_signature(self.sign(rotation_statement(name, new.public_key, new.curve_public_key,
+                                                             at_round)))
 
     def __repr__(self) -> str:
         return f"Identity(public_id={self.public_id!r})"

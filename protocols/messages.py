@@ -9,6 +9,13 @@ differs from its own for that round (protocols/node/membership.py).
 Tensors travel as raw frames; ``meta`` carries small scalars such as a
 compressor's name and parameters. Field names are the
 wire names, so renaming a field is a protocol change (bump PROTOCOL_VERSION).
+
+Versions: a peer accepts every version from MIN_PROTOCOL_VERSION to
+PROTOCOL_VERSION and speaks to each neighbour the highest one both accept
+(protocols/wire.py), so a network is upgraded one member at a time. What each
+version added is in FIELD_SINCE: a field introduced after the version spoken is
+left out (the receiver takes its default), and a version-3 receiver, which
+refuses fields it does not know, never sees it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from typing import ClassVar
 
 import torch
 
-PROTOCOL_VERSION = 3  # 2: Heartbeat.finished; 3: roster_version in round-bearing messages
+PROTOCOL_VERSION = 4  # 2: Heartbeat.finished; 3: roster_version in round-bearing messages;
+#                       4: Heartbeat.roster_version
+MIN_PROTOCOL_VERSION = 3  # the oldest version still spoken: a member one version behind interoperates
+
+# (kind, field) -> the version that introduced it; encoded only for receivers of that version or later
+FIELD_SINCE: Mapping[tuple[str, str], int] = {("heartbeat", "roster_version"): 4}
 
 Scalar = int | float | str | bool
 TensorMap = Mapping[str, torch.Tensor]
@@ -83,18 +95,26 @@ class Heartbeat:
     """Liveness plus a little progress, so neighbours can show last-seen and latency.
 
     ``finished``: the sender has finished its run (sent during its finish grace), so its
-    neighbours record it as finished, not down, once it goes silent."""
+    neighbours record it as finished, not down, once it goes silent. ``roster_version``: the
+    newest roster version the sender knows, so a member that has not yet read a later roster
+    file (a key rotated or revoked there) is told, by a neighbour that has."""
 
     KIND: ClassVar[str] = "heartbeat"
     step: int
     loss: float = float("nan")
     sent_at_s: float = 0.0
     finished: bool = False
+    roster_version: int = 0  # (version 4) the sender's current roster version, 0: not told (version 3)
 
 
 @dataclass(frozen=True)
 class RoundStart:
-    """FedAvg: the gateway's global model and the work asked of a sampled client."""
+    """FedAvg: the gateway's global model and the work asked of a sampled client.
+
+    ``round``: the round (FedBuff: the model version). ``meta``: the downlink encoding of the
+    model plus ``local_epochs``, ``local_steps`` (one of them > 0) and ``prox_mu``
+    (protocols/federation). ``deadline_s``: seconds the round stays open from when it was
+    sent (a duration: the two clocks are not compared)."""
 
     KIND: ClassVar[str] = "round_start"
     round: int
@@ -105,7 +125,10 @@ class RoundStart:
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``."""
+    """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``.
+
+    The tensors are the delta (trained minus the model of ``round``), under the uplink's encoding;
+    the server caps ``num_samples`` (protocols/federation/aggregate.py: cap_samples)."""
 
     KIND: ClassVar[str] = "client_update"
     round: int
@@ -116,7 +139,8 @@ class ClientUpdate:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """FedAvg: the aggregated model of a finished round."""
+    """FedAvg: the aggregated model of a finished round (sent with the final model when the
+    federation ends; ``round``: the rounds or versions made)."""
 
     KIND: ClassVar[str] = "round_result"
     round: int

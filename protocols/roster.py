@@ -6,6 +6,17 @@ gives it back. ``run_id`` digests the network's shared configuration so that
 peers configured differently refuse each other (``config_mismatch``); the
 member list is not part of it (a roster carries a ``version`` and an
 ``effective_round`` instead, see :class:`Roster`).
+
+Keys change by roster version too. A rotation gives a member a new key pair in
+the next version: its entry names the key it replaces (``rotated_from``) and
+carries that old key's signature over the new keys, the member's name and the
+round of the change (``rotation_signature``, protocols/identity.py
+``rotation_statement``), so only the holder of the old key can hand its place
+on. The old key goes to the roster's ``revoked`` list, as does the key of a
+member that is revoked outright (removed, its key refused for good).
+protocols/node/membership.py decides which keys are accepted while a change is
+under way (:meth:`Roster.also_accepting`); the codec refuses a revoked key as
+``revoked_key``.
 """
 
 from __future__ import annotations
@@ -21,7 +32,14 @@ from typing import Any
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from protocols.identity import decode_public_id, load_public_key, z85_decode
+from protocols.identity import (
+    decode_public_id,
+    decode_signature,
+    load_public_key,
+    rotation_statement,
+    verify_signature,
+    z85_decode,
+)
 from topology.errors import HivemeshError
 
 ROLES = ("peer", "gateway", "edge")
@@ -45,6 +63,10 @@ class Member:
     role: str = "peer"  # peer | gateway | edge
     address: str = ""  # "tcp://host:port" where peers and gateways listen; edge clients dial out
     curve_key: str = ""  # CurveZMQ public key in Z85; empty = this member cannot use CURVE
+    # a rotation: the key this one replaced, the round it took over, the old key's signature (base64)
+    rotated_from: str = ""
+    rotated_at_round: int = 0
+    rotation_signature: str = ""
 
     def __post_init__(self) -> None:
         problems = _member_problems(self)
@@ -55,17 +77,20 @@ class Member:
     def public_key(self) -> bytes:  # cached: decoding per seal cost ~45 us a recipient in the simulator
         return decode_public_id(self.public_id)
 
-    def to_dict(self) -> dict[str, str]:
-        data = {"name": self.name, "public_id": self.public_id, "role": self.role}
+    def to_dict(self) -> dict[str, str | int]:
+        data: dict[str, str | int] = {"name": self.name, "public_id": self.public_id, "role": self.role}
         if self.address:
             data["address"] = self.address
         if self.curve_key:
             data["curve_key"] = self.curve_key
+        if self.rotated_from:
+            data.update(rotated_from=self.rotated_from, rotated_at_round=self.rotated_at_round,
+                        rotation_signature=self.rotation_signature)
         return data
 
 
 def _member_problems(member: Member) -> list[str]:
-    problems = []
+    problems = _rotation_problems(member)
     if not isinstance(member.name, str) or not _NAME.fullmatch(member.name):
         problems.append("name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     try:
@@ -93,23 +118,52 @@ def _member_problems(member: Member) -> list[str]:
     return problems
 
 
+def _rotation_problems(member: Member) -> list[str]:
+    """A rotation record is all there or absent, and its signature is the old key's."""
+    if not (member.rotated_from or member.rotation_signature or member.rotated_at_round):
+        return []
+    if not _is_count(member.rotated_at_round):
+        return [f"rotated_at_round must be an integer >= 0, not {member.rotated_at_round!r}"]
+    try:
+        old_key = load_public_key(decode_public_id(member.rotated_from))
+        signature = decode_signature(member.rotation_signature)
+        statement = rotation_statement(member.name, decode_public_id(member.public_id), member.curve_key,
+                                       member.rotated_at_round)
+    except (ValueError, TypeError) as error:
+        return [f"rotation record: {error}"]
+    if not verify_signature(old_key, signature, statement):
+        return ["rotation_signature is not the old key's (rotated_from) signature of this entry's keys, "
+                "name and rotated_at_round"]
+    return []
+
+
 @dataclass(frozen=True)
 class Roster:
     """Members sorted by name, with lookups by name and by public key.
 
-    ``version`` counts the edits (``hivemesh roster add|remove`` bump it) and
+    ``version`` counts the edits (``hivemesh roster add|remove|rotate|revoke`` bump it) and
     ``effective_round`` is the round from which every member applies this
     version: before it, the previous version's membership holds. Members whose
     versions differ for a round refuse each other's messages of that round
     (protocols/node/membership.py), naming both versions.
+
+    ``revoked``: public ids refused for good (``revoked_key``), a rotated member's old
+    key and a revoked member's. ``also``: entries of members already listed whose
+    other key is accepted too while a rotation is under way (never written to the
+    file: protocols/node/membership.py derives them from two versions).
     """
 
     members: tuple[Member, ...] = ()
     version: int = 1
     effective_round: int = 0
+    revoked: tuple[str, ...] = ()
+    also: tuple[Member, ...] = ()
     _by_name: dict[str, Member] = field(init=False, repr=False, compare=False)
     _by_key: dict[bytes, Member] = field(init=False, repr=False, compare=False)
     _verifiers: dict[str, Ed25519PublicKey] = field(init=False, repr=False, compare=False)
+    _by_any_key: dict[bytes, Member] = field(init=False, repr=False, compare=False)
+    _key_verifiers: dict[bytes, Ed25519PublicKey] = field(init=False, repr=False, compare=False)
+    _revoked_keys: frozenset[bytes] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         members = tuple(sorted(self.members, key=lambda m: m.name))
@@ -128,6 +182,21 @@ class Roster:
                 problems.append(f"members {by_key[key].name!r} and {member.name!r} share a public_id")
             by_name[member.name] = member
             by_key[key] = member
+        revoked_keys = set()
+        for public_id in self.revoked:
+            try:
+                revoked_keys.add(decode_public_id(public_id))
+            except ValueError as error:
+                problems.append(f"revoked {public_id!r}: {error}")
+        for key in revoked_keys & by_key.keys():
+            problems.append(f"member {by_key[key].name!r}'s public_id is on the revoked list")
+        by_any_key = dict(by_key)
+        for extra in self.also:
+            if extra.name not in by_name:
+                problems.append(f"a second key for {extra.name!r}, who is not a member")
+            elif extra.public_key in by_any_key:
+                problems.append(f"the second key of {extra.name!r} is already listed")
+            by_any_key[extra.public_key] = extra
         if problems:
             raise RosterError("roster: " + "; ".join(problems))
         verifiers = {}
@@ -141,6 +210,16 @@ class Roster:
         object.__setattr__(self, "_by_name", by_name)
         object.__setattr__(self, "_by_key", by_key)
         object.__setattr__(self, "_verifiers", verifiers)
+        key_verifiers = {member.public_key: verifiers[member.name] for member in members}
+        for extra in self.also:
+            try:
+                key_verifiers[extra.public_key] = load_public_key(extra.public_key)
+            except ValueError:
+                raise RosterError(f"roster: {extra.name!r}'s second key is not an Ed25519 key") from None
+        object.__setattr__(self, "_by_any_key", by_any_key)
+        object.__setattr__(self, "_key_verifiers", key_verifiers)
+        object.__setattr__(self, "_revoked_keys", frozenset(revoked_keys))
+        object.__setattr__(self, "revoked", tuple(sorted(set(self.revoked))))
 
     # ---------------------------------------------------------- lookups
 
@@ -174,19 +253,29 @@ class Roster:
             return None
 
     def by_public_key(self, public_key: bytes) -> Member | None:
-        """The member whose raw 32-byte Ed25519 key this is, or None."""
-        return self._by_key.get(public_key)
+        """The member whose raw 32-byte Ed25519 key this is (its listed key, or its other key while a
+        rotation is under way: then the entry of that key), or None."""
+        return self._by_any_key.get(public_key)
 
     def verifier(self, name: str) -> Ed25519PublicKey:
         """The member's Ed25519 public key object (cached)."""
         return self._verifiers[name]
 
+    def verifier_for(self, public_key: bytes) -> Ed25519PublicKey:
+        """The verifier of a key :meth:`by_public_key` knows (cached)."""
+        return self._key_verifiers[public_key]
+
+    def is_revoked(self, public_key: bytes) -> bool:
+        """Whether this raw key is on the revoked list (a rotated-away or revoked member's key)."""
+        return public_key in self._revoked_keys
+
     def with_role(self, *roles: str) -> tuple[Member, ...]:
         return tuple(member for member in self.members if member.role in roles)
 
     def curve_allowlist(self) -> frozenset[str]:
-        """Z85 Curve public keys of every member that has one: the CURVE (ZAP) allowlist."""
-        return frozenset(member.curve_key for member in self.members if member.curve_key)
+        """Z85 Curve public keys of every member that has one (both of a member's during a
+        rotation): the CURVE (ZAP) allowlist."""
+        return frozenset(member.curve_key for member in (*self.members, *self.also) if member.curve_key)
 
     # ---------------------------------------------------------- edits (new rosters)
 
@@ -199,6 +288,24 @@ class Roster:
         self.member(name)
         kept = tuple(member for member in self.members if member.name != name)
         return dataclasses.replace(self, members=kept)
+
+    def rotate(self, name: str, *, public_id: str, curve_key: str, at_round: int, signature: str) -> Roster:
+        """This roster with ``name`` on a new key pair from ``at_round`` on, its old key revoked (same
+        version: see :meth:`revised`). ``signature``: the old key's, over :func:`rotation_statement`."""
+        old = self.member(name)
+        new = dataclasses.replace(old, public_id=public_id, curve_key=curve_key, rotated_from=old.public_id,
+                                  rotated_at_round=at_round, rotation_signature=signature)
+        kept = tuple(member for member in self.members if member.name != name)
+        return dataclasses.replace(self, members=(*kept, new), revoked=(*self.revoked, old.public_id))
+
+    def revoke(self, name: str) -> Roster:
+        """This roster without ``name``, whose key is refused for good (same version: see :meth:`revised`)."""
+        old = self.member(name)
+        return dataclasses.replace(self.remove(name), revoked=(*self.revoked, old.public_id))
+
+    def also_accepting(self, entries: Sequence[Member]) -> Roster:
+        """This roster, also accepting these other keys of its members (a rotation under way)."""
+        return dataclasses.replace(self, also=tuple(entries))
 
     def revised(self, effective_round: int) -> Roster:
         """The next version of this roster, applied by every member from ``effective_round`` on."""
@@ -215,7 +322,7 @@ class Roster:
         """
         if not isinstance(data, Mapping):
             raise RosterError(f"{source}: expected a table with [[member]] entries")
-        unknown = set(data) - {"member", "version", "effective_round"}
+        unknown = set(data) - {"member", "version", "effective_round", "revoked"}
         if unknown:
             raise RosterError(f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
         entries = data.get("member", [])
@@ -245,6 +352,10 @@ class Roster:
             except (ValueError, TypeError) as error:
                 problems.append(f"{label}: {error}")
         version, effective_round = data.get("version", 1), data.get("effective_round", 0)
+        revoked = data.get("revoked", [])
+        if not isinstance(revoked, list) or not all(isinstance(item, str) for item in revoked):
+            problems.append("'revoked' must be a list of public ids")
+            revoked = []
         if not _is_count(version) or version < 1:
             problems.append(f"'version' must be an integer >= 1, not {version!r}")
         if not _is_count(effective_round):
@@ -252,13 +363,17 @@ class Roster:
         if problems:
             raise RosterError(f"{source}: " + "; ".join(problems))
         try:
-            return cls(tuple(members), version=version, effective_round=effective_round)
+            return cls(tuple(members), version=version, effective_round=effective_round,
+                       revoked=tuple(revoked))
         except RosterError as error:
             raise RosterError(f"{source}: {str(error).removeprefix('roster: ')}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "effective_round": self.effective_round,
-                "member": [member.to_dict() for member in self.members]}
+        data: dict[str, Any] = {"version": self.version, "effective_round": self.effective_round}
+        if self.revoked:
+            data["revoked"] = list(self.revoked)
+        data["member"] = [member.to_dict() for member in self.members]
+        return data
 
 
 def _is_count(value: object) -> bool:

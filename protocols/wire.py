@@ -10,6 +10,19 @@ simulator hands them over in one piece); ``receive`` takes one frame at a
 time off a connection, as the ZeroMQ wire delivers them header first
 (protocols/assembly.py: the header is verified before any payload byte is
 accepted). Both refuse and accept exactly the same messages.
+
+Versions: each accepted message tells the highest protocol version its sender
+accepts (a version-3 sender tells nothing: then the version it spoke); the
+endpoint speaks to a set of recipients the highest version all of them accept,
+so members of two adjacent versions interoperate and a network upgrades one
+member at a time. To a member not yet heard it speaks its own highest: an older
+member refuses those first messages (counted, ``version_unsupported``) until the
+newer one has heard it, which its first heartbeat does; guessing the oldest
+instead would cost a current network its newest fields until every pair had met.
+
+Keys: the endpoint holds every identity the driver gives it (a rotation brings
+the new key before its round, :meth:`Endpoint.add_identity`) and signs with the
+one its roster lists for this member; it receives what is addressed to any of them.
 """
 
 from __future__ import annotations
@@ -84,6 +97,8 @@ class Endpoint:
         if not isinstance(epoch, int) or not 0 <= epoch < 1 << 63:
             raise ValueError(f"epoch must be an integer in [0, 2**63), not {epoch!r}")
         self.identity = identity
+        self.identities = {identity.public_key: identity}  # every key of this member we hold
+        self.accepts: dict[str, int] = {}  # sender -> the highest protocol version it accepts (as last told)
         self.roster = roster
         self.run_id = bytes(run_id)
         self.epoch = epoch
@@ -112,7 +127,8 @@ class Endpoint:
         keys = [self.roster.member(name).public_key for name in recipients]
         frames = encode(message, identity=self.identity, recipients=keys, run_id=self.run_id,
                         epoch=self.epoch, seq=self.seq, max_frame_bytes=self.policy.max_frame_bytes,
-                        digest=self.digest)
+                        digest=self.digest, version=self.version_for(recipients),
+                        accepts=self.policy.accepted_versions[1])
         self.seq += 1
         self.bytes_sent += wire_size(frames) * len(recipients)
         return frames
@@ -127,6 +143,7 @@ class Endpoint:
             self.rejections[result.reason] += 1
             return result
         self.accepted += 1
+        self.accepts[result.sender.name] = result.accepts
         return _opened(result)
 
     def receive(self, connection: Hashable, frame: Frame, *, now_s: float) -> Opened | Rejection | None:
@@ -148,20 +165,39 @@ class Endpoint:
             self.rejections[result.reason] += 1
             return result
         self.accepted += 1
+        self.accepts[result.sender.name] = result.accepts
         return _opened(result)
 
+    def version_for(self, recipients: Sequence[str]) -> int:
+        """The protocol version spoken to ``recipients``: the highest every one of them accepts."""
+        low, high = self.policy.accepted_versions
+        return max(low, min([high, *(self.accepts.get(name, high) for name in recipients)]))
+
+    def add_identity(self, identity: Identity) -> None:
+        """Hold another key of this member (a rotation's new one): addressed to it, a message is
+        ours; the endpoint signs with it once the roster lists it for us (:meth:`set_roster`)."""
+        self.identities[identity.public_key] = identity
+        self._verifier = self._make_verifier()
+
     def set_roster(self, roster: Roster) -> None:
-        """Switch to an edited roster (members joined or left); replay windows are kept."""
-        if roster.by_public_key(self.identity.public_key) is None:
-            raise HivemeshError(f"this key (public id {self.identity.public_id}) is not on the new roster")
+        """Switch to an edited roster (members joined or left, keys rotated); replay windows are kept.
+        Signs from now on with the held identity the roster lists for this member (by name)."""
+        listed = roster.get(self.name)
+        identity = self.identities.get(listed.public_key) if listed is not None else None
+        if identity is None and roster.by_public_key(self.identity.public_key) is not None:
+            identity = self.identity   # still accepted (a rotation under way)
+        if identity is None:
+            raise HivemeshError(f"none of this member's keys (public id {self.identity.public_id}) is on the "
+                                "new roster")
+        self.identity = identity
         self.roster = roster
-        self.name = roster.by_public_key(self.identity.public_key).name  # type: ignore[union-attr]
+        self.name = roster.by_public_key(identity.public_key).name  # type: ignore[union-attr]
         self._verifier = self._make_verifier()
 
     def use(self, *, allocate: Callable[[torch.dtype, int], torch.Tensor] | None = None,
             digest: DigestStarter | None = None, policy: Policy | None = None,
             assembly: AssemblyConfig | None = None) -> None:
-        """Switch the receive-buffer allocator, the digester, the limits and/or the assembly's
+        """Switch the receive-buffer allocator, the digester, the policy and/or the assembly's
         bounds (a driver's choice, made at start: the daemon derives limits from its model)."""
         if allocate is not None:
             self.allocate = allocate
@@ -177,7 +213,7 @@ class Endpoint:
 
     def _make_verifier(self) -> Verifier:
         return Verifier(self.roster, self.identity.public_key, self.run_id, self.policy, self.allocate,
-                        self.digest)
+                        self.digest, also_receiver=frozenset(self.identities))
 
     def export_state(self) -> dict[str, object]:
         """The replay windows, for a checkpoint. The epoch is the daemon's to persist and

@@ -40,8 +40,11 @@ NETWORK = {"topology": "ring", "task": "logreg", "task_options": {"n_samples": 1
            "gossip": {"algorithm": "dpsgd", "total_steps": 5}}
 
 
+KEYS: dict[str, Identity] = {}   # one key per name: a key changes only by a signed rotation
+
+
 def roster_of(names: tuple[str, ...], **version: int) -> Roster:
-    members = tuple(Member(name=name, public_id=Identity.generate().public_id,
+    members = tuple(Member(name=name, public_id=KEYS.setdefault(name, Identity.generate()).public_id,
                            address=f"tcp://127.0.0.1:{9000 + i}") for i, name in enumerate(names))
     return Roster(members, **version)
 

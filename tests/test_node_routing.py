@@ -168,6 +168,16 @@ def test_a_refusal_counts_as_an_answer_so_the_best_is_taken_without_waiting() ->
     assert n.rejected == {"sync_answer_late": 1}
 
 
+def test_an_answer_nobody_asked_for_is_counted_and_not_taken() -> None:
+    n = Recorded()
+    n.receive("p01", beat(), 0.0)
+    n.begin_sync(resumed=False)                             # asks its neighbours p01 and p03
+    assert n.receive("p02", answer(9, 7.0), 0.5) == []      # p02 offers a later round, unasked
+    assert n.syncing and n.rejected == {"sync_answer_unasked": 1}
+    n.receive("p01", answer(4, 2.0), 0.6)                   # p03 is not up: not waited for
+    assert not n.syncing and torch.equal(n.machine.params, torch.full((3,), 2.0))
+
+
 def test_a_sync_stops_waiting_for_an_asked_neighbour_that_falls_silent() -> None:
     n = Recorded(neighbour_timeout_s=2.0)
     n.receive("p01", beat(), 0.0)

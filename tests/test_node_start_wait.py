@@ -28,13 +28,14 @@ def node(**config: float) -> Node[Neighbour]:
 def test_the_heartbeat_goes_to_every_neighbour_once_per_interval_and_says_finished() -> None:
     member = node(heartbeat_interval_s=1.0)
     first = member.tick(0.0, step=3, loss=0.5, stamp_s=123.0)
-    assert first == [Send(("p01", "p03"), Heartbeat(step=3, loss=0.5, sent_at_s=123.0, finished=False))]
+    assert first == [Send(("p01", "p03"), Heartbeat(step=3, loss=0.5, sent_at_s=123.0, finished=False,
+                                                     roster_version=1))]
     assert member.tick(0.99, step=4, loss=0.4) == []          # not due yet
     assert member.next_beat_s == 1.0
     member.finished = True
     again = member.tick(1.0, step=5, loss=0.3)
     assert len(again) == 1 and isinstance(again[0], Send)
-    assert again[0].message == Heartbeat(step=5, loss=0.3, sent_at_s=0.0, finished=True)
+    assert again[0].message == Heartbeat(step=5, loss=0.3, sent_at_s=0.0, finished=True, roster_version=1)
 
 
 def test_a_member_without_neighbours_sends_no_heartbeat_but_its_timer_advances() -> None:

@@ -180,9 +180,9 @@ def _set_manifest(index: int, position: int, value: Any) -> Any:
 
 
 @pytest.mark.parametrize(("mutate", "policy", "reason"), [
-    (lambda h: h.update(v=PROTOCOL_VERSION + 1), Policy(), "unknown_version"),
-    (lambda h: h.update(v=float(PROTOCOL_VERSION)), Policy(), "unknown_version"),   # 1.0 == 1, not an int
-    (lambda h: h.update(v=True), Policy(), "unknown_version"),
+    (lambda h: h.update(v=PROTOCOL_VERSION + 1), Policy(), "version_unsupported"),
+    (lambda h: h.update(v=float(PROTOCOL_VERSION)), Policy(), "version_unsupported"),   # 1.0 == 1, not an int
+    (lambda h: h.update(v=True), Policy(), "version_unsupported"),
     (lambda h: h.update(k="no_such_kind"), Policy(), "unknown_kind"),
     (lambda h: h.update(e="one"), Policy(), "malformed_header"),
     (lambda h: h.update(t="not a list"), Policy(), "malformed_header"),

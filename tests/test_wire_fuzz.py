@@ -262,7 +262,7 @@ def test_fuzz_decode_never_raises_and_stays_small() -> None:
     for deep in ("too_many_elements", "manifest_mismatch", "digest_mismatch", "bad_field", "bad_dtype",
                  "config_mismatch", "frame_too_large", "too_many_frames", "malformed_header",
                  "bad_signature", "replay", "old_epoch", "not_a_recipient", "wrong_role", "unknown_sender",
-                 "unknown_version", "unknown_kind", "accepted"):
+                 "version_unsupported", "unknown_kind", "accepted"):
         assert reasons[deep] > 0, f"no case reached {deep}: {dict(reasons)}"
 
 

@@ -1,7 +1,14 @@
-"""``hivemesh roster add|remove|show --roster FILE``: edit and print the membership list.
+"""``hivemesh roster add|remove|rotate|revoke|show --roster FILE``: edit and print the membership list.
 
 An edit of an existing roster is its next version (``version`` + 1), applied by every member
 from ``--effective-round`` on; running peers pick the file up without a restart.
+
+``rotate NAME --old-key OLD --new-key NEW --effective-round R`` hands a member's place to a new
+key pair from round R on, signed by the old key (so it needs the old key file, which only that
+member's operator holds); the old key is revoked. The member's peer finds the new key file
+beside its configured one (peer/files/keydir.py). ``revoke NAME`` removes a member and revokes
+its key: every peer refuses that key as soon as it reads the file, and leaves the member out of
+its graph from ``--effective-round`` on.
 """
 
 from __future__ import annotations
@@ -41,6 +48,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     remove.add_argument("name", help="member name")
     _effective_round(remove)
     remove.set_defaults(func=run_remove)
+
+    rotate = actions.add_parser(
+        "rotate", help="give a member a new key pair from a round on (signed by its old key)",
+        description="Replace a member's signing and CurveZMQ keys from --effective-round on. The old key "
+                    "signs the new keys, so give the old key file; the old key is revoked. Put the new key "
+                    "file beside the peer's configured key file: the peer signs with it from that round.")
+    rotate.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
+    rotate.add_argument("name", help="member name")
+    rotate.add_argument("--old-key", required=True, metavar="FILE", help="the member's current key file")
+    rotate.add_argument("--new-key", required=True, metavar="FILE",
+                        help="the new key file (`hivemesh keygen`)")
+    rotate.add_argument("--effective-round", type=int, required=True, metavar="ROUND",
+                        help="the first round signed with the new key: one every member has yet to reach")
+    rotate.set_defaults(func=run_rotate)
+
+    revoke = actions.add_parser(
+        "revoke", help="remove a member and refuse its key at once",
+        description="Remove a member and put its key on the revoked list: every peer refuses the key "
+                    "(counted as revoked_key) and its CurveZMQ key as soon as it reads the file.")
+    revoke.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
+    revoke.add_argument("name", help="member name")
+    _effective_round(revoke)
+    revoke.set_defaults(func=run_revoke)
 
     show = actions.add_parser("show", help="print the members")
     show.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
@@ -110,6 +140,50 @@ def run_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_rotate(args: argparse.Namespace) -> int:
+    from peer.files import roster_file
+    from protocols.identity import Identity
+    from protocols.roster import RosterError
+
+    roster = roster_file.read(args.roster)
+    member = roster.get(args.name)
+    if member is None:
+        listed = ", ".join(roster.names) or "none"
+        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    if args.effective_round < 1:
+        raise RosterError(f"--effective-round must be >= 1 (a round no member has reached), not "
+                          f"{args.effective_round}")
+    old, new = Identity.load(args.old_key), Identity.load(args.new_key)
+    if old.public_id != member.public_id:
+        raise RosterError(f"{args.old_key} (public id {old.public_id}) is not {args.name}'s key on "
+                          "the roster")
+    if roster.by_public_key(new.public_key) is not None or roster.is_revoked(new.public_key):
+        raise RosterError(f"{args.new_key}: this key is already on the roster (or revoked)")
+    rotated = roster.rotate(args.name, public_id=new.public_id, curve_key=new.curve_public_key,
+                            at_round=args.effective_round,
+                            signature=old.sign_rotation(args.name, new, args.effective_round))
+    edited = _revised(roster, rotated, args, new_file=False)
+    roster_file.write(args.roster, edited)
+    print(f"rotated {args.name}'s key to {new.public_id} from round {args.effective_round} in {args.roster} "
+          f"({_said(edited)}); put {args.new_key} beside the peer's configured key file")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from peer.files import roster_file
+    from protocols.roster import RosterError
+
+    roster = roster_file.read(args.roster)
+    if args.name not in roster:
+        listed = ", ".join(roster.names) or "none"
+        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    edited = _revised(roster, roster.revoke(args.name), args, new_file=False)
+    roster_file.write(args.roster, edited)
+    print(f"revoked {args.name} in {args.roster}: its key is refused by every peer that reads the file; "
+          f"{len(edited)} members ({_said(edited)})")
+    return 0
+
+
 def run_show(args: argparse.Namespace) -> int:
     from peer.files import roster_file
 
@@ -117,9 +191,12 @@ def run_show(args: argparse.Namespace) -> int:
     if not len(roster):
         print(f"{args.roster}: no members")
         return 0
-    print(f"{args.roster}: {_said(roster)}")
+    revoked = f", {len(roster.revoked)} key(s) revoked" if roster.revoked else ""
+    print(f"{args.roster}: {_said(roster)}{revoked}")
     rows = [("NAME", "ROLE", "ADDRESS", "CURVE", "PUBLIC ID")]
-    rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no", m.public_id) for m in roster]
+    rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no",
+              m.public_id + (f" (rotated at round {m.rotated_at_round})" if m.rotated_from else ""))
+             for m in roster]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])

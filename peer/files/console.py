@@ -32,8 +32,10 @@ from topology.errors import HivemeshError
 
 LOGGER = logging.getLogger("hivemesh")
 # the rejection reasons that mean a member is set up differently from us, not a transient fault:
-# each is said once per (reason, sender) on the console, since it will not heal by waiting
-MISMATCH_REASONS = frozenset({"config_mismatch", "unknown_sender", "wrong_role"})
+# each is said once per (reason, sender) on the console, since it will not heal by waiting (a revoked
+# key: an old member still running, or someone holding its key; a version: a member to upgrade)
+MISMATCH_REASONS = frozenset({"config_mismatch", "unknown_sender", "wrong_role", "revoked_key",
+                              "version_unsupported"})
 
 
 def iso_now() -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.files.config import ConfigError
+from peer.files.keydir import find_identity
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
@@ -89,9 +90,16 @@ def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
         raise ConfigError(f"{config.source}: key 'peer.name': {name!r} is not on the roster "
                           f"{config.roster_path}", key="peer.name")
     if member.public_id != identity.public_id:
-        raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
-                          f"{identity.public_id}) is not the key of {name!r} on the roster "
-                          f"{config.roster_path}", key="peer.key")
+        # rotated away (revoked, and the member's entry says it was rotated): the new key file is
+        # beside it (files/keydir.py); any other key is a configuration error, not looked past
+        rotated = None
+        if member.rotated_from and roster.is_revoked(identity.public_key):
+            rotated = find_identity(config.key_path, member.public_id)
+        if rotated is None:
+            raise ConfigError(f"{config.source}: key 'peer.key': {config.key_path} (public id "
+                              f"{identity.public_id}) is not the key of {name!r} on the roster "
+                              f"{config.roster_path}, nor is any key file beside it", key="peer.key")
+        identity = rotated
     if member.role not in GOSSIP_ROLES:
         raise ConfigError(f"{config.source}: key 'peer.name': {name!r} has role {member.role!r} on the "
                           "roster; `hivemesh peer` runs peers and gateways", key="peer.name")

@@ -91,6 +91,7 @@ from typing import Any
 import torch
 
 from peer.files.console import MismatchNotices, ensure_logging
+from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
@@ -103,6 +104,7 @@ from peer.runtime.testhooks import (
     Hooks,
     ScheduleFiles,
     hooks_from_environment,
+    protocol_version_from_environment,
     schedule_from_environment,
 )
 from peer.train.checkpoint import CheckpointSchedule
@@ -134,6 +136,7 @@ from protocols.node import (
 )
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, Stop
+from protocols.roster import Roster
 from protocols.wire import Opened, Rejection, wire_messages, wire_size
 from topology.errors import HivemeshError
 
@@ -175,9 +178,11 @@ class PeerDaemon:
 
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
                  hooks: Sequence[Hook] = (),
-                 schedule_for: Callable[[str], ScheduleFiles | None] | None = None) -> None:
+                 schedule_for: Callable[[str], ScheduleFiles | None] | None = None,
+                 protocol_version: int | None = None) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
-        ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name
+        ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name,
+        ``protocol_version``: the highest protocol version spoken, as by a member not yet upgraded
         (peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
@@ -202,6 +207,10 @@ class PeerDaemon:
                           policy=dataclasses.replace(policy, max_message_bytes=message_bytes,
                                                      max_elements=min(policy.max_elements, message_bytes)),
                           assembly=AssemblyConfig(max_in_flight_bytes=2 * message_bytes))
+        if protocol_version is not None:
+            low, _ = self.endpoint.policy.accepted_versions
+            self.endpoint.use(policy=dataclasses.replace(self.endpoint.policy,
+                                                         accepted_versions=(low, protocol_version)))
         self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
         self.schedule = CheckpointSchedule(config.checkpoint)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
@@ -693,6 +702,7 @@ class PeerDaemon:
         """The Node's new roster and neighbour set: verify against it, dial who is new, drop who left."""
         assert self.transport is not None
         roster = connect.roster
+        self._hold_own_key(roster)
         self.endpoint.set_roster(roster)
         curve = self.config.peer.curve
         for name in connect.neighbours:
@@ -705,6 +715,22 @@ class PeerDaemon:
                 self.transport.drop_neighbour(name)
         if curve:
             self.transport.allow(frozenset(k.encode() for k in roster.curve_allowlist()))
+
+    def _hold_own_key(self, roster: Roster) -> None:
+        """A rotation of our own key: the endpoint gets the new key file (beside the configured one,
+        peer/files/keydir.py) as soon as the roster names it; it signs with it once that roster is in
+        force. Not found: said at each roster change; the peer fails when the rotation's round comes."""
+        ours = [entry for entry in (*roster.members, *roster.also) if entry.name == self.name]
+        for entry in ours:
+            if entry.public_key in self.endpoint.identities:
+                continue
+            identity = find_identity(self.config.key_path, entry.public_id)
+            if identity is not None:
+                self.endpoint.add_identity(identity)
+                self.status.say(f"{self.name}: holds its rotated key {entry.public_id[:12]}...")
+            else:
+                self._warn(f"the roster gives {self.name} the key {entry.public_id}, but no key file beside "
+                           f"{self.config.key_path} holds it: put it there before the rotation's round")
 
     def _evaluate(self) -> None:
         if self._last_eval_step == self.trainer.step:
@@ -857,7 +883,8 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
         if quiet:
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment(),
-                          schedule_for=schedule_from_environment).run()
+                          schedule_for=schedule_from_environment,
+                          protocol_version=protocol_version_from_environment()).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -24,7 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, SCHEDULE_VARIABLE, Hook, hooks_json
+from peer.runtime.testhooks import (
+    ENVIRONMENT_VARIABLE,
+    PROTOCOL_VARIABLE,
+    SCHEDULE_VARIABLE,
+    Hook,
+    hooks_json,
+)
 
 PRELOAD = ["torch", "sklearn.datasets", "peer.runtime.daemon", "peer.train.trainer", "peer.train.tasks",
            "peer.train.tasks.digits", "peer.train.partition", "protocols.wire", "protocols.gossip"]
@@ -42,7 +48,7 @@ def context() -> multiprocessing.context.ForkServerContext:
 
 
 def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.socket | None,
-               hooks: str, schedule: str) -> None:
+               hooks: str, schedule: str, protocol_version: int | None = None) -> None:
     with open(log_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -56,6 +62,8 @@ def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.so
     os.environ[ENVIRONMENT_VARIABLE] = hooks
     if schedule:
         os.environ[SCHEDULE_VARIABLE] = schedule
+    if protocol_version is not None:
+        os.environ[PROTOCOL_VARIABLE] = str(protocol_version)
     listen_fd = listener.detach() if listener is not None else None
     code = run_peer(config_path, quiet=quiet, listen_fd=listen_fd)
     sys.stdout.flush()
@@ -83,14 +91,16 @@ class PeerProcesses:
         data_dir.mkdir(parents=True, exist_ok=True)
         return data_dir / "peer.log"
 
-    def start(self, name: str, hooks: Sequence[Hook] = ()) -> None:
-        """Start (or restart) peer ``name``, with test ``hooks`` for this run of it."""
+    def start(self, name: str, hooks: Sequence[Hook] = (), *, protocol_version: int | None = None) -> None:
+        """Start (or restart) peer ``name``, with test ``hooks`` for this run of it (``protocol_version``:
+        the highest it speaks, as a member not yet upgraded)."""
         old = self.processes.get(name)
         if old is not None and old.is_alive():
             raise RuntimeError(f"peer {name} is already running")
         process = context().Process(target=_peer_main, name=f"hivemesh-{name}",
                                     args=(str(self.configs[name]), str(self.log_path(name)), self.quiet,
-                                          self.listeners.get(name), hooks_json(hooks), self.schedule))
+                                          self.listeners.get(name), hooks_json(hooks), self.schedule,
+                                          protocol_version))
         process.start()
         self.processes[name] = process
 

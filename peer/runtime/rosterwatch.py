@@ -1,6 +1,6 @@
 """The daemon's eye on its roster file: a new version is picked up while the peer runs.
 
-``hivemesh roster add|remove --effective-round R`` rewrites the roster file
+``hivemesh roster add|remove|rotate|revoke --effective-round R`` rewrites the roster file
 (atomically) with the next version. The daemon asks :meth:`RosterWatch.poll`
 in its periodic pass; when the file's modification time changed it is read
 again, and a later version is handed to the Node (protocols/node/membership.py),
@@ -66,4 +66,4 @@ class RosterWatch:
             return None     # rewritten unchanged
         return Unusable(f"roster file {self.path} changed but holds version {roster.version}, not later than "
                         f"ours ({self.roster.version}): ignored (an edit is a new version: `hivemesh roster "
-                        "add|remove --effective-round ROUND`)")
+                        "add|remove|rotate|revoke`)")

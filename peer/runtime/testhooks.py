@@ -43,6 +43,7 @@ from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
 from topology.errors import HivemeshError
 
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
+PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this
 SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
 ACTIONS = ("hold", "kill", "stop", "cut")
 
@@ -87,6 +88,18 @@ def hooks_json(hooks: Sequence[Hook]) -> str:
 def hooks_from_environment() -> tuple[Hook, ...]:
     text = os.environ.get(ENVIRONMENT_VARIABLE, "")
     return parse_hooks(text) if text else ()
+
+
+def protocol_version_from_environment() -> int | None:
+    """The highest protocol version this peer may accept and speak (``HIVEMESH_TEST_PROTOCOL_VERSION``),
+    so a test runs a member one version behind beside current ones; None: all this code speaks."""
+    text = os.environ.get(PROTOCOL_VARIABLE, "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise HivemeshError(f"{PROTOCOL_VARIABLE}: {text!r} is not an integer") from None
 
 
 class Hooks:

@@ -47,7 +47,7 @@ def message_bytes(
         payload += nbytes
         frames += count
     header = msgpack.packb({
-        "v": PROTOCOL_VERSION, "k": message.KIND, "s": sender_key,
+        "v": PROTOCOL_VERSION, "va": PROTOCOL_VERSION, "k": message.KIND, "s": sender_key,
         "r": [b"\x00" * KEY_BYTES] * recipients, "run": b"\x00" * run_id_bytes, "e": epoch, "q": seq,
         "f": scalars, "m": meta, "t": manifest, "d": [b"\x00" * DIGEST_BYTES] * frames,
     }, use_bin_type=True)

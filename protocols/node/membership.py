@@ -27,6 +27,26 @@ refused only for the rounds from ``effective_round`` on, where the two would mix
 with different neighbour sets. What the Node sends is stamped the same way
 (:meth:`Membership.stamp`). Pure: no files, no clocks.
 
+Keys change the same way (protocols/roster.py): which keys a member accepts
+while two versions are in use is :meth:`Membership.either`'s table:
+
+====================================  ===============================================
+a member in the two versions          accepted until our round reaches the change
+====================================  ===============================================
+same key in both                      that key
+rotated (the new entry's              both keys; the old one is the member's entry (we
+``rotated_from`` is the old key)      still address and dial it by that), from the
+                                      change's round on only the new one
+only in the previous version, its     neither: refused at once (``revoked_key``), and
+key revoked in the current one        its CurveZMQ key leaves the allowlist at once
+only in the previous version          its key, until the change's round
+====================================  ===============================================
+
+A key that changed without a rotation signed by the old key is no new
+version at all (:meth:`Membership.changed_to` refuses it). So "from round R on
+only the new key" holds where the receiver is: it stops accepting the old key
+when its own round reaches R, as it switches neighbour sets.
+
 Not handled yet: a member that (re)starts with the new roster before its
 effective round knows the previous version's number but not its members, so it
 mixes by the new graph for those rounds (a joiner is unaffected: it
@@ -42,6 +62,10 @@ from protocols.messages import Message, ParamPull, ParamPush, StateSyncResponse
 from protocols.roster import Roster
 
 ROUND_BEARING = (ParamPush, ParamPull, StateSyncResponse)  # the messages that carry a roster_version
+
+
+class UnsignedKeyChange(ValueError):
+    """A later roster that gives a member another key without its old key's signature: not taken."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,12 @@ class Membership:
         """The membership once ``roster`` (a later version) is learnt."""
         if roster.version <= self.current.version:
             raise ValueError(f"roster version {roster.version} is not newer than {self.current.version}")
+        for member in roster:
+            before = self.current.get(member.name)
+            if before is not None and before.public_id != member.public_id and \
+                    member.rotated_from != before.public_id:
+                raise UnsignedKeyChange(f"roster version {roster.version} gives {member.name} another key "
+                                        "without a rotation signed by its old one (`hivemesh roster rotate`)")
         return Membership(current=roster, previous=self.current)
 
     def in_force(self, round_index: int) -> bool:
@@ -82,13 +112,24 @@ class Membership:
         return Membership(current=self.current)
 
     def either(self) -> Roster:
-        """Every member of the previous and the current version (the current's entry where a name is
-        in both): whom the endpoint accepts while both versions are in use."""
+        """Whom the endpoint accepts while both versions are in use (the table above): every member of
+        the previous and the current version but one whose key the current revoked; the current's
+        entry where a name is in both, but a rotated member's old entry with its new key beside."""
         if self.previous is None:
             return self.current
-        members = {member.name: member for member in self.previous}
-        members.update({member.name: member for member in self.current})
-        return dataclasses.replace(self.current, members=tuple(members.values()))
+        current = self.current
+        members = {member.name: member for member in self.previous
+                   if not current.is_revoked(member.public_key) or member.name in current}
+        rotated = []
+        for member in current:
+            before = members.get(member.name)
+            if before is not None and before.public_key != member.public_key:
+                rotated.append(member)
+            else:
+                members[member.name] = member
+        kept = {member.public_id for member in members.values()}
+        return dataclasses.replace(current, members=tuple(members.values()), also=tuple(rotated),
+                                   revoked=tuple(pid for pid in current.revoked if pid not in kept))
 
     def describe(self) -> str:
         """``roster version 3 (adds p04, removes p02) takes effect at round 120``."""

@@ -20,7 +20,8 @@ a roster version not ours   counted ``roster_version_mismatch``, said once per s
 for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 ``Heartbeat``               its step and "finished" flag are noted (from a non-neighbour:
-                            counted ``heartbeat_not_neighbour``)
+                            counted ``heartbeat_not_neighbour``); a later roster version
+                            than ours is said once per neighbour
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
@@ -48,7 +49,11 @@ Membership (protocols/node/membership.py): a driver hands a later roster version
 to :meth:`Node.change_membership`; the machine reads the old graph before its
 ``effective_round`` and the new one from it, new neighbours are known at once,
 removed ones forgotten at that round (a removed member leaves: ``Finished``), and
-``Connect`` tells the driver whom to verify and exchange with.
+``Connect`` tells the driver whom to verify and exchange with. A member whose key
+the new version revokes is forgotten at once, not at the round: never sent to,
+waited for (``NeighbourDown``) or verified again; a member that reads its own
+revocation leaves at once. A version that gives a member another key without
+the old key's signature is not taken (``roster_key_change_unsigned``).
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
@@ -86,7 +91,7 @@ from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest,
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
-from protocols.node.membership import Connect, Membership
+from protocols.node.membership import Connect, Membership, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
@@ -143,6 +148,10 @@ class Node(Generic[N]):
         self.graph: RoundGraph | None = None      # the machine's graph, for a change to build on
         self.left = False                          # removed from the roster: it takes no part any more
         self._version_said: set[tuple[str, int]] = set()  # (sender, their version) already named
+        # neighbours that told of a later roster than ours, cleared when ours changes: bounded by the
+        # neighbours whatever they send
+        self._behind_said: set[str] = set()
+        self._revoked: frozenset[str] = frozenset()  # members whose key the roster revoked: never sent to
         self.next_beat_s = -math.inf  # when the next heartbeat is due
 
     # ------------------------------------------------------------ lifecycle
@@ -225,7 +234,8 @@ class Node(Generic[N]):
 
     def heartbeat(self, *, step: int, loss: float, stamp_s: float = 0.0) -> Heartbeat:
         """What our heartbeat says now (the daemon also sends one to try a connection)."""
-        return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished)
+        return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished,
+                         roster_version=self.membership.current.version)
 
     def start_wait(self, *, waited_s: float, resumed: bool, ahead_steps: float,
                    all_reachable: bool = True, later: frozenset[str] = frozenset()) -> Wait:
@@ -275,6 +285,7 @@ class Node(Generic[N]):
                 self.rejected["heartbeat_not_neighbour"] += 1
             case Heartbeat():
                 self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
+                actions += self._roster_behind(sender, message.roster_version)
             case StateSyncRequest():
                 actions += self._answer(sender, now)
             case StateSyncResponse():
@@ -338,16 +349,17 @@ class Node(Generic[N]):
         if not self.syncing or sender in self._answered:
             self.rejected["sync_answer_late"] += 1
             return []
+        if sender not in self._asked:
+            # nobody asked it in this attempt: a refusal is one for an earlier attempt; an answer
+            # is dropped unread, since an unasked offer must not sway the choice of the best one
+            self.rejected["sync_answer_late" if message is None else "sync_answer_unasked"] += 1
+            return []
         if message is None:
             offer: SyncOffer | BadParts = BadParts("refused", "not started, or asked too often")
-            if sender not in self._asked:
-                self.rejected["sync_answer_late"] += 1
-                return []
         else:
             offer = self.sync.check(sender, message, self.machine)
         notes: list[NodeAction] = []
-        if sender in self._asked:
-            self._answered.add(sender)
+        self._answered.add(sender)
         if isinstance(offer, SyncOffer):
             self._offers[sender] = offer
         elif message is not None:
@@ -443,6 +455,9 @@ class Node(Generic[N]):
             raise ValueError("change_membership needs set_membership first")
         try:
             membership = self.membership.changed_to(roster)
+        except UnsignedKeyChange as error:
+            self.rejected["roster_key_change_unsigned"] += 1
+            return [Note(f"{error}: ignored", warning=True)]
         except ValueError as error:
             self.rejected["roster_not_newer"] += 1
             return [Note(f"{error}: ignored", warning=True)]
@@ -454,6 +469,7 @@ class Node(Generic[N]):
             return [Note(f"{membership.describe()}: not applied: {error}", warning=True)]
         old_version = self.membership.current.version
         self.membership, self.graph = membership, view
+        self._behind_said.clear()
         actions: list[NodeAction] = [Note(membership.describe())]
         round_now = self.machine.position[0]
         if self.started and round_now > roster.effective_round:
@@ -461,13 +477,23 @@ class Node(Generic[N]):
                                 f"effective round {roster.effective_round}: rounds {roster.effective_round}"
                                 f"-{round_now - 1} went by version {old_version} here "
                                 f"(members already on version {roster.version} refused them)", warning=True))
-        names = view.neighbours(self.name)
+        accepted = membership.either()   # a revoked member is refused at once: no longer dialled either
+        if self.name not in accepted:
+            return actions + self._leave(f"our key was revoked at roster version {roster.version}: leaving "
+                                         "the run", membership.previous or membership.current)
+        # a revoked neighbour is gone at once: not heard, not sent to, not waited for
+        before = membership.previous or membership.current
+        self._revoked = frozenset(name for name in before.names if name not in accepted)
+        revoked = [name for name in self.neighbourhood.names() if name in self._revoked]
+        for name in revoked:
+            self.neighbourhood.forget(name)
+        names = tuple(name for name in view.neighbours(self.name) if name not in self._revoked)
         added = [name for name in names if self.neighbourhood.join(name, make_neighbour())]
         self._follow(names)
-        actions.append(Connect(membership.either(), names))
+        actions.append(Connect(accepted, names))
         if self._live():
-            for name in added:  # not waited for until heard (NeighbourUp), like a neighbour absent at Start
-                actions += self._machine(NeighbourDown(name), now)
+            for name in [*revoked, *added]:  # added: not waited for until heard (NeighbourUp), like a
+                actions += self._machine(NeighbourDown(name), now)     # neighbour absent at Start
         return actions + self._settle(now)
 
     def _settle(self, now: float) -> list[NodeAction]:
@@ -481,14 +507,8 @@ class Node(Generic[N]):
         self.membership = membership.settled()
         roster = membership.current
         if self.name not in roster:    # we were removed: no neighbour any more, and done
-            self.left = self.finished = True
-            self.early.clear()
-            for name in self.neighbourhood.names():
-                self.neighbourhood.forget(name)
-            self._follow(())
-            return [Note(f"removed from the roster at version {roster.version} (round "
-                         f"{roster.effective_round}): leaving the run"),
-                    Connect(membership.previous, ()), Finished()]
+            return self._leave(f"removed from the roster at version {roster.version} (round "
+                               f"{roster.effective_round}): leaving the run", membership.previous)
         keep = graph.neighbours_from(self.name)
         for name in self.neighbourhood.names():
             if name not in keep:
@@ -498,15 +518,42 @@ class Node(Generic[N]):
                 Note(f"roster version {roster.version} in effect from round {roster.effective_round} "
                      f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}")]
 
+    def _leave(self, why: str, roster: Roster) -> list[NodeAction]:
+        """No neighbour any more, and done (``roster``: what the endpoint verifies against meanwhile)."""
+        self.left = self.finished = True
+        self.early.clear()
+        for name in self.neighbourhood.names():
+            self.neighbourhood.forget(name)
+        self._follow(())
+        return [Note(why), Connect(roster, ()), Finished()]
+
     def _follow(self, names: Sequence[str]) -> None:
         """State sync and early messages take these neighbours from now on."""
         self.sync.neighbours = frozenset(names)
         self.early.neighbours = frozenset(names)
 
     def _stamped(self, actions: Sequence[Action]) -> list[Action]:
-        """Our roster version for its round on every round-bearing message we send."""
-        return [Send(a.recipients, self.membership.stamp(a.message)) if isinstance(a, Send) else a
-                for a in actions]
+        """Our roster version for its round on every round-bearing message we send (to no member
+        whose key is revoked, though the machine's graph still has it until the change's round)."""
+        stamped: list[Action] = []
+        for action in actions:
+            if isinstance(action, Send):
+                recipients = tuple(name for name in action.recipients if name not in self._revoked)
+                if recipients:
+                    stamped.append(Send(recipients, self.membership.stamp(action.message)))
+            else:
+                stamped.append(action)
+        return stamped
+
+    def _roster_behind(self, sender: str, theirs: int) -> list[NodeAction]:
+        """Said once per neighbour and our version: it knows a later roster than ours (a key rotated or
+        revoked there is accepted here until our roster file says so too)."""
+        if theirs <= self.membership.current.version or sender in self._behind_said:
+            return []
+        self._behind_said.add(sender)
+        ours = self.membership.current.version
+        return [Note(f"{sender} holds roster version {theirs}, {self.name} {ours}: is this member's roster "
+                     "file up to date?", warning=True)]
 
     def _refuse_version(self, sender: str, message: Message) -> list[NodeAction] | None:
         """None to go on; else the refusal (counted) of a message we must not take: we left the run,

@@ -1,0 +1,81 @@
+"""Federated learning as pure Roles (the sans-IO contract of shared/DESIGN.md).
+
+A gateway's Node hosts a server beside its gossip machine; an edge client's
+Node hosts a :class:`FedAvgClient`. Both update a flat parameter vector the
+driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
+``RoundResult`` (protocols/messages.py).
+
+- :func:`make_server`: the server of ``config.mode``, :class:`FedAvgServer`
+  (synchronous rounds: sampling, over-selection, deadlines, reports) or
+  :class:`FedBuffServer` (asynchronous, buffered, staleness-weighted).
+- :class:`FedAvgClient`: trains when asked, uploads its delta compressed with
+  error feedback.
+- ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
+  ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
+
+What a driver does with them (the gateway and ``hivemesh edge`` are not wired yet):
+
+- gateway: ``make_server(config, name=..., params=<the flat global model>, clients=<the
+  roster's edge members>)`` as a Node role (``roles={"fedavg": server}``); the Node routes
+  ``ClientUpdate`` to it and its prefixed timers back. A client that connects or leaves is
+  ``register(name, now)`` / ``unregister(name)`` (or ``NeighbourUp`` / ``NeighbourDown``).
+  ``reports`` (per round), ``status()``, ``counters`` and ``last_contact_s`` feed the
+  status; ``export_state`` / ``restore_state`` a checkpoint. Gossip between rounds:
+  ``pause_between_rounds=True``, then ``resume(now)`` after the gossip rounds.
+- edge: ``FedAvgClient(config, name=..., server=..., params=trainer.mixed,
+  num_samples=len(shard), steps_per_epoch=trainer.steps_per_epoch)``; ``StartWork(n)`` is
+  ``trainer.run_steps(n)`` then ``WorkDone``; with ``client.prox_mu > 0`` the trainer adds
+  ``proximal_gradient(params, client.anchor, client.prox_mu)`` to its gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from protocols.federation.client import ClientPhase, FedAvgClient
+from protocols.federation.config import AGGREGATORS, FederationConfig
+from protocols.federation.fedbuff import BufferReport, BuffPhase, FedBuffServer, staleness_weight
+from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase
+from protocols.federation.server_opt import (
+    SERVER_OPTIMIZERS,
+    ServerOptConfig,
+    proximal_gradient,
+    proximal_loss,
+    server_step,
+)
+
+__all__ = [
+    "AGGREGATORS",
+    "SERVER_OPTIMIZERS",
+    "BuffPhase",
+    "BufferReport",
+    "ClientPhase",
+    "FedAvgClient",
+    "FedAvgServer",
+    "FedBuffServer",
+    "FederationConfig",
+    "RoundReport",
+    "ServerOptConfig",
+    "ServerPhase",
+    "make_server",
+    "proximal_gradient",
+    "proximal_loss",
+    "server_step",
+    "staleness_weight",
+]
+
+
+def make_server(config: FederationConfig, *, name: str, params: torch.Tensor, clients: Sequence[str] = (),
+                pause_between_rounds: bool = False,
+                shapes: Sequence[tuple[int, ...]] | None = None) -> FedAvgServer | FedBuffServer:
+    """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place.
+
+    ``pause_between_rounds`` (sync only: FedBuff has no rounds to pause between)."""
+    if config.mode == "fedbuff":
+        if pause_between_rounds:
+            raise ValueError("federation mode 'fedbuff' has no rounds to pause between")
+        return FedBuffServer(config, name=name, params=params, clients=clients, shapes=shapes)
+    return FedAvgServer(config, name=name, params=params, clients=clients,
+                        pause_between_rounds=pause_between_rounds, shapes=shapes)

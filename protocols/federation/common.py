@@ -1,0 +1,90 @@
+"""What both servers (synchronous FedAvg and FedBuff) share: who is asked, how updates combine,
+how counters become metrics, and the RoundResult that ends a federation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+
+from protocols.events import Action, Event, Metric, Send
+from protocols.federation import aggregate
+from protocols.federation.config import FederationConfig
+from protocols.gossip.payload import Payload
+from protocols.messages import RoundResult, Scalar
+from protocols.rng import derive_seed
+
+
+def sample(seed: int, draw: int, names: Iterable[str], count: int,
+           purpose: str = "fed-sample") -> tuple[str, ...]:
+    """``count`` of ``names`` chosen by a counter-based draw keyed by (seed, name, draw), sorted.
+
+    Each name's score depends on the key alone (a rendezvous draw), never on the order the
+    names were registered in, so both drivers ask the same clients; a client that registers
+    or leaves changes the choice only where it would have been chosen itself."""
+    ranked = sorted(set(names), key=lambda name: (derive_seed(seed, name, draw, purpose), name))
+    return tuple(sorted(ranked[:max(0, count)]))
+
+
+def combine(config: FederationConfig, updates: Mapping[str, tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The configured aggregate of ``{client: (delta, num_samples)}``, taken in client-name order
+    (so ties and float sums do not depend on arrival order); norm clipping first when set."""
+    names = sorted(updates)
+    deltas = [updates[name][0] for name in names]
+    if config.clip_norm > 0:
+        deltas = aggregate.clip_norms(deltas, config.clip_norm)
+    match config.aggregator:
+        case "fedavg":
+            return aggregate.fedavg(deltas, [aggregate.cap_samples(updates[n][1], config.max_samples)
+                                             for n in names])
+        case "mean":
+            return aggregate.mean(deltas)
+        case "median":
+            return aggregate.median(deltas)
+        case "trimmed_mean":
+            return aggregate.trimmed_mean(deltas, config.trim_beta)
+        case "krum":
+            return aggregate.krum(deltas, config.byzantine)
+        case _:
+            selected = config.krum_selected or len(deltas) - config.byzantine
+            return aggregate.multi_krum(deltas, config.byzantine, selected)
+
+
+def payload(spec: str, params: torch.Tensor, *, seed: int, name: str,
+            shapes: Sequence[tuple[int, ...]] | None) -> Payload:
+    """The encoder/decoder of ``spec`` for vectors shaped like ``params`` (the gossip machines' own)."""
+    return Payload(spec, numel=params.numel(), dtype=params.dtype, seed=seed, name=name,
+                   device=params.device, shapes=shapes)
+
+
+class Counted:
+    """Counters by reason, reported as ``Metric`` actions (running totals) when they change."""
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Feed one event; the actions to carry out, in order (changed counters last)."""
+        before = dict(self.counters)
+        actions = self._dispatch(event, now)
+        for key in sorted(self.counters):
+            if self.counters[key] != before.get(key, 0):
+                actions.append(Metric(key, float(self.counters[key])))
+        return actions
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        raise NotImplementedError
+
+    def _refuse(self, reason: str) -> None:
+        self.counters["refused_update"] += 1
+        self.counters[f"refused_{reason}"] += 1
+
+
+def final_result(version: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar],
+                 clients: Sequence[str]) -> list[Action]:
+    """The federation is over: every registered client gets the final global model."""
+    if not clients:
+        return []
+    return [Send(tuple(sorted(clients)), RoundResult(round=version, tensors=dict(tensors), meta=dict(meta)))]

@@ -1,0 +1,111 @@
+"""One federation's settings, shared by its server and its clients (part of the run id, so a
+client with other settings is refused before it ever sends an update).
+
+Defaults carry their unit and their reason; ``__post_init__`` names the key that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from protocols.compress import SpecError, from_spec
+from protocols.federation.server_opt import ServerOptConfig
+
+Aggregator = Literal["fedavg", "mean", "median", "trimmed_mean", "krum", "multi_krum"]
+AGGREGATORS: tuple[str, ...] = ("fedavg", "mean", "median", "trimmed_mean", "krum", "multi_krum")
+Mode = Literal["sync", "fedbuff"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederationConfig:
+    """How a server runs its rounds and how its clients train and upload."""
+
+    mode: Mode = "sync"  # sync: FedAvg rounds; fedbuff: aggregate every buffer_size updates (asynchronous)
+    rounds: int = 30  # sync: rounds to run; fedbuff: server model versions (aggregations) to make
+    # --- sampling (sync) and concurrency (fedbuff)
+    fraction: float = 0.1  # share of the registered clients asked each round (McMahan et al.'s C)
+    min_clients: int = 2  # at least this many per round, and no round opens with fewer registered
+    min_registered: int = 0  # no round opens before this many clients registered (0: min_clients)
+    over_selection: float = 0.0  # ask ceil(m (1 + this)), take the first m (Bonawitz et al. 2019: 0.3)
+    round_timeout_s: float = 60.0  # a round closes at this deadline with whatever answered (s)
+    min_updates: int = 1  # a round closed with fewer accepted updates leaves the model unchanged
+    # --- local work, sent in RoundStart: exactly one of the two is > 0
+    local_epochs: int = 1  # epochs over the client's own data per round
+    local_steps: int = 0  # or this many optimiser steps (0: use local_epochs)
+    prox_mu: float = 0.0  # FedProx's proximal weight mu (Li et al. 2020); 0 = plain FedAvg
+    # --- aggregation
+    aggregator: Aggregator = "fedavg"  # fedavg weighs by (capped) num_samples; the others ignore it
+    max_samples: int = 0  # cap on a client's claimed num_samples (0: none); set it when clients are untrusted
+    trim_beta: float = 0.2  # trimmed_mean: share dropped on each side, per coordinate
+    byzantine: int = 0  # krum / multi_krum: clients assumed hostile (f)
+    krum_selected: int = 0  # multi_krum: updates averaged (0: n - byzantine)
+    clip_norm: float = 0.0  # clip each update to this L2 norm before aggregating (0: off)
+    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
+    # --- FedBuff (Nguyen et al. 2022)
+    buffer_size: int = 5  # K: the server aggregates every K accepted updates
+    concurrency: int = 10  # clients training at once
+    max_staleness: int = 10  # updates more server versions behind than this are refused
+    staleness_exponent: float = 0.5  # weight (1 + s)^-this for s versions old (0.5: 1/sqrt)
+    # --- payloads
+    uplink: str = "qsgd:bits=8"  # a protocols/compress spec; clients keep error feedback across rounds
+    downlink: str = "identity"  # the global model as sent; lossy specs change what clients start from
+    seed: int = 0  # the root of every draw (sampling, stochastic rounding)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "fedbuff"):
+            raise ValueError(f"federation.mode must be sync or fedbuff, not {self.mode!r}")
+        _at_least("rounds", self.rounds, 1)
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"federation.fraction must be in (0, 1], not {self.fraction}")
+        _at_least("min_clients", self.min_clients, 1)
+        _at_least("min_registered", self.min_registered, 0)
+        if not 0.0 <= self.over_selection <= 10.0:
+            raise ValueError(f"federation.over_selection must be in [0, 10], not {self.over_selection}")
+        if not (self.round_timeout_s > 0 and math.isfinite(self.round_timeout_s)):
+            raise ValueError(f"federation.round_timeout_s must be > 0, not {self.round_timeout_s}")
+        _at_least("min_updates", self.min_updates, 1)
+        if self.local_epochs < 0 or self.local_steps < 0 or (self.local_epochs > 0) == (self.local_steps > 0):
+            raise ValueError("federation: exactly one of local_epochs and local_steps must be > 0 "
+                             f"(got {self.local_epochs}, {self.local_steps})")
+        if self.prox_mu < 0:
+            raise ValueError(f"federation.prox_mu must be >= 0, not {self.prox_mu}")
+        if self.aggregator not in AGGREGATORS:
+            raise ValueError(f"federation.aggregator must be one of {', '.join(AGGREGATORS)}, "
+                             f"not {self.aggregator!r}")
+        _at_least("max_samples", self.max_samples, 0)
+        if not 0.0 <= self.trim_beta < 0.5:
+            raise ValueError(f"federation.trim_beta must be in [0, 0.5), not {self.trim_beta}")
+        _at_least("byzantine", self.byzantine, 0)
+        _at_least("krum_selected", self.krum_selected, 0)
+        if self.clip_norm < 0:
+            raise ValueError(f"federation.clip_norm must be >= 0 (0 = off), not {self.clip_norm}")
+        _at_least("buffer_size", self.buffer_size, 1)
+        _at_least("concurrency", self.concurrency, 1)
+        _at_least("max_staleness", self.max_staleness, 0)
+        if self.staleness_exponent < 0:
+            raise ValueError(f"federation.staleness_exponent must be >= 0, not {self.staleness_exponent}")
+        for key in ("uplink", "downlink"):
+            try:
+                from_spec(getattr(self, key))
+            except SpecError as error:
+                raise ValueError(f"federation.{key}: {error}") from None
+
+    def clients_per_round(self, registered: int) -> int:
+        """m: the updates a round takes, ``max(min_clients, ceil(fraction * registered))``, at most all."""
+        return min(registered, max(self.min_clients, math.ceil(self.fraction * registered - 1e-9)))
+
+    def asked_per_round(self, registered: int) -> int:
+        """n >= m: the clients a round asks, ``ceil(m * (1 + over_selection))``, at most all."""
+        wanted = self.clients_per_round(registered)
+        return min(registered, math.ceil(wanted * (1.0 + self.over_selection) - 1e-9))
+
+    def local_work(self) -> dict[str, int | float]:
+        """What RoundStart's meta says about the local work (the client turns epochs into steps)."""
+        return {"local_epochs": self.local_epochs, "local_steps": self.local_steps, "prox_mu": self.prox_mu}
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"federation.{key} must be an integer >= {low}, not {value!r}")

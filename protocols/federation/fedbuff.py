@@ -1,0 +1,302 @@
+"""Asynchronous FedBuff (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous
+Aggregation") as a pure Role: no rounds to wait for, a model version every K updates.
+
+The server keeps ``concurrency`` clients training at once. Each is sent the
+current global model in a ``RoundStart`` whose ``round`` is the model's
+*version* (how many aggregations made it), and answers with a ``ClientUpdate``
+for that version. An update ``s = version_now - version_sent`` versions old is
+weighed ``(1 + s)^-staleness_exponent`` (1/sqrt(1 + s) by default) and
+buffered; at ``buffer_size`` (K) buffered updates the server aggregates them
+(common.combine over the weighted deltas: with FedAvg and equal sample counts,
+Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``), steps its optimiser, and the
+version advances. A client whose update arrived (taken or refused) is free,
+and the server asks a free client (a counter-based draw keyed by (seed,
+client, dispatch number)) so ``concurrency`` keep training. A slow client
+therefore never holds up the others: its update counts, less, when it comes.
+
+What a ``ClientUpdate`` meets (counted ``refused_<reason>``):
+
+===============================================  =======================
+update                                           verdict
+===============================================  =======================
+after the federation finished                    ``after_finish``
+from a client whose dispatch timed out           ``late``
+from a client not training for us                ``not_sampled``
+for another version than the one it was sent     ``wrong_round``
+more than ``max_staleness`` versions old         ``stale``
+malformed, not finite, num_samples < 1           ``bad_update``, ``bad_num_samples``
+otherwise                                        buffered (``updates_taken``)
+===============================================  =======================
+
+A dispatch not answered within ``round_timeout_s`` is given up (``missing``) and
+another client is asked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+from protocols.compress import BadParts
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    ProtocolState,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    TimerFired,
+)
+from protocols.federation.common import Counted, combine, final_result, payload, sample
+from protocols.federation.config import FederationConfig
+from protocols.federation.server_opt import OptState, server_step
+from protocols.messages import ClientUpdate, Message, RoundStart, Scalar
+
+
+def staleness_weight(staleness: int, exponent: float) -> float:
+    """``(1 + s)^-exponent``: Nguyen et al. 2022's polynomial staleness discount (0.5: 1/sqrt(1 + s))."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, not {staleness}")
+    return float((1.0 + staleness) ** -exponent)
+
+
+class BuffPhase(Enum):
+    IDLE = "idle"  # before Start
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class BufferReport:
+    """One aggregation: which updates made version ``version`` and how stale each was."""
+
+    version: int  # the version the aggregation produced
+    at_s: float
+    contributors: tuple[str, ...]  # in buffer order (a client may appear twice)
+    staleness: tuple[int, ...]
+    weights: tuple[float, ...]
+    update_norm: float
+
+
+@dataclass(frozen=True)
+class _Dispatch:
+    version: int
+    number: int  # the dispatch's sequence number: its timer key, so a stale timer is recognised
+
+
+class FedBuffServer(Counted):
+    """The FedBuff server for clients ``clients`` (roster names; more may ``register``)."""
+
+    ACCEPTS: frozenset[type[Message]] = frozenset({ClientUpdate})
+
+    def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
+                 clients: Sequence[str] = (), shapes: Sequence[tuple[int, ...]] | None = None) -> None:
+        super().__init__()
+        if config.mode != "fedbuff":
+            raise ValueError(f"FedBuffServer runs mode 'fedbuff', not {config.mode!r} (use FedAvgServer)")
+        if params.dim() != 1 or not params.is_floating_point():
+            raise ValueError(f"params must be a flat 1-D float tensor, got {tuple(params.shape)}")
+        self.config = config
+        self.name = name
+        self.params = params
+        self.registered: set[str] = set(clients)
+        self.uplink = payload(config.uplink, params, seed=config.seed, name=name, shapes=shapes)
+        self.downlink = payload(config.downlink, params, seed=config.seed, name=name, shapes=shapes)
+        self.opt_state: OptState = {}
+        self.phase = BuffPhase.IDLE
+        self.version = 0
+        self.dispatches = 0
+        self.busy: dict[str, _Dispatch] = {}
+        self.expired: dict[str, int] = {}  # client -> the version of its dispatch that timed out
+        self.buffer: list[tuple[str, torch.Tensor, int, int]] = []  # (client, delta, num_samples, staleness)
+        self.reports: dict[int, BufferReport] = {}
+        self.last_contact_s: dict[str, float] = {}
+        self._sent: tuple[int, dict[str, torch.Tensor], dict[str, Scalar]] | None = None
+
+    @property
+    def accepts(self) -> frozenset[type[Message]]:
+        return self.ACCEPTS
+
+    @property
+    def round(self) -> int:
+        """The current model version (what a status shows as the round)."""
+        return self.version
+
+    # ------------------------------------------------------------ membership
+
+    def register(self, client: str, now: float) -> list[Action]:
+        self.registered.add(client)
+        return self._fill(now) if self.phase is BuffPhase.RUNNING else []
+
+    def unregister(self, client: str) -> None:
+        """Not asked again; a dispatch it holds runs out at its deadline."""
+        self.registered.discard(client)
+
+    def status(self) -> dict[str, Any]:
+        """What a gateway's status shows now (JSON-able); finished aggregations are in ``reports``."""
+        return {"mode": "fedbuff", "phase": self.phase.value, "round": self.version,
+                "registered": sorted(self.registered),
+                "training": {c: d.version for c, d in sorted(self.busy.items())},
+                "buffered": len(self.buffer), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+
+    # ------------------------------------------------------------ events
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        match event:
+            case Start() if self.phase is BuffPhase.IDLE:
+                self.phase = BuffPhase.RUNNING
+                return self._fill(now)
+            case Received(sender=sender, message=ClientUpdate() as update):
+                self.last_contact_s[sender] = now
+                return self._update(sender, update, now)
+            case TimerFired(key=key):
+                return self._timeout(key, now)
+            case NeighbourUp(name=client):
+                return self.register(client, now)
+            case NeighbourDown(name=client):
+                self.unregister(client)
+                return []
+            case _:
+                return []
+
+    def _fill(self, now: float) -> list[Action]:
+        """Ask free clients until ``concurrency`` train (all of them asked with one message)."""
+        chosen: list[str] = []
+        while len(self.busy) < self.config.concurrency:
+            free = self.registered - set(self.busy)
+            if not free:
+                break
+            (client,) = sample(self.config.seed, self.dispatches, free, 1, "fedbuff-dispatch")
+            self.busy[client] = _Dispatch(self.version, self.dispatches)
+            self.dispatches += 1
+            chosen.append(client)
+        if not chosen:
+            return []
+        tensors, meta = self._model()
+        start = RoundStart(round=self.version, tensors=tensors, meta={**meta, **self.config.local_work()},
+                           deadline_s=self.config.round_timeout_s)
+        deadline = now + self.config.round_timeout_s
+        timers: list[Action] = [SetTimer(self._timer_key(c), deadline) for c in chosen]
+        return [Send(tuple(sorted(chosen)), start), *timers]
+
+    def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]]:
+        """The current version as sent (encoded once per version)."""
+        if self._sent is None or self._sent[0] != self.version:
+            tensors, meta, _ = self.downlink.encode(self.params, self.version)
+            self._sent = (self.version, tensors, meta)
+        return self._sent[1], self._sent[2]
+
+    def _timer_key(self, client: str) -> str:
+        return f"client/{client}/{self.busy[client].number}"
+
+    def _timeout(self, key: str, now: float) -> list[Action]:
+        _, _, rest = key.partition("/")
+        client, _, number = rest.rpartition("/")
+        dispatch = self.busy.get(client)
+        if self.phase is not BuffPhase.RUNNING or dispatch is None or str(dispatch.number) != number:
+            return []
+        del self.busy[client]
+        self.expired[client] = dispatch.version
+        self.counters["missing"] += 1
+        return self._fill(now)
+
+    # ------------------------------------------------------------ updates
+
+    def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
+        if self.phase is BuffPhase.FINISHED:
+            self._refuse("after_finish")
+            return []
+        dispatch = self.busy.get(sender)
+        if dispatch is None:
+            if self.expired.get(sender) == update.round:
+                del self.expired[sender]
+                self._refuse("late")
+            else:
+                self._refuse("not_sampled")
+            return []
+        if update.round != dispatch.version:
+            self._refuse("wrong_round")
+            return []
+        actions: list[Action] = [CancelTimer(self._timer_key(sender))]
+        del self.busy[sender]
+        staleness = self.version - update.round
+        if staleness > self.config.max_staleness:
+            self._refuse("stale")
+        elif isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) \
+                or update.num_samples < 1:
+            self._refuse("bad_num_samples")
+        else:
+            try:
+                delta = self.uplink.decode(update.tensors, update.meta)
+            except BadParts as error:
+                self.counters[f"refused_bad_update_{error.reason}"] += 1
+                self._refuse("bad_update")
+            else:
+                self.buffer.append((sender, delta, update.num_samples, staleness))
+                self.counters["updates_taken"] += 1
+                if len(self.buffer) >= self.config.buffer_size:
+                    actions.extend(self._aggregate(now))
+                    if self.phase is BuffPhase.FINISHED:
+                        return actions
+        return [*actions, *self._fill(now)]
+
+    def _aggregate(self, now: float) -> list[Action]:
+        exponent = self.config.staleness_exponent
+        weights = [staleness_weight(s, exponent) for _, _, _, s in self.buffer]
+        weighted = {f"{i:06d}/{client}": (delta * w, n)
+                    for i, ((client, delta, n, _), w) in enumerate(zip(self.buffer, weights, strict=True))}
+        delta = combine(self.config, weighted)
+        new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
+        self.params.copy_(new)
+        self.version += 1
+        self.reports[self.version] = BufferReport(
+            version=self.version, at_s=now, contributors=tuple(c for c, _, _, _ in self.buffer),
+            staleness=tuple(s for _, _, _, s in self.buffer), weights=tuple(weights),
+            update_norm=float(torch.linalg.vector_norm(delta)))
+        self.buffer = []
+        self.counters["aggregations"] += 1
+        actions: list[Action] = [Metric("round", float(self.version))]
+        if self.version >= self.config.rounds:
+            self.phase = BuffPhase.FINISHED
+            cancels: list[Action] = [CancelTimer(self._timer_key(c)) for c in sorted(self.busy)]
+            tensors, meta = self._model()
+            return [*actions, *cancels, *final_result(self.version, tensors, meta, sorted(self.registered)),
+                    Finished()]
+        return actions
+
+    # ------------------------------------------------------------ checkpoints
+
+    def export_state(self) -> ProtocolState:
+        """The global model, the optimiser's state and the version; the buffer and the dispatches
+        in flight are not kept (after a restore the server asks afresh)."""
+        tensors = {"params": self.params.detach().clone(),
+                   **{f"opt/{k}": v.detach().clone() for k, v in self.opt_state.items()}}
+        meta: dict[str, Any] = {"mode": "fedbuff", "name": self.name, "version": self.version,
+                                "dispatches": self.dispatches, "finished": self.phase is BuffPhase.FINISHED,
+                                "registered": sorted(self.registered),
+                                "counters": dict(sorted(self.counters.items()))}
+        return tensors, meta
+
+    def restore_state(self, state: ProtocolState) -> None:
+        tensors, meta = state
+        if meta.get("mode") != "fedbuff" or meta.get("name") != self.name:
+            raise ValueError(f"server state of {meta.get('mode')!r}/{meta.get('name')!r} does not fit "
+                             f"fedbuff/{self.name!r}")
+        self.params.copy_(tensors["params"])
+        self.opt_state = {k[4:]: v.to(self.params) for k, v in tensors.items() if k.startswith("opt/")}
+        self.version = int(meta["version"])
+        self.dispatches = int(meta["dispatches"])
+        self.registered = set(meta["registered"])
+        self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
+        self.phase = BuffPhase.FINISHED if meta["finished"] else BuffPhase.IDLE

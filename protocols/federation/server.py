@@ -1,0 +1,309 @@
+"""The synchronous FedAvg server (McMahan et al. 2017) as a pure Role: rounds, sampling, deadlines.
+
+A gateway's Node hosts it beside its gossip machine (protocols/node/node.py:
+the Node routes ``ClientUpdate`` here, prefixes its timer keys and metrics with
+the role's name). The server owns no tensor of its own: ``params`` is the flat
+global model it updates in place (a gateway passes the vector its gossip
+machine mixes, so gossip between rounds moves the next round's model).
+
+A round, from the table below:
+
+1. *Open* (at ``Start``, and after each close): when at least ``min_registered``
+   clients are registered, ask ``n = ceil(m (1 + over_selection))`` of them,
+   ``m = max(min_clients, ceil(fraction * registered))``, chosen by a
+   counter-based draw keyed by (seed, client, round) (common.sample), and send
+   them one ``RoundStart`` with the global model and the local work; set the
+   deadline timer.
+2. *Collect*: the first ``m`` valid updates are taken.
+3. *Close*, at the ``m``-th update (``quota``) or at the deadline
+   (``deadline``): with at least ``min_updates`` taken, the aggregate delta
+   (common.combine) goes through the server optimiser (server_opt.server_step)
+   into ``params``; else the model is left as it was and the round is counted
+   ``rounds_failed``. The round's :class:`RoundReport` (asked, taken, missing,
+   late, refused by reason) is kept in ``reports`` (by round): failures are data.
+4. After ``rounds`` rounds every registered client gets a ``RoundResult``
+   with the final model, and ``Finished``.
+
+``pause_between_rounds``: a gateway that gossips between FedAvg rounds gets the
+phase ``PAUSED`` after each close and calls :meth:`FedAvgServer.resume` when its
+gossip is done; the next round then sends whatever ``params`` holds.
+
+What a ``ClientUpdate`` meets (every refusal counted ``refused_<reason>`` and in
+the round's report; ``refused_update`` is their total):
+
+=============================================  ====================================================
+update                                         verdict
+=============================================  ====================================================
+after the federation finished                  ``after_finish``
+for the open round, from a client not asked    ``not_sampled``
+for the open round, a second one               ``duplicate``
+for the open round, malformed or not finite    ``bad_update`` (+ its reason)
+for the open round, num_samples < 1            ``bad_num_samples``
+for the open round, otherwise                  taken (``updates_taken``)
+for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota), once
+for any other round                            ``wrong_round``
+=============================================  ====================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+import torch
+
+from protocols.compress import BadParts
+from protocols.events import (
+    Action,
+    CancelTimer,
+    Event,
+    Finished,
+    Metric,
+    NeighbourDown,
+    NeighbourUp,
+    ProtocolState,
+    Received,
+    Send,
+    SetTimer,
+    Start,
+    TimerFired,
+)
+from protocols.federation.common import Counted, combine, final_result, payload, sample
+from protocols.federation.config import FederationConfig
+from protocols.federation.server_opt import OptState, server_step
+from protocols.messages import ClientUpdate, Message, RoundStart
+
+
+class ServerPhase(Enum):
+    IDLE = "idle"  # before Start
+    WAITING = "waiting"  # fewer than min_registered clients registered: no round open
+    OPEN = "open"  # a round is collecting updates (its deadline timer is set)
+    PAUSED = "paused"  # pause_between_rounds: a round closed, resume() opens the next
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What happened in one round, failures included (the gateway's status shows it)."""
+
+    round: int
+    opened_at_s: float
+    closed_at_s: float
+    closed_by: str  # "quota": m updates taken; "deadline": the timer fired first
+    asked: tuple[str, ...]  # the clients sampled (n, over-selection included)
+    taken: tuple[str, ...]  # the clients whose updates were aggregated (at most m)
+    missing: tuple[str, ...]  # asked, but no update taken by the close
+    late: tuple[str, ...]  # of the missing, those whose update came after the close
+    refused: tuple[tuple[str, int], ...]  # refusals while the round was open, by reason (sorted)
+    aggregated: bool  # False: fewer than min_updates taken; the model did not change
+    update_norm: float  # L2 norm of the aggregate delta (0 when not aggregated)
+
+
+class FedAvgServer(Counted):
+    """The synchronous FedAvg server for clients ``clients`` (roster names; more may ``register``)."""
+
+    ACCEPTS: frozenset[type[Message]] = frozenset({ClientUpdate})
+
+    def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
+                 clients: Sequence[str] = (), pause_between_rounds: bool = False,
+                 shapes: Sequence[tuple[int, ...]] | None = None) -> None:
+        super().__init__()
+        if config.mode != "sync":
+            raise ValueError(f"FedAvgServer runs mode 'sync', not {config.mode!r} (use FedBuffServer)")
+        if params.dim() != 1 or not params.is_floating_point():
+            raise ValueError(f"params must be a flat 1-D float tensor, got {tuple(params.shape)}")
+        self.config = config
+        self.name = name
+        self.params = params
+        self.pause_between_rounds = pause_between_rounds
+        self.registered: set[str] = set(clients)
+        self.uplink = payload(config.uplink, params, seed=config.seed, name=name, shapes=shapes)
+        self.downlink = payload(config.downlink, params, seed=config.seed, name=name, shapes=shapes)
+        self.opt_state: OptState = {}
+        self.phase = ServerPhase.IDLE
+        self.round = 0
+        self.reports: dict[int, RoundReport] = {}
+        self.last_contact_s: dict[str, float] = {}
+        # the open round (set by _open_round)
+        self.wanted = 0
+        self.asked: tuple[str, ...] = ()
+        self.taken: dict[str, tuple[torch.Tensor, int]] = {}
+        self.refused_now: Counter[str] = Counter()
+        self.opened_at_s = 0.0
+
+    @property
+    def accepts(self) -> frozenset[type[Message]]:
+        return self.ACCEPTS
+
+    # ------------------------------------------------------------ membership
+
+    def register(self, client: str, now: float) -> list[Action]:
+        """A client may be asked from the next round opened (the first may open now)."""
+        self.registered.add(client)
+        return self._try_open(now) if self.phase is ServerPhase.WAITING else []
+
+    def unregister(self, client: str) -> None:
+        """Not asked again; an open round still waits for it until its deadline."""
+        self.registered.discard(client)
+
+    def resume(self, now: float) -> list[Action]:
+        """After a pause between rounds: open the next round with what ``params`` holds now."""
+        if self.phase is not ServerPhase.PAUSED:
+            return []
+        return self._try_open(now)
+
+    def status(self) -> dict[str, Any]:
+        """What a gateway's status shows now (JSON-able); finished rounds are in ``reports``."""
+        return {"mode": "sync", "phase": self.phase.value, "round": self.round,
+                "registered": sorted(self.registered), "asked": list(self.asked), "wanted": self.wanted,
+                "taken": sorted(self.taken), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+
+    # ------------------------------------------------------------ events
+
+    def _dispatch(self, event: Event, now: float) -> list[Action]:
+        match event:
+            case Start():
+                return self._try_open(now) if self.phase is ServerPhase.IDLE else []
+            case Received(sender=sender, message=ClientUpdate() as update):
+                self.last_contact_s[sender] = now
+                return self._update(sender, update, now)
+            case TimerFired(key=key):
+                if self.phase is ServerPhase.OPEN and key == self._timer_key():
+                    return self._close(now, "deadline")
+                return []
+            case NeighbourUp(name=client):
+                return self.register(client, now)
+            case NeighbourDown(name=client):
+                self.unregister(client)
+                return []
+            case _:
+                return []
+
+    def _timer_key(self) -> str:
+        return f"deadline/{self.round}"
+
+    # ------------------------------------------------------------ a round
+
+    def _try_open(self, now: float) -> list[Action]:
+        needed = max(self.config.min_clients, self.config.min_registered)
+        if len(self.registered) < needed:
+            self.phase = ServerPhase.WAITING
+            return []
+        self._open_round(now)
+        self.phase = ServerPhase.OPEN
+        tensors, meta, _ = self.downlink.encode(self.params, self.round)
+        start = RoundStart(round=self.round, tensors=tensors, meta={**meta, **self.config.local_work()},
+                           deadline_s=self.config.round_timeout_s)
+        return [Send(self.asked, start), SetTimer(self._timer_key(), now + self.config.round_timeout_s),
+                Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
+
+    def _open_round(self, now: float) -> None:
+        registered = len(self.registered)
+        self.wanted = self.config.clients_per_round(registered)
+        asking = self.config.asked_per_round(registered)
+        self.asked = sample(self.config.seed, self.round, self.registered, asking)
+        self.taken = {}
+        self.refused_now = Counter()
+        self.opened_at_s = now
+
+    def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
+        if self.phase is ServerPhase.FINISHED:
+            self._refuse("after_finish")
+            return []
+        if self.phase is not ServerPhase.OPEN or update.round != self.round:
+            self._after_close(sender, update.round)
+            return []
+        if sender not in self.asked:
+            return self._refuse_open("not_sampled")
+        if sender in self.taken:
+            return self._refuse_open("duplicate")
+        if isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) \
+                or update.num_samples < 1:
+            return self._refuse_open("bad_num_samples")
+        try:
+            delta = self.uplink.decode(update.tensors, update.meta)
+        except BadParts as error:
+            self.counters[f"refused_bad_update_{error.reason}"] += 1
+            return self._refuse_open("bad_update")
+        self.taken[sender] = (delta, update.num_samples)
+        self.counters["updates_taken"] += 1
+        if len(self.taken) >= self.wanted:
+            return [CancelTimer(self._timer_key()), *self._close(now, "quota")]
+        return []
+
+    def _refuse_open(self, reason: str) -> list[Action]:
+        self._refuse(reason)
+        self.refused_now[reason] += 1
+        return []
+
+    def _after_close(self, sender: str, round_index: int) -> None:
+        """An update for a round not open: late (or surplus) from one we asked, else the wrong round."""
+        report = self.reports.get(round_index)
+        if report is not None and sender in report.missing and sender not in report.late:
+            self._refuse("late" if report.closed_by == "deadline" else "surplus")
+            self.reports[round_index] = replace(report, late=(*report.late, sender))
+            return
+        self._refuse("wrong_round")
+
+    def _close(self, now: float, closed_by: str) -> list[Action]:
+        aggregated = len(self.taken) >= self.config.min_updates
+        norm = 0.0
+        if aggregated:
+            delta = combine(self.config, self.taken)
+            norm = float(torch.linalg.vector_norm(delta))
+            new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
+            self.params.copy_(new)
+            self.counters["rounds_aggregated"] += 1
+        else:
+            self.counters["rounds_failed"] += 1
+        taken = tuple(sorted(self.taken))
+        missing = tuple(c for c in self.asked if c not in self.taken)
+        self.reports[self.round] = RoundReport(
+            round=self.round, opened_at_s=self.opened_at_s, closed_at_s=now, closed_by=closed_by,
+            asked=self.asked, taken=taken, missing=missing, late=(),
+            refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm)
+        self.counters[f"closed_by_{closed_by}"] += 1
+        self.taken = {}
+        self.round += 1
+        actions: list[Action] = [Metric("taken", float(len(taken)))]
+        if self.round >= self.config.rounds:
+            self.phase = ServerPhase.FINISHED
+            tensors, meta, _ = self.downlink.encode(self.params, self.round)
+            return [*actions, *final_result(self.round, tensors, meta, sorted(self.registered)), Finished()]
+        if self.pause_between_rounds:
+            self.phase = ServerPhase.PAUSED
+            return actions
+        return [*actions, *self._try_open(now)]
+
+    # ------------------------------------------------------------ checkpoints
+
+    def export_state(self) -> ProtocolState:
+        """The global model, the optimiser's state and the round; a round open at the export is
+        asked again after a restore (same round, same draw), so no half round is kept."""
+        tensors = {"params": self.params.detach().clone(),
+                   **{f"opt/{k}": v.detach().clone() for k, v in self.opt_state.items()}}
+        meta: dict[str, Any] = {"mode": "sync", "name": self.name, "round": self.round,
+                                "finished": self.phase is ServerPhase.FINISHED,
+                                "registered": sorted(self.registered),
+                                "counters": dict(sorted(self.counters.items()))}
+        return tensors, meta
+
+    def restore_state(self, state: ProtocolState) -> None:
+        """Continue from ``export_state`` (before ``Start``)."""
+        tensors, meta = state
+        if meta.get("mode") != "sync" or meta.get("name") != self.name:
+            raise ValueError(f"server state of {meta.get('mode')!r}/{meta.get('name')!r} does not fit "
+                             f"sync/{self.name!r}")
+        self.params.copy_(tensors["params"])
+        self.opt_state = {k[len("opt/"):]: v.to(self.params) for k, v in _entries(tensors, "opt/").items()}
+        self.round = int(meta["round"])
+        self.registered = set(meta["registered"])
+        self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
+        self.phase = ServerPhase.FINISHED if meta["finished"] else ServerPhase.IDLE
+
+
+def _entries(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in tensors.items() if k.startswith(prefix)}
