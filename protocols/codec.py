@@ -21,6 +21,13 @@ the kind, this receiver among the recipients, the signature, the run id,
 frames (before anything is allocated), every frame digest, then the fields.
 Every refusal is a :class:`Rejection` with a short reason code.
 
+The same checks come in two halves for a receiver that gets the frames one
+at a time (protocols/assembly.py, the ZeroMQ wire): :func:`verify_header`
+does everything up to and including the manifest against the limits, reading
+no payload, and :func:`complete` builds the message from the gathered
+tensors and moves the replay window. ``decode`` is the two with the frame
+and digest checks between them.
+
 Versions: ``encode`` writes the version it is told to speak (leaving out the
 fields a later version introduced, messages.FIELD_SINCE) and, as ``va``, the
 highest version its sender accepts, which a version-3 receiver ignores (it reads
@@ -107,7 +114,7 @@ REASONS = (
     "not_a_recipient", "bad_signature", "config_mismatch", "old_epoch", "replay", "epoch_jump", "seq_jump",
     "too_many_frames", "too_many_tensors", "frame_too_large", "message_too_large",
     "too_many_elements", "bad_dtype", "manifest_mismatch", "digest_mismatch", "bad_field",
-    "internal_error",
+    "in_flight_exceeded", "incomplete", "internal_error",
 )
 
 _GOSSIP_KINDS = frozenset({
@@ -180,6 +187,7 @@ class Decoded:
     epoch: int
     seq: int
     accepts: int = MIN_PROTOCOL_VERSION  # the highest protocol version the sender accepts (its ``va``)
+    wire_bytes: int = 0     # the message's frames together (header, payload, signature)
 
 
 @dataclass(frozen=True)
@@ -366,9 +374,85 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
         raise _Reject("malformed_header", "a frame is not bytes")
     if len(frames) - 2 > policy.max_frames:
         raise _Reject("too_many_frames", f"{len(frames) - 2} payload frames > {policy.max_frames}")
-    if _length(frames[0]) > policy.max_header_bytes:
-        raise _Reject("frame_too_large", f"header of {_length(frames[0])} bytes > {policy.max_header_bytes}")
-    raw_header = bytes(frames[0])
+    announced = _verify_header(frames[0], frames[-1], verifier, windows, now_s)
+    payload = frames[1:-1]
+    _check_frames(announced.layout, payload, policy)
+    computed = verifier.digest(payload) if payload else _no_digests
+    # the copies into the tensors overlap the hashing when the digester works on threads
+    flats = [_gather(entry, payload[entry.first_frame:entry.first_frame + entry.nframes], verifier.allocate)
+             for entry in announced.layout]
+    digests = computed()
+    if len(digests) != len(payload):
+        raise RuntimeError(f"the digester gave {len(digests)} digests for {len(payload)} frames")
+    for index, (got, want) in enumerate(zip(digests, announced.digests, strict=True)):
+        if got != want:
+            raise _Reject("digest_mismatch", f"payload frame {index}")
+    decoded = _finish(announced, flats, windows, now_s)
+    return dataclasses.replace(decoded, wire_bytes=sum(_length(frame) for frame in frames))
+
+
+@dataclass(frozen=True)
+class Announced:
+    """A header whose signature, sender, run id, sequence and manifest limits were verified: the
+    payload it announces (``layout``, one digest per frame) is not read yet. ``frame_bytes`` bounds
+    each frame: a receiver may commit ``total_bytes`` to this message and no more."""
+
+    sender: Member
+    kind: str
+    header: Mapping[str, Any]
+    epoch: int
+    seq: int
+    layout: tuple[Slot, ...]
+    digests: tuple[bytes, ...]
+    accepts: int = MIN_PROTOCOL_VERSION     # the highest protocol version the sender accepts
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.layout)
+
+    @property
+    def frame_count(self) -> int:
+        return len(self.digests)
+
+
+def verify_header(raw_header: Frame, signature: Frame, verifier: Verifier,
+                  windows: ReplayWindows | None = None, now_s: float | None = None) -> Announced | Rejection:
+    """Check a header on its own (everything ``decode`` checks before it reads a payload byte);
+    never raises. The replay window does not move: :func:`complete` moves it."""
+    try:
+        if not isinstance(raw_header, bytes | bytearray | memoryview) or not isinstance(
+                signature, bytes | bytearray | memoryview):
+            raise _Reject("malformed_header", "a frame is not bytes")
+        return _verify_header(raw_header, signature, verifier, windows, now_s)
+    except _Reject as reject:
+        return Rejection(reject.reason, reject.detail, reject.sender)
+    except Exception as error:  # a bug, never the sender's fault: counted as internal_error
+        return Rejection("internal_error", f"{type(error).__name__}: {error}"[:200])
+
+
+def complete(announced: Announced, flats: Sequence[torch.Tensor], verifier: Verifier,
+             windows: ReplayWindows | None = None, now_s: float | None = None) -> Decoded | Rejection:
+    """The message of a verified header from its payload, gathered into ``flats`` (one flat tensor
+    per layout entry) whose frames' digests matched; never raises. On success the window advances."""
+    try:
+        if windows is not None:     # another message of the sender may have been accepted meanwhile
+            stale = windows.check(announced.sender.name, announced.epoch, announced.seq, now_s)
+            if stale is not None:
+                raise _Reject(stale, f"from {announced.sender.name}: epoch {announced.epoch} "
+                              f"seq {announced.seq}", announced.sender.name)
+        return _finish(announced, flats, windows, now_s)
+    except _Reject as reject:
+        return Rejection(reject.reason, reject.detail, reject.sender)
+    except Exception as error:
+        return Rejection("internal_error", f"{type(error).__name__}: {error}"[:200])
+
+
+def _verify_header(raw: Frame, signature: Frame, verifier: Verifier, windows: ReplayWindows | None,
+                   now_s: float | None) -> Announced:
+    policy = verifier.policy
+    if _length(raw) > policy.max_header_bytes:
+        raise _Reject("frame_too_large", f"header of {_length(raw)} bytes > {policy.max_header_bytes}")
+    raw_header = bytes(raw)
     header = _unpack_header(raw_header, policy)
 
     version = header.get("v")
@@ -397,7 +481,6 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
             isinstance(key, bytes) and key in verifier.also_receiver for key in recipients):
         raise _Reject("not_a_recipient", f"from {sender.name}, not addressed to this member", sender.name)
 
-    signature = frames[-1]
     public_key = verifier.roster.verifier_for(sender_key)   # the key it signed with (a rotation: either)
     if _length(signature) != SIGNATURE_BYTES or not verifier.verified.check(
             public_key, sender_key, bytes(signature), SIGNING_DOMAIN + raw_header):
@@ -414,23 +497,28 @@ def _decode(frames: Sequence[Frame], verifier: Verifier, windows: ReplayWindows 
         stale = windows.check(sender.name, epoch, seq, now_s)
         if stale is not None:
             raise _Reject(stale, f"from {sender.name}: epoch {epoch} seq {seq}", sender.name)
+    layout, digests = _check_manifest(header, policy)
+    return Announced(sender, kind, header, epoch, seq, tuple(layout), tuple(digests), accepts)
 
-    payload = frames[1:-1]
-    layout, declared = _check_manifest(header, payload, policy)
-    computed = verifier.digest(payload) if payload else _no_digests
-    # the copies into the tensors overlap the hashing when the digester works on threads
-    flats = [_gather(entry, payload[entry.first_frame:entry.first_frame + entry.nframes], verifier.allocate)
-             for entry in layout]
-    digests = computed()
-    if len(digests) != len(payload):
-        raise RuntimeError(f"the digester gave {len(digests)} digests for {len(payload)} frames")
-    for index, (got, want) in enumerate(zip(digests, declared, strict=True)):
-        if got != want:
-            raise _Reject("digest_mismatch", f"payload frame {index}")
-    message = _build(cls, kind, header, layout, flats)
+
+def _finish(announced: Announced, flats: Sequence[torch.Tensor], windows: ReplayWindows | None,
+            now_s: float | None) -> Decoded:
+    message = _build(KINDS[announced.kind], announced.kind, announced.header, announced.layout, flats)
     if windows is not None:
-        windows.accept(sender.name, epoch, seq, now_s)
-    return Decoded(sender, message, epoch, seq, accepts)
+        windows.accept(announced.sender.name, announced.epoch, announced.seq, now_s)
+    return Decoded(announced.sender, message, announced.epoch, announced.seq, announced.accepts)
+
+
+def announced_frames(raw_header: Frame, policy: Policy) -> int:
+    """How many payload frames a (possibly refused) header says follow it, so that a receiver can
+    skip them unread; 0 where the header cannot tell. Never raises."""
+    try:
+        if _length(raw_header) > policy.max_header_bytes:
+            return 0
+        digests = _unpack_header(bytes(raw_header), policy).get("d")
+    except Exception:
+        return 0
+    return len(digests) if isinstance(digests, list) and len(digests) <= policy.max_frames else 0
 
 
 def _no_digests() -> list[bytes]:
@@ -446,7 +534,9 @@ def _length(frame: Frame) -> int:
 
 
 @dataclass(frozen=True)
-class _Entry:
+class Slot:
+    """Where one announced tensor goes: its frames are ``first_frame`` to ``first_frame + nframes``."""
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -456,9 +546,8 @@ class _Entry:
     nframes: int
 
 
-def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy: Policy,
-                    ) -> tuple[list[_Entry], list[bytes]]:
-    """Validate the manifest against the limits and the frames; allocates nothing.
+def _check_manifest(header: Mapping[str, Any], policy: Policy) -> tuple[list[Slot], list[bytes]]:
+    """Validate the manifest against the limits; reads no frame and allocates nothing.
 
     Returns the tensors' layout and the declared frame digests (checked for form, not yet compared).
     """
@@ -466,7 +555,7 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
     digests = _need(header, "d", list)
     if len(manifest) > policy.max_tensors:
         raise _Reject("too_many_tensors", f"{len(manifest)} tensors > {policy.max_tensors}")
-    entries: list[_Entry] = []
+    entries: list[Slot] = []
     names: set[str] = set()
     total_elements = total_bytes = total_frames = 0
     for index, item in enumerate(manifest):
@@ -507,13 +596,22 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
             raise _Reject("too_many_frames", f"over {policy.max_frames} frames declared")
         if nframes > nbytes:
             raise _Reject("manifest_mismatch", f"tensor {name[:40]!r}: {nframes} frames for {nbytes} bytes")
-        entries.append(_Entry(name, dtype, tuple(shape), numel, nbytes, total_frames, nframes))
+        entries.append(Slot(name, dtype, tuple(shape), numel, nbytes, total_frames, nframes))
         total_frames += nframes
-    if total_frames != len(payload):
-        raise _Reject("manifest_mismatch", f"manifest declares {total_frames} frames, {len(payload)} arrived")
     if len(digests) != total_frames:
         raise _Reject("manifest_mismatch", f"{len(digests)} digests for {total_frames} frames")
-    for entry in entries:
+    for index, digest in enumerate(digests):
+        if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
+            raise _Reject("malformed_header", f"digest {index} is not {DIGEST_BYTES} bytes")
+    return entries, digests
+
+
+def _check_frames(layout: Sequence[Slot], payload: Sequence[Frame], policy: Policy) -> None:
+    """The frames that arrived match the verified layout: count, then each tensor's bytes."""
+    total_frames = sum(entry.nframes for entry in layout)
+    if total_frames != len(payload):
+        raise _Reject("manifest_mismatch", f"manifest declares {total_frames} frames, {len(payload)} arrived")
+    for entry in layout:
         received = 0
         for frame in payload[entry.first_frame:entry.first_frame + entry.nframes]:
             length = _length(frame)
@@ -523,40 +621,51 @@ def _check_manifest(header: Mapping[str, Any], payload: Sequence[Frame], policy:
         if received != entry.nbytes:
             raise _Reject("manifest_mismatch",
                           f"tensor {entry.name[:40]!r}: {received} bytes, {entry.nbytes} declared")
-    for index, digest in enumerate(digests):
-        if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
-            raise _Reject("malformed_header", f"digest {index} is not {DIGEST_BYTES} bytes")
-    return entries, digests
 
 
-def _gather(entry: _Entry, frames: Sequence[Frame], allocate: Callable[[torch.dtype, int], torch.Tensor],
+def _gather(entry: Slot, frames: Sequence[Frame], allocate: Callable[[torch.dtype, int], torch.Tensor],
             ) -> torch.Tensor:
     """The flat tensor from its frames: zero-copy for one frame, one copy into an allocated tensor for
     several. Nothing is checked here: the digests are compared, and the values checked, afterwards."""
     if entry.nbytes == 0:
         return torch.empty(0, dtype=entry.dtype)
     if len(frames) == 1:
-        with warnings.catch_warnings():  # read-only frames: the tensor shares their memory
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(frames[0], dtype=entry.dtype)
-    else:
-        flat = allocate(entry.dtype, entry.numel)
-        if flat.dtype != entry.dtype or flat.shape != (entry.numel,) or not flat.is_contiguous():
-            raise TypeError(f"allocate gave {flat.dtype} {tuple(flat.shape)}, "
-                            f"not {entry.dtype} ({entry.numel},)")
-        target = flat.view(torch.uint8)
-        offset = 0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            for frame in frames:
-                length = _length(frame)
-                if length:
-                    target[offset:offset + length].copy_(torch.frombuffer(frame, dtype=torch.uint8))
-                offset += length
+        return shared_flat(entry, frames[0])
+    flat = allocate_flat(entry, allocate)
+    offset = 0
+    for frame in frames:
+        copy_into(flat, offset, frame)
+        offset += _length(frame)
     return flat
 
 
-def _tensor(entry: _Entry, flat: torch.Tensor) -> torch.Tensor:
+def shared_flat(entry: Slot, frame: Frame) -> torch.Tensor:
+    """A tensor sent in one frame: it shares the frame's memory (read-only: treat it so)."""
+    if entry.nbytes == 0:
+        return torch.empty(0, dtype=entry.dtype)
+    with warnings.catch_warnings():  # read-only frames: the tensor shares their memory
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(frame, dtype=entry.dtype)
+
+
+def allocate_flat(entry: Slot, allocate: Callable[[torch.dtype, int], torch.Tensor]) -> torch.Tensor:
+    """The buffer a tensor sent in several frames is gathered into, checked for its shape."""
+    flat = allocate(entry.dtype, entry.numel)
+    if flat.dtype != entry.dtype or flat.shape != (entry.numel,) or not flat.is_contiguous():
+        raise TypeError(f"allocate gave {flat.dtype} {tuple(flat.shape)}, not {entry.dtype} ({entry.numel},)")
+    return flat
+
+
+def copy_into(flat: torch.Tensor, offset: int, frame: Frame) -> None:
+    """Copy one frame's bytes into ``flat`` at byte ``offset`` (the caller checked that they fit)."""
+    length = _length(frame)
+    if length:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flat.view(torch.uint8)[offset:offset + length].copy_(torch.frombuffer(frame, dtype=torch.uint8))
+
+
+def _tensor(entry: Slot, flat: torch.Tensor) -> torch.Tensor:
     """The verified flat tensor in its declared shape (the very allocated tensor when already 1-D)."""
     if entry.dtype == torch.bool and flat.numel() and bool(flat.view(torch.uint8).max() > 1):
         raise _Reject("bad_field", f"bool tensor {entry.name[:40]!r} holds bytes other than 0 and 1")
@@ -585,7 +694,7 @@ _HAS_TENSORS = {cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) f
 
 
 def _build(
-    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[_Entry], flats: Sequence[torch.Tensor],
+    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[Slot], flats: Sequence[torch.Tensor],
 ) -> Message:
     scalars = _need(header, "f", dict)
     meta = _need(header, "m", dict)

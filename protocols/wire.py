@@ -1,9 +1,15 @@
-"""One member's end of the wire: ``Endpoint.seal`` to send, ``Endpoint.open`` to receive.
+"""One member's end of the wire: ``Endpoint.seal`` to send, ``Endpoint.open`` or ``receive`` to receive.
 
 An Endpoint holds this member's identity, the roster, the run id, its own
 epoch and sequence counter, a replay window per sender, and counters of
 bytes and rejections. It does no I/O: drivers (the ZeroMQ daemon, the
 simulator) move the frames it returns.
+
+Two ways in, one set of checks: ``open`` takes a whole message's frames (the
+simulator hands them over in one piece); ``receive`` takes one frame at a
+time off a connection, as the ZeroMQ wire delivers them header first
+(protocols/assembly.py: the header is verified before any payload byte is
+accepted). Both refuse and accept exactly the same messages.
 
 Versions: each accepted message tells the highest protocol version its sender
 accepts (a version-3 sender tells nothing: then the version it spoke); the
@@ -23,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from protocols.assembly import Assembler, AssemblyConfig, wire_messages
 from protocols.codec import (
     Decoded,
     DigestStarter,
@@ -46,7 +53,8 @@ from protocols.messages import Message
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 
-__all__ = ["DigestStarter", "Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_size"]
+__all__ = ["DigestStarter", "Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_messages",
+           "wire_size"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class Opened:
     message: Message
     epoch: int
     seq: int
+    wire_bytes: int = 0     # what the message took on the wire: header, payload and signature
 
 
 def wire_size(frames: Sequence[Frame]) -> int:
@@ -104,6 +113,7 @@ class Endpoint:
         self.allocate = allocate or fresh_tensor
         self.digest = digest or serial_digests
         self._verifier = self._make_verifier()
+        self.assembler = Assembler()
 
     def seal(self, recipients: Sequence[str], message: Message) -> list[Frame]:
         """Signed frames of ``message`` for the roster members named in ``recipients``.
@@ -129,6 +139,28 @@ class Endpoint:
         result = decode(frames, self._verifier, self.windows, now_s)
         self.bytes_received += sum(
             wire_size([frame]) for frame in frames if isinstance(frame, bytes | bytearray | memoryview))
+        if isinstance(result, Rejection):
+            self.rejections[result.reason] += 1
+            return result
+        self.accepted += 1
+        self.accepts[result.sender.name] = result.accepts
+        return _opened(result)
+
+    def receive(self, connection: Hashable, frame: Frame, *, now_s: float) -> Opened | Rejection | None:
+        """Take one single-frame wire message off ``connection`` (protocols/assembly.py): the
+        message it completes, a counted Rejection, or None (assembling, or a frame dropped unread
+        and counted in ``assembler.frames_dropped``). Never raises."""
+        self.bytes_received += wire_size([frame])
+        result = self.assembler.receive(connection, frame, now_s, self._verifier, self.windows)
+        return None if result is None else self._count(result)
+
+    def expire(self, now_s: float) -> list[Rejection]:
+        """Release the connections that stopped half way through a message (counted ``incomplete``)."""
+        released = self.assembler.expire(now_s)
+        self.rejections.update(rejection.reason for rejection in released)
+        return released
+
+    def _count(self, result: Decoded | Rejection) -> Opened | Rejection:
         if isinstance(result, Rejection):
             self.rejections[result.reason] += 1
             return result
@@ -163,15 +195,18 @@ class Endpoint:
         self._verifier = self._make_verifier()
 
     def use(self, *, allocate: Callable[[torch.dtype, int], torch.Tensor] | None = None,
-            digest: DigestStarter | None = None, policy: Policy | None = None) -> None:
-        """Switch the receive-buffer allocator, the digester and/or the policy (a driver's choice,
-        made at start)."""
+            digest: DigestStarter | None = None, policy: Policy | None = None,
+            assembly: AssemblyConfig | None = None) -> None:
+        """Switch the receive-buffer allocator, the digester, the policy and/or the assembly's
+        bounds (a driver's choice, made at start: the daemon derives limits from its model)."""
         if allocate is not None:
             self.allocate = allocate
         if digest is not None:
             self.digest = digest
         if policy is not None:
             self.policy = policy
+        if assembly is not None:
+            self.assembler.config = assembly
         # the cache of verified signatures is kept: it depends on the keys, not on buffers or hashing
         self._verifier = dataclasses.replace(self._verifier, allocate=self.allocate, digest=self.digest,
                                              policy=self.policy)
@@ -192,4 +227,4 @@ class Endpoint:
 
 
 def _opened(decoded: Decoded) -> Opened:
-    return Opened(decoded.sender.name, decoded.message, decoded.epoch, decoded.seq)
+    return Opened(decoded.sender.name, decoded.message, decoded.epoch, decoded.seq, decoded.wire_bytes)

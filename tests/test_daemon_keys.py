@@ -34,7 +34,7 @@ from peer.net.transport import Transport, listener_address, reserve_listeners
 from peer.runtime.netinit import NetworkFiles
 from protocols.identity import Identity
 from protocols.messages import MIN_PROTOCOL_VERSION, Heartbeat
-from protocols.wire import Endpoint
+from protocols.wire import Endpoint, wire_messages
 
 pytestmark = [pytest.mark.processes]
 
@@ -82,7 +82,7 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
             for key in old.values():
                 outsider = Endpoint(key, version_1, run_id=b"\0" * 32, epoch=1 << 40)
                 for step in range(FORGED):
-                    frames = [bytes(f) for f in outsider.seal(["p00"], Heartbeat(step=step))]
+                    frames = [bytes(f) for f in wire_messages(outsider.seal(["p00"], Heartbeat(step=step)))]
                     deliver(attacker, "p00", frames)
             attacker.wait_sent(10)
             counted = wait_for_count(files, "p00", "revoked_key", 2 * FORGED)

@@ -4,6 +4,7 @@ a real daemon's dispatch is driven directly, its transport replaced by a recorde
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -31,6 +32,7 @@ class RecordingTransport:
         self.bytes_received = 0
         self.bytes_sent_to: dict[str, int] = {}
         self.abandoned: dict[str, int] = {}
+        self.hostile: Counter[str] = Counter()      # multipart arrivals (none here)
         self.unreachable: set[str] = set()
 
     def send(self, recipient: str, frames: Any) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 from _daemon_support import (
@@ -44,10 +45,10 @@ from _daemon_support import (
 
 from peer.net.transport import Transport, listener_address, reserve_listeners
 from peer.runtime.netinit import NetworkFiles, load_roster
-from protocols.identity import Identity
+from protocols.identity import SIGNATURE_BYTES, Identity
 from protocols.messages import Heartbeat
 from protocols.roster import Member, Roster
-from protocols.wire import Endpoint
+from protocols.wire import Endpoint, wire_messages
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -62,8 +63,7 @@ class Tap(threading.Thread):
         address = listener_address(listener)     # the address the roster gives p07
         self.inbox.setsockopt(zmq.USE_FD, listener.detach())
         self.inbox.bind(address)
-        self.outbox = self.context.socket(zmq.DEALER)
-        self.outbox.connect(forward_to)
+        self.forward_to = forward_to
         self.keep = keep
         self.captured: list[list[bytes]] = []
         self.tamper_budget = 0          # set by the test: tamper with this many gossip messages
@@ -71,25 +71,49 @@ class Tap(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        # The wire is single-frame and header first (protocols/assembly.py): the tap keeps one
+        # connection onward per connection in, so each sender's frames stay in order, and forwards
+        # a message once its header and the frames it announced are all there
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
+        onward: dict[bytes, zmq.Socket] = {}
+        assembling: dict[bytes, list[bytes]] = {}
+        owed: dict[bytes, int] = {}
         while not self.stopping.is_set():
             if not poller.poll(50):
                 continue
-            frames = self.inbox.recv_multipart()[1:]
-            if self.tamper_budget > self.tampered and len(frames) > 2:
-                forged = list(frames)
-                payload = bytearray(forged[1])
+            connection, frame = self.inbox.recv_multipart()
+            if owed.get(connection, 0) == 0:
+                assembling[connection], owed[connection] = [frame], _announced(frame)
+            else:
+                assembling[connection].append(frame)
+                owed[connection] -= 1
+            if owed[connection]:
+                continue
+            frames = assembling.pop(connection)
+            if connection not in onward:
+                onward[connection] = self.context.socket(zmq.DEALER)
+                onward[connection].connect(self.forward_to)
+            outbox = onward[connection]
+            if self.tamper_budget > self.tampered and len(frames) > 1:
+                payload = bytearray(frames[1])
                 payload[len(payload) // 2] ^= 0x40
-                forged[1] = bytes(payload)
-                self.outbox.send_multipart(forged)
+                for part in [frames[0], bytes(payload), *frames[2:]]:
+                    outbox.send(part)
                 self.tampered += 1
-            self.outbox.send_multipart(frames)
+            for part in frames:
+                outbox.send(part)
             if len(self.captured) < self.keep:
                 self.captured.append(frames)
         self.inbox.close(linger=0)
-        self.outbox.close(linger=1000)
+        for outbox in onward.values():
+            outbox.close(linger=1000)
         self.context.term()
+
+
+def _announced(header_message: bytes) -> int:
+    """The payload frames a wire header message announces (its signature first, then the header)."""
+    return len(msgpack.unpackb(header_message[SIGNATURE_BYTES:], raw=False)["d"])
 
 
 def _deliver(sender: Transport, name: str, frames: list[bytes]) -> None:
@@ -151,7 +175,7 @@ def dpsgd_run(tmp_path_factory: pytest.TempPathFactory) -> DpsgdRun:
             outsider = Endpoint(mallory, fake_roster, run_id=b"\0" * 32, epoch=0)
             for target in ("p03", "p07"):
                 for step in range(4):
-                    frames = [bytes(f) for f in outsider.seal([target], Heartbeat(step=step))]
+                    frames = [bytes(f) for f in wire_messages(outsider.seal([target], Heartbeat(step=step)))]
                     _deliver(attacker, target, frames)
                 attacker_sent[target] += 4
                 expected_reasons[target]["unknown_sender"] += 4

@@ -17,6 +17,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from peer.net.transport import (
+    Arrival,
     CurveKeys,
     Transport,
     TransportConfig,
@@ -36,12 +37,18 @@ def _send_until_connected(transport: Transport, name: str, frames: list[bytes | 
     raise AssertionError("never connected")
 
 
-def _receive(transport: Transport, count: int, timeout_s: float = 5.0) -> list[list[zmq.Frame]]:
-    got: list[list[zmq.Frame]] = []
+def _arrivals(transport: Transport, count: int, timeout_s: float = 5.0) -> list[Arrival]:
+    """Up to ``count`` arrivals (fewer after ``timeout_s``)."""
+    got: list[Arrival] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
         got += transport.poll(0.1)
     return got
+
+
+def _receive(transport: Transport, count: int, timeout_s: float = 5.0) -> list[list[zmq.Frame]]:
+    """Each single-frame message received, as a one-frame list."""
+    return [[arrival.frame] for arrival in _arrivals(transport, count, timeout_s)]
 
 
 def _serve(listener: socket.socket, neighbours: dict[str, str], *, config: TransportConfig | None = None,
@@ -71,18 +78,38 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
     view = memoryview(x.numpy()).cast("B")
     # a small last frame, like a signature: its tracker alone says nothing about the big ones
     frames: list[bytes | memoryview] = [b"header", view[: 4 << 20], view[4 << 20:], b"signature"]
+    arrivals: list[Arrival] = []
     for _ in range(20):
         _send_until_connected(a, "b", frames)
+        # drained as it comes, as a daemon does: 80 messages would fill the receiver's queue, and
+        # a sender that hears nothing for zmtp_heartbeat_timeout_ms reconnects
+        arrivals += _arrivals(b, 4)
         a.wait_sent(timeout_s=10)
         assert a.pending_sends() == 0
         x.add_(1.0)   # safe only now: ZeroMQ no longer holds the buffer
-    messages = _receive(b, 20)
-    assert len(messages) == 20
-    for sent_index, message in enumerate(messages):
+    assert len(arrivals) == 20 * 4      # the single-frame wire: each frame is a message of its own
+    assert len({arrival.connection for arrival in arrivals}) == 1     # one connection, in order
+    for sent_index in range(20):
+        message = [arrival.frame for arrival in arrivals[4 * sent_index:4 * sent_index + 4]]
         assert bytes(message[0]) == b"header" and bytes(message[-1]) == b"signature"
         received = torch.cat([torch.frombuffer(f.buffer, dtype=torch.float32) for f in message[1:-1]])
         assert torch.equal(received, torch.arange(3_000_000, dtype=torch.float32) + sent_index)
     assert a.bytes_sent == b.bytes_received == 20 * (6 + 12_000_000 + 9)
+
+
+def test_a_multipart_arrival_is_counted_and_dropped(pair: tuple[Transport, Transport]) -> None:
+    _, b = pair
+    raw = zmq.Context.instance().socket(zmq.DEALER)     # a client that sends what our wire never does
+    raw.connect(b.listen)
+    try:
+        raw.send_multipart([b"header", bytes(1 << 20), b"signature"])
+        raw.send(b"single")
+        arrivals = _arrivals(b, 1)
+        assert [bytes(arrival.frame) for arrival in arrivals] == [b"single"]
+        assert b.hostile == {"multipart": 1} and b.messages_received == 1
+        assert b.bytes_received == 6 + (1 << 20) + 9 + 6       # counted, never handed over
+    finally:
+        raw.close(linger=0)
 
 
 def _oversized_frame_run(max_frame_bytes: int) -> tuple[list[bytes], int]:
@@ -108,7 +135,7 @@ def _oversized_frame_run(max_frame_bytes: int) -> tuple[list[bytes], int]:
         deadline = time.monotonic() + 30.0
         while not any(bytes(m[0]) == b"after" for m in got) and time.monotonic() < deadline:
             a.send("b", [b"after"])
-            got += b.poll(0.2)
+            got += [[arrival.frame] for arrival in b.poll(0.2)]
         while monitor.poll(0):
             recv_monitor_message(monitor)
             disconnects += 1

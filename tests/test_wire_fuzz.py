@@ -1,5 +1,12 @@
 """Fuzz decode: 100,000 hostile messages, none raises, none is an internal_error, memory stays small.
 
+Each case also goes over the header-first path (protocols/assembly.py): the
+same frames as single-frame wire messages, fed one at a time to an Assembler,
+which must accept exactly the messages ``decode`` accepts, never give an
+internal_error, and hold nothing once the connection's timeout has passed.
+Some of the unsigned cases mutate the wire messages themselves instead
+(a frame nobody announced, a header cut short, frames out of order).
+
 More than half the cases are headers mutated *and re-signed with a roster
 key*, so they pass the signature check and reach the run id, replay, limit,
 manifest, digest and field checks; the rest mutate frames (bit flips,
@@ -26,6 +33,7 @@ import torch
 from wire_helpers import make_network
 
 from protocols import codec
+from protocols.assembly import FRAME_DROPS, Assembler, AssemblyConfig
 from protocols.codec import (
     REASONS,
     SIGNING_DOMAIN,
@@ -36,6 +44,7 @@ from protocols.codec import (
     ReplayWindows,
     Verifier,
 )
+from protocols.identity import SIGNATURE_BYTES
 from protocols.messages import ClientUpdate, ErrorReply, Heartbeat, ParamPull, ParamPush, StateSyncResponse
 
 CASES = int(os.environ.get('FUZZ_CASES', 100_000))
@@ -175,6 +184,10 @@ def test_fuzz_decode_never_raises_and_stays_small() -> None:
     signers = {net.identities[n].public_key: net.identities[n] for n in ("alice", "bob", "gate", "phone")}
     bases = _base_messages(net, policy)
 
+    assembler, assembly_windows = Assembler(AssemblyConfig(idle_timeout_s=1.0)), ReplayWindows(64)
+    wire_reasons: Counter[str] = Counter()
+    mangled_reasons: Counter[str] = Counter()   # of the wire-level mutations
+    extra_accepted = 0      # messages the wire accepted with frames after them that decode refused
     rng = random.Random(SEED)
     reasons: Counter[str] = Counter()
     resigned = peak = traced_cases = 0
@@ -203,11 +216,31 @@ def test_fuzz_decode_never_raises_and_stays_small() -> None:
             for index, (mutated, what, fresh) in enumerate(batch):
                 # Unsigned frame mutations reuse the base (epoch, seq): without a window they
                 # reach the manifest and digest checks instead of stopping at `replay`.
-                result = _decode(mutated, verifier, windows if fresh else None, first + index, what)
+                case = first + index
+                now_s = 10.0 * case     # the clock both paths are given (it bounds counter jumps)
+                result = _decode(mutated, verifier, windows if fresh else None, case, what, now_s)
                 outcomes[index] = "accepted" if isinstance(result, Decoded) else result.reason
+                assembled = _assemble(_wire(mutated), assembler, verifier,
+                                      assembly_windows if fresh else None, case, what, now_s)
+                # the same verdict, except that frames after a complete message are the next
+                # message's on the wire: decode refuses the whole list, the wire accepts the message
+                # the announced frames make and refuses the rest on its own
+                accepted = assembled.count("accepted")
+                assert accepted == (outcomes[index] == "accepted") or (
+                    accepted == 1 and outcomes[index] in ("manifest_mismatch", "too_many_frames")
+                    and assembled[-1] != "accepted"), \
+                    f"case {case} ({what}): decode {outcomes[index]}, assembled {assembled}"
+                extra_accepted += accepted - (outcomes[index] == "accepted")
+                if rng.random() < 0.25 and not fresh:
+                    wire_what = f"{what}, then on the wire: {rng.choice(WIRE_MUTATIONS)}"
+                    mangled = _mutate_wire(_wire(mutated), rng, wire_what)
+                    mangled_reasons.update(
+                        _assemble(mangled, assembler, verifier, None, case, wire_what, now_s))
+                wire_reasons.update(assembled)
                 if isinstance(result, Decoded) and result.epoch != 1:
                     windows = ReplayWindows(64)  # a forged epoch jump would shut out the rest
-                assert outcomes[index] != "internal_error", f"case {first + index} ({what}): {result}"
+                    assembly_windows = ReplayWindows(64)
+                assert outcomes[index] != "internal_error", f"case {case} ({what}): {result}"
             if traced:
                 peak = max(peak, tracemalloc.get_traced_memory()[1])
         finally:
@@ -219,6 +252,12 @@ def test_fuzz_decode_never_raises_and_stays_small() -> None:
     assert sum(reasons.values()) == CASES
     assert set(reasons) <= {*REASONS, "accepted"} and reasons["internal_error"] == 0
     assert peak < 64 << 20, f"traced peak {peak / 2**20:.1f} MiB"
+    assert set(wire_reasons + mangled_reasons) <= {*REASONS, "accepted"}
+    assert wire_reasons["internal_error"] == mangled_reasons["internal_error"] == 0
+    assert wire_reasons["accepted"] == reasons["accepted"] + extra_accepted > 0
+    for dropped in FRAME_DROPS:
+        assert assembler.frames_dropped[dropped] > 0, f"no frame was dropped as {dropped}"
+    assert mangled_reasons["incomplete"] > 0 and mangled_reasons["digest_mismatch"] > 0
     # The re-signed mutations reach the deep checks, not only the signature check.
     for deep in ("too_many_elements", "manifest_mismatch", "digest_mismatch", "bad_field", "bad_dtype",
                  "config_mismatch", "frame_too_large", "too_many_frames", "malformed_header",
@@ -227,10 +266,53 @@ def test_fuzz_decode_never_raises_and_stays_small() -> None:
         assert reasons[deep] > 0, f"no case reached {deep}: {dict(reasons)}"
 
 
-def _decode(frames: list[Frame], verifier: Verifier, windows: ReplayWindows | None, case: int,
-            what: str) -> Decoded | Rejection:
+WIRE_MUTATIONS = ("drop", "duplicate", "swap", "junk", "oversize", "truncate")
+
+
+def _wire(frames: list[Any]) -> list[bytes]:
+    """The frames as the header-first wire carries them (the last one taken for the signature,
+    whatever its length: a short one shifts the header, as a forger's would)."""
+    if len(frames) < 2 or not all(isinstance(f, bytes) for f in frames):
+        return [f for f in frames if isinstance(f, bytes)]
+    return [frames[-1] + frames[0], *frames[1:-1]]
+
+
+def _mutate_wire(wire: list[bytes], rng: random.Random, what: str) -> list[bytes]:
+    wire = list(wire)
+    kind = what.rsplit(": ", 1)[1]
+    index = rng.randrange(len(wire)) if wire else 0
+    if kind == "drop" and wire:
+        del wire[index]
+    elif kind == "duplicate" and wire:
+        wire.insert(index, wire[index])
+    elif kind == "swap" and len(wire) > 1:
+        wire[index], wire[-1] = wire[-1], wire[index]
+    elif kind == "junk":
+        wire.insert(index, rng.randbytes(rng.randrange(100)))
+    elif kind == "oversize":
+        wire.insert(index, bytes(4096 + SIGNATURE_BYTES + 1))
+    elif wire:
+        wire[index] = wire[index][:rng.randrange(len(wire[index]) + 1)]
+    return wire
+
+
+def _assemble(wire: list[bytes], assembler: Assembler, verifier: Verifier, windows: ReplayWindows | None,
+              case: int, what: str, now_s: float) -> list[str]:
+    """Feed ``wire`` off a fresh connection, then let its timeout pass: every outcome's reason."""
+    outcomes: list[Decoded | Rejection | None] = []
     try:
-        return codec.decode(frames, verifier, windows)
+        outcomes += [assembler.receive(case, frame, now_s, verifier, windows) for frame in wire]
+        outcomes += assembler.expire(now_s + assembler.config.idle_timeout_s)
+    except BaseException as error:  # pragma: no cover - the test's point is that this never happens
+        raise AssertionError(f"case {case} ({what}) raised {error!r} on the wire") from error
+    assert assembler.pending == 0 and not assembler.in_flight, f"case {case} ({what}): still held"
+    return ["accepted" if isinstance(o, Decoded) else o.reason for o in outcomes if o is not None]
+
+
+def _decode(frames: list[Frame], verifier: Verifier, windows: ReplayWindows | None, case: int,
+            what: str, now_s: float) -> Decoded | Rejection:
+    try:
+        return codec.decode(frames, verifier, windows, now_s)
     except BaseException as error:  # pragma: no cover - the test's point is that this never happens
         raise AssertionError(f"case {case} ({what}) raised {error!r}") from error
 

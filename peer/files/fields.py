@@ -72,6 +72,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           label="kind"),
     Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
+    Field("frames_dropped", "frames", "counter",
+          "wire frames dropped unread, by reason: unannounced (no header announced it), size_mismatch, "
+          "after_rejection (announced by a refused message), multipart (a hostile multipart arrival)",
+          label="reason"),
     Field("sync_answers_sent", "messages", "counter", "state-sync answers sent to joining neighbours"),
     Field("state_sync", "syncs", "counter", "what became of this peer's own state syncs, by outcome "
           "(adopted, kept, refused, no_answer)", label="outcome"),

@@ -20,7 +20,9 @@ daemon hands it these two:
   memoryview made from it anywhere: a machine that buffers a message for a
   later round keeps its buffer out of the pool until it lets go). When every
   matching buffer is held, a fresh tensor is allocated, and kept if the pool
-  has room.
+  has room. The pool is bounded in count and bytes and keeps only the sizes
+  the model's messages have; a refused message lets its buffer go at once
+  (protocols/assembly.py), so refusals never pin memory.
 """
 
 from __future__ import annotations
@@ -85,15 +87,24 @@ def _use_count(tensor: torch.Tensor) -> int | None:
 class BufferPool:
     """Reused 1-D receive buffers: an ``allocate(dtype, numel)`` for an Endpoint.
 
-    At most ``max_buffers`` are kept (all sizes together); size it to what
-    the machine may hold at once (a few rounds' messages per in-neighbour)
-    plus the one being decoded. ``reused``/``fresh`` count the allocations.
+    Bounded three ways, so that nobody can make it hold memory the run does not
+    need: at most ``max_buffers`` buffers (all sizes together; size it to what
+    the machine may hold at once, a few rounds' messages per in-neighbour, plus
+    the one being gathered), at most ``max_bytes`` together, and only buffers
+    of the ``sizes`` (dtype, numel) the model's messages have (None: any size).
+    A request outside them gets a fresh tensor that the pool does not keep.
+    ``reused``/``fresh`` count the allocations.
     """
 
-    def __init__(self, max_buffers: int) -> None:
+    def __init__(self, max_buffers: int, *, max_bytes: int | None = None,
+                 sizes: frozenset[tuple[torch.dtype, int]] | None = None) -> None:
         if max_buffers < 0:
             raise ValueError(f"max_buffers must be >= 0, not {max_buffers}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, not {max_bytes}")
         self.max_buffers = max_buffers
+        self.max_bytes = max_bytes
+        self.sizes = sizes
         self._buffers: list[torch.Tensor] = []
         probe = torch.empty(1)
         self._idle = _use_count(probe)     # the count of a tensor only one reference holds
@@ -110,15 +121,28 @@ class BufferPool:
                 return buffer.view(numel)      # a new tensor on the storage: counted while it lives
         self.fresh += 1
         buffer = torch.empty(numel, dtype=dtype)
-        if self._idle is not None and self.max_buffers:
-            if len(self._buffers) >= self.max_buffers:
-                # full: make room by dropping a free buffer of another size, else do not keep this one
-                spare = next((b for b in self._buffers if self._free(b)), None)
-                if spare is None:
-                    return buffer
-                self._buffers.remove(spare)
-            self._buffers.append(buffer)
+        if self._idle is None or not self.max_buffers or not self._may_keep(dtype, numel):
+            return buffer
+        nbytes = numel * dtype.itemsize
+        while len(self._buffers) >= self.max_buffers or (
+                self.max_bytes is not None and self.bytes + nbytes > self.max_bytes):
+            # full: make room by dropping a free buffer, else do not keep this one
+            spare = next((b for b in self._buffers if self._free(b)), None)
+            if spare is None:
+                return buffer
+            self._buffers.remove(spare)
+        self._buffers.append(buffer)
         return buffer.view(numel)
+
+    def _may_keep(self, dtype: torch.dtype, numel: int) -> bool:
+        if self.sizes is not None and (dtype, numel) not in self.sizes:
+            return False
+        return self.max_bytes is None or numel * dtype.itemsize <= self.max_bytes
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the buffers the pool keeps."""
+        return sum(b.numel() * b.element_size() for b in self._buffers)
 
     @property
     def held(self) -> int:

@@ -8,10 +8,15 @@ neighbour's address). A slow or dead neighbour fills only its own bounded
 queue; ``IMMEDIATE`` makes a send to a neighbour with no live connection fail
 at once (counted as ``unreachable``) instead of piling up.
 
-Memory bounds against a hostile or slow neighbour: ``MAXMSGSIZE`` (a frame
-larger than the wire's 16 MiB limit disconnects the sender before it is
-buffered), ``RCVHWM``/``SNDHWM`` (messages queued per connection) and a cap on
-the messages drained per poll.
+Memory bounds against a hostile or slow neighbour: every ZeroMQ message on
+the wire is a single frame (``send`` queues a message's frames as messages of
+their own; ``poll`` returns each with its connection, and counts and drops a
+multipart arrival, which libzmq had to assemble whole), so ``MAXMSGSIZE`` (a
+frame larger than the wire's 16 MiB limit disconnects the sender before it is
+buffered) bounds each one; ``RCVHWM``/``SNDHWM`` (messages queued per
+connection) and a cap on the frames and bytes drained per poll bound the
+rest. Which frames are accepted is the protocol's business
+(protocols/assembly.py: a verified header announces them).
 
 Zero-copy sends of tensors are *tracked*: ``wait_sent`` blocks until ZeroMQ
 has released every frame, and the driver calls it before anything may change
@@ -44,6 +49,9 @@ from topology.errors import HivemeshError
 Frames = Sequence[bytes | bytearray | memoryview]
 
 WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
+# a poll hands over at most about this many bytes (four of the largest frames): what the driver holds
+# at once while it feeds them to the assembly stays small, however many are queued
+POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +97,15 @@ class CurveKeys:
     allowed_client_keys: frozenset[bytes] = field(default_factory=frozenset)  # the roster
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """One single-frame message off the inbox and the connection it came on (the ROUTER's
+    routing id: frames of one connection arrive in the order they were sent)."""
+
+    connection: bytes
+    frame: zmq.Frame
+
+
 @dataclass
 class _Outbox:
     address: str
@@ -121,6 +138,7 @@ class Transport:
         self.messages_received = 0
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
+        self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
         self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
@@ -206,9 +224,12 @@ class Transport:
     # --------------------------------------------------------------- send
 
     def send(self, name: str, frames: Frames) -> bool:
-        """Queue one multipart message to ``name`` without copying; False if it was dropped.
+        """Queue ``frames`` to ``name``, each as a single-frame ZeroMQ message, in order and without
+        copying; False if the first was dropped (nothing of it was queued then).
 
-        The frames' buffers must not change until :meth:`wait_sent` returns.
+        The wire is single-frame (protocols/assembly.py: the receiver verifies a message's header
+        before it accepts the frames the header announced), so no frame of ours is ever part of a
+        multipart message. The frames' buffers must not change until :meth:`wait_sent` returns.
         """
         outbox = self._outboxes.get(name)
         if outbox is None:
@@ -216,23 +237,42 @@ class Transport:
         parts = list(frames)
         if not parts:
             raise ValueError("a message needs at least one frame")
-        # Each part is tracked on its own: send_multipart(track=True) returns only the LAST
-        # part's tracker, and waiting on that one lets the big frames before it tear.
-        first_flags = zmq.NOBLOCK | (zmq.SNDMORE if len(parts) > 1 else 0)
         try:
-            trackers = [outbox.socket.send(parts[0], flags=first_flags, copy=False, track=True)]
+            first = outbox.socket.send(parts[0], flags=zmq.NOBLOCK, copy=False, track=True)
         except zmq.Again:
             self.dropped[name] += 1
             return False
-        for index, part in enumerate(parts[1:], start=2):
-            more = zmq.SNDMORE if index < len(parts) else 0
-            trackers.append(outbox.socket.send(part, flags=more, copy=False, track=True))   # never blocks
-        outbox.pending.extend(t for t in trackers if t is not None and not t.done)
+        # Each frame is tracked on its own: waiting on the last one's tracker says nothing of the others.
+        outbox.pending.extend(t for t in [first] if t is not None and not t.done)
+        deadline = time.monotonic() + self.config.send_timeout_s
+        for part in parts[1:]:
+            # The queue filled half way through: the rest waits for room (a multipart message never
+            # had to, since ZeroMQ queues all of one or nothing), at most until the send timeout
+            if not self._send_one(name, outbox, part, deadline):
+                return False
         size = sum(memoryview(f).nbytes for f in frames)
         self.bytes_sent += size
         self.bytes_sent_to[name] += size
         self.messages_sent[name] += 1
         return True
+
+    def _send_one(self, name: str, outbox: _Outbox, part: bytes | bytearray | memoryview,
+                  deadline: float) -> bool:
+        while True:
+            try:
+                tracker = outbox.socket.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
+            except zmq.Again:
+                left_ms = int(1000 * (deadline - time.monotonic()))
+                if left_ms > 0 and outbox.socket.poll(left_ms, zmq.POLLOUT):
+                    continue
+                # a half-sent message: dropping the connection drops it whole (the receiver releases
+                # what the header announced when the connection goes quiet)
+                self.dropped[name] += 1
+                self._abandon(name, outbox)
+                return False
+            if tracker is not None and not tracker.done:
+                outbox.pending.append(tracker)
+            return True
 
     def pending_sends(self) -> int:
         return sum(len(o.pending) for o in self._outboxes.values())
@@ -265,22 +305,38 @@ class Transport:
 
     # ------------------------------------------------------------ receive
 
-    def poll(self, timeout_s: float) -> list[list[zmq.Frame]]:
-        """Wait up to ``timeout_s`` for messages; return each one's frames (routing id removed)."""
-        received: list[list[zmq.Frame]] = []
+    def poll(self, timeout_s: float) -> list[Arrival]:
+        """Wait up to ``timeout_s`` for frames; return each with the connection it came on, in order.
+
+        Draining stops after ``max_messages_per_poll`` frames or :data:`POLL_BYTES` bytes, so
+        what one poll hands over stays small beside the model. A multipart message is never
+        returned: the wire is single-frame, so one is hostile (counted in ``hostile``).
+        """
+        received: list[Arrival] = []
         events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
         if self._inbox not in events:
             return received
-        while len(received) < self.config.max_messages_per_poll:
+        drained = 0
+        while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
             try:
                 parts = self._inbox.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            frames = parts[1:]
-            self.bytes_received += sum(len(f) for f in frames)
+            size = sum(len(f) for f in parts[1:])
+            self.bytes_received += size
+            drained += size
+            if len(parts) != 2:
+                self._multipart(parts)
+                continue
             self.messages_received += 1
-            received.append(frames)
+            received.append(Arrival(parts[0].bytes, parts[1]))
         return received
+
+    def _multipart(self, parts: list[zmq.Frame]) -> None:
+        """The one place a multipart arrival is handled: libzmq assembled all of it in memory before
+        anybody could look, so its sender is hostile. Counted; its frames are dropped unread.
+        (The admission branch adds ``punish``: disconnect the sender and refuse it for a cool-down.)"""
+        self.hostile["multipart"] += 1
 
     # ------------------------------------------------------------- close
 

@@ -108,6 +108,7 @@ from peer.runtime.testhooks import (
     schedule_from_environment,
 )
 from peer.train.checkpoint import CheckpointSchedule
+from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.consensus import max_relative_distance
 from protocols.events import (
     CancelTimer,
@@ -136,7 +137,7 @@ from protocols.node import (
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, Stop
 from protocols.roster import Roster
-from protocols.wire import Opened, wire_size
+from protocols.wire import Opened, Rejection, wire_messages, wire_size
 from topology.errors import HivemeshError
 
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
@@ -191,9 +192,21 @@ class PeerDaemon:
         self.trainer = self.parts.trainer
         self.endpoint = self.parts.endpoint
         self.digester = ThreadDigester()    # busy only while a large message is sealed or opened
-        # what a machine holds at once: about one message per neighbour for this round and the next
-        self.receive_buffers = BufferPool(max_buffers=2 * len(self.parts.neighbours) + 2)
-        self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester)
+        # what a machine holds at once: about one message per neighbour for this round and the next,
+        # of the one size a model-sized tensor has (smaller ones arrive in one frame, not gathered)
+        mixed = self.trainer.mixed
+        pooled = 2 * len(self.parts.neighbours) + 2
+        self.receive_buffers = BufferPool(max_buffers=pooled,
+                                          max_bytes=pooled * mixed.numel() * mixed.element_size(),
+                                          sizes=frozenset({(mixed.dtype, mixed.numel())}))
+        # a message carries at most one model's worth, at the widest any codec writes it: the bound
+        # on what one header may announce, and on one sender's bytes in flight
+        policy = self.endpoint.policy
+        message_bytes = model_message_bytes(mixed.numel(), header_bytes=policy.max_header_bytes)
+        self.endpoint.use(allocate=self.receive_buffers.allocate, digest=self.digester,
+                          policy=dataclasses.replace(policy, max_message_bytes=message_bytes,
+                                                     max_elements=min(policy.max_elements, message_bytes)),
+                          assembly=AssemblyConfig(max_in_flight_bytes=2 * message_bytes))
         if protocol_version is not None:
             low, _ = self.endpoint.policy.accepted_versions
             self.endpoint.use(policy=dataclasses.replace(self.endpoint.policy,
@@ -499,19 +512,26 @@ class PeerDaemon:
     def _pump(self, timeout_s: float) -> None:
         """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
         assert self.transport is not None
-        for frames in self.transport.poll(timeout_s):
-            if self.hooks.cutting(self.now()):
-                self.counters.test_cut_dropped["received"] += 1
-                continue
-            opened = self.endpoint.open([f.buffer for f in frames], now_s=self.now())
-            if isinstance(opened, Opened):
-                self.counters.messages_accepted += 1
-                self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
-                self._dispatch(opened)
-            else:   # counted by the endpoint; a member set up differently is also said, once
-                notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)
-                if notice:
-                    self.status.warn(notice)
+        for arrival in self.transport.poll(timeout_s):
+            # one frame of the header-first wire: the endpoint verifies a header before it accepts
+            # the frames it announced, and hashes each as it arrives (protocols/assembly.py)
+            opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
+            if opened is not None:
+                self._opened(opened)
+        for released in self.endpoint.expire(self.now()):
+            self._opened(released)
+
+    def _opened(self, opened: Opened | Rejection) -> None:
+        if isinstance(opened, Rejection):   # counted by the endpoint; a member set up differently
+            notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)  # is said once
+            if notice:
+                self.status.warn(notice)
+        elif self.hooks.cutting(self.now()):
+            self.counters.test_cut_dropped["received"] += 1
+        else:
+            self.counters.messages_accepted += 1
+            self.counters.bytes_received_from[opened.sender] += opened.wire_bytes
+            self._dispatch(opened)
 
     def _dispatch(self, opened: Opened) -> None:
         """Hand a verified message to the Node (it routes by kind); what only a daemon shows
@@ -580,7 +600,7 @@ class PeerDaemon:
 
     def _send(self, action: Send) -> None:
         assert self.transport is not None
-        frames = self.endpoint.seal(action.recipients, action.message)
+        frames = wire_messages(self.endpoint.seal(action.recipients, action.message))   # header first
         size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
@@ -634,7 +654,7 @@ class PeerDaemon:
             self.counters.test_cut_dropped["sent"] += 1
             return False
         beat = self.node.heartbeat(step=self.trainer.step, loss=self._last_loss, stamp_s=time.time())
-        return self.transport.send(name, self.endpoint.seal((name,), beat))
+        return self.transport.send(name, wire_messages(self.endpoint.seal((name,), beat)))
 
     def _periodic(self) -> None:
         self._tick()
@@ -794,6 +814,7 @@ class PeerDaemon:
             "messages_accepted": self.counters.messages_accepted,
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
+            "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
             "sync_answers_sent": self.node.sync.answers_sent,
             "early_held": self.node.early.held_total,
             "state_sync": dict(sorted(self.node.sync.outcomes.items())),
