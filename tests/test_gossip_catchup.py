@@ -24,7 +24,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.gossip import GossipConfig, PushSum, make_machine
+from protocols.gossip import GossipConfig, PushSum, RoundMachine, make_machine
 from protocols.messages import ParamPush
 from topology import build
 from topology.analysis import diameter
@@ -94,6 +94,7 @@ def test_one_senders_word_moves_the_machine_only_as_far_as_the_sender_could_have
     params = torch.zeros(2, dtype=torch.float64)
     config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
     machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
+    assert isinstance(machine, RoundMachine)
     _one_round(machine, params)
     last = machine.last_round
     assert machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 3.5) == [
@@ -111,8 +112,10 @@ def test_one_senders_word_moves_the_machine_only_as_far_as_the_sender_could_have
     # An in-neighbour never heard in this life (p03 restarted its peer) is counted from our own
     # position at Start; before the machine has timed a round of its own nothing moves it.
     fresh = make_machine(config, name="p00", topology=build("ring:4"), params=torch.zeros(2))
+    assert isinstance(fresh, RoundMachine)
     fresh.handle(Start(), 0.0)
-    assert fresh.handle(Received("p03", _push(last, torch.zeros(2))), 100.0) == [Metric("catch_up_refused", 1.0)]
+    refused = fresh.handle(Received("p03", _push(last, torch.zeros(2))), 100.0)
+    assert refused == [Metric("catch_up_refused", 1.0)]
     assert fresh.catch_up == 0 and fresh.inbox == {}
 
 
@@ -122,6 +125,7 @@ def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows()
     topology = build("exponential:8")
     config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
     machine = make_machine(config, name="p00", topology=topology, params=torch.zeros(2))
+    assert isinstance(machine, RoundMachine)
     machine.handle(Start(), 0.0)
     inn = sorted(topology.in_neighbours("p00", 0))
     assert len(inn) == 5
@@ -137,6 +141,7 @@ def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows()
     # with byzantine_neighbours = 0 no claims confirm: the time bound alone
     alone = make_machine(GossipConfig(total_steps=1000, max_rounds_ahead=2, byzantine_neighbours=0),
                          name="p00", topology=topology, params=torch.zeros(2))
+    assert isinstance(alone, RoundMachine)
     alone.handle(Start(), 0.0)
     for j in inn[:3]:
         alone.handle(Received(j, _push(40, torch.zeros(2))), 0.1)

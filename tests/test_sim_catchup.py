@@ -145,13 +145,12 @@ def test_an_insiders_rounds_sequence_numbers_and_epochs_move_nobody() -> None:
         last = run.peers[ATTACKER].node.machine.last_round
         battery = _battery(last)
         # each crafted message, three times over the run, at times between the attacker's rounds
-        for k, at_s in enumerate((0.31, 1.52, 2.73)):
+        for at_s in (0.31, 1.52, 2.73):
             for i, (label, options, _) in enumerate(battery):
                 _forge(run, at_s + 0.001 * i, **options)
                 sent.append(label)
-            del k
 
-    attacked, run = _run("ring:4", attack)
+    attacked, _ = _run("ring:4", attack)
     battery = {label: reason for label, _, reason in _battery(STEPS - 1)}
     assert len(sent) == 3 * len(battery)
     honest = [n for n in attacked.peers if n != ATTACKER]

@@ -67,10 +67,20 @@ can drift apart by more than ``max_rounds_ahead`` rounds (a partition that
 outlasts the neighbour timeout, a straggler its neighbours stopped waiting
 for); then every message across is too far ahead on one side and stale on the
 other, and the parts never mix again. So a message from an in-neighbour more
-than ``max_rounds_ahead`` rounds ahead is kept (only the newest such round: a
-bounded buffer) and makes the machine *catch up*: it closes its current round
-at once, mixing what it has (no deadline wait: it is leaving that round
-anyway), and jumps to that round, counting ``rounds_skipped``. The skipped
+than ``max_rounds_ahead`` rounds ahead makes the machine *catch up*: it closes
+its current round at once, mixing what it has (no deadline wait: it is leaving
+that round anyway), and jumps ahead, counting ``rounds_skipped``. How far is
+bounded, since a round number is only a claim (protocols/gossip/catchup.py):
+to where that sender could have trained since it was last believed (at twice
+this peer's own step rate), unless ``f + 1`` in-neighbours confirm a farther
+round (where the in-degree is at least ``2f + 1``). A jump short of the claim
+counts ``catch_up_bounded``, and the sender, ahead of the rounds landed in, is
+not waited for there (a laggard until heard at most a round ahead); a claim
+that moves nothing is dropped as ``catch_up_refused``, or, where claims can be
+confirmed, kept as its sender's one claim (``catch_up_unconfirmed``, the
+newest per sender: a bounded buffer). Repeated, a claim moves the machine
+along at the rate of the bound, so a half left behind by a cut catches up
+across the single edge a ring gives it. The skipped
 rounds send nothing and do no local work, but their steps count as done
 (``steps_skipped``), so ``steps_done`` stays the schedule position of the
 round (``round * local_steps``, as after ``join_at``) and both parts finish
