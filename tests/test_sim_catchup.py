@@ -10,6 +10,7 @@ with them (protocols/gossip/catchup.py), the same code the daemon runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from protocols.events import Send
 from protocols.messages import ParamPush
 from protocols.node.schedule import Cut, Reached, Schedule
+from protocols.wire import wire_size
 from sim.gossip_driver import GossipRun, SimPeer
 from sim.scenario import scenario_from_dict
 from sim.world import ScenarioResult, build_world
@@ -71,9 +73,14 @@ def _forge(run: GossipRun, at_s: float, round_index: int, *, to: tuple[str, ...]
         endpoint.epoch = kept[0] if epoch is None else epoch
         endpoint.seq = kept[1] if seq is None else seq
         try:
-            run._send(peer, Send(to, forged))
+            frames = [bytes(f) for f in endpoint.seal(to, forged)]
         finally:
             endpoint.epoch, endpoint.seq = kept[0], kept[1] + 1
+        for recipient in to:  # over the simulator's link model, as any message
+            transfer = run.network.transmit(ATTACKER, recipient, wire_size(frames), run.engine.now_s)
+            assert transfer.arrival_s is not None
+            arrive = functools.partial(run._arrive, ATTACKER, recipient, list(frames))
+            run.engine.at(transfer.arrival_s, arrive)
     run.engine.at(at_s, fire)
 
 
@@ -124,6 +131,8 @@ def _battery(last_round: int) -> list[tuple[str, dict[str, Any], str]]:
         ("the last round", {"round_index": last_round}, "catch_up_refused"),
         ("round 2^31", {"round_index": 2**31}, "bad_round"),
         ("round 2^63 - 1", {"round_index": INT64_MAX}, "bad_round"),
+        ("round 2^63", {"round_index": 2**63}, "bad_round"),
+        ("round 2^64 - 1", {"round_index": U64_MAX}, "bad_round"),
         ("seq 2^62", {"round_index": last_round, "seq": 2**62}, "seq_jump"),
         ("seq 2^63 - 1", {"round_index": last_round, "seq": INT64_MAX}, "seq_jump"),
         ("seq 2^64 - 1", {"round_index": last_round, "seq": U64_MAX}, "malformed_header"),
@@ -177,6 +186,36 @@ def test_an_insiders_rounds_sequence_numbers_and_epochs_move_nobody() -> None:
         assert attacked.peers[name]["rejections"] == clean.peers[name]["rejections"]
     for name in honest:
         assert abs(_accuracy(attacked)[name] - _accuracy(clean)[name]) <= 0.01
+
+
+def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_could_have_trained() -> None:
+    # The attacker's own messages are lost from 0.5 s to 1.5 s (it trains on, hearing the others),
+    # then it claims the last round. Its neighbours last believed it at 0.5 s: at twice their own
+    # step rate it can have gained 2 x 1.0 s / 20 ms = 100 rounds on that, no more.
+    silent_from_s, silent_until_s = 0.5, 1.5
+
+    def attack(run: GossipRun) -> None:
+        send = run._send
+
+        def lossy(peer: SimPeer, action: Send) -> None:
+            if not (peer.name == ATTACKER and silent_from_s <= run.engine.now_s < silent_until_s):
+                send(peer, action)
+
+        run._send = lossy  # type: ignore[method-assign]
+        _forge(run, silent_until_s, run.peers[ATTACKER].node.machine.last_round)
+
+    attacked, _ = _run("ring:4", attack)
+    reach_rounds = 2 * (silent_until_s - silent_from_s) / (STEP_MS / 1000)
+    skipped = _skipped(attacked)
+    for name in ("p00", "p02"):
+        assert attacked.peers[name]["metrics"]["catch_up_bounded"] == 1.0
+        assert 0 < skipped[name] <= reach_rounds, skipped
+    # (the ring then follows its members ahead, each at the bounded rate: 72-74 rounds skipped each,
+    # where one message once made them skip 193 of 200 without any silence)
+    for name in attacked.peers:
+        assert skipped[name] <= reach_rounds, skipped
+        assert attacked.peers[name]["finished"], name
+        assert _accuracy(attacked)[name] >= ACCURACY_BAR
 
 
 # ------------------------------------------------------------ acceptance (f): a ring cut in two heals
