@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from protocols.events import Send
@@ -188,7 +189,8 @@ def test_an_insiders_rounds_sequence_numbers_and_epochs_move_nobody() -> None:
         assert abs(_accuracy(attacked)[name] - _accuracy(clean)[name]) <= 0.01
 
 
-def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_could_have_trained() -> None:
+def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_could_have_trained(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # The attacker's own messages are lost from 0.5 s to 1.5 s (it trains on, hearing the others),
     # then it claims the last round. Its neighbours last believed it at 0.5 s: at twice their own
     # step rate it can have gained 2 x 1.0 s / 20 ms = 100 rounds on that, no more.
@@ -201,7 +203,7 @@ def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_c
             if not (peer.name == ATTACKER and silent_from_s <= run.engine.now_s < silent_until_s):
                 send(peer, action)
 
-        run._send = lossy  # type: ignore[method-assign]
+        monkeypatch.setattr(run, "_send", lossy)
         _forge(run, silent_until_s, run.peers[ATTACKER].node.machine.last_round)
 
     attacked, _ = _run("ring:4", attack)
