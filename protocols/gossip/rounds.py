@@ -430,8 +430,9 @@ class RoundMachine(MachineBase):
         target = min(r, math.floor(credited_steps / config.local_steps))
         claims = {sender: r}
         if needed:
-            for k in [k for k in self.inbox if k > horizon and sender in self.inbox[k]]:
-                self._retire({sender: self.inbox[k].pop(sender)}, "dropped_future")  # superseded
+            # its older claim is superseded (not the round we jump to, if it is there)
+            for k in [k for k in self.inbox if k > max(horizon, self.catch_up) and sender in self.inbox[k]]:
+                self._retire({sender: self.inbox[k].pop(sender)}, "dropped_future")
                 if not self.inbox[k]:
                     del self.inbox[k]
             claims = {j: k for k in sorted(self.inbox) if k > horizon for j in self.inbox[k]}
