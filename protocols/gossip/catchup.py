@@ -11,10 +11,14 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
 * **Time.** One in-neighbour moves us only as far as it could have trained
   since we last believed it: from the round of its last believed message (or,
   not heard yet in this life, our own position at ``Start``), at ``speedup``
-  (2) times our own step rate. The rate is our fastest round's work time per
-  step in this life, as measured between ``StartWork`` and ``WorkDone`` on the
-  driver's clock (``now``; a hold or a slow round only lengthens a round, so
-  the fastest is the rate). A claim within that reach is believed and becomes
+  (2) times our own step rate. The rate is how fast we really go through the
+  schedule: the median time per step of our last ``ROUNDS_TIMED`` training
+  rounds in this life, each from its start to its close on the driver's clock
+  (``now``), exchange included. Not the work alone: where rounds wait on the
+  network (1 ms of compute in 15 ms rounds), a neighbour heard every round
+  would otherwise reach 30 rounds ahead at each message. The median, so that
+  a held round, or one closed at once on buffered messages, does not set it.
+  A claim within that reach is believed and becomes
   the sender's new reference; a claim beyond it is credited only to the reach
   (the reference is kept, so repeating the claim gains nothing but time). No
   round measured yet: no reach beyond the reference. A ring's only help
@@ -35,10 +39,13 @@ restarted machine starts from its own position, and its rate is measured anew.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 SPEEDUP = 2.0  # how much faster than us an in-neighbour may have trained (heterogeneous hardware)
+ROUNDS_TIMED = 15  # our own rounds the step rate is the median of (odd: a middle one)
 
 
 def confirmations(in_degree: int, byzantine_neighbours: int) -> int:
@@ -74,7 +81,7 @@ class Reach:
 
     def __init__(self, *, speedup: float = SPEEDUP) -> None:
         self.speedup = speedup
-        self.step_s: float | None = None  # our fastest work time per step in this life
+        self.timed: deque[float] = deque(maxlen=ROUNDS_TIMED)  # seconds per step of our last rounds
         self.origin: Reference | None = None  # our own position at Start
         self.believed: dict[str, Reference] = {}
 
@@ -82,22 +89,27 @@ class Reach:
         """A life begins (``Start``): references of an earlier life are on another clock."""
         self.origin = Reference(float(steps_done), now)
         self.believed = {}
-        self.step_s = None
+        self.timed.clear()
 
     def worked(self, steps: int, seconds: float) -> None:
-        """Our own round of ``steps`` local steps took ``seconds`` (StartWork to WorkDone)."""
+        """Our own training round of ``steps`` local steps took ``seconds``, start to close."""
         if steps > 0 and seconds > 0 and math.isfinite(seconds):
-            per_step = seconds / steps
-            self.step_s = per_step if self.step_s is None else min(self.step_s, per_step)
+            self.timed.append(seconds / steps)
+
+    @property
+    def step_s(self) -> float | None:
+        """Our time per step (the median of the rounds timed), None before the first."""
+        return statistics.median(self.timed) if self.timed else None
 
     def reach(self, sender: str, now: float) -> float:
         """The farthest position (steps) ``sender`` can be at ``now``."""
         ref = self.believed.get(sender, self.origin)
         if ref is None:
             return 0.0
-        if self.step_s is None:
+        step_s = self.step_s
+        if step_s is None:
             return ref.steps
-        return ref.steps + self.speedup * max(0.0, now - ref.at_s) / self.step_s
+        return ref.steps + self.speedup * max(0.0, now - ref.at_s) / step_s
 
     def credit(self, sender: str, steps: int, now: float) -> float:
         """What a claim that ``sender`` is at ``steps`` is credited: the claim if within reach (it

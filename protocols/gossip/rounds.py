@@ -154,7 +154,7 @@ class RoundMachine(MachineBase):
         self.anchor: torch.Tensor | None = None  # "after": the parameters at StartWork (insider filter)
         self.step_norm = 0.0  # "after": ||x_after - x_before|| of this round's local steps
         self.reach = Reach()  # how far each in-neighbour's word may move us (catchup.py)
-        self.work_began_s: float | None = None  # when this round's StartWork was issued (our step rate)
+        self.round_began_s: float | None = None  # when this training round began (our step rate)
 
     # ------------------------------------------------------------ maths hooks
 
@@ -203,9 +203,6 @@ class RoundMachine(MachineBase):
                     self.counters["unexpected_event"] += 1
                     return []
                 self.phase = Phase.WAITING
-                if self.work_began_s is not None:
-                    self.reach.worked(self.round_steps, now - self.work_began_s)
-                    self.work_began_s = None
                 return self._settle(now, self._after_work())
             case Received(sender=sender, message=ParamPush() as message):
                 return self._on_message(sender, message, now)
@@ -227,7 +224,7 @@ class RoundMachine(MachineBase):
 
     def _on_start(self, now: float) -> list[Action]:
         self.reach.started(self.steps_done, now)  # a new life: its clock starts here
-        self.work_began_s = None
+        self.round_began_s = None
         match self.phase:
             case Phase.IDLE:
                 self.start_s = now
@@ -269,7 +266,7 @@ class RoundMachine(MachineBase):
         actions += self.last_sends
         if self.round_steps:
             self.phase = Phase.WORKING
-            self.work_began_s = now
+            self.round_began_s = now
             actions.append(StartWork(self.round_steps))
         else:
             self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
@@ -462,6 +459,9 @@ class RoundMachine(MachineBase):
         if self.timer_set:
             actions.append(CancelTimer(self._timer_key()))
             self.timer_set = False
+        if self.round_began_s is not None and self.catch_up <= t:  # (one left for a jump is cut short)
+            self.reach.worked(self.round_steps, now - self.round_began_s)
+        self.round_began_s = None
         box = self.inbox.pop(t, {})
         missing = {j for j in self._live(t) if j not in box}
         self._count("missed_deadline", len(missing))
