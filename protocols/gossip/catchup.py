@@ -18,12 +18,12 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
   network (1 ms of compute in 15 ms rounds), a neighbour heard every round
   would otherwise reach 30 rounds ahead at each message. The median, so that
   a held round, or one closed at once on buffered messages, does not set it.
-  A claim within that reach is believed and becomes
-  the sender's new reference; a claim beyond it is credited only to the reach
-  (the reference is kept, so repeating the claim gains nothing but time). No
-  round measured yet: no reach beyond the reference. A ring's only help
-  across a cut is its one neighbour there: the half behind catches up through
-  this rule, at the rate of the reach.
+  A claim within that reach is believed and becomes the sender's new
+  reference; a claim beyond it is credited only to the reach (the reference is
+  kept, so repeating the claim gains nothing but time). No round measured
+  yet: no reach beyond the reference. A ring's only help across a cut is its
+  one neighbour there: the half behind catches up through this rule, at the
+  rate of the reach.
 * **Evidence.** Where the in-degree ``d`` allows (``d >= 2f + 1``, with ``f``
   the Byzantine in-neighbours tolerated, ``byzantine_neighbours``: by default
   1 where ``d >= 3``, else 0), claims from ``f + 1`` distinct in-neighbours
@@ -31,6 +31,13 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
   round, which at least one honest in-neighbour is in. ``d >= 2f + 1`` keeps
   ``f + 1`` honest in-neighbours however the ``f`` others lie. With ``f = 0``
   no claims lift the bound.
+
+What the time rule cannot tell: a neighbour whose round messages stopped
+for a while (a cut, or the whole network held) may really be that far ahead,
+so a claim within the time since is followed, whoever signed it. Heard every
+round, a member gains about ``speedup`` rounds per message, within the buffer
+window: nothing. (Heartbeats, which the Node sees and the machine does not,
+are not consulted.)
 
 References are times on this life's clock, so they are not checkpointed: a
 restarted machine starts from its own position, and its rate is measured anew.
@@ -41,7 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SPEEDUP = 2.0  # how much faster than us an in-neighbour may have trained (heterogeneous hardware)
@@ -121,7 +128,3 @@ class Reach:
         if ref is None or steps >= ref.steps:
             self.believed[sender] = Reference(float(steps), now)
         return float(steps)
-
-    def forget(self, names: Iterable[str]) -> None:
-        for name in names:
-            self.believed.pop(name, None)
