@@ -14,10 +14,13 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
   (2) times our own step rate. The rate is how fast we really go through the
   schedule: the median time per step of our last ``ROUNDS_TIMED`` training
   rounds in this life, each from its start to its close on the driver's clock
-  (``now``), exchange included. Not the work alone: where rounds wait on the
-  network (1 ms of compute in 15 ms rounds), a neighbour heard every round
-  would otherwise reach 30 rounds ahead at each message. The median, so that
-  a held round, or one closed at once on buffered messages, does not set it.
+  (``now``), exchange included; only rounds that closed complete, as the
+  network's pace (a member cut off waits out a deadline per round: timed, it
+  would never catch up at twice that). Not the work alone: where rounds wait
+  on the network (1 ms of compute in 15 ms rounds), a neighbour heard every
+  round would otherwise reach 30 rounds ahead at each message. The median, so
+  that a held round, or one closed at once on buffered messages, does not set
+  it.
   A claim within that reach is believed and becomes the sender's new
   reference; a claim beyond it is credited only to the reach (the reference is
   kept, so repeating the claim gains nothing but time). No round measured

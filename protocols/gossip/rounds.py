@@ -459,7 +459,9 @@ class RoundMachine(MachineBase):
         if self.timer_set:
             actions.append(CancelTimer(self._timer_key()))
             self.timer_set = False
-        if self.round_began_s is not None and self.catch_up <= t:  # (one left for a jump is cut short)
+        if self.round_began_s is not None and self.catch_up <= t and self._complete():
+            # our pace in company: not a round its deadline closed (a member cut off waits out one
+            # per deadline, and would never catch up at twice that), nor one left for a jump
             self.reach.worked(self.round_steps, now - self.round_began_s)
         self.round_began_s = None
         box = self.inbox.pop(t, {})
