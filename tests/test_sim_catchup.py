@@ -193,7 +193,8 @@ def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_c
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The attacker's own messages are lost from 0.5 s to 1.5 s (it trains on, hearing the others),
     # then it claims the last round. Its neighbours last believed it at 0.5 s: at twice their own
-    # step rate it can have gained 2 x 1.0 s / 20 ms = 100 rounds on that, no more.
+    # pace (a round is a 20 ms step and the exchange) it can have gained under 2 x 1.0 s / 20 ms =
+    # 100 rounds on that.
     silent_from_s, silent_until_s = 0.5, 1.5
 
     def attack(run: GossipRun) -> None:
