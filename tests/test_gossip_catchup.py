@@ -24,7 +24,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.gossip import GossipConfig, PushSum, make_machine
+from protocols.gossip import GossipConfig, PushSum, RoundMachine, make_machine
 from protocols.messages import ParamPush
 from topology import build
 from topology.analysis import diameter
@@ -42,35 +42,110 @@ def _sends(actions: list[Any]) -> list[tuple[tuple[str, ...], ParamPush]]:
 # ------------------------------------------------------------ by hand
 
 
-def test_a_message_far_ahead_makes_the_machine_close_its_round_and_jump_to_that_round() -> None:
-    # Prepare: p00 on a ring of 4 (W = 1/3: p01, p03 and itself), buffering at most 2 rounds ahead.
+def _one_round(machine: Any, params: torch.Tensor, *, work_s: float = 1.0) -> None:
+    """Round 0 in step with p01 and p03 (both send zeros at 0.5), its step taking ``work_s``: the
+    machine's step rate, and both neighbours believed at round 0."""
+    machine.handle(Start(), 0.0)
+    for j in ("p01", "p03"):
+        machine.handle(Received(j, _push(0, torch.zeros_like(params))), 0.5)
+    params -= 1.0
+    machine.handle(WorkDone(1, 0.0), work_s)
+    assert machine.round == 1
+
+
+def test_a_message_far_ahead_within_its_senders_reach_makes_the_machine_close_its_round_and_jump() -> None:
+    # Prepare: p00 on a ring of 4 (W = 1/3: p01, p03 and itself), buffering at most 2 rounds ahead;
+    # a step takes it 1 s, and p01 was heard in round 0 at 0.5 s.
     params = torch.zeros(2, dtype=torch.float64)
     config = GossipConfig(total_steps=10, max_rounds_ahead=2)
     machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
-    machine.handle(Start(), 0.0)
-    # Execute: p01 is 5 rounds ahead, p03 4 (older than the round to jump to) while p00 works.
-    assert machine.handle(Received("p01", _push(5, torch.full((2,), 3.0, dtype=torch.float64))), 0.1) == []
-    dropped = machine.handle(Received("p03", _push(4, torch.ones(2, dtype=torch.float64))), 0.2)
+    _one_round(machine, params)
+    # Execute: at 3.5 s p01 says round 6, as far as it can have trained since (3 s at twice our
+    # rate); p03 says 5 (older than the round to jump to) while p00 works.
+    assert machine.handle(Received("p01", _push(6, torch.full((2,), 3.0, dtype=torch.float64))), 3.5) == []
+    dropped = machine.handle(Received("p03", _push(5, torch.ones(2, dtype=torch.float64))), 3.5)
     params -= 1.0  # the trainer's step
-    jumped = machine.handle(WorkDone(1, 0.0), 1.0)
-    # Assert: round 0 closed at once (no deadline), rounds 1-4 skipped with their steps counted,
-    # round 5 started from the current parameters, with p01's round-5 message kept.
+    jumped = machine.handle(WorkDone(1, 0.0), 4.0)
+    # Assert: round 1 closed at once (no deadline), rounds 2-5 skipped with their steps counted,
+    # round 6 started from the current parameters, with p01's round-6 message kept.
     assert dropped == [Metric("dropped_future", 1.0)]
     assert not any(isinstance(a, SetTimer) for a in jumped)
     sends = _sends(jumped)
-    assert [m.round for _, m in sends] == [5] and sends[0][0] == ("p01", "p03")
-    assert torch.equal(sends[0][1].tensors["x"], torch.full((2,), -1.0, dtype=torch.float64))
+    assert [m.round for _, m in sends] == [6] and sends[0][0] == ("p01", "p03")
+    assert torch.equal(sends[0][1].tensors["x"], torch.full((2,), -2.0, dtype=torch.float64))
     assert StartWork(1) in jumped
     assert Metric("rounds_skipped", 4.0) in jumped and Metric("steps_skipped", 4.0) in jumped
-    assert machine.counters["missed_deadline"] == 2  # round 0 left p01 and p03 out
-    # Then round 5 is an ordinary round: p03's message completes it.
-    machine.handle(Received("p03", _push(5, torch.full((2,), 6.0, dtype=torch.float64))), 1.1)
+    assert machine.counters["missed_deadline"] == 2  # round 1 left p01 and p03 out
+    assert machine.counters["catch_up_bounded"] == 0
+    # Then round 6 is an ordinary round: p03's message completes it.
+    machine.handle(Received("p03", _push(6, torch.full((2,), 6.0, dtype=torch.float64))), 4.1)
     params -= 1.0
-    machine.handle(WorkDone(1, 0.0), 2.0)
-    expected = -2.0 + (3.0 - -1.0) / 3 + (6.0 - -1.0) / 3
+    machine.handle(WorkDone(1, 0.0), 5.0)
+    expected = -3.0 + (3.0 - -2.0) / 3 + (6.0 - -2.0) / 3
     assert torch.allclose(params, torch.full((2,), expected, dtype=torch.float64), atol=1e-15)
     _, meta = machine.export_state()
-    assert (meta["round"], meta["steps_done"], meta["catch_up"]) == (6, 6, 5)
+    assert (meta["round"], meta["steps_done"], meta["catch_up"]) == (7, 7, 6)
+
+
+def test_one_senders_word_moves_the_machine_only_as_far_as_the_sender_could_have_trained() -> None:
+    # The attack of issue 14: one valid message for round last_round made a peer skip the rest of
+    # its training. p01, heard in round 0 at 0.5 s, claims the last round at 3.5 s: it can have
+    # trained at most 3 s at twice our rate (1 step/s): 6 steps.
+    params = torch.zeros(2, dtype=torch.float64)
+    config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
+    machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
+    assert isinstance(machine, RoundMachine)
+    _one_round(machine, params)
+    last = machine.last_round
+    assert machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 3.5) == [
+        Metric("catch_up_bounded", 1.0)]
+    params -= 1.0
+    machine.handle(WorkDone(1, 0.0), 4.0)
+    assert machine.round == 6  # round 1 closed, then a jump to where p01 can be
+    assert machine.counters["rounds_skipped"] == 4
+    # Repeating the claim gains only time: p01's credit is still counted from round 0 at 0.5 s
+    # (at 4.5 s: step 8, within the buffer window, so no jump; at 5.5 s: 10).
+    machine.handle(Received("p01", _push(last - 1, torch.zeros(2, dtype=torch.float64))), 4.5)
+    assert machine.catch_up == 6 and machine.counters["catch_up_refused"] == 1
+    machine.handle(Received("p01", _push(last - 2, torch.zeros(2, dtype=torch.float64))), 5.5)
+    assert machine.catch_up == 10 and machine.counters["catch_up_bounded"] == 2
+    # An in-neighbour never heard in this life (p03 restarted its peer) is counted from our own
+    # position at Start; before the machine has timed a round of its own nothing moves it.
+    fresh = make_machine(config, name="p00", topology=build("ring:4"), params=torch.zeros(2))
+    assert isinstance(fresh, RoundMachine)
+    fresh.handle(Start(), 0.0)
+    refused = fresh.handle(Received("p03", _push(last, torch.zeros(2))), 100.0)
+    assert refused == [Metric("catch_up_refused", 1.0)]
+    assert fresh.catch_up == 0 and fresh.inbox == {}
+
+
+def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows() -> None:
+    # exponential:8: p00 has 5 in-neighbours, so f = 1 and the second-highest of their claims is a
+    # round some honest one is in. No step of ours is timed: the time bound allows nothing.
+    topology = build("exponential:8")
+    config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
+    machine = make_machine(config, name="p00", topology=topology, params=torch.zeros(2))
+    assert isinstance(machine, RoundMachine)
+    machine.handle(Start(), 0.0)
+    inn = sorted(topology.in_neighbours("p00", 0))
+    assert len(inn) == 5
+    machine.handle(Received(inn[0], _push(machine.last_round, torch.zeros(2))), 0.1)  # the liar
+    assert machine.catch_up == 0 and machine.counters["catch_up_unconfirmed"] == 1
+    machine.handle(Received(inn[1], _push(40, torch.zeros(2))), 0.2)
+    assert machine.catch_up == 40 and machine.counters["catch_up_bounded"] == 0
+    # the liar's claim is kept as its one claim (newest per sender); the confirmed round is buffered
+    assert sorted(machine.inbox) == [40, machine.last_round]
+    assert inn[0] in machine.laggards  # claims past the round we jump to: not waited for there
+    machine.handle(WorkDone(1, 0.0), 1.0)
+    assert machine.round == 40 and machine.counters["rounds_skipped"] == 39
+    # with byzantine_neighbours = 0 no claims confirm: the time bound alone
+    alone = make_machine(GossipConfig(total_steps=1000, max_rounds_ahead=2, byzantine_neighbours=0),
+                         name="p00", topology=topology, params=torch.zeros(2))
+    assert isinstance(alone, RoundMachine)
+    alone.handle(Start(), 0.0)
+    for j in inn[:3]:
+        alone.handle(Received(j, _push(40, torch.zeros(2))), 0.1)
+    assert alone.catch_up == 0 and alone.counters["catch_up_refused"] == 3
 
 
 def test_a_jump_carries_over_checkpoints_and_never_skips_the_final_gossip_rounds() -> None:
@@ -79,13 +154,16 @@ def test_a_jump_carries_over_checkpoints_and_never_skips_the_final_gossip_rounds
     config = GossipConfig(total_steps=3, final_gossip_rounds=6, max_rounds_ahead=1)
     machine = make_machine(config, name="p00", topology=build("ring:3"), params=params)
     machine.handle(Start(), 0.0)
-    machine.handle(Received("p01", _push(8, torch.ones(1))), 0.1)
+    for j in ("p01", "p02"):
+        machine.handle(Received(j, _push(0, torch.zeros(1))), 0.5)
+    machine.handle(WorkDone(1, 0.0), 1.0)  # round 0, a step timed at 1 s
+    machine.handle(Received("p01", _push(8, torch.ones(1))), 10.0)  # within p01's reach
     state: ProtocolState = machine.export_state()
     again = make_machine(config, name="p00", topology=build("ring:3"), params=params.clone())
     again.restore_state(state)
     # 3 steps then 6 final rounds: the jump to round 8 stops where training ends (round 3)...
-    actions = again.handle(WorkDone(1, 0.0), 1.0)
-    assert (again.counters["rounds_skipped"], again.counters["steps_skipped"]) == (2, 2)
+    actions = again.handle(WorkDone(1, 0.0), 11.0)
+    assert (again.counters["rounds_skipped"], again.counters["steps_skipped"]) == (1, 1)
     assert [m.round for _, m in _sends(actions)] == [3] and not any(isinstance(a, StartWork) for a in actions)
     assert Finished() not in actions
     # ...(p01's round-8 message was dropped then), and once training is over a round far ahead
@@ -105,8 +183,9 @@ def test_choco_does_not_catch_up_its_views_of_lost_updates_would_be_wrong() -> N
 
 
 def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice() -> None:
-    # p00 (in-neighbours p04, p06, p07) jumps far ahead on p07's word, then hears p06's old
-    # rounds: their weight is mass, added at the next mix, not dropped as stale.
+    # p00 (in-neighbours p04, p06, p07) jumps far ahead on p07's and p04's word (in-degree 3: two
+    # claims confirm a jump), then hears p06's old rounds: their weight is mass, added at the next
+    # mix, not dropped as stale.
     topology = build("directed-exponential:8")
     params = torch.zeros(2, dtype=torch.float64)
     config = GossipConfig(algorithm="pushsum", total_steps=50, max_rounds_ahead=2)
@@ -114,6 +193,7 @@ def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice
     assert isinstance(machine, PushSum)
     machine.handle(Start(), 0.0)
     machine.handle(Received("p07", _push(20, torch.full((2,), 4.0, dtype=torch.float64), w=0.5)), 0.1)
+    machine.handle(Received("p04", _push(20, torch.full((2,), 2.0, dtype=torch.float64), w=0.25)), 0.1)
     machine.handle(WorkDone(1, 0.0), 1.0)  # round 0 closed at once, rounds 1-19 skipped
     assert machine.round == 20 and machine.counters["rounds_skipped"] == 19
     for r in (1, 2, 1):  # p06 was far behind, and its round 1 comes twice
@@ -121,8 +201,8 @@ def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice
     assert machine.counters["late_message"] == 2 and machine.counters["duplicate_message"] == 1
     assert machine.counters.get("stale_message", 0) == 0
     held = machine.mass
-    assert held == machine.weight + 0.5 + 2 * 0.25
-    # Round 20 closes with p07's message (p04 and p06 are laggards since round 0) and p06's two
+    assert held == machine.weight + 0.5 + 0.25 + 2 * 0.25
+    # Round 20 closes with p07's and p04's messages (p06 is a laggard since round 0) and p06's two
     # late ones: all the mass held is now this peer's weight or in what it sends for round 21.
     actions = machine.handle(WorkDone(1, 0.0), 2.0)
     sent = [float(m.meta["w"]) * len(recipients) for recipients, m in _sends(actions)]

@@ -187,7 +187,9 @@ class MachineBase:
         """The highest round any honest member can be in or send: the training rounds
         (``ceil(total_steps / local_steps)``) then the final gossip rounds. A message for a later
         (or a negative) round is impossible, whoever signed it: it is counted ``bad_round``, never
-        followed (a forged round 2^62 would otherwise make a peer catch up past all its training).
+        followed. A round within the schedule may still be forged (a member's valid message for
+        ``last_round``): how far such a claim moves a peer is bounded by its sender's reach, or
+        needs confirming in-neighbours (protocols/gossip/catchup.py).
         """
         config = self.config
         return -(-config.total_steps // config.local_steps) + config.final_gossip_rounds - 1

@@ -38,6 +38,10 @@ class GossipConfig:
     choco_full_start: bool = True  # CHOCO's round 0 is uncompressed: public copies start exact, not at 0
     deadline_s: float = 10.0  # how long a peer whose work is done waits for a missing neighbour
     max_rounds_ahead: int = 4  # messages for later rounds are buffered up to this far ahead (memory bound)
+    # f, the lying in-neighbours a catch-up tolerates: f + 1 of them claiming a far round make a peer jump
+    # there (where in-degree >= 2f + 1); else one moves it at most 2x its own rate (catchup.py); -1 = 1
+    # where the in-degree is >= 3, else 0
+    byzantine_neighbours: int = -1
     final_gossip_rounds: int = 0  # gossip-only rounds after training that drive the peers to consensus
     outer: Outer = "none"  # "diloco": Nesterov outer step on the averaged pseudo-gradient
     outer_lr: float = 0.7  # DiLoCo's outer learning rate (Douillard et al. 2023)
@@ -79,6 +83,9 @@ class GossipConfig:
             raise ValueError(f"deadline_s must be > 0, not {self.deadline_s}")
         if self.max_rounds_ahead < 1:
             raise ValueError(f"max_rounds_ahead must be >= 1, not {self.max_rounds_ahead}")
+        if self.byzantine_neighbours < -1:
+            raise ValueError(f"byzantine_neighbours must be >= 0 (-1: chosen from the in-degree), "
+                             f"not {self.byzantine_neighbours}")
         if self.final_gossip_rounds < 0:
             raise ValueError(f"final_gossip_rounds must be >= 0, not {self.final_gossip_rounds}")
         if self.outer not in ("none", "diloco"):

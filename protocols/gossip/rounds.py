@@ -67,10 +67,20 @@ can drift apart by more than ``max_rounds_ahead`` rounds (a partition that
 outlasts the neighbour timeout, a straggler its neighbours stopped waiting
 for); then every message across is too far ahead on one side and stale on the
 other, and the parts never mix again. So a message from an in-neighbour more
-than ``max_rounds_ahead`` rounds ahead is kept (only the newest such round: a
-bounded buffer) and makes the machine *catch up*: it closes its current round
-at once, mixing what it has (no deadline wait: it is leaving that round
-anyway), and jumps to that round, counting ``rounds_skipped``. The skipped
+than ``max_rounds_ahead`` rounds ahead makes the machine *catch up*: it closes
+its current round at once, mixing what it has (no deadline wait: it is leaving
+that round anyway), and jumps ahead, counting ``rounds_skipped``. How far is
+bounded, since a round number is only a claim (protocols/gossip/catchup.py):
+to where that sender could have trained since it was last believed (at twice
+this peer's own step rate), unless ``f + 1`` in-neighbours confirm a farther
+round (where the in-degree is at least ``2f + 1``). A jump short of the claim
+counts ``catch_up_bounded``, and the sender, ahead of the rounds landed in, is
+not waited for there (a laggard until heard at most a round ahead); a claim
+that moves nothing is dropped as ``catch_up_refused``, or, where claims can be
+confirmed, kept as its sender's one claim (``catch_up_unconfirmed``, the
+newest per sender: a bounded buffer). Repeated, a claim moves the machine
+along at the rate of the bound, so a half left behind by a cut catches up
+across the single edge a ring gives it. The skipped
 rounds send nothing and do no local work, but their steps count as done
 (``steps_skipped``), so ``steps_done`` stays the schedule position of the
 round (``round * local_steps``, as after ``join_at``) and both parts finish
@@ -119,6 +129,7 @@ from protocols.events import (
 )
 from protocols.gossip.admission import Admission, Distance, Lateness, admission, distance_of
 from protocols.gossip.base import MachineBase, Phase, export_messages, restore_messages
+from protocols.gossip.catchup import Reach, confirmations, confirmed_round
 from protocols.messages import ParamPush
 
 Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
@@ -142,6 +153,8 @@ class RoundMachine(MachineBase):
         self.after = self.config.mixing == "after"  # send post-step values once the work is done
         self.anchor: torch.Tensor | None = None  # "after": the parameters at StartWork (insider filter)
         self.step_norm = 0.0  # "after": ||x_after - x_before|| of this round's local steps
+        self.reach = Reach()  # how far each in-neighbour's word may move us (catchup.py)
+        self.round_began_s: float | None = None  # when this training round began (our step rate)
 
     # ------------------------------------------------------------ maths hooks
 
@@ -210,6 +223,8 @@ class RoundMachine(MachineBase):
         raise TypeError(f"not an event: {event!r}")
 
     def _on_start(self, now: float) -> list[Action]:
+        self.reach.started(self.steps_done, now)  # a new life: its clock starts here
+        self.round_began_s = None
         match self.phase:
             case Phase.IDLE:
                 self.start_s = now
@@ -251,6 +266,7 @@ class RoundMachine(MachineBase):
         actions += self.last_sends
         if self.round_steps:
             self.phase = Phase.WORKING
+            self.round_began_s = now
             actions.append(StartWork(self.round_steps))
         else:
             self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
@@ -353,8 +369,10 @@ class RoundMachine(MachineBase):
             # (strict JSON) fail: refused on arrival, as decoding would refuse it at the mix
             self._reject("nonfinite_meta")
             return []
-        if sender in self.laggards and r >= self.round - 1:
-            self.caught_up.add(sender)  # waited for again from the next round on
+        credited = self.reach.credit(sender, r * self.config.local_steps, now)  # before any verdict
+        if sender in self.laggards and self.round - 1 <= r <= self.round + 1:
+            self.caught_up.add(sender)  # waited for again from the next round on (one further ahead is not:
+            # its message for our round is not coming)
         horizon = self.round + self.config.max_rounds_ahead
         distance = distance_of(r, round_now=self.round, max_rounds_ahead=self.config.max_rounds_ahead,
                                catch_up=self.catch_up)
@@ -373,22 +391,67 @@ class RoundMachine(MachineBase):
         if r in seen:  # a resend after a restart, or a duplicate: never applied twice
             self.counters["duplicate_message"] += 1
             return []
-        seen.add(r)
-        newest = max(seen)
-        self.seen[sender] = {s for s in seen if s >= newest - self.config.max_rounds_ahead}
+        if verdict is Admission.JUMP and not self._claim(sender, r, credited, horizon):
+            if self.LATENESS is Lateness.ANY_AGE:
+                self._remember(sender, r)
+                self.late.append((sender, message))  # push-sum: its weight share is mass all the same
+            return self._settle(now, []) if self.catch_up > self.round else []
+        self._remember(sender, r)
         if verdict is Admission.LATE:
             self.late.append((sender, message))  # push-sum, CHOCO: the sums stay right at any mix
             self.counters["late_message"] += 1
             return []
-        if verdict is Admission.JUMP:
-            self.catch_up = r
-            self._drop_far_rounds(horizon)  # keep one far round only
-        if distance in (Distance.BEYOND_TARGET, Distance.AT_TARGET):
+        if distance is Distance.AT_TARGET:
             self.caught_up.add(sender)  # ahead, not lagging: waited for in the round we jump to
         self.inbox.setdefault(r, {})[sender] = message
         if r == self.round or self.catch_up > self.round:
             return self._settle(now, [])
         return []
+
+    def _remember(self, sender: str, r: int) -> None:
+        """``sender``'s round ``r`` is taken: never again (rounds kept within the late window)."""
+        seen = self.seen.setdefault(sender, set())
+        seen.add(r)
+        newest = max(seen)
+        self.seen[sender] = {s for s in seen if s >= newest - self.config.max_rounds_ahead}
+
+    def _claim(self, sender: str, r: int, credited_steps: float, horizon: int) -> bool:
+        """A message for round ``r``, beyond the buffer window and the round we jump to: how far it
+        moves us (protocols/gossip/catchup.py: the sender's reach, or the confirmation of enough
+        in-neighbours), counted by reason when not to ``r``. True when the message is kept: as the
+        round we jump to or one we will buffer after the jump, or (where claims can be confirmed)
+        as its sender's claim, the newest per sender."""
+        config = self.config
+        needed = confirmations(len(self.topology.in_neighbours(self.name, self.round)),
+                               config.byzantine_neighbours)
+        target = min(r, math.floor(credited_steps / config.local_steps))
+        claims = {sender: r}
+        if needed:
+            # its older claim is superseded (not the round we jump to, if it is there)
+            for k in [k for k in self.inbox if k > max(horizon, self.catch_up) and sender in self.inbox[k]]:
+                self._retire({sender: self.inbox[k].pop(sender)}, "dropped_future")
+                if not self.inbox[k]:
+                    del self.inbox[k]
+            claims = {j: k for k in sorted(self.inbox) if k > horizon for j in self.inbox[k]}
+            claims[sender] = r
+            target = max(target, confirmed_round(claims, needed) or 0)
+        if target > max(horizon, self.catch_up):
+            if target < r:
+                self._count("catch_up_bounded")  # one sender's word, beyond what it could have trained
+            self.catch_up = target
+            for j, k in claims.items():
+                if k == target:
+                    self.caught_up.add(j)  # ahead, not lagging: waited for in the round we jump to
+                elif k > target:
+                    # we jump short of its round: its messages for the rounds we land in were sent
+                    # while we were out of its reach, and are not coming
+                    self.laggards.add(j)
+                    self.caught_up.discard(j)
+        elif needed:
+            self._count("catch_up_unconfirmed")  # kept as its claim until enough others confirm it
+        else:
+            self._count("catch_up_refused")  # beyond its reach, and nobody can confirm it
+        return bool(needed) or r <= self.catch_up + config.max_rounds_ahead
 
     def _close_round(self, now: float) -> list[Action]:
         t = self.round
@@ -396,6 +459,11 @@ class RoundMachine(MachineBase):
         if self.timer_set:
             actions.append(CancelTimer(self._timer_key()))
             self.timer_set = False
+        if self.round_began_s is not None and self.catch_up <= t and self._complete():
+            # our pace in company: not a round its deadline closed (a member cut off waits out one
+            # per deadline, and would never catch up at twice that), nor one left for a jump
+            self.reach.worked(self.round_steps, now - self.round_began_s)
+        self.round_began_s = None
         box = self.inbox.pop(t, {})
         missing = {j for j in self._live(t) if j not in box}
         self._count("missed_deadline", len(missing))
