@@ -33,7 +33,7 @@ from peer.runtime.assemble import identity_and_roster, make_trainer
 from peer.runtime.peerconfig import load_peer_config
 from protocols.messages import ParamPush
 from protocols.roster import run_id
-from protocols.wire import Endpoint
+from protocols.wire import Endpoint, wire_messages
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -89,7 +89,8 @@ def test_one_members_forged_rounds_sequence_numbers_and_epochs_move_no_real_peer
                 for target in ("p00", "p02"):
                     endpoint.seq = next_seq if seq is None else seq
                     next_seq += 1
-                    _deliver(attacker, target, [bytes(f) for f in endpoint.seal([target], message)])
+                    sealed = wire_messages(endpoint.seal([target], message))
+                    _deliver(attacker, target, [bytes(f) for f in sealed])
                     expected[target][reason] += 1
             attacker.wait_sent(10)
             finished = processes.wait(CEILING_S)
