@@ -227,3 +227,28 @@ def test_a_roster_change_dials_a_new_member_admits_its_key_and_drops_a_leaver() 
     finally:
         for transport in (a, b, c):
             transport.close()
+
+
+def test_a_message_longer_than_the_queue_waits_for_room_and_arrives_whole() -> None:
+    """Each frame is a ZeroMQ message of its own, so a message of more frames than the queue holds
+    fills it half way: the rest waits for room (the receiver drains) instead of being dropped."""
+    la, lb = reserve_listeners(2)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
+    small_queue = TransportConfig(high_water_mark=2, send_timeout_s=30.0)
+    a = _serve(la, {"b": b_addr}, config=small_queue)
+    b = _serve(lb, {"a": a_addr}, config=small_queue)
+    try:
+        _send_until_connected(a, "b", [b"hello"])
+        assert [bytes(m[0]) for m in _receive(b, 1)] == [b"hello"]
+        dropped_before = a.dropped["b"]     # sends before the connection was up
+        frames: list[bytes | memoryview] = [b"header", *(bytes([i]) * (4 << 20) for i in range(6))]
+        arrivals: list[Arrival] = []
+        for _ in range(3):
+            assert a.send("b", frames)       # 7 frames, a queue of 2: never dropped half way
+            arrivals += _arrivals(b, 7)
+        assert [bytes(x.frame)[:1] for x in arrivals] == [b"h", *(bytes([i]) for i in range(6))] * 3
+        assert len({x.connection for x in arrivals}) == 1
+        assert a.dropped["b"] == dropped_before and not a.abandoned
+    finally:
+        a.close()
+        b.close()
