@@ -24,8 +24,16 @@ and keeps the listening socket; a Transport adopts it through ZeroMQ's
 ``USE_FD`` (``listen_fd``), so no other process can take the port between the
 moment it is written into a roster and the moment a peer listens on it.
 
-This is the only module that touches sockets; it knows nothing about
-messages, keys or algorithms.
+Admission (peer/net/admission.py): with CURVE, ZAP admits exactly the
+roster's transport keys; ``allow`` changes them while running and shuts down
+the open connections of a key that left; ``punish`` refuses a key for
+``multipart_cooldown_s`` and shuts its connections down;
+``connection_key`` binds a received frame to the key its connection
+authenticated with. Every connection the inbox refuses is counted by reason
+from ZeroMQ's socket monitor (``refused``, ``connections``).
+
+This module and peer/net/admission.py are the only ones that touch sockets;
+they know nothing about messages or algorithms.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from topology.errors import HivemeshError
 
 Frames = Sequence[bytes | bytearray | memoryview]
@@ -64,6 +73,9 @@ class TransportConfig:
     zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
     # how long a zero-copy send may hold a tensor before it is abandoned
     send_timeout_s: float = 30.0
+    # a member that sent a multipart message (the wire is single-frame, so it is hostile: libzmq
+    # assembled all of it in memory) is disconnected and its handshakes refused this long
+    multipart_cooldown_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("high_water_mark", "max_frame_bytes", "max_messages_per_poll", "reconnect_ms",
@@ -74,6 +86,8 @@ class TransportConfig:
             raise ValueError("reconnect_max_ms must be >= reconnect_ms")
         if self.send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s must be positive, got {self.send_timeout_s}")
+        if self.multipart_cooldown_s < 0:
+            raise ValueError(f"multipart_cooldown_s must be >= 0, got {self.multipart_cooldown_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,10 +124,10 @@ class Transport:
         self._curve = curve
         self._authenticator: object | None = None
         self._server_keys: dict[str, bytes] = dict(curve.server_keys) if curve is not None else {}
-        # the ZAP handler (its own thread) reads the one set in this box; ``allow`` swaps it whole
-        self._allowed = [curve.allowed_client_keys if curve is not None else frozenset[bytes]()]
+        # the ZAP handler (its own thread) asks the gate; ``allow`` and ``punish`` change it
+        self._gate = Gate(curve.allowed_client_keys if curve is not None else frozenset())
         if curve is not None:
-            self._authenticator = _start_authenticator(self._context, self._allowed)
+            self._authenticator = _start_authenticator(self._context, self._gate)
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
@@ -123,6 +137,7 @@ class Transport:
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
+        self._monitor = ConnectionMonitor(self._inbox, self._gate)
         self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
         self._inbox.setsockopt(zmq.RCVHWM, self.config.high_water_mark)
         if curve is not None:
@@ -134,7 +149,10 @@ class Transport:
         try:
             self._inbox.bind(listen)
         except zmq.ZMQError as error:
+            self._monitor.stop()
             self._inbox.close(linger=0)
+            if self._authenticator is not None:
+                self._authenticator.stop()  # type: ignore[attr-defined]
             if listen_fd is not None:
                 os.close(listen_fd)
             raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
@@ -200,8 +218,53 @@ class Transport:
         self._outboxes.pop(name).socket.close(linger=0)
 
     def allow(self, client_keys: frozenset[bytes]) -> None:
-        """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not."""
-        self._allowed[0] = frozenset(client_keys)
+        """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not,
+        and the leaver's open connections are shut down (ZAP judges only new handshakes)."""
+        for fd in self._gate.allow(frozenset(client_keys)):
+            self._shut(fd, "removed_from_roster")
+
+    def punish(self, client_key: bytes, reason: str = "multipart") -> None:
+        """Disconnect ``client_key`` (a Z85 CURVE key) and refuse its handshakes for
+        ``multipart_cooldown_s``, counting ``reason``: what a member that sent a multipart
+        message gets."""
+        for fd in self._gate.cool_down(client_key, self.config.multipart_cooldown_s):
+            self._shut(fd, reason)
+        with self._gate.lock:
+            self._gate.closed[f"punished_{reason}"] += 1
+
+    def _shut(self, fd: int, reason: str) -> None:
+        if shut_down(fd):
+            with self._gate.lock:
+                self._gate.closed[reason] += 1
+
+    def connection_key(self, frame: zmq.Frame) -> bytes | None:
+        """The Z85 CURVE key the connection ``frame`` arrived on authenticated with; ``b""``
+        without CURVE; None when that key is no longer admitted (it left the roster, or is cooling
+        down): the message must be dropped, and its connection is shut down and counted."""
+        if self._curve is None:
+            return b""
+        key = frame.get("User-Id").encode()
+        fd = frame.get(zmq.SRCFD)
+        if not self._gate.admits(key):
+            self._shut(fd, "not_admitted")
+            return None
+        self._gate.learn(fd, key)
+        self._monitor.pin(fd)
+        return key
+
+    @property
+    def refused(self) -> Counter[str]:
+        """Connections the inbox refused, by reason (peer/net/admission.py lists them): a copy."""
+        with self._gate.lock:
+            return Counter(self._gate.refused)
+
+    @property
+    def connections(self) -> Counter[str]:
+        """The inbox's connections: ``accepted``, ``handshake_succeeded``, ``closed_after_handshake``
+        and, by reason, those this transport shut down (``closed_<reason>``): a copy."""
+        with self._gate.lock:
+            return self._monitor.connections + Counter(
+                {f"closed_{k}": v for k, v in self._gate.closed.items()})
 
     # --------------------------------------------------------------- send
 
@@ -287,6 +350,7 @@ class Transport:
     def close(self) -> None:
         for outbox in self._outboxes.values():
             outbox.socket.close(linger=0)
+        self._monitor.stop()
         self._inbox.close(linger=0)
         if self._authenticator is not None:
             self._authenticator.stop()  # type: ignore[attr-defined]
@@ -304,17 +368,13 @@ class TransportError(HivemeshError):
     """A socket could not be set up (address in use, malformed address, missing key)."""
 
 
-def _start_authenticator(context: zmq.Context, allowed: list[frozenset[bytes]]) -> object:
-    """A ZAP handler (its own thread, inside pyzmq) admitting only the roster's CURVE keys."""
+def _start_authenticator(context: zmq.Context, gate: Gate) -> object:
+    """A ZAP handler (its own thread, inside pyzmq) that asks ``gate`` about each CURVE key."""
     from zmq.auth.thread import ThreadAuthenticator
-
-    class _Roster:
-        def callback(self, domain: str, key: bytes) -> bool:
-            return key in allowed[0]
 
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
-    authenticator.configure_curve_callback("*", credentials_provider=_Roster())
+    authenticator.configure_curve_callback("*", credentials_provider=gate)
     return authenticator
 
 
