@@ -34,12 +34,14 @@ per accepted connection, exactly one of:
                                    all three, so an oversize frame cannot be told apart here
 ================================  =========================================================
 
-A failed handshake's event comes right before its ``DISCONNECTED`` (libzmq emits both in one
-call on its single I/O thread), which names the connection's descriptor. ``HANDSHAKE_SUCCEEDED``
-names none: it is pinned to a descriptor when only one connection is mid-handshake, or when a
-message later arrives on it; otherwise a bare ``DISCONNECTED`` is put in ``closed_after_handshake``
-only while unpinned successes outnumber the other connections mid-handshake. Each connection is
-counted once either way; only that split can err, when handshakes overlap.
+Only ``ACCEPTED`` and ``DISCONNECTED`` name the connection (its descriptor); the handshake
+events name none. So a failed handshake is counted by its reason when it happens, and the next
+``DISCONNECTED`` of a connection still mid-handshake is taken as its end. ``HANDSHAKE_SUCCEEDED``
+is pinned to a descriptor when only one connection is mid-handshake, or when a message later
+arrives on it; otherwise a bare ``DISCONNECTED`` is put in ``closed_after_handshake`` only while
+unpinned successes outnumber the other connections mid-handshake. Each refused connection is
+counted exactly once, by its reason; only the split between ``closed_before_handshake`` and
+``closed_after_handshake`` can err, while handshakes overlap (never in the total).
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ class ConnectionMonitor:
         self._handshaking: set[int] = set()            # accepted, outcome not known yet
         self._admitted: set[int] = set()               # handshake succeeded, pinned to this descriptor
         self._unpinned = 0                             # successes not pinned to a descriptor yet
-        self._failed = False                           # the last event was a failed handshake
+        self._early: set[int] = set()                  # a message came on it before its events here
+        self._unclosed_failures = 0                    # failed handshakes whose DISCONNECTED is to come
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
@@ -159,8 +162,12 @@ class ConnectionMonitor:
             self._handshaking.add(value)
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connections["handshake_succeeded"] += 1
-            if len(self._handshaking) == 1:
-                self._admitted.add(self._handshaking.pop())
+            early = self._early & self._handshaking
+            if early or len(self._handshaking) == 1:
+                fd = min(early) if early else next(iter(self._handshaking))
+                self._early.discard(fd)
+                self._handshaking.discard(fd)
+                self._admitted.add(fd)
             else:
                 self._unpinned += 1
         elif kind in _FAILED:
@@ -169,22 +176,21 @@ class ConnectionMonitor:
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self._gate.refused["handshake_no_detail"] += 1
             # (an AUTH failure was counted by the gate, with its reason)
-            self._failed = True
-            return
+            self._unclosed_failures += 1
         elif kind == zmq.EVENT_DISCONNECTED:
             self._gate.forget_locked(value)
+            self._early.discard(value)
             self._closed(value)
-        self._failed = False
 
     def _closed(self, fd: int) -> None:
-        if self._failed:                                 # its failure was just counted
-            self._handshaking.discard(fd)
-        elif fd in self._admitted:
+        if fd in self._admitted:
             self._admitted.discard(fd)
             self.connections["closed_after_handshake"] += 1
         elif fd in self._handshaking:
             self._handshaking.discard(fd)
-            if self._unpinned > len(self._handshaking):  # every other one still handshaking succeeded
+            if self._unclosed_failures > 0:              # a failure counted already
+                self._unclosed_failures -= 1
+            elif self._unpinned > len(self._handshaking):  # every other one still handshaking succeeded
                 self._unpinned -= 1
                 self.connections["closed_after_handshake"] += 1
             else:
@@ -197,6 +203,8 @@ class ConnectionMonitor:
                 self._handshaking.discard(fd)
                 self._unpinned -= 1
                 self._admitted.add(fd)
+            elif fd not in self._admitted:               # its events are still on their way here
+                self._early.add(fd)
 
     def stop(self) -> None:
         """Stop monitoring (the thread sees MONITOR_STOPPED, closes its socket and ends)."""
