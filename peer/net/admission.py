@@ -46,6 +46,7 @@ counted exactly once, by its reason; only the split between ``closed_before_hand
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -208,10 +209,8 @@ class ConnectionMonitor:
 
     def stop(self) -> None:
         """Stop monitoring (the thread sees MONITOR_STOPPED, closes its socket and ends)."""
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._inbox.disable_monitor()
-        except zmq.ZMQError:
-            pass
         self._thread.join(timeout=5.0)
 
 

@@ -243,8 +243,8 @@ class Transport:
         down): the message must be dropped, and its connection is shut down and counted."""
         if self._curve is None:
             return b""
-        key = frame.get("User-Id").encode()
-        fd = frame.get(zmq.SRCFD)
+        key = str(frame.get("User-Id")).encode()     # set by the ZAP handler: the client's Z85 key
+        fd = int(frame.get(zmq.SRCFD))
         if not self._gate.admits(key):
             self._shut(fd, "not_admitted")
             return None

@@ -494,8 +494,13 @@ class PeerDaemon:
             if self.hooks.cutting(self.now()):
                 self.counters.test_cut_dropped["received"] += 1
                 continue
+            connection_key = self.transport.connection_key(frames[0])
+            if connection_key is None:
+                continue    # its key left the roster or cools down (counted by the transport)
             opened = self.endpoint.open([f.buffer for f in frames], now_s=self.now())
-            if isinstance(opened, Opened):
+            if isinstance(opened, Opened) and not self._own_connection(opened.sender, connection_key):
+                self.counters.rejected["connection_key_mismatch"] += 1
+            elif isinstance(opened, Opened):
                 self.counters.messages_accepted += 1
                 self.counters.bytes_received_from[opened.sender] += sum(len(f) for f in frames)
                 self._dispatch(opened)
@@ -503,6 +508,12 @@ class PeerDaemon:
                 notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)
                 if notice:
                     self.status.warn(notice)
+
+    def _own_connection(self, sender: str, connection_key: bytes) -> bool:
+        """Whether a message signed by ``sender`` came on a connection that authenticated with
+        ``sender``'s own curve key (always, without CURVE: ``connection_key`` is empty then), so
+        that no member speaks through another's connection."""
+        return not connection_key or self.endpoint.roster.member(sender).curve_key.encode() == connection_key
 
     def _dispatch(self, opened: Opened) -> None:
         """Hand a verified message to the Node (it routes by kind); what only a daemon shows
@@ -781,6 +792,9 @@ class PeerDaemon:
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
+            "curve": self.config.peer.curve,
+            "transport_refused": dict(self.transport.refused),
+            "transport_connections": dict(self.transport.connections),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
