@@ -31,6 +31,8 @@ class RecordingTransport:
         self.bytes_received = 0
         self.bytes_sent_to: dict[str, int] = {}
         self.abandoned: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+        self.connections: dict[str, int] = {}
         self.unreachable: set[str] = set()
 
     def send(self, recipient: str, frames: Any) -> bool:

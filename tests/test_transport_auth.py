@@ -12,11 +12,19 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
 from peer.net.transport import CurveKeys, Transport, TransportConfig, listener_address, reserve_listeners
+from peer.runtime.assemble import tcp_address
+from peer.runtime.daemon import PeerDaemon
+from peer.runtime.peerconfig import load_peer_config
+from protocols.identity import Identity
+from protocols.messages import Heartbeat
+from protocols.wire import Endpoint
+from tests._daemon_support import make_network
 
 pytestmark = pytest.mark.processes
 
@@ -208,3 +216,37 @@ def test_an_oversize_frame_from_a_member_closes_its_connection_after_the_handsha
         assert sum(transport.refused.values()) == 0
     finally:
         context.destroy(linger=0)
+
+
+def test_a_member_cannot_speak_through_another_members_connection(tmp_path: Path) -> None:
+    """p02's validly signed heartbeat sent over p01's CURVE connection to p00 is refused and counted;
+    the same kind of message signed by p01 over p01's own connection is accepted."""
+    files = make_network(tmp_path / "net", peers=4, steps=20)
+    daemon = PeerDaemon(load_peer_config(files.configs["p00"]))
+    roster = daemon.parts.roster
+    try:
+        daemon.transport = Transport(listen=tcp_address(roster.member("p00").address),
+                                     neighbours=daemon.parts.neighbours,
+                                     curve=daemon._curve_keys(),
+                                     listen_fd=files.listeners["p00"].detach())
+        context = zmq.Context()
+        try:
+            p01 = Identity.load(files.keys["p01"])
+            server_key = roster.member("p00").curve_key.encode()
+            client = _dealer(context, daemon.transport.listen, server_key,
+                             (p01.curve_public_key.encode(), p01.curve_secret_key.encode()))
+            for name in ("p02", "p01"):     # the forgery first, then the genuine message
+                sender = Endpoint(Identity.load(files.keys[name]), roster, daemon.endpoint.run_id, epoch=1)
+                client.send_multipart([bytes(f) for f in sender.seal(["p00"], Heartbeat(step=0))])
+            deadline = time.monotonic() + 10.0
+            while daemon.counters.messages_accepted == 0 and time.monotonic() < deadline:
+                daemon._pump(0.1)
+            assert daemon.counters.rejected["connection_key_mismatch"] == 1
+            assert daemon.counters.messages_accepted == 1
+            assert daemon.endpoint.rejections.total() == 0      # both verified as messages
+        finally:
+            context.destroy(linger=0)
+    finally:
+        if daemon.transport is not None:
+            daemon.transport.close()
+        daemon.parts.lock.release()

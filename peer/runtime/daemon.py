@@ -54,7 +54,15 @@ Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
 pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
-who is new and drops who left.
+who is new and drops who left, and the transport admits the new roster's curve
+keys only, shutting down a leaver's open connections.
+
+Only members reach the decoder (``[peer] curve``, on by default): a message is
+opened only if its connection's CURVE key (ZAP's User-Id) is still admitted,
+and kept only if it is signed by the member whose curve key that is; else it
+is refused as ``connection_key_mismatch``, so no member speaks through
+another's connection. The transport counts refused connections by reason
+(``transport_refused`` in the status).
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
