@@ -250,3 +250,28 @@ def test_a_member_cannot_speak_through_another_members_connection(tmp_path: Path
         if daemon.transport is not None:
             daemon.transport.close()
         daemon.parts.lock.release()
+
+
+def test_a_member_refused_before_its_key_was_admitted_gets_in_once_it_is() -> None:
+    """libzmq does not retry a refused handshake; the transport dials again after the back-off."""
+    la, lb = reserve_listeners(2)
+    (pa, sa), (pb, sb) = zmq.curve_keypair(), zmq.curve_keypair()
+    config = TransportConfig(reconnect_ms=50, reconnect_max_ms=200)
+    b = Transport(listen=listener_address(lb), neighbours={}, config=config, listen_fd=lb.detach(),
+                  curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={},
+                                  allowed_client_keys=frozenset({pb})))     # a not admitted yet
+    a = Transport(listen=listener_address(la), neighbours={"b": b.listen}, config=config, listen_fd=la.detach(),
+                  curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb}))
+    try:
+        _wait_for(lambda: b.refused["not_on_roster"] >= 1, "a was never refused")
+        b.allow(frozenset({pa, pb}))
+        received: list[list[zmq.Frame]] = []
+        deadline = time.monotonic() + 10.0
+        while not received and time.monotonic() < deadline:
+            a.send("b", [b"late but welcome"])
+            received += b.poll(0.05)
+        assert received and bytes(received[0][0]) == b"late but welcome"
+        assert a.redialed["b"] >= 1
+    finally:
+        a.close()
+        b.close()

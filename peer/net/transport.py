@@ -30,7 +30,9 @@ the open connections of a key that left; ``punish`` refuses a key for
 ``multipart_cooldown_s`` and shuts its connections down;
 ``connection_key`` binds a received frame to the key its connection
 authenticated with. Every connection the inbox refuses is counted by reason
-from ZeroMQ's socket monitor (``refused``, ``connections``).
+from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
+retries a refused handshake, so an outbox with no connection for the back-off's
+ceiling is dialed afresh (a joiner that dialed before its key was admitted).
 
 This module and peer/net/admission.py are the only ones that touch sockets;
 they know nothing about messages or algorithms.
@@ -108,6 +110,7 @@ class _Outbox:
     address: str
     socket: zmq.Socket
     pending: list[zmq.MessageTracker] = field(default_factory=list)
+    dialed_s: float = field(default_factory=time.monotonic)   # when this socket was connected
 
 
 class Transport:
@@ -135,6 +138,7 @@ class Transport:
         self.messages_received = 0
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
+        self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
         self._monitor = ConnectionMonitor(self._inbox, self._gate)
@@ -286,6 +290,7 @@ class Transport:
             trackers = [outbox.socket.send(parts[0], flags=first_flags, copy=False, track=True)]
         except zmq.Again:
             self.dropped[name] += 1
+            self._redial_if_stale(name, outbox)
             return False
         for index, part in enumerate(parts[1:], start=2):
             more = zmq.SNDMORE if index < len(parts) else 0
@@ -296,6 +301,21 @@ class Transport:
         self.bytes_sent_to[name] += size
         self.messages_sent[name] += 1
         return True
+
+    def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
+        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling.
+
+        libzmq (4.3.5) never retries a connection whose handshake was refused: the refusal is a
+        protocol error, which ends the connection's session for good. A member refused once (it
+        dialed a neighbour that had not yet admitted its key, as when both apply a new roster version
+        at different moments) would never be heard by that neighbour; a new socket tries again.
+        For a neighbour that is simply down this only restarts the back-off."""
+        if outbox.pending or time.monotonic() - outbox.dialed_s < self.config.reconnect_max_ms / 1000:
+            return
+        outbox.socket.close(linger=0)
+        outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
+        self.redialed[name] += 1
 
     def pending_sends(self) -> int:
         return sum(len(o.pending) for o in self._outboxes.values())
@@ -317,6 +337,7 @@ class Transport:
         trackers = outbox.pending
         outbox.socket.close(linger=0)   # drops the queued messages and releases their frames
         outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
         outbox.pending = []
         end = time.monotonic() + 1.0
         for tracker in trackers:
