@@ -260,7 +260,8 @@ def test_a_member_refused_before_its_key_was_admitted_gets_in_once_it_is() -> No
     b = Transport(listen=listener_address(lb), neighbours={}, config=config, listen_fd=lb.detach(),
                   curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={},
                                   allowed_client_keys=frozenset({pb})))     # a not admitted yet
-    a = Transport(listen=listener_address(la), neighbours={"b": b.listen}, config=config, listen_fd=la.detach(),
+    a = Transport(listen=listener_address(la), neighbours={"b": b.listen}, config=config,
+                  listen_fd=la.detach(),
                   curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb}))
     try:
         _wait_for(lambda: b.refused["not_on_roster"] >= 1, "a was never refused")
