@@ -111,9 +111,11 @@ def test_every_refused_connection_is_counted_once_by_reason(server: tuple[Transp
                   and transport.connections["accepted"] >= attempted, f"refused {transport.refused}")
         refused = transport.refused
         assert refused["not_on_roster"] == outsiders
-        assert refused["handshake_zmtp_mechanism_mismatch"] == plaintext
-        # junk bytes end the connection with no handshake event; a bare connect-and-close fails it
-        assert refused["closed_before_handshake"] + refused["handshake_no_detail"] == raw_junk + raw_silent
+        # junk bytes end the connection with no handshake event; a bare connect-and-close fails it;
+        # a plaintext client that reads our greeting first may hang up before its mechanism is read
+        assert 1 <= refused["handshake_zmtp_mechanism_mismatch"] <= plaintext
+        assert (refused["handshake_zmtp_mechanism_mismatch"] + refused["handshake_no_detail"]
+                + refused["closed_before_handshake"]) == plaintext + raw_junk + raw_silent
         assert refused["closed_before_handshake"] >= raw_junk
         assert sum(refused.values()) == attempted
         assert transport.connections["accepted"] == attempted

@@ -34,6 +34,13 @@ per accepted connection, exactly one of:
                                    all three, so an oversize frame cannot be told apart here
 ================================  =========================================================
 
+Strangers' memory: libzmq reads a handshake command of up to MAXMSGSIZE (16 MiB) into memory
+and waits ZMQ_HANDSHAKE_IVL (30 s) for the rest of it, so each connection mid-handshake can pin
+a frame's worth (10 held at once: ~160 MiB, measured). The monitor keeps at most
+``max_handshaking`` connections mid-handshake and shuts the oldest down beyond that
+(``shed_mid_handshake``; such a connection is then counted by its own events, as
+``handshake_no_detail``). An honest handshake takes milliseconds, and its client dials again.
+
 Only ``ACCEPTED`` and ``DISCONNECTED`` name the connection (its descriptor); the handshake
 events name none. So a failed handshake is counted by its reason when it happens, and the next
 ``DISCONNECTED`` of a connection still mid-handshake is taken as its end. ``HANDSHAKE_SUCCEEDED``
@@ -127,12 +134,14 @@ class Gate:
 class ConnectionMonitor:
     """Counts the inbox's connections by outcome, from ZeroMQ's socket monitor, on its own thread."""
 
-    def __init__(self, inbox: zmq.Socket, gate: Gate) -> None:
+    def __init__(self, inbox: zmq.Socket, gate: Gate, *, max_handshaking: int) -> None:
         self._inbox = inbox
+        self._max_handshaking = max_handshaking
         self._gate = gate
         self.lock = gate.lock
         self.connections: Counter[str] = Counter()    # accepted, handshake_succeeded, closed_after_handshake
-        self._handshaking: set[int] = set()            # accepted, outcome not known yet
+        self._handshaking: dict[int, None] = {}        # accepted, outcome not known yet; oldest first
+        self._shed: set[int] = set()                   # mid-handshake ones we shut down (events to come)
         self._admitted: set[int] = set()               # handshake succeeded, pinned to this descriptor
         self._unpinned = 0                             # successes not pinned to a descriptor yet
         self._early: set[int] = set()                  # a message came on it before its events here
@@ -160,14 +169,16 @@ class ConnectionMonitor:
     def _count(self, kind: int, value: int) -> None:
         if kind == zmq.EVENT_ACCEPTED:
             self.connections["accepted"] += 1
-            self._handshaking.add(value)
+            self._handshaking[value] = None
+            if len(self._handshaking) - len(self._shed) > self._max_handshaking:
+                self._shed_oldest()
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connections["handshake_succeeded"] += 1
-            early = self._early & self._handshaking
+            early = self._early & self._handshaking.keys()
             if early or len(self._handshaking) == 1:
                 fd = min(early) if early else next(iter(self._handshaking))
                 self._early.discard(fd)
-                self._handshaking.discard(fd)
+                self._handshaking.pop(fd, None)
                 self._admitted.add(fd)
             else:
                 self._unpinned += 1
@@ -183,12 +194,25 @@ class ConnectionMonitor:
             self._early.discard(value)
             self._closed(value)
 
+    def _shed_oldest(self) -> None:
+        """Too many connections mid-handshake: shut the oldest down. libzmq reads a handshake
+        command of up to MAXMSGSIZE into memory and waits HANDSHAKE_IVL for the rest of it, so each
+        one can pin a frame's worth; an honest handshake takes milliseconds, so it is seldom the
+        oldest, and its client dials again (a dropped connection is retried).
+        The connection stays mid-handshake here: its own events (``HANDSHAKE_FAILED_NO_DETAIL``,
+        ``DISCONNECTED``) count it, as any connection, once."""
+        fd = next(fd for fd in self._handshaking if fd not in self._shed)
+        self._shed.add(fd)
+        self.connections["shed_mid_handshake"] += 1
+        shut_down(fd)
+
     def _closed(self, fd: int) -> None:
+        self._shed.discard(fd)
         if fd in self._admitted:
             self._admitted.discard(fd)
             self.connections["closed_after_handshake"] += 1
         elif fd in self._handshaking:
-            self._handshaking.discard(fd)
+            self._handshaking.pop(fd, None)
             if self._unclosed_failures > 0:              # a failure counted already
                 self._unclosed_failures -= 1
             elif self._unpinned > len(self._handshaking):  # every other one still handshaking succeeded
@@ -201,7 +225,7 @@ class ConnectionMonitor:
         """A message arrived on ``fd``: its handshake succeeded (pins one unpinned success)."""
         with self.lock:
             if fd in self._handshaking and self._unpinned > 0:
-                self._handshaking.discard(fd)
+                self._handshaking.pop(fd, None)
                 self._unpinned -= 1
                 self._admitted.add(fd)
             elif fd not in self._admitted:               # its events are still on their way here

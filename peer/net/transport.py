@@ -78,10 +78,14 @@ class TransportConfig:
     # a member that sent a multipart message (the wire is single-frame, so it is hostile: libzmq
     # assembled all of it in memory) is disconnected and its handshakes refused this long
     multipart_cooldown_s: float = 60.0
+    # connections mid-handshake at once; beyond it the oldest is shut down. libzmq buffers a
+    # handshake frame of up to max_frame_bytes per connection, so this bounds what strangers pin
+    max_handshaking_connections: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("high_water_mark", "max_frame_bytes", "max_messages_per_poll", "reconnect_ms",
-                     "reconnect_max_ms", "zmtp_heartbeat_ms", "zmtp_heartbeat_timeout_ms"):
+        for name in ("high_water_mark", "max_frame_bytes", "max_messages_per_poll",
+                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "zmtp_heartbeat_ms",
+                     "zmtp_heartbeat_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reconnect_max_ms < self.reconnect_ms:
@@ -141,7 +145,8 @@ class Transport:
         self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
-        self._monitor = ConnectionMonitor(self._inbox, self._gate)
+        self._monitor = ConnectionMonitor(self._inbox, self._gate,
+                                          max_handshaking=self.config.max_handshaking_connections)
         self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
         self._inbox.setsockopt(zmq.RCVHWM, self.config.high_water_mark)
         if curve is not None:
