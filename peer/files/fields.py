@@ -106,8 +106,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "ZeroMQ's); see peer/net/admission.py", label="reason"),
     Field("transport_connections", "connections", "counter",
           "the inbox's connections: `accepted`, `handshake_succeeded`, `closed_after_handshake` (closed, "
-          "timed out, or a frame over the size limit: one event for all three), and those this peer shut "
-          "down, `closed_<reason>` (`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
+          "timed out, or a frame over the size limit: one event for all three), `shed_mid_handshake` (over "
+          "`[transport] max_handshaking_connections`), and those this peer shut down, `closed_<reason>` "
+          "(`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
     Field("receive_buffers", "", "nested", "the receive buffer pool, the rows `receive_buffers.*` below"),
     Field("receive_buffers.reused", "buffers", "counter", "receive buffers taken from the pool"),
     Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),
