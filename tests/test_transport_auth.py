@@ -45,7 +45,8 @@ def server() -> Iterator[tuple[Transport, Keys, Keys]]:
     own, member = zmq.curve_keypair(), zmq.curve_keypair()
     (listener,) = reserve_listeners(1)
     transport = Transport(listen=listener_address(listener), neighbours={},
-                          config=TransportConfig(max_frame_bytes=64 * 1024, multipart_cooldown_s=60.0),
+                          config=TransportConfig(max_frame_bytes=64 * 1024, multipart_cooldown_s=60.0,
+                                                 max_handshaking_connections=64),
                           curve=CurveKeys(public_key=own[0], secret_key=own[1], server_keys={},
                                           allowed_client_keys=frozenset({own[0], member[0]})),
                           listen_fd=os.dup(listener.fileno()))
@@ -123,6 +124,34 @@ def test_every_refused_connection_is_counted_once_by_reason(server: tuple[Transp
         assert transport.poll(0.05) == [] and transport.messages_received == 0
     finally:
         context.destroy(linger=0)
+
+
+def test_beyond_the_handshake_limit_the_oldest_handshakes_are_shut_down() -> None:
+    """Connections that stall mid-handshake (a greeting, then part of a large command frame) are
+    shed oldest first beyond ``max_handshaking_connections``, and each is still counted once."""
+    own = zmq.curve_keypair()
+    (listener,) = reserve_listeners(1)
+    transport = Transport(listen=listener_address(listener), neighbours={}, listen_fd=listener.detach(),
+                          config=TransportConfig(max_handshaking_connections=2),
+                          curve=CurveKeys(public_key=own[0], secret_key=own[1], server_keys={},
+                                          allowed_client_keys=frozenset({own[0]})))
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\0") + b"\0" + bytes(31)
+    stalled = []
+    try:
+        for _ in range(6):
+            raw = socket.create_connection(("127.0.0.1", _port(transport)))
+            raw.sendall(greeting + b"\x06" + (1 << 20).to_bytes(8, "big") + bytes(4096))
+            stalled.append(raw)
+        _wait_for(lambda: transport.connections["shed_mid_handshake"] == 4, f"{transport.connections}")
+        for raw in stalled:
+            raw.close()
+        _wait_for(lambda: sum(transport.refused.values()) == 6, f"{transport.refused}")
+        assert transport.refused["handshake_no_detail"] == 6
+        assert transport.connections["accepted"] == 6
+    finally:
+        for raw in stalled:
+            raw.close()
+        transport.close()
 
 
 def test_a_frame_carries_the_key_of_its_connection(server: tuple[Transport, Keys, Keys]) -> None:
