@@ -149,9 +149,16 @@ class Assembler:
         return sum(isinstance(state, _Pending) for state in self._states.values())
 
     def receive(self, connection: Hashable, frame: Frame, now_s: float, verifier: Verifier,
-                windows: ReplayWindows | None = None) -> Decoded | Rejection | None:
+                windows: ReplayWindows | None = None, *,
+                connection_key: str | None = None) -> Decoded | Rejection | None:
         """Take one frame off ``connection``: a message completed (or refused), or None while
-        one is in assembly or when the frame was dropped unread (counted)."""
+        one is in assembly or when the frame was dropped unread (counted).
+
+        ``connection_key``: the transport key (CurveZMQ, Z85) the connection authenticated with,
+        where the transport has one: a header signed by a member whose roster entry names another
+        transport key is refused (``connection_key_mismatch``) before its payload is read and
+        before the sender's replay window moves, so no member speaks through another's
+        connection, nor spends another's sequence numbers by forwarding its messages first."""
         state = self._states.get(connection)
         if isinstance(state, _Skipping):
             self.frames_dropped["after_rejection"] += 1
@@ -162,7 +169,7 @@ class Assembler:
             return None
         if isinstance(state, _Pending):
             return self._payload(connection, state, frame, now_s, verifier, windows)
-        return self._header(connection, frame, now_s, verifier, windows)
+        return self._header(connection, frame, now_s, verifier, windows, connection_key)
 
     def expire(self, now_s: float) -> list[Rejection]:
         """Release the connections silent for ``idle_timeout_s`` while owing frames."""
@@ -190,7 +197,7 @@ class Assembler:
     # ------------------------------------------------------------------ the states
 
     def _header(self, connection: Hashable, frame: Frame, now_s: float, verifier: Verifier,
-                windows: ReplayWindows | None) -> Decoded | Rejection | None:
+                windows: ReplayWindows | None, connection_key: str | None) -> Decoded | Rejection | None:
         policy = verifier.policy
         length = _length(frame)
         if length > SIGNATURE_BYTES + policy.max_header_bytes:
@@ -205,6 +212,10 @@ class Assembler:
             self._skip(connection, announced_frames(raw_header, policy), now_s)
             return announced
         sender = announced.sender.name
+        if connection_key is not None and announced.sender.curve_key != connection_key:
+            self._skip(connection, announced.frame_count, now_s)
+            return Rejection("connection_key_mismatch", f"{sender}'s message on a connection of "
+                             f"transport key {connection_key[:8]}...", sender)
         total = announced.total_bytes
         if self.in_flight[sender] + total > self.config.max_in_flight_bytes:
             self._skip(connection, announced.frame_count, now_s)

@@ -114,7 +114,7 @@ REASONS = (
     "not_a_recipient", "bad_signature", "config_mismatch", "old_epoch", "replay", "epoch_jump", "seq_jump",
     "too_many_frames", "too_many_tensors", "frame_too_large", "message_too_large",
     "too_many_elements", "bad_dtype", "manifest_mismatch", "digest_mismatch", "bad_field",
-    "in_flight_exceeded", "incomplete", "internal_error",
+    "in_flight_exceeded", "incomplete", "connection_key_mismatch", "internal_error",
 )
 
 _GOSSIP_KINDS = frozenset({

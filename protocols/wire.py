@@ -146,12 +146,15 @@ class Endpoint:
         self.accepts[result.sender.name] = result.accepts
         return _opened(result)
 
-    def receive(self, connection: Hashable, frame: Frame, *, now_s: float) -> Opened | Rejection | None:
+    def receive(self, connection: Hashable, frame: Frame, *, now_s: float,
+                connection_key: str | None = None) -> Opened | Rejection | None:
         """Take one single-frame wire message off ``connection`` (protocols/assembly.py): the
         message it completes, a counted Rejection, or None (assembling, or a frame dropped unread
-        and counted in ``assembler.frames_dropped``). Never raises."""
+        and counted in ``assembler.frames_dropped``). ``connection_key``: the transport key the
+        connection authenticated with, if any (a message must come on its sender's own). Never raises."""
         self.bytes_received += wire_size([frame])
-        result = self.assembler.receive(connection, frame, now_s, self._verifier, self.windows)
+        result = self.assembler.receive(connection, frame, now_s, self._verifier, self.windows,
+                                        connection_key=connection_key)
         return None if result is None else self._count(result)
 
     def expire(self, now_s: float) -> list[Rejection]:

@@ -33,6 +33,8 @@ class RecordingTransport:
         self.bytes_sent_to: dict[str, int] = {}
         self.abandoned: dict[str, int] = {}
         self.hostile: Counter[str] = Counter()      # multipart arrivals (none here)
+        self.refused: dict[str, int] = {}
+        self.connections: dict[str, int] = {}
         self.unreachable: set[str] = set()
 
     def send(self, recipient: str, frames: Any) -> bool:

@@ -118,3 +118,17 @@ def test_status_without_peers_or_with_a_folder_of_no_peers_is_an_error(
     (tmp_path / "roster.toml").write_text("[[members]]\nname = 'p00'\n")
     assert main(["status", "--net", str(tmp_path)]) == 2
     assert "no peer config" in capsys.readouterr().err
+
+
+def test_status_warns_when_curvezmq_is_off_and_shows_refused_connections(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    on = {**_finished("p00", "p01"), "curve": True,
+          "transport_refused": {"not_on_roster": 3, "closed_before_handshake": 2}}
+    write_json_atomic(tmp_path / "status.json", on)
+    assert main(["status", "--data-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "CurveZMQ is off" not in shown
+    assert "connections refused: closed_before_handshake 2, not_on_roster 3" in shown
+    write_json_atomic(tmp_path / "status.json", {**on, "curve": False})
+    assert main(["status", "--data-dir", str(tmp_path)]) == 0
+    assert "warning: CurveZMQ is off ([peer] curve = false)" in capsys.readouterr().out

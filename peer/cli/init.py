@@ -30,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address peers listen on (default: 127.0.0.1)")
     parser.add_argument("--base-port", type=int, default=0,
                         help="first port (then consecutive); default: free ports chosen now")
-    parser.add_argument("--curve", action="store_true", help="switch on CurveZMQ transport encryption")
+    parser.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
+                        help="CurveZMQ transport encryption and roster-only connections (default: on; "
+                             "--no-curve writes curve = false, and `hivemesh status` warns)")
     parser.set_defaults(func=run)
 
 
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
     check_network(network, peers=args.peers)      # before any file is written
     files = create_network(args.out, peers=args.peers, network=network, host=args.host,
-                           base_port=args.base_port, peer_options={"curve": True} if args.curve else None)
+                           base_port=args.base_port, peer_options={"curve": args.curve})
     print(f"created a network of {args.peers} peers in {files.out}")
     print(f"  roster:  {files.roster}")
     print(f"  keys:    {files.out / 'keys'}/ (mode 0600; give each machine only its own)")

@@ -180,6 +180,12 @@ def render(status: dict[str, Any]) -> str:
     ]
     if status.get("stranded"):
         lines.append(f"  stopped short: {status['stranded']}")
+    if status.get("curve") is False:
+        lines.append("  warning: CurveZMQ is off ([peer] curve = false): traffic is unencrypted and anyone "
+                     "who reaches the port reaches the message decoder")
+    refused = status.get("transport_refused") or {}
+    if refused:
+        lines.append("  connections refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
     lines.append("  neighbours:")

@@ -101,6 +101,18 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("abandoned_sends", "messages", "counter",
           "sends still pending after the send timeout, by neighbour",
           label="neighbour"),
+    Field("curve", "", "gauge", "1 while CurveZMQ is on (`[peer] curve`, the default): only the roster's "
+                                "transport keys get a connection; 0: anyone who reaches the port reaches the "
+                                "message decoder (`hivemesh status` warns)"),
+    Field("transport_refused", "connections", "counter",
+          "connections to the inbox refused before any message, by reason: `not_on_roster`, `cooling_down` "
+          "(ZAP), `handshake_<error>`, `handshake_no_detail`, `closed_before_handshake` (bytes that are not "
+          "ZeroMQ's); see peer/net/admission.py", label="reason"),
+    Field("transport_connections", "connections", "counter",
+          "the inbox's connections: `accepted`, `handshake_succeeded`, `closed_after_handshake` (closed, "
+          "timed out, or a frame over the size limit: one event for all three), `shed_mid_handshake` (over "
+          "`[transport] max_handshaking_connections`), and those this peer shut down, `closed_<reason>` "
+          "(`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
     Field("receive_buffers", "", "nested", "the receive buffer pool, the rows `receive_buffers.*` below"),
     Field("receive_buffers.reused", "buffers", "counter", "receive buffers taken from the pool"),
     Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),

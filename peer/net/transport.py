@@ -29,8 +29,18 @@ and keeps the listening socket; a Transport adopts it through ZeroMQ's
 ``USE_FD`` (``listen_fd``), so no other process can take the port between the
 moment it is written into a roster and the moment a peer listens on it.
 
-This is the only module that touches sockets; it knows nothing about
-messages, keys or algorithms.
+Admission (peer/net/admission.py): with CURVE, ZAP admits exactly the
+roster's transport keys; ``allow`` changes them while running and shuts down
+the open connections of a key that left; ``punish`` refuses a key for
+``multipart_cooldown_s`` and shuts its connections down;
+``connection_key`` binds a received frame to the key its connection
+authenticated with. Every connection the inbox refuses is counted by reason
+from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
+retries a refused handshake, so an outbox with no connection for the back-off's
+ceiling is dialed afresh (a joiner that dialed before its key was admitted).
+
+This module and peer/net/admission.py are the only ones that touch sockets;
+they know nothing about messages or algorithms.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from topology.errors import HivemeshError
 
 Frames = Sequence[bytes | bytearray | memoryview]
@@ -58,8 +69,11 @@ POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
 class TransportConfig:
     """Socket limits and timings; the defaults suit a LAN or loopback."""
 
-    # messages queued per connection; a 25M-parameter push is ~7 frames, so this is ~10 pushes
+    # frames queued per outgoing connection; a 25M-parameter push is ~7 frames, so this is ~10 pushes
     high_water_mark: int = 64
+    # frames libzmq reads ahead per incoming connection before we look at them: with up to
+    # max_frame_bytes each, this bounds what one member's connection pins (8 x 16 MiB)
+    receive_high_water_mark: int = 8
     # the wire's frame limit plus slack for a header; a larger frame disconnects its sender
     max_frame_bytes: int = WIRE_FRAME_LIMIT_BYTES + 64 * 1024
     # drain at most this many messages per poll so timers and work still run under a flood
@@ -72,16 +86,25 @@ class TransportConfig:
     zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
     # how long a zero-copy send may hold a tensor before it is abandoned
     send_timeout_s: float = 30.0
+    # a member that sent a multipart message (the wire is single-frame, so it is hostile: libzmq
+    # assembled all of it in memory) is disconnected and its handshakes refused this long
+    multipart_cooldown_s: float = 60.0
+    # connections mid-handshake at once; beyond it the oldest is shut down. libzmq buffers a
+    # handshake frame of up to max_frame_bytes per connection, so this bounds what strangers pin
+    max_handshaking_connections: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("high_water_mark", "max_frame_bytes", "max_messages_per_poll", "reconnect_ms",
-                     "reconnect_max_ms", "zmtp_heartbeat_ms", "zmtp_heartbeat_timeout_ms"):
+        for name in ("high_water_mark", "receive_high_water_mark", "max_frame_bytes", "max_messages_per_poll",
+                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "zmtp_heartbeat_ms",
+                     "zmtp_heartbeat_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reconnect_max_ms < self.reconnect_ms:
             raise ValueError("reconnect_max_ms must be >= reconnect_ms")
         if self.send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s must be positive, got {self.send_timeout_s}")
+        if self.multipart_cooldown_s < 0:
+            raise ValueError(f"multipart_cooldown_s must be >= 0, got {self.multipart_cooldown_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +134,7 @@ class _Outbox:
     address: str
     socket: zmq.Socket
     pending: list[zmq.MessageTracker] = field(default_factory=list)
+    dialed_s: float = field(default_factory=time.monotonic)   # when this socket was connected
 
 
 class Transport:
@@ -127,10 +151,10 @@ class Transport:
         self._curve = curve
         self._authenticator: object | None = None
         self._server_keys: dict[str, bytes] = dict(curve.server_keys) if curve is not None else {}
-        # the ZAP handler (its own thread) reads the one set in this box; ``allow`` swaps it whole
-        self._allowed = [curve.allowed_client_keys if curve is not None else frozenset[bytes]()]
+        # the ZAP handler (its own thread) asks the gate; ``allow`` and ``punish`` change it
+        self._gate = Gate(curve.allowed_client_keys if curve is not None else frozenset())
         if curve is not None:
-            self._authenticator = _start_authenticator(self._context, self._allowed)
+            self._authenticator = _start_authenticator(self._context, self._gate)
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
@@ -139,10 +163,13 @@ class Transport:
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
+        self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
+        self._monitor = ConnectionMonitor(self._inbox, self._gate,
+                                          max_handshaking=self.config.max_handshaking_connections)
         self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
-        self._inbox.setsockopt(zmq.RCVHWM, self.config.high_water_mark)
+        self._inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
         if curve is not None:
             self._inbox.curve_server = True
             self._inbox.curve_secretkey = curve.secret_key
@@ -152,7 +179,10 @@ class Transport:
         try:
             self._inbox.bind(listen)
         except zmq.ZMQError as error:
+            self._monitor.stop()
             self._inbox.close(linger=0)
+            if self._authenticator is not None:
+                self._authenticator.stop()  # type: ignore[attr-defined]
             if listen_fd is not None:
                 os.close(listen_fd)
             raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
@@ -218,8 +248,53 @@ class Transport:
         self._outboxes.pop(name).socket.close(linger=0)
 
     def allow(self, client_keys: frozenset[bytes]) -> None:
-        """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not."""
-        self._allowed[0] = frozenset(client_keys)
+        """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not,
+        and the leaver's open connections are shut down (ZAP judges only new handshakes)."""
+        for fd in self._gate.allow(frozenset(client_keys)):
+            self._shut(fd, "removed_from_roster")
+
+    def punish(self, client_key: bytes, reason: str = "multipart") -> None:
+        """Disconnect ``client_key`` (a Z85 CURVE key) and refuse its handshakes for
+        ``multipart_cooldown_s``, counting ``reason``: what a member that sent a multipart
+        message gets."""
+        for fd in self._gate.cool_down(client_key, self.config.multipart_cooldown_s):
+            self._shut(fd, reason)
+        with self._gate.lock:
+            self._gate.closed[f"punished_{reason}"] += 1
+
+    def _shut(self, fd: int, reason: str) -> None:
+        if shut_down(fd):
+            with self._gate.lock:
+                self._gate.closed[reason] += 1
+
+    def connection_key(self, frame: zmq.Frame) -> bytes | None:
+        """The Z85 CURVE key the connection ``frame`` arrived on authenticated with; ``b""``
+        without CURVE; None when that key is no longer admitted (it left the roster, or is cooling
+        down): the message must be dropped, and its connection is shut down and counted."""
+        if self._curve is None:
+            return b""
+        key = str(frame.get("User-Id")).encode()     # set by the ZAP handler: the client's Z85 key
+        fd = int(frame.get(zmq.SRCFD))
+        if not self._gate.admits(key):
+            self._shut(fd, "not_admitted")
+            return None
+        self._gate.learn(fd, key)
+        self._monitor.pin(fd)
+        return key
+
+    @property
+    def refused(self) -> Counter[str]:
+        """Connections the inbox refused, by reason (peer/net/admission.py lists them): a copy."""
+        with self._gate.lock:
+            return Counter(self._gate.refused)
+
+    @property
+    def connections(self) -> Counter[str]:
+        """The inbox's connections: ``accepted``, ``handshake_succeeded``, ``closed_after_handshake``
+        and, by reason, those this transport shut down (``closed_<reason>``): a copy."""
+        with self._gate.lock:
+            return self._monitor.connections + Counter(
+                {f"closed_{k}": v for k, v in self._gate.closed.items()})
 
     # --------------------------------------------------------------- send
 
@@ -241,6 +316,7 @@ class Transport:
             first = outbox.socket.send(parts[0], flags=zmq.NOBLOCK, copy=False, track=True)
         except zmq.Again:
             self.dropped[name] += 1
+            self._redial_if_stale(name, outbox)
             return False
         # Each frame is tracked on its own: waiting on the last one's tracker says nothing of the others.
         outbox.pending.extend(t for t in [first] if t is not None and not t.done)
@@ -274,6 +350,21 @@ class Transport:
                 outbox.pending.append(tracker)
             return True
 
+    def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
+        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling.
+
+        libzmq (4.3.5) never retries a connection whose handshake was refused: the refusal is a
+        protocol error, which ends the connection's session for good. A member refused once (it
+        dialed a neighbour that had not yet admitted its key, as when both apply a new roster version
+        at different moments) would never be heard by that neighbour; a new socket tries again.
+        For a neighbour that is simply down this only restarts the back-off."""
+        if outbox.pending or time.monotonic() - outbox.dialed_s < self.config.reconnect_max_ms / 1000:
+            return
+        outbox.socket.close(linger=0)
+        outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
+        self.redialed[name] += 1
+
     def pending_sends(self) -> int:
         return sum(len(o.pending) for o in self._outboxes.values())
 
@@ -294,6 +385,7 @@ class Transport:
         trackers = outbox.pending
         outbox.socket.close(linger=0)   # drops the queued messages and releases their frames
         outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
         outbox.pending = []
         end = time.monotonic() + 1.0
         for tracker in trackers:
@@ -334,15 +426,19 @@ class Transport:
 
     def _multipart(self, parts: list[zmq.Frame]) -> None:
         """The one place a multipart arrival is handled: libzmq assembled all of it in memory before
-        anybody could look, so its sender is hostile. Counted; its frames are dropped unread.
-        (The admission branch adds ``punish``: disconnect the sender and refuse it for a cool-down.)"""
+        anybody could look, so its sender is hostile. Counted; its frames are dropped unread; with
+        CURVE, the sender is disconnected and refused for ``multipart_cooldown_s`` (``punish``)."""
         self.hostile["multipart"] += 1
+        key = self.connection_key(parts[-1])
+        if key:
+            self.punish(key, "multipart")
 
     # ------------------------------------------------------------- close
 
     def close(self) -> None:
         for outbox in self._outboxes.values():
             outbox.socket.close(linger=0)
+        self._monitor.stop()
         self._inbox.close(linger=0)
         if self._authenticator is not None:
             self._authenticator.stop()  # type: ignore[attr-defined]
@@ -360,17 +456,13 @@ class TransportError(HivemeshError):
     """A socket could not be set up (address in use, malformed address, missing key)."""
 
 
-def _start_authenticator(context: zmq.Context, allowed: list[frozenset[bytes]]) -> object:
-    """A ZAP handler (its own thread, inside pyzmq) admitting only the roster's CURVE keys."""
+def _start_authenticator(context: zmq.Context, gate: Gate) -> object:
+    """A ZAP handler (its own thread, inside pyzmq) that asks ``gate`` about each CURVE key."""
     from zmq.auth.thread import ThreadAuthenticator
-
-    class _Roster:
-        def callback(self, domain: str, key: bytes) -> bool:
-            return key in allowed[0]
 
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
-    authenticator.configure_curve_callback("*", credentials_provider=_Roster())
+    authenticator.configure_curve_callback("*", credentials_provider=gate)
     return authenticator
 
 

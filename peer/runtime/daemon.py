@@ -54,7 +54,16 @@ Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
 pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
-who is new and drops who left.
+who is new and drops who left, and the transport admits the new roster's curve
+keys only, shutting down a leaver's open connections.
+
+Only members reach the decoder (``[peer] curve``, on by default): a message is
+opened only if its connection's CURVE key (ZAP's User-Id) is still admitted,
+and its header is refused unless signed by the member whose curve key that
+is (``connection_key_mismatch``, before its payload is read or the sender's
+replay window moves), so no member speaks through another's connection. The
+transport counts refused connections by reason (``transport_refused`` in the
+status).
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
@@ -513,9 +522,14 @@ class PeerDaemon:
         """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
         assert self.transport is not None
         for arrival in self.transport.poll(timeout_s):
-            # one frame of the header-first wire: the endpoint verifies a header before it accepts
-            # the frames it announced, and hashes each as it arrives (protocols/assembly.py)
-            opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
+            key = self.transport.connection_key(arrival.frame)
+            if key is None:
+                continue    # its key left the roster or cools down (counted by the transport)
+            # one frame of the header-first wire: the endpoint verifies a header (and that it came on
+            # its sender's own connection) before it accepts the frames it announced, and hashes each
+            # as it arrives (protocols/assembly.py)
+            opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now(),
+                                           connection_key=key.decode() if key else None)
             if opened is not None:
                 self._opened(opened)
         for released in self.endpoint.expire(self.now()):
@@ -828,6 +842,9 @@ class PeerDaemon:
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
+            "curve": self.config.peer.curve,
+            "transport_refused": dict(self.transport.refused),
+            "transport_connections": dict(self.transport.connections),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,

@@ -64,7 +64,9 @@ class PeerSection(NodeConfig):
     listen: str = ""              # empty: the roster's address for this member
     # a late joiner (or a replacement) pulls parameters from a neighbour before it trains
     late_join: bool = False
-    curve: bool = False           # CurveZMQ encryption with the roster's curve keys as allowlist
+    # CurveZMQ encryption, and only the roster's curve keys get a connection (ZAP): without it anyone
+    # who reaches the port reaches the message decoder; off only on a network you trust (status warns)
+    curve: bool = True
     # after finishing, keep answering neighbours this long (their last round may need us)
     finish_grace_s: float = 3.0
     status_interval_s: float = 1.0   # status.json refresh (what `hivemesh status` reads)
