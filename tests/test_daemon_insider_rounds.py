@@ -28,7 +28,7 @@ import pytest
 import torch
 from _daemon_support import CEILING_S, describe, make_network, peers, status, wait_for_step
 
-from peer.net.transport import Transport, listener_address, reserve_listeners
+from peer.net.transport import CurveKeys, Transport, listener_address, reserve_listeners
 from peer.runtime.assemble import identity_and_roster, make_trainer
 from peer.runtime.peerconfig import load_peer_config
 from protocols.messages import ParamPush
@@ -59,7 +59,11 @@ def test_one_members_forged_rounds_sequence_numbers_and_epochs_move_no_real_peer
     last_round = STEPS - 1
     addresses = {m.name: m.address for m in roster}
     (port,) = reserve_listeners(1)
-    attacker = Transport(listen=listener_address(port), listen_fd=port.detach(),
+    # the attacker holds p01's keys, its CurveZMQ pair included: its connections are admitted as p01's
+    curve = CurveKeys(public_key=identity.curve_public_key.encode(),
+                      secret_key=identity.curve_secret_key.encode(),
+                      server_keys={n: roster.member(n).curve_key.encode() for n in ("p00", "p02")})
+    attacker = Transport(listen=listener_address(port), listen_fd=port.detach(), curve=curve,
                          neighbours={n: addresses[n] for n in ("p00", "p02")})
     expected: dict[str, Counter[str]] = {n: Counter() for n in ("p00", "p02")}
     try:
