@@ -30,7 +30,7 @@ from _daemon_support import (
 )
 
 from peer.files import roster_file
-from peer.net.transport import Transport, listener_address, reserve_listeners
+from peer.net.transport import CurveKeys, Transport, listener_address, reserve_listeners
 from peer.runtime.netinit import NetworkFiles
 from protocols.identity import Identity
 from protocols.messages import MIN_PROTOCOL_VERSION, Heartbeat
@@ -48,7 +48,7 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
         tmp_path: Path) -> None:
     # Prepare: a ring of five; a new key for p01 beside its key file; p04 not yet upgraded
     steps, hold_step, attack_step = 60, 8, 30
-    files = make_network(tmp_path / "net", peers=5, steps=steps, peer_options={"curve": False},
+    files = make_network(tmp_path / "net", peers=5, steps=steps,
                          gossip={"deadline_s": 1.0, "final_gossip_rounds": 10})
     version_1 = roster_file.read(files.roster)
     old = {name: Identity.load(files.keys[name]) for name in ("p01", "p03")}
@@ -62,8 +62,15 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
     marks.mkdir()
     release, attacked = tmp_path / "gate-release", tmp_path / "gate-attacked"
     (attacker_port,) = reserve_listeners(1)
+    # the forged messages come over an admitted member's connection (p02's CurveZMQ keys): the codec
+    # refuses them by their signing key; a handshake with p01's old CurveZMQ key is refused by ZAP
+    p02 = Identity.load(files.keys["p02"])
+    server_key = version_1.member("p00").curve_key.encode()
     attacker = Transport(listen=listener_address(attacker_port), listen_fd=attacker_port.detach(),
-                         neighbours={"p00": version_1.member("p00").address})
+                         neighbours={"p00": version_1.member("p00").address},
+                         curve=CurveKeys(public_key=p02.curve_public_key.encode(),
+                                         secret_key=p02.curve_secret_key.encode(),
+                                         server_keys={"p00": server_key}))
     try:
         with peers(files) as processes:
             for name in RING:
@@ -86,6 +93,14 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
                     deliver(attacker, "p00", frames)
             attacker.wait_sent(10)
             counted = wait_for_count(files, "p00", "revoked_key", 2 * FORGED)
+            (old_port,) = reserve_listeners(1)
+            with Transport(listen=listener_address(old_port), listen_fd=old_port.detach(),
+                           neighbours={"p00": version_1.member("p00").address},
+                           curve=CurveKeys(public_key=old["p01"].curve_public_key.encode(),
+                                           secret_key=old["p01"].curve_secret_key.encode(),
+                                           server_keys={"p00": server_key})) as old_p01:
+                old_p01.send("p00", [b"hello"])
+                wait_for_count(files, "p00", "not_on_roster", 1, field="transport_refused")
             attacked.touch()
             finished = processes.wait(CEILING_S, list(HONEST))
             codes = processes.exitcodes()
@@ -95,6 +110,7 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
     logs = {name: (files.out / "data" / name / "peer.log").read_text() for name in RING}
     # Assert: p01 found its new key and the ring took it from round 20 (it trained on with p01)
     assert "holds its rotated key" in logs["p01"], logs["p01"]
+    assert "serves and dials with its rotated CurveZMQ key" in logs["p01"], logs["p01"]
     for name in HONEST:
         assert f"roster version 2 in effect from round {EFFECTIVE_ROUND}" in logs[name], describe(files)
         assert status(files, name)["epoch"] == 0, name                          # never restarted
@@ -125,12 +141,13 @@ def deliver(sender: Transport, name: str, frames: list[bytes]) -> None:
     raise AssertionError(f"could not reach {name}")
 
 
-def wait_for_count(files: NetworkFiles, name: str, reason: str, at_least: int) -> int:
-    """Wait until ``name``'s status counts ``at_least`` refusals for ``reason``; the count."""
+def wait_for_count(files: NetworkFiles, name: str, reason: str, at_least: int,
+                   field: str = "rejections") -> int:
+    """Wait until ``name``'s status counts ``at_least`` refusals for ``reason`` in ``field``; the count."""
     deadline = time.monotonic() + CEILING_S
     found = 0
     while time.monotonic() < deadline:
-        found = status(files, name)["rejections"].get(reason, 0)
+        found = (status(files, name).get(field) or {}).get(reason, 0)
         if found >= at_least:
             return int(found)
         time.sleep(0.1)

@@ -316,3 +316,44 @@ def test_a_member_refused_before_its_key_was_admitted_gets_in_once_it_is() -> No
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("handed_a_listener", [True, False])
+def test_a_rekeyed_transport_serves_its_new_key_and_dials_with_it(handed_a_listener: bool) -> None:
+    """A rotation of our CURVE key: the inbox is bound afresh at the same address (also when whoever
+    handed us the listening socket still holds it), a client that knows only the old server key is
+    no longer served, one with the new key is, and our own dials carry the new client key."""
+    old, new, member = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
+    (listener,) = reserve_listeners(1)
+    (peer_listener,) = reserve_listeners(1)
+    address = listener_address(listener)
+    peer = Transport(listen=listener_address(peer_listener), neighbours={}, listen_fd=peer_listener.detach(),
+                     curve=CurveKeys(public_key=member[0], secret_key=member[1], server_keys={},
+                                     allowed_client_keys=frozenset({new[0]})))    # admits only our new key
+    if not handed_a_listener:
+        listener.close()
+    ours = Transport(listen=address, neighbours={"m": peer.listen},
+                     listen_fd=os.dup(listener.fileno()) if handed_a_listener else None,
+                     curve=CurveKeys(public_key=old[0], secret_key=old[1], server_keys={"m": member[0]},
+                                     allowed_client_keys=frozenset({member[0]})))
+    context = zmq.Context()
+    try:
+        ours.rekey(new[0], new[1])
+        assert ours.curve_public_key == new[0]
+        stale = _dealer(context, address, old[0], member)       # still thinks we hold the old key
+        fresh = _dealer(context, address, new[0], member)
+        stale.send(b"stale")
+        fresh.send(b"fresh")
+        assert bytes(_receive_one(ours)[0]) == b"fresh"
+        assert ours.poll(0.2) == []
+        received: list[Arrival] = []
+        deadline = time.monotonic() + 10.0
+        while not received and time.monotonic() < deadline:   # our dial now carries the new key
+            ours.send("m", [b"from the new key"])
+            received += peer.poll(0.05)
+        assert received and peer.connection_key(received[0].frame) == new[0]
+    finally:
+        context.destroy(linger=0)
+        ours.close()
+        peer.close()
+        listener.close()

@@ -134,8 +134,10 @@ class Gate:
 class ConnectionMonitor:
     """Counts the inbox's connections by outcome, from ZeroMQ's socket monitor, on its own thread."""
 
-    def __init__(self, inbox: zmq.Socket, gate: Gate, *, max_handshaking: int) -> None:
+    def __init__(self, inbox: zmq.Socket, gate: Gate, *, max_handshaking: int,
+                 local_port: int | None = None) -> None:
         self._inbox = inbox
+        self._local_port = local_port
         self._max_handshaking = max_handshaking
         self._gate = gate
         self.lock = gate.lock
@@ -204,7 +206,7 @@ class ConnectionMonitor:
         fd = next(fd for fd in self._handshaking if fd not in self._shed)
         self._shed.add(fd)
         self.connections["shed_mid_handshake"] += 1
-        shut_down(fd)
+        shut_down(fd, self._local_port)
 
     def _closed(self, fd: int) -> None:
         self._shed.discard(fd)
@@ -248,16 +250,25 @@ def _protocol_error(value: int) -> str:
     return name if name and "|" not in name else f"protocol_{value:#x}"
 
 
-def shut_down(fd: int) -> bool:
+def shut_down(fd: int, local_port: int | None = None) -> bool:
     """Shut down the TCP connection under libzmq's descriptor ``fd`` (libzmq then closes it);
-    False when ``fd`` is no longer open."""
+    False when ``fd`` is no longer a connection of ours. A descriptor number is reused as soon as
+    libzmq closes it, possibly before its event reaches us: a descriptor that is not a socket, or
+    (``local_port`` given) not a connection to that port of ours, is left alone."""
     try:
         dup = os.dup(fd)
     except OSError:
         return False
-    with socket.socket(fileno=dup) as conn:
+    try:
+        conn = socket.socket(fileno=dup)
+    except OSError:     # not a socket (any more): a file or pipe took the number
+        os.close(dup)
+        return False
+    with conn:
         try:
+            if local_port is not None and conn.getsockname()[1] != local_port:
+                return False
             conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
+        except (OSError, IndexError, TypeError):
             return False
     return True

@@ -45,6 +45,7 @@ they know nothing about messages or algorithms.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -164,28 +165,19 @@ class Transport:
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
         self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
-        self._inbox = self._context.socket(zmq.ROUTER)
-        self._configure(self._inbox)
-        self._monitor = ConnectionMonitor(self._inbox, self._gate,
-                                          max_handshaking=self.config.max_handshaking_connections)
-        self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
-        self._inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
-        if curve is not None:
-            self._inbox.curve_server = True
-            self._inbox.curve_secretkey = curve.secret_key
-            self._inbox.curve_publickey = curve.public_key
-        if listen_fd is not None:
-            self._inbox.setsockopt(zmq.USE_FD, listen_fd)
+        # a rotation of our CURVE key binds the inbox afresh: a copy of a listening socket handed to
+        # us is kept for that, since whoever handed it over may still hold the port
+        self._listen_fd = os.dup(listen_fd) if listen_fd is not None else None
+        port = listen.rsplit(":", 1)[-1]
+        self._port = int(port) if port.isdigit() else None     # the local port of our connections
         try:
-            self._inbox.bind(listen)
-        except zmq.ZMQError as error:
-            self._monitor.stop()
-            self._inbox.close(linger=0)
+            self._inbox, self._monitor = self._open_inbox(listen, listen_fd)
+        except TransportError:
             if self._authenticator is not None:
                 self._authenticator.stop()  # type: ignore[attr-defined]
-            if listen_fd is not None:
-                os.close(listen_fd)
-            raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
+            if self._listen_fd is not None:
+                os.close(self._listen_fd)
+            raise
         self.listen = listen
         self._poller = zmq.Poller()
         self._poller.register(self._inbox, zmq.POLLIN)
@@ -194,6 +186,30 @@ class Transport:
             self._outboxes[name] = _Outbox(address, self._connect(name, address))
 
     # ------------------------------------------------------------- sockets
+
+    def _open_inbox(self, listen: str, listen_fd: int | None) -> tuple[zmq.Socket, ConnectionMonitor]:
+        """The ROUTER every member sends to, bound at ``listen``, with its connection monitor."""
+        inbox = self._context.socket(zmq.ROUTER)
+        self._configure(inbox)
+        monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
+                                    max_handshaking=self.config.max_handshaking_connections)
+        inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
+        if self._curve is not None:
+            inbox.curve_server = True
+            inbox.curve_secretkey = self._curve.secret_key
+            inbox.curve_publickey = self._curve.public_key
+        if listen_fd is not None:
+            inbox.setsockopt(zmq.USE_FD, listen_fd)
+        try:
+            inbox.bind(listen)
+        except zmq.ZMQError as error:
+            monitor.stop()
+            inbox.close(linger=0)
+            if listen_fd is not None:
+                os.close(listen_fd)
+            raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
+        return inbox, monitor
 
     def _configure(self, sock: zmq.Socket) -> None:
         cfg = self.config
@@ -247,6 +263,54 @@ class Transport:
             self.wait_sent()    # what is in flight goes first (or is abandoned after the send timeout)
         self._outboxes.pop(name).socket.close(linger=0)
 
+    def set_server_key(self, name: str, server_key: bytes) -> None:
+        """Dial ``name`` with this CURVE server key from now on (its key was rotated): a neighbour
+        whose key changed is dialed afresh; what was queued for it is dropped."""
+        outbox = self._outboxes.get(name)
+        if self._curve is None or outbox is None or self._server_keys.get(name) == server_key:
+            return
+        self._server_keys[name] = server_key
+        if outbox.pending:
+            self.wait_sent()
+        outbox.socket.close(linger=0)
+        outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
+
+    @property
+    def curve_public_key(self) -> bytes | None:
+        """The CURVE key this transport serves and dials with (None without CURVE)."""
+        return None if self._curve is None else self._curve.public_key
+
+    def rekey(self, public_key: bytes, secret_key: bytes) -> None:
+        """Serve and dial with a new CURVE key pair (our key was rotated): the inbox is bound afresh
+        at the same address, since a listener keeps the key it was bound with, and every neighbour
+        is dialed afresh; open connections end, and their members reconnect."""
+        if self._curve is None:
+            raise TransportError("rekey needs CurveZMQ on")
+        if public_key == self._curve.public_key:
+            return
+        self.wait_sent()
+        self._curve = dataclasses.replace(self._curve, public_key=public_key, secret_key=secret_key)
+        self._poller.unregister(self._inbox)
+        self._monitor.stop()
+        self._inbox.close(linger=0)
+        if self._listen_fd is not None:
+            self._inbox, self._monitor = self._open_inbox(self.listen, os.dup(self._listen_fd))
+        else:   # libzmq lets the port go on its I/O thread: a moment after close returns
+            for attempt in range(50):
+                try:
+                    self._inbox, self._monitor = self._open_inbox(self.listen, None)
+                    break
+                except TransportError:
+                    if attempt == 49:
+                        raise
+                    time.sleep(0.02)
+        self._poller.register(self._inbox, zmq.POLLIN)
+        for name, outbox in self._outboxes.items():
+            outbox.socket.close(linger=0)
+            outbox.socket = self._connect(name, outbox.address)
+            outbox.dialed_s = time.monotonic()
+
     def allow(self, client_keys: frozenset[bytes]) -> None:
         """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not,
         and the leaver's open connections are shut down (ZAP judges only new handshakes)."""
@@ -263,7 +327,7 @@ class Transport:
             self._gate.closed[f"punished_{reason}"] += 1
 
     def _shut(self, fd: int, reason: str) -> None:
-        if shut_down(fd):
+        if shut_down(fd, self._port):
             with self._gate.lock:
                 self._gate.closed[reason] += 1
 
@@ -440,6 +504,9 @@ class Transport:
             outbox.socket.close(linger=0)
         self._monitor.stop()
         self._inbox.close(linger=0)
+        if self._listen_fd is not None:
+            os.close(self._listen_fd)
+            self._listen_fd = None
         if self._authenticator is not None:
             self._authenticator.stop()  # type: ignore[attr-defined]
         if self._own_context:

@@ -729,6 +729,12 @@ class PeerDaemon:
                 self.transport.drop_neighbour(name)
         if curve:
             self.transport.allow(frozenset(k.encode() for k in roster.curve_allowlist()))
+            for name in connect.neighbours:     # a neighbour's rotated key, once the roster lists it
+                self.transport.set_server_key(name, roster.member(name).curve_key.encode())
+            own = self.endpoint.identity   # a rotation of ours, once in force: serve and dial with it
+            if own.curve_public_key.encode() != self.transport.curve_public_key:
+                self.transport.rekey(own.curve_public_key.encode(), own.curve_secret_key.encode())
+                self.status.say(f"{self.name}: serves and dials with its rotated CurveZMQ key")
 
     def _hold_own_key(self, roster: Roster) -> None:
         """A rotation of our own key: the endpoint gets the new key file (beside the configured one,
