@@ -17,6 +17,8 @@ run on the same bytes:
 - ours signed: the same as the daemon runs it: each frame hashed on the daemon's
   digest thread(s) while the caller copies it (peer/net/digests.py ThreadDigester)
   into its receive-buffer pool (BufferPool), as it arrives;
+- ours signed + CurveZMQ: the same over CurveZMQ-encrypted connections (the
+  daemon's default), to show what transport encryption costs;
 - torch.distributed gloo all_reduce of the same tensor between two processes
   (+ the division that makes it an average);
 - hivemind's DecentralizedAverager, when it installs: run from its own venv
@@ -52,7 +54,7 @@ import torch
 import zmq
 
 from peer.net.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
-from peer.net.transport import Arrival, Transport, listener_address, reserve_listeners
+from peer.net.transport import Arrival, CurveKeys, Transport, listener_address, reserve_listeners
 from peer.runtime.launch import context
 
 RAW_FRAME_BYTES = 4 << 20
@@ -61,6 +63,7 @@ DIGEST_THREADS = DEFAULT_WORKERS     # as peer/runtime/daemon.py
 HERE = Path(__file__).resolve().parent
 PAIR_TIMEOUT_S = 900.0   # a generous ceiling for 6 exchanges of 100 MB on a loaded machine
 SIGNED = f"ours signed (caller + {DIGEST_THREADS} digest thread(s), buffer pool; as the daemon)"
+CURVE = "ours signed + CurveZMQ (the daemon's default)"
 
 
 # ------------------------------------------------------------------ helpers shared by both sides
@@ -136,7 +139,8 @@ def _barrier_raw(inbox: zmq.Socket, outbox: zmq.Socket, round_index: int) -> Non
 def _wire_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, mode: str,
                frame_bytes: int, results: Queue) -> None:
     """Our exchange through peer.net.transport: mode "unsigned" (our framing alone), "serial" (Endpoint,
-    default digests) or "threads" (Endpoint with the daemon's digest threads and buffer pool)."""
+    default digests), "threads" (Endpoint with the daemon's digest threads and buffer pool) or "curve"
+    (the same over CurveZMQ, as a daemon runs by default)."""
     torch.set_num_threads(1)
     names = ["alice", "bob"]
     me, other = names[index], names[1 - index]
@@ -154,7 +158,8 @@ def _wire_side(index: int, listeners: list[socket.socket], numel: int, repeat: i
         pool = BufferPool(max_buffers=4, sizes=frozenset({(torch.float32, numel)}))
         seal, open_ = _signed_codec(me, other, names, pool.allocate, x, frame_bytes, digester)
     addresses, listen_fd = adopt(index, listeners)
-    with Transport(listen=addresses[index], listen_fd=listen_fd,
+    curve = _curve_keys(index) if mode == "curve" else None
+    with Transport(listen=addresses[index], listen_fd=listen_fd, curve=curve,
                    neighbours={other: addresses[1 - index]}) as transport:
         mailbox = Mailbox(transport, other)
         times = []
@@ -261,6 +266,17 @@ def _signed_codec(me: str, other: str, names: list[str], allocate: Callable[[tor
         return tensor
 
     return seal, open_
+
+
+def _curve_keys(index: int) -> CurveKeys:
+    """CurveZMQ between the two sides (as a daemon runs by default): each admits only the other."""
+    from protocols.identity import Identity
+
+    own, other = (Identity.from_text(_key_text(i).encode()) for i in (index, 1 - index))
+    other_key = other.curve_public_key.encode()
+    return CurveKeys(public_key=own.curve_public_key.encode(), secret_key=own.curve_secret_key.encode(),
+                     server_keys={["alice", "bob"][1 - index]: other_key},
+                     allowed_client_keys=frozenset({other_key}))
 
 
 def _key_text(index: int) -> str:
@@ -377,6 +393,7 @@ def main() -> int:
     rows["ours signed, serial digests"] = run_pair(
         _wire_side, reserve_listeners(2), numel, repeat, "serial", frame_bytes)
     rows[SIGNED] = run_pair(_wire_side, reserve_listeners(2), numel, repeat, "threads", frame_bytes)
+    rows[CURVE] = run_pair(_wire_side, reserve_listeners(2), numel, repeat, "curve", frame_bytes)
     rendezvous = f"file://{tempfile.mkdtemp(prefix='hivemesh-gloo-')}/rendezvous"    # no port to pick
     rows["torch.distributed gloo all_reduce + /2"] = (
         None if args.no_baselines else run_pair(_gloo_side, rendezvous, numel, repeat))
@@ -401,6 +418,9 @@ def main() -> int:
     goals = [("unsigned / raw pyzmq", unsigned / raw, "<= 1.3", unsigned / raw <= 1.3),
              ("signed / unsigned (what signing adds)", signed / unsigned, "<= 1.15",
               signed / unsigned <= 1.15)]
+    curve = rows[CURVE]
+    assert curve
+    goals.append(("CurveZMQ on / off (what transport encryption adds)", curve / signed, "(report)", True))
     if gloo is not None:
         goals.append(("signed / gloo all_reduce", signed / gloo, "<= 2.5", signed / gloo <= 2.5))
     if hivemind_s is not None:

@@ -34,6 +34,7 @@ class RecordingTransport:
         self.abandoned: dict[str, int] = {}
         self.hostile: Counter[str] = Counter()      # multipart arrivals (none here)
         self.refused: dict[str, int] = {}
+        self.redialed: dict[str, int] = {}
         self.connections: dict[str, int] = {}
         self.unreachable: set[str] = set()
 

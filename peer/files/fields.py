@@ -113,6 +113,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "timed out, or a frame over the size limit: one event for all three), `shed_mid_handshake` (over "
           "`[transport] max_handshaking_connections`), and those this peer shut down, `closed_<reason>` "
           "(`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
+    Field("redialed", "sockets", "counter",
+          "sockets to a neighbour replaced after no connection for `[transport] reconnect_max_ms` (libzmq "
+          "never retries a refused CurveZMQ handshake, as when a neighbour had not admitted our key yet)",
+          label="neighbour"),
     Field("receive_buffers", "", "nested", "the receive buffer pool, the rows `receive_buffers.*` below"),
     Field("receive_buffers.reused", "buffers", "counter", "receive buffers taken from the pool"),
     Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),

@@ -851,6 +851,7 @@ class PeerDaemon:
             "curve": self.config.peer.curve,
             "transport_refused": dict(self.transport.refused),
             "transport_connections": dict(self.transport.connections),
+            "redialed": dict(self.transport.redialed),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
