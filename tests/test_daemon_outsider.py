@@ -156,8 +156,8 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
     assert sum(refused.values()) == ATTEMPTED, refused
     assert refused["not_on_roster"] == CURVE_OUTSIDERS, refused
     # a plaintext client that reads the peer's greeting first hangs up before its own mechanism is
-    # read: then the peer can only say the handshake was cut short
-    assert refused["handshake_zmtp_mechanism_mismatch"] >= 1, refused
+    # read: then the peer can only say the handshake was cut short (libzmq decides the race, so
+    # the two reasons are checked together)
     assert (refused["handshake_zmtp_mechanism_mismatch"] + refused["handshake_no_detail"]
             == PLAINTEXT + RAW_SILENT + RAW_HUGE_HANDSHAKE), refused
     assert refused["closed_before_handshake"] == RAW_JUNK, refused
