@@ -29,8 +29,16 @@ and keeps the listening socket; a Transport adopts it through ZeroMQ's
 ``USE_FD`` (``listen_fd``), so no other process can take the port between the
 moment it is written into a roster and the moment a peer listens on it.
 
-This is the only module that touches sockets; it knows nothing about
-messages, keys or algorithms.
+Replies on the caller's connection (:meth:`Transport.reply`): an edge client
+dials out and never listens (behind NAT), so its gateway answers on the
+connection the client opened, by the ROUTER's routing id of one of its
+frames (``Arrival.connection``). Which id stands for which member is the
+driver's to decide, from accepted messages only (the routing id of an
+unverified frame says nothing about its sender): see peer/runtime/routes.py.
+The dialling side is peer/net/dial.py.
+
+This and peer/net/dial.py are the only modules that touch sockets; they know
+nothing about messages, keys or algorithms.
 """
 
 from __future__ import annotations
@@ -134,13 +142,18 @@ class Transport:
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
+        self.bytes_replied = 0      # of bytes_sent: on inbound connections (reply), not to neighbours
         self.messages_sent: Counter[str] = Counter()
         self.messages_received = 0
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
+        self.replies_dropped: Counter[str] = Counter()  # replies not sent: "gone" (connection closed), "full"
+        self._replies: list[zmq.MessageTracker] = []     # zero-copy reply frames still held by ZeroMQ
         self._inbox = self._context.socket(zmq.ROUTER)
         self._configure(self._inbox)
+        # a reply to a connection that closed fails at once (counted) instead of vanishing silently
+        self._inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
         self._inbox.setsockopt(zmq.RCVHWM, self.config.high_water_mark)
         if curve is not None:
@@ -274,8 +287,40 @@ class Transport:
                 outbox.pending.append(tracker)
             return True
 
+    def reply(self, connection: bytes, frames: Frames) -> bool:
+        """Queue ``frames`` on the inbound connection ``connection`` (an ``Arrival.connection``),
+        each as a single-frame message, in order and without copying; False when that connection
+        is gone or its queue is full (counted in ``replies_dropped``; what was queued of a message
+        cut short is released by the receiver's assembly when its connection goes quiet).
+
+        For members that dial us and do not listen (edge clients): the caller decides which
+        connection is whose, from accepted messages only. The buffers must not change until
+        :meth:`wait_sent` returns."""
+        parts = list(frames)
+        if not parts:
+            raise ValueError("a message needs at least one frame")
+        for part in parts:
+            try:
+                self._inbox.send(connection, flags=zmq.SNDMORE | zmq.NOBLOCK)
+                tracker = self._inbox.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
+            except zmq.Again:
+                self.replies_dropped["full"] += 1
+                return False
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.replies_dropped["gone"] += 1
+                return False
+            if tracker is not None and not tracker.done:
+                self._replies.append(tracker)
+        size = sum(memoryview(f).nbytes for f in parts)
+        self.bytes_sent += size
+        self.bytes_replied += size
+        return True
+
     def pending_sends(self) -> int:
-        return sum(len(o.pending) for o in self._outboxes.values())
+        self._replies = [t for t in self._replies if not t.done]
+        return sum(len(o.pending) for o in self._outboxes.values()) + len(self._replies)
 
     def wait_sent(self, timeout_s: float | None = None) -> None:
         """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout."""
@@ -288,6 +333,17 @@ class Transport:
                     self._abandon(name, outbox)
                     break
                 outbox.pending.pop()
+        while self._replies:
+            try:
+                self._replies[-1].wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                # a reply's connection is its dialler's: nothing to close and redial here. The
+                # frames keep their buffers alive; one changed before it went out fails its digest
+                # at that one receiver (counted there), so the rest are given up on, counted
+                self.abandoned["replies"] += len(self._replies)
+                self._replies.clear()
+                break
+            self._replies.pop()
 
     def _abandon(self, name: str, outbox: _Outbox) -> None:
         self.abandoned[name] += len(outbox.pending)
