@@ -56,6 +56,19 @@ Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left.
 
+A gateway (the config has a ``[federation]`` table): the Node also hosts the
+FedAvg (or FedBuff) server as its ``fedavg`` role, on the vector the gossip
+machine mixes (the trainer's, which a gateway never trains), with the roster's
+edge clients as the Node's ``clients``. A gossip round's work is a FedAvg round
+or nothing (protocols/federation/interleave.py's ``GatewayWork``). Edge clients
+dial in and listen nowhere, so what the gateway sends one goes back on the
+connection its last accepted message came on (``Transport.reply``); a client's
+connection is learnt only from a message the endpoint accepted (signature,
+replay window), so a replayed or forged frame cannot redirect its replies.
+The global model is evaluated after each closed round; the status's
+``federation`` block shows the round, who was asked, answered, late and
+refused, and each client's last contact and bytes each way.
+
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
@@ -125,6 +138,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.federation.interleave import GatewayWork
 from protocols.messages import Heartbeat, Message, StateSyncRequest
 from protocols.node import (
     Neighbour,
@@ -171,6 +185,9 @@ class Counters:
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
     bytes_received_from: Counter[str] = field(default_factory=Counter)  # accepted messages, by sender
     trainer_steps_set: list[int] = field(default_factory=list)  # each SetTrainerStep (catch-up, sync)
+    client_bytes_sent: Counter[str] = field(default_factory=Counter)      # a gateway's, by edge client
+    client_bytes_received: Counter[str] = field(default_factory=Counter)  # accepted, by edge client
+    client_unreachable: Counter[str] = field(default_factory=Counter)     # no connection learnt yet / gone
 
 
 class PeerDaemon:
@@ -230,7 +247,14 @@ class PeerDaemon:
             self.name, self.parts.machine, neighbours={n: NeighbourInfo() for n in self.parts.neighbours},
             config=config.peer.node_config(),
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
-            answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
+            answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
+            roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
+            clients=self.parts.clients)
+        # a gateway: what its gossip machine's work is, and the connection each edge client dialled
+        self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
+                             if self.parts.server is not None and config.federation is not None else None)
+        self.routes: dict[str, bytes] = {}
+        self._rounds_evaluated = 0
         self.node.set_membership(self.parts.roster, self.parts.topology)
         self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
@@ -517,11 +541,11 @@ class PeerDaemon:
             # the frames it announced, and hashes each as it arrives (protocols/assembly.py)
             opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
             if opened is not None:
-                self._opened(opened)
+                self._opened(opened, arrival.connection)
         for released in self.endpoint.expire(self.now()):
             self._opened(released)
 
-    def _opened(self, opened: Opened | Rejection) -> None:
+    def _opened(self, opened: Opened | Rejection, connection: bytes | None = None) -> None:
         if isinstance(opened, Rejection):   # counted by the endpoint; a member set up differently
             notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)  # is said once
             if notice:
@@ -531,6 +555,10 @@ class PeerDaemon:
         else:
             self.counters.messages_accepted += 1
             self.counters.bytes_received_from[opened.sender] += opened.wire_bytes
+            if opened.sender in self.node.clients and connection is not None:
+                # accepted (signed, new in its replay window): replies go back on this connection
+                self.routes[opened.sender] = connection
+                self.counters.client_bytes_received[opened.sender] += opened.wire_bytes
             self._dispatch(opened)
 
     def _dispatch(self, opened: Opened) -> None:
@@ -589,14 +617,35 @@ class PeerDaemon:
                         self.status.say(f"{self.name}: {text}")
                 case Connect():
                     self._connect(action)
+        if self.gateway_work is not None:
+            self._gateway_progress()
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
+        if self.gateway_work is not None:   # a gateway trains nothing: its work is a FedAvg round
+            begun, done = self.gateway_work.begin(self.now())
+            self._carry_out(self.node.role_actions("fedavg", begun))
+            if done:
+                self._feed(WorkDone(steps, 0.0))
+            return
         if self.transport.pending_sends():
             self.transport.wait_sent()    # training changes the parameters in place
         loss = self.trainer.run_steps(steps)
         self._last_loss = loss
         self._feed(WorkDone(steps, loss))
+
+    def _gateway_progress(self) -> None:
+        """After a gateway acted: a FedAvg round closed is its gossip machine's work done; the global
+        model is evaluated once per closed round."""
+        assert self.gateway_work is not None
+        server = self.gateway_work.server
+        if len(server.reports) > self._rounds_evaluated:
+            self._rounds_evaluated = len(server.reports)
+            self._last_eval = self.trainer.evaluate()
+            self._last_eval_step = self._rounds_evaluated
+            self.status.metric_line(self._snapshot())
+        if self.gateway_work.closed():
+            self._feed(WorkDone(1, 0.0))
 
     def _send(self, action: Send) -> None:
         assert self.transport is not None
@@ -604,6 +653,9 @@ class PeerDaemon:
         size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
+            if recipient in self.node.clients:
+                self._reply(recipient, frames, size, action.message)
+                continue
             info = self.neighbours.get(recipient)
             if info is None:
                 self.counters.unreachable[recipient] += 1
@@ -620,6 +672,18 @@ class PeerDaemon:
                 self.counters.payload_bytes_sent += payload
             else:
                 self.counters.unreachable[recipient] += 1
+
+    def _reply(self, client: str, frames: list[Any], size: int, message: Message) -> None:
+        """To an edge client: on the connection its last accepted message came on."""
+        assert self.transport is not None
+        connection = self.routes.get(client)
+        if connection is None or not self.transport.reply(connection, frames):
+            self.counters.client_unreachable[client] += 1
+            return
+        self.counters.messages_sent += 1
+        self.counters.messages_sent_by_kind[message.KIND] += 1
+        self.counters.wire_bytes_sent += size
+        self.counters.client_bytes_sent[client] += size
 
     # ------------------------------------------------------------------ timers
 
@@ -831,9 +895,28 @@ class PeerDaemon:
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
+            "federation": self._federation_status(now),
             "warnings": self.machine.warnings(),
             "timeline": self.timeline,
         }
+
+    def _federation_status(self, now: float) -> dict[str, Any]:
+        """A gateway's rounds and clients (empty for a plain peer): the server's own view, its last
+        closed rounds, its counters, and each client's last contact and bytes each way."""
+        if self.gateway_work is None:
+            return {}
+        server = self.gateway_work.server
+        status = server.status()
+        contact = status.pop("last_contact_s", {})
+        reports = [dataclasses.asdict(server.reports[i]) for i in sorted(server.reports)[-3:]]
+        return {**status, "rounds_closed": len(server.reports), "last_rounds": reports,
+                "counters": dict(sorted(server.counters.items())),
+                "clients": {name: {"up": name in self.routes and self.node.clients.members[name].up,
+                                   "last_contact_s": (now - contact[name]) if name in contact else None,
+                                   "bytes_sent": self.counters.client_bytes_sent[name],
+                                   "bytes_received": self.counters.client_bytes_received[name],
+                                   "unreachable": self.counters.client_unreachable[name]}
+                            for name in self.node.clients.names()}}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
