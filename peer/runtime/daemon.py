@@ -65,7 +65,8 @@ dial in and listen nowhere, so what the gateway sends one goes back on the
 connection its last accepted message came on (``Transport.reply``); a client's
 connection is learnt only from a message the endpoint accepted (signature,
 replay window), so a replayed or forged frame cannot redirect its replies.
-The global model is evaluated after each closed round; the status's
+The global model is evaluated after each closed round (``rounds.jsonl`` in
+the data folder: one line per round, its report and accuracy); the status's
 ``federation`` block shows the round, who was asked, answered, late and
 refused, and each client's last contact and bytes each way.
 
@@ -90,6 +91,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import json
 import math
 import os
 import signal
@@ -105,7 +107,7 @@ import torch
 
 from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
-from peer.files.statefiles import CheckpointStore, StatusWriter
+from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
 from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
@@ -156,6 +158,7 @@ from topology.errors import HivemeshError
 
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
+ROUNDS_FILE = "rounds.jsonl"  # a gateway: one line per closed round (its report and the global accuracy)
 EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
 
 
@@ -640,8 +643,13 @@ class PeerDaemon:
         assert self.gateway_work is not None
         server = self.gateway_work.server
         if len(server.reports) > self._rounds_evaluated:
-            self._rounds_evaluated = len(server.reports)
             self._last_eval = self.trainer.evaluate()
+            for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
+                row = {**json_safe(dataclasses.asdict(server.reports[index])),
+                       "accuracy": self._last_eval.get("accuracy", math.nan)}
+                with (self.config.data_dir / ROUNDS_FILE).open("a") as handle:
+                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+            self._rounds_evaluated = len(server.reports)
             self._last_eval_step = self._rounds_evaluated
             self.status.metric_line(self._snapshot())
         if self.gateway_work.closed():

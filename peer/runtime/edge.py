@@ -26,6 +26,9 @@ gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
 server asks it again in a later round.
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
+Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
+trainer's step before a round's work is trained: a process test kills a
+sampled client mid-round that way, without sleeps.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from peer.runtime.assemble import next_epoch, tcp_address
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
+from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -85,8 +89,9 @@ def edge_trainer(config: EdgeConfig, roster: Roster) -> Trainer:
 class EdgeClient:
     """One running edge client. ``run()`` returns the process exit code."""
 
-    def __init__(self, config: EdgeConfig) -> None:
+    def __init__(self, config: EdgeConfig, *, hooks: Sequence[Hook] = ()) -> None:
         self.config = config
+        self.hooks = Hooks(hooks)
         edge = config.edge
         self.name = edge.name
         identity = Identity.load(config.key_path)
@@ -162,7 +167,7 @@ class EdgeClient:
             self._carry_out(self.node.start(self.now()))
             self.state = "waiting for a round"
             while not self._finished and self._stop_signal is None:
-                if self._work:
+                if self._work and not self.hooks.holding(self.trainer.step, self.now()):
                     self._train(self._work.pop(0))
                 self._pump(self._poll_timeout())
                 self._fire_timers()
@@ -292,7 +297,7 @@ def run_edge(config_path: str, *, quiet: bool = False) -> int:
         config = load_edge_config(config_path)
         if quiet:
             config = dataclasses.replace(config, edge=dataclasses.replace(config.edge, progress=False))
-        return EdgeClient(config).run()
+        return EdgeClient(config, hooks=hooks_from_environment()).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

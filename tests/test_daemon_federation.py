@@ -1,0 +1,178 @@
+"""A federation in real processes on 127.0.0.1: one gateway (``hivemesh peer`` with ``[federation]``)
+and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b) and (h).
+
+Each test writes its federation with ``create_federation`` (the gateway's port reserved and
+handed to it), starts every process through ``PeerProcesses`` and waits on the files they
+write (status, hook marks), never on the clock; its ceilings are ones a healthy run never reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peer.cli.init import default_network
+from peer.files.statefiles import read_status
+from peer.runtime.launch import PeerProcesses
+from peer.runtime.netinit import FederationFiles, create_federation
+from peer.runtime.testhooks import Hook
+
+pytestmark = pytest.mark.processes
+
+CEILING_S = 240.0
+GATEWAY = "gw0"
+# acceptance (a): 30 rounds of 5 of 10 clients, 2 local epochs, digits-mlp on Dirichlet(0.3) shards
+FEDERATION = {"rounds": 30, "fraction": 0.5, "min_clients": 5, "local_epochs": 2, "max_samples": 1000,
+              "round_timeout_s": 30.0, "seed": 3}
+GATEWAY_OPTIONS = {"progress": False, "eval_every_steps": 0, "heartbeat_interval_s": 0.5,
+                   "neighbour_timeout_s": 30.0, "start_timeout_s": 120.0, "finish_grace_s": 2.0}
+EDGE_OPTIONS = {"progress": False, "heartbeat_interval_s": 0.5, "neighbour_timeout_s": 30.0}
+
+
+def make_federation(folder: Path, *, edges: int = 10, **federation: Any) -> FederationFiles:
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=300, seed=3, partition="dirichlet", alpha=0.3)
+    network["trainer"] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
+    return create_federation(folder, gateways=1, edges=edges, network=network,
+                             federation={**FEDERATION, **federation}, reserve=True,
+                             peer_options=GATEWAY_OPTIONS, edge_options=EDGE_OPTIONS)
+
+
+def processes(files: FederationFiles) -> PeerProcesses:
+    net = files.network
+    return PeerProcesses(net.configs, listeners=dict(net.listeners), edges=files.edge_configs)
+
+
+def status(files: FederationFiles, name: str) -> dict[str, Any]:
+    return read_status(files.network.out / "data" / name) or {}
+
+
+def wait_until(what: str, condition: Callable[[], bool], files: FederationFiles,
+               timeout_s: float = CEILING_S) -> None:
+    """Wait (on the files the processes write) until ``condition()``; fail with the gateway's story."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout_s} s\n{describe(files)}")
+
+
+def describe(files: FederationFiles) -> str:
+    gateway = status(files, GATEWAY)
+    fed = gateway.get("federation", {})
+    log = files.network.out / "data" / GATEWAY / "peer.log"
+    tail = "\n".join(log.read_text().splitlines()[-8:]) if log.exists() else "(no log)"
+    return (f"gateway: state {gateway.get('state')}, round {fed.get('round')}, phase {fed.get('phase')}, "
+            f"registered {fed.get('registered')}, counters {fed.get('counters')}\n{tail}")
+
+
+def closed_rounds(files: FederationFiles) -> dict[int, dict[str, Any]]:
+    """The gateway's closed rounds (``rounds.jsonl``: one report per line), by round."""
+    path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
+    return {row["round"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def listening_inodes() -> set[str]:
+    """Socket inodes of every listening TCP socket of this host (``/proc/net/tcp*``, state 0A)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as handle:
+            for row in handle.read().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A":
+                    inodes.add(fields[9])
+    return inodes
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[len("socket:["):-1])
+    return found
+
+
+def test_ten_edge_clients_reach_the_bar_and_none_listens(tmp_path: Path) -> None:
+    """(a) 1 gateway + 10 edge clients, 30 rounds of 5: the global model reaches 0.90; (h) while
+    they train, no edge client's process holds a listening TCP socket."""
+    # Prepare
+    files = make_federation(tmp_path / "fed")
+    edges = list(files.edge_configs)
+    with processes(files) as run:
+        # Execute
+        run.start_all()
+        gateway_pid = run.processes[GATEWAY].pid
+        assert gateway_pid is not None
+        wait_until("every client trained a round",
+                   lambda: all(status(files, e).get("rounds_trained", 0) >= 1
+                               or status(files, e).get("state") == "finished" for e in edges), files)
+        listening = listening_inodes()
+        held = {e: socket_inodes(run.processes[e].pid or 0) & listening for e in edges if e in run.alive()}
+        gateway_listens = bool(socket_inodes(gateway_pid) & listening)
+        assert run.wait(CEILING_S), describe(files)
+        # Assert
+        assert gateway_listens, "the check sees the gateway's listening socket"
+        assert held and all(not inodes for inodes in held.values()), held
+        assert run.exitcodes() == {name: 0 for name in run.processes}, describe(files)
+    gateway = status(files, GATEWAY)
+    fed = gateway["federation"]
+    assert fed["rounds_closed"] == 30 and fed["phase"] == "finished"
+    assert gateway["accuracy"] >= 0.90, describe(files)
+    assert fed["counters"]["updates_taken"] == 30 * 5
+    assert gateway["rejections"] == {}
+    for edge in edges:
+        found = status(files, edge)
+        assert found["state"] == "finished" and found["listening"] == []
+        assert found["rejections"] == {}
+        contact = fed["clients"][edge]
+        assert contact["bytes_sent"] > 0 and contact["bytes_received"] > 0
+        assert found["updates_sent"] == found["rounds_trained"] >= 1
+
+
+def test_killed_clients_miss_their_round_and_rejoin_later(tmp_path: Path) -> None:
+    """(b) two sampled clients die mid-round (a hook kills each before it trains its second sampled
+    round): that round closes at its deadline with the rest, nothing crashes, and both, restarted,
+    are taken in later rounds."""
+    # Prepare: short rounds, so that the deadline is the test's only wait on the clock
+    files = make_federation(tmp_path / "fed", rounds=12, round_timeout_s=4.0, local_epochs=1)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    victims = ["e001", "e006"]
+    hooks = {v: [Hook(at_step=1, action="kill", mark=str(marks / v))] for v in victims}
+    with processes(files) as run:
+        # Execute
+        run.start_all(hooks)
+        for victim in victims:
+            wait_until(f"{victim} killed mid-round", (marks / victim).exists, files)
+            assert run.wait(30.0, [victim]) and run.exitcodes()[victim] == -9
+        for victim in victims:
+            run.start(victim)      # restarted: resumes from its checkpoint, registers again
+        assert run.wait(CEILING_S), describe(files)
+        codes = run.exitcodes()
+    # Assert
+    assert all(code == 0 for name, code in codes.items()), codes
+    assert status(files, GATEWAY)["federation"]["rounds_closed"] == 12
+    rounds = closed_rounds(files)
+    assert sorted(rounds) == list(range(12))
+    for victim in victims:
+        killed_in = min(i for i, r in rounds.items() if victim in r["missing"])
+        # the round it died in closed at its deadline, with the updates of the others
+        assert rounds[killed_in]["closed_by"] == "deadline" and rounds[killed_in]["aggregated"]
+        assert rounds[killed_in]["taken"], rounds[killed_in]
+        later = [i for i, r in rounds.items() if i > killed_in and victim in r["taken"]]
+        assert later, f"{victim} never taken after round {killed_in}: {describe(files)}"
+        assert status(files, victim)["state"] == "finished"
