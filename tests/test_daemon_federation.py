@@ -1,5 +1,5 @@
 """A federation in real processes on 127.0.0.1: one gateway (``hivemesh peer`` with ``[federation]``)
-and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b) and (h).
+and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b), (c) and (h).
 
 Each test writes its federation with ``create_federation`` (the gateway's port reserved and
 handed to it), starts every process through ``PeerProcesses`` and waits on the files they
@@ -15,13 +15,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
+import torch
 
 from peer.cli.init import default_network
 from peer.files.statefiles import read_status
+from peer.net.dial import DialTransport
+from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.launch import PeerProcesses
-from peer.runtime.netinit import FederationFiles, create_federation
+from peer.runtime.netinit import FederationFiles, create_federation, load_roster
 from peer.runtime.testhooks import Hook
+from protocols.assembly import SIGNATURE_BYTES, wire_messages
+from protocols.codec import encode
+from protocols.identity import Identity
+from protocols.messages import ClientUpdate, Heartbeat, Message
+from protocols.roster import run_id
+from protocols.wire import Endpoint
 
 pytestmark = pytest.mark.processes
 
@@ -176,3 +186,84 @@ def test_killed_clients_miss_their_round_and_rejoin_later(tmp_path: Path) -> Non
         later = [i for i, r in rounds.items() if i > killed_in and victim in r["taken"]]
         assert later, f"{victim} never taken after round {killed_in}: {describe(files)}"
         assert status(files, victim)["state"] == "finished"
+
+
+def _attacker_frames(files: FederationFiles, name: str, message: Message, *,
+                     recipient: str = GATEWAY, epoch: int = 0) -> list[bytes]:
+    """``message`` sealed by roster member ``name`` (its key, the federation's run id) for ``recipient``,
+    as the wire's single-frame messages."""
+    config = load_edge_config(files.edge_configs[name])
+    roster = load_roster(files.network.roster)
+    endpoint = Endpoint(Identity.load(config.key_path), roster, run_id(config.shared()), epoch)
+    return [bytes(f) for f in wire_messages(endpoint.seal((recipient,), message))]
+
+
+def _resigned(frames: list[bytes], *, signature: bytes | None = None, **header: Any) -> list[bytes]:
+    """``frames`` with header fields replaced (``s``: the sender's key) and/or another signature."""
+    first = frames[0]
+    old_signature, packed = first[:SIGNATURE_BYTES], first[SIGNATURE_BYTES:]
+    fields = msgpack.unpackb(packed, raw=False)
+    fields.update(header)
+    signed = signature if signature is not None else old_signature
+    return [signed + msgpack.packb(fields, use_bin_type=True), *frames[1:]]
+
+
+def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
+    """(c) While round 0 is open (one sampled client held), a roster member that was not sampled
+    sends an unsigned, a forged (another client's name), a replayed, a wrong-round and a
+    wrong-recipient update, and a key not on the roster tries to register: each is refused and
+    counted by reason, none is taken, and the round then closes with the honest clients only."""
+    # Prepare: 3 honest clients, all asked; e003's key is the attacker's (on the roster, never started)
+    files = make_federation(tmp_path / "fed", edges=4, rounds=1, fraction=1.0, min_clients=3,
+                            min_registered=3, round_timeout_s=120.0)
+    honest = ["e000", "e001", "e002"]
+    gate, mark = tmp_path / "gate", tmp_path / "e002-held"
+    hooks = {"e002": [Hook(at_step=0, action="hold", gate=str(gate), mark=str(mark))]}
+    config = load_edge_config(files.edge_configs["e003"])
+    gateway_key = load_roster(files.network.roster).member(GATEWAY).public_key
+    with processes(files) as run:
+        for name in [GATEWAY, *honest]:
+            run.start(name, hooks.get(name, ()))
+        wait_until("e002 sampled in round 0 and held", mark.exists, files)
+        # Execute: the attacker dials in as an edge client would
+        update = ClientUpdate(round=0, num_samples=100, tensors={"delta": torch.ones(4)})
+        sent = {
+            "unsigned": _resigned(_attacker_frames(files, "e003", update), signature=bytes(SIGNATURE_BYTES)),
+            "forged": _resigned(_attacker_frames(files, "e003", update),
+                                s=load_roster(files.network.roster).member("e001").public_key),
+            "wrong_recipient": _attacker_frames(files, "e003", update, recipient="e000"),
+        }
+        not_sampled = _attacker_frames(files, "e003", update, epoch=1)
+        wrong_round = _attacker_frames(files, "e003", ClientUpdate(round=7, num_samples=100), epoch=2)
+        outsider = Identity.generate()
+        beat = encode(Heartbeat(step=0, loss=0.0, sent_at_s=0.0), identity=outsider, recipients=[gateway_key],
+                      run_id=run_id(config.shared()), epoch=0, seq=0)
+        with DialTransport(_gateway_address(files)) as attacker:
+            hostile: list[list[bytes]] = [*sent.values(), not_sampled, not_sampled, wrong_round,
+                                          [bytes(f) for f in wire_messages(beat)]]  # 2nd not_sampled: replay
+            for frames in hostile:
+                deadline = time.monotonic() + 10.0
+                while not attacker.send(frames):
+                    assert time.monotonic() < deadline, "the attacker never connected"
+                    attacker.poll(0.05)
+            expected_wire = {"bad_signature": 2, "not_a_recipient": 1, "replay": 1, "unknown_sender": 1}
+            wait_until("the gateway counted every hostile message",
+                       lambda: status(files, GATEWAY).get("rejections") == expected_wire
+                       and status(files, GATEWAY)["federation"]["counters"].get("refused_update") == 2, files)
+            during = status(files, GATEWAY)["federation"]
+        gate.touch()
+        assert run.wait(CEILING_S, [GATEWAY, *honest]), describe(files)
+        codes = {name: run.exitcodes()[name] for name in [GATEWAY, *honest]}
+    # Assert
+    assert codes == {name: 0 for name in codes}
+    counters = during["counters"]
+    assert counters["refused_not_sampled"] == 1 and counters["refused_wrong_round"] == 1
+    assert "e003" not in during["asked"] and outsider.public_id not in during["registered"]
+    [round_0] = closed_rounds(files).values()
+    assert sorted(round_0["taken"]) == honest and round_0["closed_by"] == "quota"
+    final = status(files, GATEWAY)["federation"]["counters"]
+    assert final["updates_taken"] == 3 and final["refused_update"] == 2
+
+
+def _gateway_address(files: FederationFiles) -> str:
+    return load_roster(files.network.roster).member(GATEWAY).address

@@ -167,9 +167,10 @@ class EdgeClient:
             self._carry_out(self.node.start(self.now()))
             self.state = "waiting for a round"
             while not self._finished and self._stop_signal is None:
-                if self._work and not self.hooks.holding(self.trainer.step, self.now()):
+                held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
+                if self._work and not held:
                     self._train(self._work.pop(0))
-                self._pump(self._poll_timeout())
+                self._pump(0.05 if held else self._poll_timeout())
                 self._fire_timers()
                 self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
                 self._carry_out(self.node.expire(self.now())[1])
