@@ -64,12 +64,14 @@ class FederationSection(FederationConfig):
         if isinstance(self.gossip_rounds, bool) or not isinstance(self.gossip_rounds, int) \
                 or self.gossip_rounds < 0:
             raise ValueError(f"gossip_rounds must be an integer >= 0, not {self.gossip_rounds!r}")
+        if self.mode == "fedbuff" and self.gossip_rounds:
+            raise ValueError("gossip_rounds: FedBuff has no rounds to gossip between (use 0)")
 
     def gateway_gossip(self, gossip: Any) -> Any:
         """A gateway's gossip config: ``gossip`` on the interleaving's schedule (one step a round,
         the work being a FedAvg round or nothing, mixing after it)."""
-        return dataclasses.replace(gossip, mixing="after", local_steps=1, duration_s=0.0,
-                                   total_steps=gossip_total_rounds(self.rounds, self.gossip_rounds))
+        rounds = 1 if self.mode == "fedbuff" else gossip_total_rounds(self.rounds, self.gossip_rounds)
+        return dataclasses.replace(gossip, mixing="after", local_steps=1, duration_s=0.0, total_steps=rounds)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ own graph, every round's work a FedAvg round).
 from __future__ import annotations
 
 from protocols.events import Action
-from protocols.federation.fedbuff import FedBuffServer
+from protocols.federation.fedbuff import BuffPhase, FedBuffServer
 from protocols.federation.server import FedAvgServer, ServerPhase
 
 
@@ -39,8 +39,8 @@ class GatewayWork:
     round's ``RoundStart``), to route through ``Node.role_actions("fedavg", ...)``, and whether
     the work is done at once (a gossip-only round: feed ``WorkDone`` now). After each of the
     gateway's turns, ``closed()`` is True once when the FedAvg round the work waits for has
-    closed: feed ``WorkDone`` then. FedBuff has no rounds: its work never ends by this rule
-    (its gateway's machine is alone in its graph and given no work that waits)."""
+    closed: feed ``WorkDone`` then. FedBuff has no rounds: its gateway's machine runs one round
+    (:func:`gossip_total_rounds` with ``fedbuff``) whose work is the whole buffered run."""
 
     def __init__(self, server: FedAvgServer | FedBuffServer, *, gossip_rounds: int) -> None:
         if gossip_rounds < 0:
@@ -54,6 +54,7 @@ class GatewayWork:
         round_index = self.gossip_round
         self.gossip_round += 1
         if not isinstance(self.server, FedAvgServer):
+            self.awaiting = True
             return [], False
         if not fedavg_round_due(round_index, self.gossip_rounds):
             return [], True
@@ -62,7 +63,8 @@ class GatewayWork:
         return (self.server.resume(now) if round_index > 0 else []), False
 
     def closed(self) -> bool:
-        if self.awaiting and self.server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED):
+        if self.awaiting and self.server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED,
+                                                   BuffPhase.FINISHED):
             self.awaiting = False
             return True
         return False
