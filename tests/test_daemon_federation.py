@@ -186,6 +186,8 @@ def test_killed_clients_miss_their_round_and_rejoin_later(tmp_path: Path) -> Non
         later = [i for i, r in rounds.items() if i > killed_in and victim in r["taken"]]
         assert later, f"{victim} never taken after round {killed_in}: {describe(files)}"
         assert status(files, victim)["state"] == "finished"
+        log = (files.network.out / "data" / victim / "peer.log").read_text()
+        assert "resumed from checkpoint" in log, log    # its error feedback and trainer came back
 
 
 def _attacker_frames(files: FederationFiles, name: str, message: Message, *,
