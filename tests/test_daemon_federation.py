@@ -269,3 +269,38 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
 
 def _gateway_address(files: FederationFiles) -> str:
     return load_roster(files.network.roster).member(GATEWAY).address
+
+
+def test_clients_reconnect_to_a_restarted_gateway_and_the_rounds_go_on(tmp_path: Path) -> None:
+    """A gateway stopped (SIGTERM: checkpoint) after three rounds and started again: it resumes
+    at the round it was in, its clients' connections are learnt again from their next heartbeats
+    (ZeroMQ redials), and every round up to the last closes with updates taken."""
+    # Prepare
+    files = make_federation(tmp_path / "fed", edges=4, rounds=8, fraction=1.0, min_clients=3,
+                            round_timeout_s=20.0, local_epochs=1)
+    edges = list(files.edge_configs)
+    with processes(files) as run:
+        run.start_all()
+        wait_until("three rounds closed", lambda: len(closed_rounds_or_none(files)) >= 3, files)
+        # Execute
+        run.terminate(GATEWAY)
+        assert run.wait(60.0, [GATEWAY]) and run.exitcodes()[GATEWAY] == 0, describe(files)
+        before = set(closed_rounds_or_none(files))
+        run.start(GATEWAY)
+        assert run.wait(120.0), describe(files)
+        codes = run.exitcodes()
+    # Assert
+    assert codes == {name: 0 for name in codes}, codes
+    log = (files.network.out / "data" / GATEWAY / "peer.log").read_text()
+    assert "resumed from checkpoint" in log
+    rounds = closed_rounds(files)
+    assert sorted(rounds) == list(range(8)), sorted(rounds)
+    after = [rounds[i] for i in sorted(set(rounds) - before)]
+    assert after and all(r["aggregated"] for r in after)
+    assert {name for r in after for name in r["taken"]} == set(edges)    # every client came back
+    assert all(status(files, e)["state"] == "finished" for e in edges)
+
+
+def closed_rounds_or_none(files: FederationFiles) -> dict[int, dict[str, Any]]:
+    path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
+    return closed_rounds(files) if path.exists() else {}

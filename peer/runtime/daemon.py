@@ -158,6 +158,7 @@ from topology.errors import HivemeshError
 
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
+SERVER_PREFIX = "fedavg/"     # a gateway's checkpoint: its server's tensors beside the machine's
 ROUNDS_FILE = "rounds.jsonl"  # a gateway: one line per closed round (its report and the global accuracy)
 EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
 
@@ -822,7 +823,10 @@ class PeerDaemon:
             return False
         trainer_state, protocol_state, extra = state
         self.trainer.load_state_dict(trainer_state)
+        protocol_state = self._restore_server(protocol_state)
         self.machine.restore_state(protocol_state)
+        if self.gateway_work is not None:
+            self.gateway_work.restarted(self.machine.position[0])
         # the machine reports counters and gauges only when they change: start from where they are
         self.counters.metrics.update({k: float(v) for k, v in self.machine.counters.items()})
         self.counters.metrics.update(self.machine.gauges())
@@ -837,10 +841,39 @@ class PeerDaemon:
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()
-        self.store.save(self.trainer.state_dict(), self.machine.export_state(),
+        self.store.save(self.trainer.state_dict(), self._protocol_state(),
                         {"endpoint": self.endpoint.export_state(), "final": final,
                          "epoch": self.parts.epoch})
         self.schedule.saved(self.trainer.step, self.now())
+
+    def _protocol_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The machine's state and, on a gateway, its server's (tensors under ``fedavg/``, meta under
+        ``fedavg``): one checkpoint, taken at one moment, so the two agree after a restart."""
+        tensors, meta = self.machine.export_state()
+        if self.gateway_work is None:
+            return tensors, meta
+        server_tensors, server_meta = self.gateway_work.server.export_state()
+        return ({**tensors, **{f"{SERVER_PREFIX}{k}": v for k, v in server_tensors.items()}},
+                {**meta, "fedavg": server_meta})
+
+    def _restore_server(self, state: Any) -> Any:
+        """A gateway's checkpoint: restore its server (a round open when it was written is asked
+        again), hand back the machine's part."""
+        tensors, meta = state
+        if self.gateway_work is None:
+            return state
+        if "fedavg" not in meta:
+            raise HivemeshError(f"{self.config.data_dir}: the checkpoint is a plain peer's, not this "
+                                "gateway's (no server state): use a new data_dir for a gateway")
+        own = {k: v for k, v in tensors.items() if not k.startswith(SERVER_PREFIX)}
+        served = {k[len(SERVER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SERVER_PREFIX)}
+        server = self.gateway_work.server
+        server.restore_state((served, meta["fedavg"]))
+        # its clients register again as they are heard (their connections are new): a round opened
+        # before would go to nobody and wait out its deadline
+        for client in sorted(server.registered):
+            server.unregister(client)
+        return own, {k: v for k, v in meta.items() if k != "fedavg"}
 
     # ------------------------------------------------------------------ status
 

@@ -62,6 +62,13 @@ class GatewayWork:
         # round 0 opened at Start (or once enough clients registered)
         return (self.server.resume(now) if round_index > 0 else []), False
 
+    def restarted(self, round_index: int) -> None:
+        """Restored from a checkpoint in gossip round ``round_index``: the machine waits for that
+        round's work without asking again (it resends, it does not restart its work), and that work
+        is the FedAvg round the restored server opens again at ``Start``."""
+        self.gossip_round = round_index + 1
+        self.awaiting = True
+
     def closed(self) -> bool:
         if self.awaiting and self.server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED,
                                                    BuffPhase.FINISHED):
