@@ -214,7 +214,8 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
     """(c) While round 0 is open (one sampled client held), a roster member that was not sampled
     sends an unsigned, a forged (another client's name), a replayed, a wrong-round and a
     wrong-recipient update, and a key not on the roster tries to register: each is refused and
-    counted by reason, none is taken, and the round then closes with the honest clients only."""
+    counted by reason, none is taken, and the round then closes with the honest clients only.
+    The replay, sent on a second connection, does not move the member's replies there."""
     # Prepare: 3 honest clients, all asked; e003's key is the attacker's (on the roster, never started)
     files = make_federation(tmp_path / "fed", edges=4, rounds=1, fraction=1.0, min_clients=3,
                             min_registered=3, round_timeout_s=120.0)
@@ -240,22 +241,31 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
         outsider = Identity.generate()
         beat = encode(Heartbeat(step=0, loss=0.0, sent_at_s=0.0), identity=outsider, recipients=[gateway_key],
                       run_id=run_id(config.shared()), epoch=0, seq=0)
-        with DialTransport(_gateway_address(files)) as attacker:
-            hostile: list[list[bytes]] = [*sent.values(), not_sampled, not_sampled, wrong_round,
-                                          [bytes(f) for f in wire_messages(beat)]]  # 2nd not_sampled: replay
-            for frames in hostile:
+        address = _gateway_address(files)
+        # two connections: the replay comes on the second, and must not take e003's replies there
+        with DialTransport(address) as attacker, DialTransport(address) as replayer:
+            hostile: list[tuple[DialTransport, list[bytes]]] = [
+                *((attacker, frames) for frames in sent.values()), (attacker, not_sampled),
+                (replayer, not_sampled), (attacker, wrong_round),
+                (attacker, [bytes(f) for f in wire_messages(beat)])]
+            for transport, frames in hostile:
                 deadline = time.monotonic() + 10.0
-                while not attacker.send(frames):
+                while not transport.send(frames):
                     assert time.monotonic() < deadline, "the attacker never connected"
-                    attacker.poll(0.05)
+                    transport.poll(0.05)
             expected_wire = {"bad_signature": 2, "not_a_recipient": 1, "replay": 1, "unknown_sender": 1}
             wait_until("the gateway counted every hostile message",
                        lambda: status(files, GATEWAY).get("rejections") == expected_wire
                        and status(files, GATEWAY)["federation"]["counters"].get("refused_update") == 2, files)
             during = status(files, GATEWAY)["federation"]
-        gate.touch()
-        assert run.wait(CEILING_S, [GATEWAY, *honest]), describe(files)
-        codes = {name: run.exitcodes()[name] for name in [GATEWAY, *honest]}
+            gate.touch()
+            # e003 was heard, so the federation's final model goes to it: on the connection of its
+            # last accepted message, not on the one the replay came on (read while the gateway is
+            # up: a connection's unread frames go when its peer closes it)
+            to_attacker = _until_frames(attacker)
+            assert run.wait(CEILING_S, [GATEWAY, *honest]), describe(files)
+            to_replayer = replayer.poll(0.0)
+            codes = {name: run.exitcodes()[name] for name in [GATEWAY, *honest]}
     # Assert
     assert codes == {name: 0 for name in codes}
     counters = during["counters"]
@@ -263,8 +273,19 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
     assert "e003" not in during["asked"] and outsider.public_id not in during["registered"]
     [round_0] = closed_rounds(files).values()
     assert sorted(round_0["taken"]) == honest and round_0["closed_by"] == "quota"
+    assert to_attacker and not to_replayer
     final = status(files, GATEWAY)["federation"]["counters"]
     assert final["updates_taken"] == 3 and final["refused_update"] == 2
+
+
+def _until_frames(transport: DialTransport, timeout_s: float = 30.0) -> list[Any]:
+    """What arrives on ``transport`` first (waiting up to ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = transport.poll(0.1)
+        if got:
+            return got
+    return []
 
 
 def _gateway_address(files: FederationFiles) -> str:
