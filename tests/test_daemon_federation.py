@@ -1,5 +1,6 @@
 """A federation in real processes on 127.0.0.1: one gateway (``hivemesh peer`` with ``[federation]``)
-and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b), (c) and (h).
+and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b), (c), (e) and (h), and a
+gateway restart.
 
 Each test writes its federation with ``create_federation`` (the gateway's port reserved and
 handed to it), starts every process through ``PeerProcesses`` and waits on the files they
@@ -23,11 +24,14 @@ from peer.cli.init import default_network
 from peer.files.statefiles import read_status
 from peer.net.dial import DialTransport
 from peer.runtime.edgeconfig import load_edge_config
+from peer.runtime.export import latest_params
 from peer.runtime.launch import PeerProcesses
 from peer.runtime.netinit import FederationFiles, create_federation, load_roster
+from peer.runtime.peerconfig import load_peer_config
 from peer.runtime.testhooks import Hook
 from protocols.assembly import SIGNATURE_BYTES, wire_messages
 from protocols.codec import encode
+from protocols.consensus import max_relative_distance
 from protocols.identity import Identity
 from protocols.messages import ClientUpdate, Heartbeat, Message
 from protocols.roster import run_id
@@ -45,11 +49,12 @@ GATEWAY_OPTIONS = {"progress": False, "eval_every_steps": 0, "heartbeat_interval
 EDGE_OPTIONS = {"progress": False, "heartbeat_interval_s": 0.5, "neighbour_timeout_s": 30.0}
 
 
-def make_federation(folder: Path, *, edges: int = 10, **federation: Any) -> FederationFiles:
+def make_federation(folder: Path, *, edges: int = 10, gateways: int = 1,
+                    **federation: Any) -> FederationFiles:
     network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
                               steps=300, seed=3, partition="dirichlet", alpha=0.3)
     network["trainer"] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
-    return create_federation(folder, gateways=1, edges=edges, network=network,
+    return create_federation(folder, gateways=gateways, edges=edges, network=network,
                              federation={**FEDERATION, **federation}, reserve=True,
                              peer_options=GATEWAY_OPTIONS, edge_options=EDGE_OPTIONS)
 
@@ -325,3 +330,26 @@ def test_clients_reconnect_to_a_restarted_gateway_and_the_rounds_go_on(tmp_path:
 def closed_rounds_or_none(files: FederationFiles) -> dict[int, dict[str, Any]]:
     path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
     return closed_rounds(files) if path.exists() else {}
+
+
+def test_two_gateways_gossip_between_rounds_and_agree(tmp_path: Path) -> None:
+    """(e) Two gateways with five clients each, one gossip exchange after every FedAvg round: both
+    global models reach (a)'s bar and agree to 1e-3 relative after the final exchange."""
+    # Prepare: every client of a gateway takes part in each of its rounds
+    files = make_federation(tmp_path / "fed", gateways=2, fraction=1.0, gossip_rounds=1)
+    gateways = sorted(files.network.configs)
+    # Execute
+    with processes(files) as run:
+        run.start_all()
+        assert run.wait(CEILING_S), describe(files)
+        codes = run.exitcodes()
+    # Assert
+    assert codes == {name: 0 for name in codes}, codes
+    finals = {}
+    for gateway in gateways:
+        found = status(files, gateway)
+        assert found["federation"]["rounds_closed"] == 30 and found["accuracy"] >= 0.90, found["accuracy"]
+        own = sorted(edge for edge, theirs in files.gateway_of.items() if theirs == gateway)
+        assert found["federation"]["registered"] == own
+        finals[gateway] = latest_params(load_peer_config(files.network.configs[gateway]))[0].double()
+    assert max_relative_distance(list(finals.values())) <= 1e-3
