@@ -241,27 +241,26 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
                                 s=load_roster(files.network.roster).member("e001").public_key),
             "wrong_recipient": _attacker_frames(files, "e003", update, recipient="e000"),
         }
-        not_sampled = _attacker_frames(files, "e003", update, epoch=1)
-        wrong_round = _attacker_frames(files, "e003", ClientUpdate(round=7, num_samples=100), epoch=2)
+        wrong_round = _attacker_frames(files, "e003", ClientUpdate(round=7, num_samples=100), epoch=1)
+        not_sampled = _attacker_frames(files, "e003", update, epoch=2)
         outsider = Identity.generate()
         beat = encode(Heartbeat(step=0, loss=0.0, sent_at_s=0.0), identity=outsider, recipients=[gateway_key],
                       run_id=run_id(config.shared()), epoch=0, seq=0)
         address = _gateway_address(files)
         # two connections: the replay comes on the second, and must not take e003's replies there
         with DialTransport(address) as attacker, DialTransport(address) as replayer:
-            hostile: list[tuple[DialTransport, list[bytes]]] = [
-                *((attacker, frames) for frames in sent.values()), (attacker, not_sampled),
-                (replayer, not_sampled), (attacker, wrong_round),
-                (attacker, [bytes(f) for f in wire_messages(beat)])]
-            for transport, frames in hostile:
-                deadline = time.monotonic() + 10.0
-                while not transport.send(frames):
-                    assert time.monotonic() < deadline, "the attacker never connected"
-                    transport.poll(0.05)
+            hostile = [*sent.values(), wrong_round, not_sampled, [bytes(f) for f in wire_messages(beat)]]
+            for frames in hostile:
+                _send(attacker, frames)
+            wait_until("the gateway refused the two accepted updates",
+                       lambda: status(files, GATEWAY)["federation"]["counters"].get("refused_update") == 2,
+                       files, timeout_s=60.0)
+            _send(replayer, not_sampled)   # (after the original: connections do not keep order between them)
             expected_wire = {"bad_signature": 2, "not_a_recipient": 1, "replay": 1, "unknown_sender": 1}
             wait_until("the gateway counted every hostile message",
                        lambda: status(files, GATEWAY).get("rejections") == expected_wire
-                       and status(files, GATEWAY)["federation"]["counters"].get("refused_update") == 2, files)
+                       and status(files, GATEWAY)["federation"]["counters"].get("refused_update") == 2,
+                       files, timeout_s=60.0)
             during = status(files, GATEWAY)["federation"]
             gate.touch()
             # e003 was heard, so the federation's final model goes to it: on the connection of its
@@ -281,6 +280,13 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
     assert to_attacker and not to_replayer
     final = status(files, GATEWAY)["federation"]["counters"]
     assert final["updates_taken"] == 3 and final["refused_update"] == 2
+
+
+def _send(transport: DialTransport, frames: list[bytes]) -> None:
+    deadline = time.monotonic() + 10.0
+    while not transport.send(frames):
+        assert time.monotonic() < deadline, "the attacker never connected"
+        transport.poll(0.05)
 
 
 def _until_frames(transport: DialTransport, timeout_s: float = 30.0) -> list[Any]:
@@ -350,6 +356,6 @@ def test_two_gateways_gossip_between_rounds_and_agree(tmp_path: Path) -> None:
         found = status(files, gateway)
         assert found["federation"]["rounds_closed"] == 30 and found["accuracy"] >= 0.90, found["accuracy"]
         own = sorted(edge for edge, theirs in files.gateway_of.items() if theirs == gateway)
-        assert found["federation"]["registered"] == own
+        assert found["federation"]["registered"] == own == sorted(found["federation"]["clients"])
         finals[gateway] = latest_params(load_peer_config(files.network.configs[gateway]))[0].double()
     assert max_relative_distance(list(finals.values())) <= 1e-3

@@ -31,6 +31,8 @@ def test_init_writes_a_federation_whose_members_share_one_run_id(tmp_path: Path)
     assert gateway.federation is not None and gateway.federation.rounds == 7
     assert gateway.federation.gossip_rounds == 1     # two gateways gossip after each round
     assert gateway.gossip.total_steps == 7 and gateway.gossip.mixing == "after"
+    assert gateway.peer.clients == ("e000", "e002", "e004")      # client i belongs to gateway i mod 2
+    assert load_peer_config(out / "gw1.toml").peer.clients == ("e001", "e003")
     ids = {run_id(gateway.shared())}
     for index, edge in enumerate(m.name for m in edges):
         config = load_edge_config(out / f"{edge}.toml")

@@ -169,7 +169,8 @@ def assemble(config: PeerConfig) -> Parts:
 def gateway_server(config: PeerConfig, roster: Roster, name: str,
                    trainer: Any) -> tuple[Any, tuple[str, ...]]:
     """A gateway's FedAvg (or FedBuff) server on the vector its gossip machine mixes, and the edge
-    clients it serves (the roster's ``edge`` members); (None, ()) for a plain peer."""
+    clients it serves (``[peer] clients``, else every ``edge`` member of the roster); (None, ())
+    for a plain peer."""
     federation = config.federation
     if federation is None:
         return None, ()
@@ -178,7 +179,12 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
     if trainer.mixed.numel() != trainer.flat_params.numel():   # (a model with floating buffers)
         raise ConfigError(f"{config.source}: key 'network.trainer.buffers': a gateway's global model is "
                           "the parameters its clients train: use \"local\"", key="network.trainer.buffers")
-    clients = tuple(m.name for m in roster.with_role("edge"))
+    edges = tuple(m.name for m in roster.with_role("edge"))
+    unknown = [name for name in config.peer.clients if name not in edges]
+    if unknown:
+        raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
+                          f"on the roster {config.roster_path}", key="peer.clients")
+    clients = tuple(config.peer.clients) or edges
     server = make_server(federation, name=name, params=trainer.mixed,
                          pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes)
     return server, clients

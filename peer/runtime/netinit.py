@@ -49,15 +49,16 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                    names: Sequence[str] | None = None, host: str = "127.0.0.1", base_port: int = 0,
                    peer_options: Mapping[str, Any] | None = None,
                    sections: Mapping[str, Mapping[str, Any]] | None = None,
-                   reserve: bool = False) -> NetworkFiles:
+                   reserve: bool = False,
+                   own_options: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
     """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
 
     ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
     ``base_port`` 0 asks the operating system for free ports on ``host``; with ``reserve`` the ports
     stay bound (``NetworkFiles.listeners``) for peers started here at once (demo, tests), otherwise
     they are only written down (``hivemesh init``: the peers start later, elsewhere).
-    ``peer_options`` are extra [peer] keys for every peer; ``sections`` extra tables
-    (e.g. {"checkpoint": {"every_steps": 20}}).
+    ``peer_options`` are extra [peer] keys for every peer, ``own_options`` for one (by name: a
+    gateway's ``clients``); ``sections`` extra tables (e.g. {"checkpoint": {"every_steps": 20}}).
     """
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
@@ -93,7 +94,8 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     for name in roster.names:
         table: dict[str, Any] = {
             "peer": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
-                     "data_dir": f"data/{name}", **dict(peer_options or {})},
+                     "data_dir": f"data/{name}", **dict(peer_options or {}),
+                     **dict((own_options or {}).get(name, {}))},
             "network": dict(network),
         }
         for section, values in (sections or {}).items():
@@ -140,20 +142,21 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     if gateways < 1 or edges < 1:
         raise HivemeshError("a federation needs at least one gateway and one edge client")
     gateway_names, edge_names = federation_names(gateways, edges)
+    gateway_of = {name: gateway_names[index % gateways] for index, name in enumerate(edge_names)}
+    own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
+           for gateway in gateway_names}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
-                           sections={**dict(sections or {}), "federation": dict(federation)})
+                           sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own)
     roster = roster_file.read(files.roster)
     members = [dataclass_replace(m, role="gateway") for m in roster.members]
     keys = dict(files.keys)
-    gateway_of = {}
-    for index, name in enumerate(edge_names):
+    for name in edge_names:
         identity = Identity.generate()
         keys[name] = files.out / "keys" / f"{name}.key"
         identity.save(keys[name])
         members.append(Member(name=name, public_id=identity.public_id, role="edge", address="",
                               curve_key=identity.curve_public_key))
-        gateway_of[name] = gateway_names[index % gateways]
     roster_file.write(files.roster, Roster(tuple(members)))
     edge_configs = {}
     for name in edge_names:

@@ -102,6 +102,8 @@ class PeerSection(NodeConfig):
     metrics_host: str = "127.0.0.1"  # loopback: exposing metrics beyond the host is the operator's choice
     # each evaluation's numbers as TensorBoard scalars in data_dir/tensorboard (an extra package)
     tensorboard: bool = False
+    # a gateway's edge clients (roster names); empty: every edge client on the roster
+    clients: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
