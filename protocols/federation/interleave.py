@@ -34,13 +34,13 @@ def gossip_total_rounds(fedavg_rounds: int, gossip_rounds: int) -> int:
 class GatewayWork:
     """What a gateway's gossip machine's ``StartWork`` means, and when that work is done.
 
-    The daemon's gateway drives it (the simulator, sim/federation.py, still spells the same rule
-    out in its ``_work``). ``begin`` at each ``StartWork``: the server's actions (a resumed
-    round's ``RoundStart``), to route through ``Node.role_actions("fedavg", ...)``, and whether
-    the work is done at once (a gossip-only round: feed ``WorkDone`` now). After each of the
-    gateway's turns, ``closed()`` is True once when the FedAvg round the work waits for has
-    closed: feed ``WorkDone`` then. FedBuff has no rounds: its gateway's machine runs one round
-    (:func:`gossip_total_rounds` with ``fedbuff``) whose work is the whole buffered run."""
+    Both drivers' gateways hold one (peer/runtime/daemon.py, sim/federation.py). ``begin`` at
+    each ``StartWork``: the server's actions (a resumed round's ``RoundStart``), to route through
+    ``Node.role_actions("fedavg", ...)``, and whether the work is done at once (a gossip-only
+    round: feed ``WorkDone`` now). After each of the gateway's turns, ``closed()`` is True once
+    when the FedAvg round the work waits for has closed: feed ``WorkDone`` then. FedBuff has no
+    rounds: the work its gateway's machine begins is the whole buffered run, done when the
+    server finishes."""
 
     def __init__(self, server: FedAvgServer | FedBuffServer, *, gossip_rounds: int) -> None:
         if gossip_rounds < 0:
