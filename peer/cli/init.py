@@ -141,9 +141,10 @@ def _federation(args: argparse.Namespace) -> int:
         topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
         steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
     check_network(network, peers=args.gateways)
+    curve = {"curve": True} if args.curve else None
     files = create_federation(args.out, gateways=args.gateways, edges=args.edges, network=network,
                               federation=federation, host=args.host, base_port=args.base_port,
-                              peer_options={"curve": True} if args.curve else None)
+                              peer_options=curve, edge_options=curve)
     print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
           f"{files.network.out}")
     print(f"  roster:  {files.network.roster}")

@@ -105,6 +105,13 @@ class EdgeClient:
                                 f"the roster {config.roster_path}")
         self.gateway = edge.gateway
         self.address = tcp_address(edge.gateway_address or gateway.address)
+        self.curve: tuple[bytes, bytes, bytes] | None = None
+        if edge.curve:
+            if not gateway.curve_key:
+                raise HivemeshError(f"{config.source}: key 'edge.curve': the gateway {edge.gateway!r} has no "
+                                    f"curve_key on the roster {config.roster_path}")
+            self.curve = (identity.curve_public_key.encode(), identity.curve_secret_key.encode(),
+                          gateway.curve_key.encode())
         self.lock = DataDirLock(config.data_dir)
         try:
             self.epoch = next_epoch(config.data_dir)
@@ -161,7 +168,7 @@ class EdgeClient:
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        self.transport = DialTransport(self.address, config=self.config.transport)
+        self.transport = DialTransport(self.address, config=self.config.transport, curve=self.curve)
         try:
             self.state = "registered" if self.resumed else "starting"
             self._carry_out(self.node.start(self.now()))

@@ -43,6 +43,8 @@ class EdgeSection(NodeConfig):
     # for this client among the roster's edge clients (demos and tests)
     data: str = ""
     label_column: str = "label"   # a .csv's label column
+    # CurveZMQ encryption to the gateway (its roster curve_key): set as the gateway's [peer] curve
+    curve: bool = False
     status_interval_s: float = 1.0
     progress: bool = True
 
