@@ -28,10 +28,11 @@ What the driver models, on the engine's virtual clock:
   ``-scale`` times their update (the delta is flipped in the trainer's vector
   before ``WorkDone``);
 * gateways: the gossip machine's rounds interleave with FedAvg rounds by
-  protocols/federation/interleave.py (the server pauses after each round; the
-  machine's ``WorkDone`` is fed when a FedAvg round closes, at once for the
-  gossip-only rounds). FedBuff has no rounds to pause between: its gateway's
-  machine is alone in its graph and never given work.
+  protocols/federation/interleave.py's ``GatewayWork``, as in the daemon (the
+  server pauses after each round; the machine's ``WorkDone`` is fed when a
+  FedAvg round closes, at once for the gossip-only rounds). FedBuff has no
+  rounds to pause between: its gateway's machine is alone in its graph and its
+  work is the whole buffered run.
 
 The result: one trace point per closed FedAvg round (the gateways' global
 models evaluated on the test split, against simulated time and bytes sent),
@@ -68,8 +69,7 @@ from protocols.events import (
 )
 from protocols.federation import FedAvgClient, FedAvgServer, FedBuffServer, FederationConfig, make_server
 from protocols.federation.edge import EdgeMachine
-from protocols.federation.interleave import fedavg_round_due, gossip_total_rounds
-from protocols.federation.server import ServerPhase
+from protocols.federation.interleave import GatewayWork, gossip_total_rounds
 from protocols.gossip import make_machine
 from protocols.messages import Message
 from protocols.node import Neighbour, Node
@@ -107,8 +107,7 @@ class Member:
     incarnation: int = 0                     # bumped when it goes off: stale callbacks see it
     work_index: int = 0
     timers: dict[str, int] = field(default_factory=dict)  # key -> token of the live timer
-    gossip_round: int = 0                    # a gateway: its machine's rounds begun
-    awaiting_fedavg: bool = False            # a gateway: its machine's work is the open FedAvg round
+    work: GatewayWork | None = None          # a gateway: what its machine's work is (interleave.py)
     finished: bool = False
     bytes_sent: int = 0
     recorded: int = 0                        # a gateway: its server's reports already in the result
@@ -186,7 +185,8 @@ class FederationRun:
             name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
             early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
             clients=own)
-        return Member(name, node, server=server)
+        return Member(name, node, server=server,
+                      work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds))
 
     def _client(self, name: str, gateway: str) -> Member:
         trainer = self.trainers[name]
@@ -335,18 +335,11 @@ class FederationRun:
     # ------------------------------------------------------------ work
 
     def _work(self, member: Member, steps: int) -> None:
-        if member.server is not None:  # a gateway's gossip round: its work is a FedAvg round, or nothing
-            round_index = member.gossip_round
-            member.gossip_round += 1
-            if self.config.mode != "sync":
-                return  # FedBuff: the machine stays idle
-            if fedavg_round_due(round_index, self.section.gossip_rounds):
-                member.awaiting_fedavg = True
-                if round_index > 0:  # round 0 opened at Start (or when enough clients registered)
-                    assert isinstance(member.server, FedAvgServer)
-                    resumed = member.server.resume(self.engine.now_s)
-                    self._carry_out(member, member.node.role_actions("fedavg", resumed))
-            else:
+        if member.work is not None:  # a gateway's gossip round: its work is a FedAvg round, or nothing
+            begun, done = member.work.begin(self.engine.now_s)
+            if begun:
+                self._carry_out(member, member.node.role_actions("fedavg", begun))
+            if done:
                 self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=steps, loss=0.0)))
             return
         assert member.trainer is not None and member.client is not None
@@ -372,9 +365,7 @@ class FederationRun:
         server = member.server
         assert server is not None
         self._record(member)
-        if member.awaiting_fedavg and isinstance(server, FedAvgServer) \
-                and server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED):
-            member.awaiting_fedavg = False
+        if member.work is not None and member.work.closed():
             self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=1, loss=0.0)))
         gossip_done = member.node.finished or self.config.mode != "sync"  # its last gossip rounds too
         if server.phase.value == "finished" and gossip_done and not member.finished:

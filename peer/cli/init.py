@@ -15,7 +15,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Create a new network in OUT: one identity key per peer (keys/), the roster "
                     "(roster.toml) and one config per peer (NAME.toml). Start each peer with "
                     "`hivemesh peer --config OUT/NAME.toml`.")
-    parser.add_argument("--peers", type=int, required=True, help="number of peers")
+    parser.add_argument("--peers", type=int, default=0, help="number of peers (a gossip network)")
+    parser.add_argument("--gateways", type=int, default=0,
+                        help="a federation instead: number of gateways (with --edges)")
+    parser.add_argument("--edges", type=int, default=0,
+                        help="a federation: number of edge clients (client i belongs to gateway i mod G)")
+    parser.add_argument("--rounds", type=int, default=30, help="a federation: FedAvg rounds (default: 30)")
     parser.add_argument("--topology", default="ring", help="topology spec or graph file (default: ring)")
     parser.add_argument("--out", required=True, help="new (or empty) folder to write into")
     parser.add_argument("--task", default="digits-mlp", help="training task (default: digits-mlp)")
@@ -98,6 +103,14 @@ def check_network(network: dict[str, Any], *, peers: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.netinit import create_network
+    from topology.errors import HivemeshError
+
+    if args.gateways or args.edges:
+        if args.peers:
+            raise HivemeshError("--peers: a gossip network or a federation (--gateways, --edges), not both")
+        return _federation(args)
+    if args.peers < 1:
+        raise HivemeshError("--peers (or --gateways and --edges) is required")
 
     network = _named("--algorithm", lambda: default_network(
         topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
@@ -110,4 +123,36 @@ def run(args: argparse.Namespace) -> int:
     print(f"  keys:    {files.out / 'keys'}/ (mode 0600; give each machine only its own)")
     for name, path in files.configs.items():
         print(f"  {name}:  hivemesh peer --config {path}")
+    return 0
+
+
+def _federation(args: argparse.Namespace) -> int:
+    """``--gateways G --edges E``: the gateways gossip over ``--topology`` (one gossip exchange after
+    each FedAvg round when G > 1) and run ``--rounds`` FedAvg rounds for their edge clients."""
+    from peer.runtime.netinit import create_federation
+    from peer.runtime.peerconfig import FederationSection
+    from topology.errors import HivemeshError
+
+    if args.gateways < 1 or args.edges < 1:
+        raise HivemeshError("--gateways and --edges must both be at least 1")
+    federation = {"rounds": args.rounds, "fraction": 0.5, "min_clients": min(2, args.edges),
+                  "round_timeout_s": 30.0, "local_epochs": 1, "seed": args.seed,
+                  "gossip_rounds": 1 if args.gateways > 1 else 0}
+    _named("--rounds", lambda: FederationSection(**federation))
+    network = _named("--algorithm", lambda: default_network(
+        topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
+        steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
+    check_network(network, peers=args.gateways)
+    curve = {"curve": args.curve}
+    files = create_federation(args.out, gateways=args.gateways, edges=args.edges, network=network,
+                              federation=federation, host=args.host, base_port=args.base_port,
+                              peer_options=curve, edge_options=curve)
+    print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
+          f"{files.network.out}")
+    print(f"  roster:  {files.network.roster}")
+    print(f"  keys:    {files.network.out / 'keys'}/ (mode 0600; give each machine only its own)")
+    for name, path in files.network.configs.items():
+        print(f"  {name}:  hivemesh peer --config {path}")
+    for name, path in files.edge_configs.items():
+        print(f"  {name}:  hivemesh edge --config {path}")
     return 0

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "peer.cli.init",
     "peer.cli.config",
     "peer.cli.peer",
+    "peer.cli.edge",
     "peer.cli.status",
     "peer.cli.export",
     "peer.cli.eval",

@@ -92,6 +92,9 @@ def _table_class(tp: Any, field: dataclasses.Field[Any]) -> type | None:
     """The class whose fields a table's keys are: the field's own type, or the owner's class."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return tp
+    options = [arg for arg in get_args(tp) if arg is not type(None)]
+    if len(options) == 1 and dataclasses.is_dataclass(options[0]) and isinstance(options[0], type):
+        return options[0]   # an optional table ([federation]): its keys, as when it is given
     return checked_as(field.metadata)
 
 

@@ -71,12 +71,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _folders(args: argparse.Namespace) -> list[Path]:
-    from peer.runtime.peerconfig import load_peer_config
-
     configs = [Path(p) for p in [*args.configs, *args.config]]
     if args.net is not None:
         configs += network_configs(Path(args.net))
-    return [load_peer_config(path).data_dir for path in configs] + [Path(d) for d in args.data_dir]
+    return [_data_dir(path) for path in configs] + [Path(d) for d in args.data_dir]
+
+
+def _data_dir(path: Path) -> Path:
+    """The data folder of a peer's or gateway's config, or of an edge client's (an [edge] table)."""
+    from peer.runtime.edgeconfig import load_edge_config
+    from peer.runtime.peerconfig import load_peer_config
+
+    try:
+        is_edge = "edge" in tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        is_edge = False     # the peer loader says what is wrong with it
+    return load_edge_config(path).data_dir if is_edge else load_peer_config(path).data_dir
 
 
 def network_configs(folder: Path) -> list[Path]:
@@ -159,8 +169,50 @@ def _machine_line(metrics: dict[str, Any]) -> str:
             + "; protocol events: " + (", ".join(events) or "none"))
 
 
+def render_edge(status: dict[str, Any]) -> str:
+    """One edge client in detail."""
+    client = status.get("client") or {}
+    return "\n".join([
+        _headline(status).replace("peer ", "edge client ", 1),
+        f"  gateway {status.get('gateway')} at {status.get('gateway_address')} "
+        f"({'up' if status.get('gateway_up') else 'not heard'}); listening on nothing",
+        f"  round {status.get('round')}  rounds trained {status.get('rounds_trained')}  updates sent "
+        f"{status.get('updates_sent')}  samples {status.get('num_samples')}  "
+        f"training loss {_num(status.get('loss'), '.4f')}",
+        f"  bytes out {human_bytes(status.get('bytes_sent', 0))}"
+        f"  in {human_bytes(status.get('bytes_received', 0))}",
+        "  client events: " + (", ".join(f"{k} {v}" for k, v in sorted(client.items())) or "none"),
+        "  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted((status.get("rejections") or {}).items()))
+                            or "none")])
+
+
+def _federation_lines(federation: dict[str, Any]) -> list[str]:
+    """A gateway's rounds and clients (status.json's ``federation``)."""
+    counters = federation.get("counters") or {}
+    lines = [f"  federation ({federation.get('mode')}): round {federation.get('round')} "
+             f"({federation.get('phase')}), {federation.get('rounds_closed', 0)} closed; open round asked "
+             f"{', '.join(federation.get('asked') or []) or '-'}, taken "
+             f"{', '.join(federation.get('taken') or []) or '-'}",
+             "  server: " + (", ".join(f"{k} {v}" for k, v in sorted(counters.items())) or "nothing yet")]
+    for report in (federation.get("last_rounds") or [])[-1:]:
+        lines.append(f"  last closed round {report.get('round')}: by {report.get('closed_by')}, taken "
+                     f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
+                     f"{', '.join(report.get('missing') or []) or '-'}, late "
+                     f"{', '.join(report.get('late') or []) or '-'}")
+    lines.append("  clients:")
+    for name, info in sorted((federation.get("clients") or {}).items()):
+        contact = info.get("last_contact_s")
+        lines.append(f"    {name:<12} {'up' if info.get('up') else 'down':<5} last update "
+                     f"{_num(contact, '.1f', ' s ago') if contact is not None else 'never':<12} "
+                     f"out {human_bytes(info.get('bytes_sent', 0))}"
+                     f"  in {human_bytes(info.get('bytes_received', 0))}")
+    return lines
+
+
 def render(status: dict[str, Any]) -> str:
-    """One peer in detail."""
+    """One peer in detail (a gateway's rounds and clients too; an edge client's own view)."""
+    if status.get("role") == "edge":
+        return render_edge(status)
     running = bool(status.get("running"))
     lines = [
         _headline(status),
@@ -188,6 +240,8 @@ def render(status: dict[str, Any]) -> str:
         lines.append("  connections refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
+    if status.get("federation"):
+        lines += _federation_lines(status["federation"])
     lines.append("  neighbours:")
     age_s = float(status.get("age_s") or 0.0) if not running else 0.0
     for name, info in sorted((status.get("neighbours") or {}).items()):

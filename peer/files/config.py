@@ -160,6 +160,9 @@ def _convert(tp: Any, value: Any, source: str, key: str) -> Any:
         raise ConfigError(f"{_where(source, key)}: expected {_type_name(tp)}, got {_describe(value)}{guess}",
                           key=key)
     if origin in (Union, types.UnionType):
+        options = [option for option in get_args(tp) if option is not type(None)]
+        if len(options) == 1:   # an optional table or value: its own errors (TOML has no null)
+            return _convert(options[0], value, source, key)
         for option in get_args(tp):
             if option is type(None):
                 continue

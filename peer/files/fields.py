@@ -126,6 +126,35 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("metrics.consensus_step", "", "gauge", "CHOCO's consensus step size, as lowered by its guard"),
     Field("metrics.*", "events", "counter",
           "any other key: a count of the machine's events by name (e.g. `stale_message`, `missed_deadline`)"),
+    Field("federation", "", "nested", "a gateway's FedAvg rounds and edge clients, the rows `federation.*` "
+          "below (empty on a plain peer)"),
+    Field("federation.mode", "", "text", "sync (FedAvg rounds) or fedbuff (asynchronous, buffered)"),
+    Field("federation.phase", "", "text", "the server's phase: idle, waiting (too few clients registered), "
+          "open (a round collects updates), paused (gossip between rounds), finished"),
+    Field("federation.round", "rounds", "gauge", "the FedAvg round open now, or the next one"),
+    Field("federation.rounds_closed", "rounds", "counter",
+          "rounds closed (each one's report is a line of `rounds.jsonl` in the data folder)"),
+    Field("federation.registered", "", "text", "the edge clients registered now (heard within the timeout)"),
+    Field("federation.asked", "", "text", "the clients sampled for the open round (over-selection included)"),
+    Field("federation.wanted", "clients", "gauge", "updates the open round takes before it closes"),
+    Field("federation.taken", "", "text", "the clients whose updates the open round has taken (answered)"),
+    Field("federation.last_rounds", "", "text", "the last three closed rounds' reports: asked, taken, "
+          "missing, late, refused, closed_by, aggregated (a list; status.json only)"),
+    Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
+          "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
+          "rounds_aggregated, rounds_failed", label="event"),
+    Field("federation.clients", "", "nested", "per edge client, the rows `federation.clients.*` below "
+          "(status.json only)"),
+    Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "
+          "known connection", prometheus="-"),
+    Field("federation.clients.*.last_contact_s", "s", "gauge",
+          "seconds since its last update (null: none yet)", prometheus="-"),
+    Field("federation.clients.*.bytes_sent", "bytes", "counter",
+          "bytes the gateway sent it (round starts, results)", prometheus="-"),
+    Field("federation.clients.*.bytes_received", "bytes", "counter",
+          "bytes of its accepted messages (updates, heartbeats)", prometheus="-"),
+    Field("federation.clients.*.unreachable", "messages", "counter",
+          "messages not sent to it: no connection learnt yet, or it closed", prometheus="-"),
     Field("warnings", "", "text", "the machine's warnings (a list of lines)"),
     Field("timeline", "s", "gauge",
           "Unix time of each phase's start: created, assembled, neighbours, synced, "
@@ -150,6 +179,12 @@ def field_for(path: str) -> Field | None:
         return FIELDS_BY_KEY.get(f"neighbours.*.{rest.rpartition('.')[2]}")
     if head == "metrics" and rest:
         return FIELDS_BY_KEY["metrics.*"]
+    if head == "federation" and rest:
+        sub, _, tail = rest.partition(".")
+        if sub == "clients" and tail:
+            return FIELDS_BY_KEY.get(f"federation.clients.*.{tail.rpartition('.')[2]}")
+        found = FIELDS_BY_KEY.get(f"federation.{sub}")
+        return found if found is not None and tail and found.label else None
     labelled = FIELDS_BY_KEY.get(head)
     return labelled if labelled is not None and labelled.label and rest else None
 

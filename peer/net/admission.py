@@ -172,7 +172,9 @@ class ConnectionMonitor:
         if kind == zmq.EVENT_ACCEPTED:
             self.connections["accepted"] += 1
             self._handshaking[value] = None
-            if len(self._handshaking) - len(self._shed) > self._max_handshaking:
+            # (a success not pinned to its descriptor yet is one of these, done with its handshake:
+            # counted out, or a burst of honest clients dialing at once would be shed)
+            if len(self._handshaking) - len(self._shed) - self._unpinned > self._max_handshaking:
                 self._shed_oldest()
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connections["handshake_succeeded"] += 1

@@ -39,8 +39,16 @@ from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
 retries a refused handshake, so an outbox with no connection for the back-off's
 ceiling is dialed afresh (a joiner that dialed before its key was admitted).
 
-This module and peer/net/admission.py are the only ones that touch sockets;
-they know nothing about messages or algorithms.
+Replies on the caller's connection (:meth:`Transport.reply`): an edge client
+dials out and never listens (behind NAT), so its gateway answers on the
+connection the client opened, by the ROUTER's routing id of one of its
+frames (``Arrival.connection``). Which id stands for which member is the
+driver's to decide, from accepted messages only (the routing id of an
+unverified frame says nothing about its sender): see peer/runtime/routes.py.
+The dialling side is peer/net/dial.py.
+
+This module, peer/net/admission.py and peer/net/dial.py are the only ones that
+touch sockets; they know nothing about messages or algorithms.
 """
 
 from __future__ import annotations
@@ -159,6 +167,7 @@ class Transport:
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
+        self.bytes_replied = 0      # of bytes_sent: on inbound connections (reply), not to neighbours
         self.messages_sent: Counter[str] = Counter()
         self.messages_received = 0
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
@@ -170,6 +179,8 @@ class Transport:
         self._listen_fd = os.dup(listen_fd) if listen_fd is not None else None
         port = listen.rsplit(":", 1)[-1]
         self._port = int(port) if port.isdigit() else None     # the local port of our connections
+        self.replies_dropped: Counter[str] = Counter()  # replies not sent: "gone" (connection closed), "full"
+        self._replies: list[zmq.MessageTracker] = []     # zero-copy reply frames still held by ZeroMQ
         try:
             self._inbox, self._monitor = self._open_inbox(listen, listen_fd)
         except TransportError:
@@ -191,6 +202,8 @@ class Transport:
         """The ROUTER every member sends to, bound at ``listen``, with its connection monitor."""
         inbox = self._context.socket(zmq.ROUTER)
         self._configure(inbox)
+        # a reply to a connection that closed fails at once (counted) instead of vanishing silently
+        inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
         monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
                                     max_handshaking=self.config.max_handshaking_connections)
         inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
@@ -429,8 +442,40 @@ class Transport:
         outbox.dialed_s = time.monotonic()
         self.redialed[name] += 1
 
+    def reply(self, connection: bytes, frames: Frames) -> bool:
+        """Queue ``frames`` on the inbound connection ``connection`` (an ``Arrival.connection``),
+        each as a single-frame message, in order and without copying; False when that connection
+        is gone or its queue is full (counted in ``replies_dropped``; what was queued of a message
+        cut short is released by the receiver's assembly when its connection goes quiet).
+
+        For members that dial us and do not listen (edge clients): the caller decides which
+        connection is whose, from accepted messages only. The buffers must not change until
+        :meth:`wait_sent` returns."""
+        parts = list(frames)
+        if not parts:
+            raise ValueError("a message needs at least one frame")
+        for part in parts:
+            try:
+                self._inbox.send(connection, flags=zmq.SNDMORE | zmq.NOBLOCK)
+                tracker = self._inbox.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
+            except zmq.Again:
+                self.replies_dropped["full"] += 1
+                return False
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.replies_dropped["gone"] += 1
+                return False
+            if tracker is not None and not tracker.done:
+                self._replies.append(tracker)
+        size = sum(memoryview(f).nbytes for f in parts)
+        self.bytes_sent += size
+        self.bytes_replied += size
+        return True
+
     def pending_sends(self) -> int:
-        return sum(len(o.pending) for o in self._outboxes.values())
+        self._replies = [t for t in self._replies if not t.done]
+        return sum(len(o.pending) for o in self._outboxes.values()) + len(self._replies)
 
     def wait_sent(self, timeout_s: float | None = None) -> None:
         """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout."""
@@ -443,6 +488,17 @@ class Transport:
                     self._abandon(name, outbox)
                     break
                 outbox.pending.pop()
+        while self._replies:
+            try:
+                self._replies[-1].wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                # a reply's connection is its dialler's: nothing to close and redial here. The
+                # frames keep their buffers alive; one changed before it went out fails its digest
+                # at that one receiver (counted there), so the rest are given up on, counted
+                self.abandoned["replies"] += len(self._replies)
+                self._replies.clear()
+                break
+            self._replies.pop()
 
     def _abandon(self, name: str, outbox: _Outbox) -> None:
         self.abandoned[name] += len(outbox.pending)

@@ -42,6 +42,9 @@ class Parts:
     trainer: Any                  # peer.train.trainer.Trainer
     machine: Machine
     lock: DataDirLock             # held while the peer runs (released by the daemon, or at exit)
+    # a gateway ([federation]): its FedAvg (or FedBuff) server on the machine's vector, its edge clients
+    server: Any = None            # protocols.federation.FedAvgServer | FedBuffServer
+    clients: tuple[str, ...] = ()
 
 
 def tcp_address(address: str) -> str:
@@ -154,9 +157,34 @@ def assemble(config: PeerConfig) -> Parts:
         machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
                                         seed=network.seed, shapes=trainer.mixed_shapes,
                                         trained_numel=trainer.flat_params.numel())
+        server, clients = gateway_server(config, roster, name, trainer)
     except BaseException:
         lock.release()
         raise
     return Parts(config=config, identity=identity, roster=roster, topology=topology, name=name, index=index,
                  neighbours=neighbours, run_id=digest, epoch=epoch, endpoint=endpoint, trainer=trainer,
-                 machine=machine, lock=lock)
+                 machine=machine, lock=lock, server=server, clients=clients)
+
+
+def gateway_server(config: PeerConfig, roster: Roster, name: str,
+                   trainer: Any) -> tuple[Any, tuple[str, ...]]:
+    """A gateway's FedAvg (or FedBuff) server on the vector its gossip machine mixes, and the edge
+    clients it serves (``[peer] clients``, else every ``edge`` member of the roster); (None, ())
+    for a plain peer."""
+    federation = config.federation
+    if federation is None:
+        return None, ()
+    from protocols.federation import make_server
+
+    if trainer.mixed.numel() != trainer.flat_params.numel():   # (a model with floating buffers)
+        raise ConfigError(f"{config.source}: key 'network.trainer.buffers': a gateway's global model is "
+                          "the parameters its clients train: use \"local\"", key="network.trainer.buffers")
+    edges = tuple(m.name for m in roster.with_role("edge"))
+    unknown = [name for name in config.peer.clients if name not in edges]
+    if unknown:
+        raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
+                          f"on the roster {config.roster_path}", key="peer.clients")
+    clients = tuple(config.peer.clients) or edges
+    server = make_server(federation, name=name, params=trainer.mixed,
+                         pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes)
+    return server, clients

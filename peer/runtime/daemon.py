@@ -65,6 +65,20 @@ replay window moves), so no member speaks through another's connection. The
 transport counts refused connections by reason (``transport_refused`` in the
 status).
 
+A gateway (the config has a ``[federation]`` table): the Node also hosts the
+FedAvg (or FedBuff) server as its ``fedavg`` role, on the vector the gossip
+machine mixes (the trainer's, which a gateway never trains), with the roster's
+edge clients as the Node's ``clients``. A gossip round's work is a FedAvg round
+or nothing (protocols/federation/interleave.py's ``GatewayWork``). Edge clients
+dial in and listen nowhere, so what the gateway sends one goes back on the
+connection its last accepted message came on (``Transport.reply``); a client's
+connection is learnt only from a message the endpoint accepted (signature,
+replay window), so a replayed or forged frame cannot redirect its replies.
+The global model is evaluated after each closed round (``rounds.jsonl`` in
+the data folder: one line per round, its report and accuracy); the status's
+``federation`` block shows the round, who was asked, answered, late and
+refused, and each client's last contact and bytes each way.
+
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
@@ -86,6 +100,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import json
 import math
 import os
 import signal
@@ -101,7 +116,7 @@ import torch
 
 from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
-from peer.files.statefiles import CheckpointStore, StatusWriter
+from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
 from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
@@ -134,6 +149,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.federation.interleave import GatewayWork
 from protocols.messages import Heartbeat, Message, StateSyncRequest
 from protocols.node import (
     Neighbour,
@@ -151,6 +167,8 @@ from topology.errors import HivemeshError
 
 MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sender's clock is wrong
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
+SERVER_PREFIX = "fedavg/"     # a gateway's checkpoint: its server's tensors beside the machine's
+ROUNDS_FILE = "rounds.jsonl"  # a gateway: one line per closed round (its report and the global accuracy)
 EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
 
 
@@ -180,6 +198,9 @@ class Counters:
     absent_at_start: Counter[str] = field(default_factory=Counter)  # not up when we started training
     bytes_received_from: Counter[str] = field(default_factory=Counter)  # accepted messages, by sender
     trainer_steps_set: list[int] = field(default_factory=list)  # each SetTrainerStep (catch-up, sync)
+    client_bytes_sent: Counter[str] = field(default_factory=Counter)      # a gateway's, by edge client
+    client_bytes_received: Counter[str] = field(default_factory=Counter)  # accepted, by edge client
+    client_unreachable: Counter[str] = field(default_factory=Counter)     # no connection learnt yet / gone
 
 
 class PeerDaemon:
@@ -239,7 +260,14 @@ class PeerDaemon:
             self.name, self.parts.machine, neighbours={n: NeighbourInfo() for n in self.parts.neighbours},
             config=config.peer.node_config(),
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
-            answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step))
+            answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
+            roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
+            clients=self.parts.clients)
+        # a gateway: what its gossip machine's work is, and the connection each edge client dialled
+        self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
+                             if self.parts.server is not None and config.federation is not None else None)
+        self.routes: dict[str, bytes] = {}
+        self._rounds_evaluated = 0
         self.node.set_membership(self.parts.roster, self.parts.topology)
         self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
@@ -531,11 +559,11 @@ class PeerDaemon:
             opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now(),
                                            connection_key=key.decode() if key else None)
             if opened is not None:
-                self._opened(opened)
+                self._opened(opened, arrival.connection)
         for released in self.endpoint.expire(self.now()):
             self._opened(released)
 
-    def _opened(self, opened: Opened | Rejection) -> None:
+    def _opened(self, opened: Opened | Rejection, connection: bytes | None = None) -> None:
         if isinstance(opened, Rejection):   # counted by the endpoint; a member set up differently
             notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)  # is said once
             if notice:
@@ -545,6 +573,10 @@ class PeerDaemon:
         else:
             self.counters.messages_accepted += 1
             self.counters.bytes_received_from[opened.sender] += opened.wire_bytes
+            if opened.sender in self.node.clients and connection is not None:
+                # accepted (signed, new in its replay window): replies go back on this connection
+                self.routes[opened.sender] = connection
+                self.counters.client_bytes_received[opened.sender] += opened.wire_bytes
             self._dispatch(opened)
 
     def _dispatch(self, opened: Opened) -> None:
@@ -603,14 +635,40 @@ class PeerDaemon:
                         self.status.say(f"{self.name}: {text}")
                 case Connect():
                     self._connect(action)
+        if self.gateway_work is not None:
+            self._gateway_progress()
 
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
+        if self.gateway_work is not None:   # a gateway trains nothing: its work is a FedAvg round
+            begun, done = self.gateway_work.begin(self.now())
+            self._carry_out(self.node.role_actions("fedavg", begun))
+            if done:
+                self._feed(WorkDone(steps, 0.0))
+            return
         if self.transport.pending_sends():
             self.transport.wait_sent()    # training changes the parameters in place
         loss = self.trainer.run_steps(steps)
         self._last_loss = loss
         self._feed(WorkDone(steps, loss))
+
+    def _gateway_progress(self) -> None:
+        """After a gateway acted: a FedAvg round closed is its gossip machine's work done; the global
+        model is evaluated once per closed round."""
+        assert self.gateway_work is not None
+        server = self.gateway_work.server
+        if len(server.reports) > self._rounds_evaluated:
+            self._last_eval = self.trainer.evaluate()
+            for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
+                row = {**json_safe(dataclasses.asdict(server.reports[index])),
+                       "accuracy": self._last_eval.get("accuracy", math.nan)}
+                with (self.config.data_dir / ROUNDS_FILE).open("a") as handle:
+                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+            self._rounds_evaluated = len(server.reports)
+            self._last_eval_step = self._rounds_evaluated
+            self.status.metric_line(self._snapshot())
+        if self.gateway_work.closed():
+            self._feed(WorkDone(1, 0.0))
 
     def _send(self, action: Send) -> None:
         assert self.transport is not None
@@ -618,6 +676,9 @@ class PeerDaemon:
         size = wire_size(frames)
         payload = sum(t.numel() * t.element_size() for t in getattr(action.message, "tensors", {}).values())
         for recipient in action.recipients:
+            if recipient in self.node.clients:
+                self._reply(recipient, frames, size, action.message)
+                continue
             info = self.neighbours.get(recipient)
             if info is None:
                 self.counters.unreachable[recipient] += 1
@@ -634,6 +695,18 @@ class PeerDaemon:
                 self.counters.payload_bytes_sent += payload
             else:
                 self.counters.unreachable[recipient] += 1
+
+    def _reply(self, client: str, frames: list[Any], size: int, message: Message) -> None:
+        """To an edge client: on the connection its last accepted message came on."""
+        assert self.transport is not None
+        connection = self.routes.get(client)
+        if connection is None or not self.transport.reply(connection, frames):
+            self.counters.client_unreachable[client] += 1
+            return
+        self.counters.messages_sent += 1
+        self.counters.messages_sent_by_kind[message.KIND] += 1
+        self.counters.wire_bytes_sent += size
+        self.counters.client_bytes_sent[client] += size
 
     # ------------------------------------------------------------------ timers
 
@@ -770,7 +843,10 @@ class PeerDaemon:
             return False
         trainer_state, protocol_state, extra = state
         self.trainer.load_state_dict(trainer_state)
+        protocol_state = self._restore_server(protocol_state)
         self.machine.restore_state(protocol_state)
+        if self.gateway_work is not None:
+            self.gateway_work.restarted(self.machine.position[0])
         # the machine reports counters and gauges only when they change: start from where they are
         self.counters.metrics.update({k: float(v) for k, v in self.machine.counters.items()})
         self.counters.metrics.update(self.machine.gauges())
@@ -785,10 +861,39 @@ class PeerDaemon:
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()
-        self.store.save(self.trainer.state_dict(), self.machine.export_state(),
+        self.store.save(self.trainer.state_dict(), self._protocol_state(),
                         {"endpoint": self.endpoint.export_state(), "final": final,
                          "epoch": self.parts.epoch})
         self.schedule.saved(self.trainer.step, self.now())
+
+    def _protocol_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The machine's state and, on a gateway, its server's (tensors under ``fedavg/``, meta under
+        ``fedavg``): one checkpoint, taken at one moment, so the two agree after a restart."""
+        tensors, meta = self.machine.export_state()
+        if self.gateway_work is None:
+            return tensors, meta
+        server_tensors, server_meta = self.gateway_work.server.export_state()
+        return ({**tensors, **{f"{SERVER_PREFIX}{k}": v for k, v in server_tensors.items()}},
+                {**meta, "fedavg": server_meta})
+
+    def _restore_server(self, state: Any) -> Any:
+        """A gateway's checkpoint: restore its server (a round open when it was written is asked
+        again), hand back the machine's part."""
+        tensors, meta = state
+        if self.gateway_work is None:
+            return state
+        if "fedavg" not in meta:
+            raise HivemeshError(f"{self.config.data_dir}: the checkpoint is a plain peer's, not this "
+                                "gateway's (no server state): use a new data_dir for a gateway")
+        own = {k: v for k, v in tensors.items() if not k.startswith(SERVER_PREFIX)}
+        served = {k[len(SERVER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SERVER_PREFIX)}
+        server = self.gateway_work.server
+        server.restore_state((served, meta["fedavg"]))
+        # its clients register again as they are heard (their connections are new): a round opened
+        # before would go to nobody and wait out its deadline
+        for client in sorted(server.registered):
+            server.unregister(client)
+        return own, {k: v for k, v in meta.items() if k != "fedavg"}
 
     # ------------------------------------------------------------------ status
 
@@ -855,9 +960,28 @@ class PeerDaemon:
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
+            "federation": self._federation_status(now),
             "warnings": self.machine.warnings(),
             "timeline": self.timeline,
         }
+
+    def _federation_status(self, now: float) -> dict[str, Any]:
+        """A gateway's rounds and clients (empty for a plain peer): the server's own view, its last
+        closed rounds, its counters, and each client's last contact and bytes each way."""
+        if self.gateway_work is None:
+            return {}
+        server = self.gateway_work.server
+        status = server.status()
+        contact = status.pop("last_contact_s", {})
+        reports = [dataclasses.asdict(server.reports[i]) for i in sorted(server.reports)[-3:]]
+        return {**status, "rounds_closed": len(server.reports), "last_rounds": reports,
+                "counters": dict(sorted(server.counters.items())),
+                "clients": {name: {"up": name in self.routes and self.node.clients.members[name].up,
+                                   "last_contact_s": (now - contact[name]) if name in contact else None,
+                                   "bytes_sent": self.counters.client_bytes_sent[name],
+                                   "bytes_received": self.counters.client_bytes_received[name],
+                                   "unreachable": self.counters.client_unreachable[name]}
+                            for name in self.node.clients.names()}}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:

@@ -71,23 +71,49 @@ def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.so
     os._exit(code)
 
 
+def _edge_main(config_path: str, log_path: str, quiet: bool, hooks: str) -> None:
+    """An edge client (``hivemesh edge``) in a child: it has no listening socket to adopt."""
+    with open(log_path, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the process)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    import torch
+
+    torch.set_num_threads(1)
+    from peer.runtime.edge import run_edge
+
+    os.environ[ENVIRONMENT_VARIABLE] = hooks
+    code = run_edge(config_path, quiet=quiet)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class PeerProcesses:
     """A set of peer processes started from config files; ``close()`` kills whatever still runs."""
 
     def __init__(self, configs: Mapping[str, Path], *, quiet: bool = True,
-                 listeners: Mapping[str, socket.socket] | None = None, schedule: str = "") -> None:
+                 listeners: Mapping[str, socket.socket] | None = None, schedule: str = "",
+                 edges: Mapping[str, Path] | None = None) -> None:
         """``listeners``: per peer, a socket bound to its roster address; closed by ``close()``;
-        ``schedule``: a test's fault schedule for every peer (``testhooks.schedule_json``)."""
-        self.configs = dict(configs)
+        ``schedule``: a test's fault schedule for every peer (``testhooks.schedule_json``);
+        ``edges``: edge clients' configs (``hivemesh edge``), started and stopped like the peers."""
+        self.configs = {**dict(configs), **dict(edges or {})}
+        self.edges = frozenset(edges or {})
         self.schedule = schedule
         self.quiet = quiet
         self.listeners = dict(listeners or {})
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
 
     def log_path(self, name: str) -> Path:
+        from peer.runtime.edgeconfig import load_edge_config
         from peer.runtime.peerconfig import load_peer_config
 
-        data_dir = load_peer_config(self.configs[name]).data_dir
+        if name in self.edges:
+            data_dir = load_edge_config(self.configs[name]).data_dir
+        else:
+            data_dir = load_peer_config(self.configs[name]).data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         return data_dir / "peer.log"
 
@@ -97,6 +123,13 @@ class PeerProcesses:
         old = self.processes.get(name)
         if old is not None and old.is_alive():
             raise RuntimeError(f"peer {name} is already running")
+        if name in self.edges:
+            process = context().Process(target=_edge_main, name=f"hivemesh-{name}",
+                                        args=(str(self.configs[name]), str(self.log_path(name)), self.quiet,
+                                              hooks_json(hooks)))
+            process.start()
+            self.processes[name] = process
+            return
         process = context().Process(target=_peer_main, name=f"hivemesh-{name}",
                                     args=(str(self.configs[name]), str(self.log_path(name)), self.quiet,
                                           self.listeners.get(name), hooks_json(hooks), self.schedule,

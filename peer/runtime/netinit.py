@@ -8,6 +8,11 @@ The layout of ``out``::
     NAME.toml            each peer's config ([peer], [network], [transport], [checkpoint])
     data/NAME/           each peer's data folder (created by the daemon)
 
+A federation (``create_federation``; ``hivemesh init --gateways G --edges E``)
+adds edge clients: role ``edge`` on the roster, no address (they dial out),
+one ``NAME.toml`` each for ``hivemesh edge``; the gateways' configs carry the
+``[federation]`` table.
+
 Only the key of a member ever needs to move to that member's machine; the
 roster and the [network] table are the same everywhere.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +49,16 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                    names: Sequence[str] | None = None, host: str = "127.0.0.1", base_port: int = 0,
                    peer_options: Mapping[str, Any] | None = None,
                    sections: Mapping[str, Mapping[str, Any]] | None = None,
-                   reserve: bool = False) -> NetworkFiles:
+                   reserve: bool = False,
+                   own_options: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
     """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
 
     ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
     ``base_port`` 0 asks the operating system for free ports on ``host``; with ``reserve`` the ports
     stay bound (``NetworkFiles.listeners``) for peers started here at once (demo, tests), otherwise
     they are only written down (``hivemesh init``: the peers start later, elsewhere).
-    ``peer_options`` are extra [peer] keys for every peer; ``sections`` extra tables
-    (e.g. {"checkpoint": {"every_steps": 20}}).
+    ``peer_options`` are extra [peer] keys for every peer, ``own_options`` for one (by name: a
+    gateway's ``clients``); ``sections`` extra tables (e.g. {"checkpoint": {"every_steps": 20}}).
     """
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
@@ -87,7 +94,8 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     for name in roster.names:
         table: dict[str, Any] = {
             "peer": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
-                     "data_dir": f"data/{name}", **dict(peer_options or {})},
+                     "data_dir": f"data/{name}", **dict(peer_options or {}),
+                     **dict((own_options or {}).get(name, {}))},
             "network": dict(network),
         }
         for section, values in (sections or {}).items():
@@ -102,3 +110,63 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
 def load_roster(path: str | Path) -> Roster:
     """Read a roster TOML file; a HivemeshError names the file on any problem."""
     return roster_file.read(path)
+
+
+@dataclass(frozen=True)
+class FederationFiles:
+    """A federation's files: the gateways' as a network's, plus each edge client's key and config."""
+
+    network: NetworkFiles           # gateways: roster, keys, configs (with [federation]), listeners
+    edge_configs: dict[str, Path]   # edge client name -> its config (edge.toml)
+    gateway_of: dict[str, str]      # edge client name -> its gateway
+
+
+def federation_names(gateways: int, edges: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``gw0, gw1, ...`` and ``e000, e001, ...`` (zero-padded: string order is index order)."""
+    width = max(3, len(str(edges - 1)))
+    return (tuple(f"gw{i}" for i in range(gateways)), tuple(f"e{i:0{width}d}" for i in range(edges)))
+
+
+def create_federation(out: str | Path, *, gateways: int, edges: int, network: Mapping[str, Any],
+                      federation: Mapping[str, Any], host: str = "127.0.0.1", base_port: int = 0,
+                      reserve: bool = False, peer_options: Mapping[str, Any] | None = None,
+                      edge_options: Mapping[str, Any] | None = None,
+                      sections: Mapping[str, Mapping[str, Any]] | None = None) -> FederationFiles:
+    """Write the keys, roster and configs of ``gateways`` gateways and ``edges`` edge clients.
+
+    Gateways are members with role ``gateway`` and an address (``[federation]`` in their config
+    makes ``hivemesh peer`` a gateway); edge clients have role ``edge``, no address, and an
+    ``edge.toml``-style config naming their gateway (client i belongs to gateway i mod G). The
+    ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
+    """
+    if gateways < 1 or edges < 1:
+        raise HivemeshError("a federation needs at least one gateway and one edge client")
+    gateway_names, edge_names = federation_names(gateways, edges)
+    gateway_of = {name: gateway_names[index % gateways] for index, name in enumerate(edge_names)}
+    own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
+           for gateway in gateway_names}
+    files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
+                           base_port=base_port, peer_options=peer_options, reserve=reserve,
+                           sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own)
+    roster = roster_file.read(files.roster)
+    members = [dataclass_replace(m, role="gateway") for m in roster.members]
+    keys = dict(files.keys)
+    for name in edge_names:
+        identity = Identity.generate()
+        keys[name] = files.out / "keys" / f"{name}.key"
+        identity.save(keys[name])
+        members.append(Member(name=name, public_id=identity.public_id, role="edge", address="",
+                              curve_key=identity.curve_public_key))
+    roster_file.write(files.roster, Roster(tuple(members)))
+    edge_configs = {}
+    for name in edge_names:
+        table: dict[str, Any] = {
+            "edge": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
+                     "data_dir": f"data/{name}", "gateway": gateway_of[name], **dict(edge_options or {})},
+            "network": dict(network), "federation": dict(federation)}
+        edge_configs[name] = files.out / f"{name}.toml"
+        edge_configs[name].write_text(f"# hivemesh edge client config for {name}: "
+                                      f"hivemesh edge --config {name}.toml\n" + tomlout.dumps(table))
+    network_files = NetworkFiles(out=files.out, roster=files.roster, configs=files.configs, keys=keys,
+                                 listeners=files.listeners)
+    return FederationFiles(network=network_files, edge_configs=edge_configs, gateway_of=gateway_of)

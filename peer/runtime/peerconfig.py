@@ -5,6 +5,7 @@ Layout::
     [peer]        who this peer is and where its files live (per peer)
     [transport]   socket limits and timings (per peer, peer.net.transport.TransportConfig)
     [checkpoint]  interval and retention (per peer, peer.train.checkpoint.CheckpointConfig)
+    [federation]  (a gateway only) FedAvg rounds for the roster's edge clients (FederationSection)
     [network]     what every member must agree on: topology, seed, task (peer.files.schema.NetworkSection),
       [network.partition] peer.files.schema.PartitionConfig
       [network.gossip]   protocols.gossip.GossipConfig (peer.files.schema.gossip_config)
@@ -14,7 +15,7 @@ Layout::
 scenario shares (peer.files.schema, protocols.node.NodeConfig): the same table gives
 the same settings, defaults and errors in ``hivemesh sim``.
 
-Everything under ``[network]`` plus the roster goes into the run id, so a peer
+Everything under ``[network]`` and ``[federation]`` goes into the run id, so a peer
 configured differently is refused by its neighbours (``config_mismatch``).
 Relative paths (key, roster, data folder, a graph file as topology, a task
 file, a partition file) are relative to the config file's folder; the run id
@@ -44,7 +45,33 @@ from peer.files.schema import (
 )
 from peer.net.transport import TransportConfig
 from peer.train.checkpoint import CheckpointConfig
+from protocols.federation import FederationConfig
+from protocols.federation.interleave import gossip_total_rounds
 from protocols.node.config import NodeConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederationSection(FederationConfig):
+    """``[federation]``: protocols.federation.FederationConfig's keys, and how the gateways' gossip
+    interleaves with the FedAvg rounds (protocols/federation/interleave.py). The same table, word
+    for word, is in every gateway's and every edge client's config: it is part of the run id."""
+
+    # gossip exchanges between the gateways after each FedAvg round (0: none, each gateway alone)
+    gossip_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.gossip_rounds, bool) or not isinstance(self.gossip_rounds, int) \
+                or self.gossip_rounds < 0:
+            raise ValueError(f"gossip_rounds must be an integer >= 0, not {self.gossip_rounds!r}")
+        if self.mode == "fedbuff" and self.gossip_rounds:
+            raise ValueError("gossip_rounds: FedBuff has no rounds to gossip between (use 0)")
+
+    def gateway_gossip(self, gossip: Any) -> Any:
+        """A gateway's gossip config: ``gossip`` on the interleaving's schedule (one step a round,
+        the work being a FedAvg round or nothing, mixing after it)."""
+        rounds = 1 if self.mode == "fedbuff" else gossip_total_rounds(self.rounds, self.gossip_rounds)
+        return dataclasses.replace(gossip, mixing="after", local_steps=1, duration_s=0.0, total_steps=rounds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +104,8 @@ class PeerSection(NodeConfig):
     metrics_host: str = "127.0.0.1"  # loopback: exposing metrics beyond the host is the operator's choice
     # each evaluation's numbers as TensorBoard scalars in data_dir/tensorboard (an extra package)
     tensorboard: bool = False
+    # a gateway's edge clients (roster names); empty: every edge client on the roster
+    clients: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +131,7 @@ class PeerFile:
     network: NetworkSection = field(default_factory=NetworkSection)
     transport: TransportConfig = field(default_factory=TransportConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    federation: FederationSection | None = None    # present: this peer is a gateway
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,11 +149,21 @@ class PeerConfig:
     key_path: Path
     roster_path: Path
     data_dir: Path
+    federation: FederationSection | None = None    # a gateway's FedAvg rounds (None: a plain peer)
 
     def shared(self) -> dict[str, Any]:
         """The network-wide settings that go into the run id (never the member list: membership
         changes by roster version while the run goes on)."""
-        return {"network": dataclasses.asdict(self.network_as_written)}
+        return shared_settings(self.network_as_written, self.federation)
+
+
+def shared_settings(network: NetworkSection, federation: FederationSection | None) -> dict[str, Any]:
+    """What the run id digests: ``[network]`` as written and, in a federation, ``[federation]``
+    (a gateway's and its edge clients' configs give the same)."""
+    shared: dict[str, Any] = {"network": dataclasses.asdict(network)}
+    if federation is not None:
+        shared["federation"] = dataclasses.asdict(federation)
+    return shared
 
 
 def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerConfig:
@@ -140,6 +180,8 @@ def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerCon
     parsed = load(PeerFile, raw, source=str(path))
     network = parsed.network
     gossip = gossip_config(network, source=str(path), prefix="network.gossip")
+    if parsed.federation is not None:
+        gossip = parsed.federation.gateway_gossip(gossip)
     trainer = trainer_config(network, source=str(path), prefix="network.trainer")
     base = path.resolve().parent
     return PeerConfig(
@@ -147,12 +189,12 @@ def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerCon
         network_as_written=parsed.network, transport=parsed.transport,
         checkpoint=parsed.checkpoint, gossip=gossip, trainer=trainer,
         key_path=_resolve(base, parsed.peer.key), roster_path=_resolve(base, parsed.peer.roster),
-        data_dir=_resolve(base, parsed.peer.data_dir))
+        data_dir=_resolve(base, parsed.peer.data_dir), federation=parsed.federation)
 
 
 def _resolve(base: Path, value: str) -> Path:
     return Path(from_folder(base, value))
 
 
-__all__ = ["ConfigError", "NetworkSection", "PartitionConfig", "PeerConfig",
+__all__ = ["ConfigError", "FederationSection", "NetworkSection", "PartitionConfig", "PeerConfig",
            "PeerFile", "PeerSection", "load_peer_config"]

@@ -13,8 +13,8 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
 
-What a driver does with them (the simulator does: sim/federation.py; the daemon's gateway and
-``hivemesh edge`` are not wired yet):
+What a driver does with them (the simulator: sim/federation.py; real processes: the daemon's
+gateway, peer/runtime/daemon.py with ``[federation]``, and ``hivemesh edge``, peer/runtime/edge.py):
 
 - gateway: ``make_server(config, name=..., params=<the flat global model>)`` as a Node role
   (``roles={"fedavg": server}``, ``clients=<the roster's edge members>``); the Node routes

@@ -13,6 +13,10 @@ own graph, every round's work a FedAvg round).
 
 from __future__ import annotations
 
+from protocols.events import Action
+from protocols.federation.fedbuff import BuffPhase, FedBuffServer
+from protocols.federation.server import FedAvgServer, ServerPhase
+
 
 def fedavg_round_due(gossip_round: int, gossip_rounds: int) -> bool:
     """Whether the work of gossip round ``gossip_round`` (0-based) is a FedAvg round."""
@@ -25,3 +29,49 @@ def gossip_total_rounds(fedavg_rounds: int, gossip_rounds: int) -> int:
     """The gossip machine's rounds (its ``total_steps`` at one step per round): ``gossip_rounds``
     per FedAvg round (one when there is no gossip)."""
     return fedavg_rounds * max(1, gossip_rounds)
+
+
+class GatewayWork:
+    """What a gateway's gossip machine's ``StartWork`` means, and when that work is done.
+
+    Both drivers' gateways hold one (peer/runtime/daemon.py, sim/federation.py). ``begin`` at
+    each ``StartWork``: the server's actions (a resumed round's ``RoundStart``), to route through
+    ``Node.role_actions("fedavg", ...)``, and whether the work is done at once (a gossip-only
+    round: feed ``WorkDone`` now). After each of the gateway's turns, ``closed()`` is True once
+    when the FedAvg round the work waits for has closed: feed ``WorkDone`` then. FedBuff has no
+    rounds: the work its gateway's machine begins is the whole buffered run, done when the
+    server finishes."""
+
+    def __init__(self, server: FedAvgServer | FedBuffServer, *, gossip_rounds: int) -> None:
+        if gossip_rounds < 0:
+            raise ValueError(f"gossip_rounds must be >= 0, not {gossip_rounds}")
+        self.server = server
+        self.gossip_rounds = gossip_rounds
+        self.gossip_round = 0       # the machine's rounds begun
+        self.awaiting = False       # the work in progress is the open FedAvg round
+
+    def begin(self, now: float) -> tuple[list[Action], bool]:
+        round_index = self.gossip_round
+        self.gossip_round += 1
+        if not isinstance(self.server, FedAvgServer):
+            self.awaiting = True
+            return [], False
+        if not fedavg_round_due(round_index, self.gossip_rounds):
+            return [], True
+        self.awaiting = True
+        # round 0 opened at Start (or once enough clients registered)
+        return (self.server.resume(now) if round_index > 0 else []), False
+
+    def restarted(self, round_index: int) -> None:
+        """Restored from a checkpoint in gossip round ``round_index``: the machine waits for that
+        round's work without asking again (it resends, it does not restart its work), and that work
+        is the FedAvg round the restored server opens again at ``Start``."""
+        self.gossip_round = round_index + 1
+        self.awaiting = True
+
+    def closed(self) -> bool:
+        if self.awaiting and self.server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED,
+                                                   BuffPhase.FINISHED):
+            self.awaiting = False
+            return True
+        return False

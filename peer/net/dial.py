@@ -1,0 +1,163 @@
+"""ZeroMQ transport for an edge client: one DEALER dialled out to its gateway, nothing listening.
+
+Why: an edge device sits behind NAT or a firewall, so it cannot be dialled.
+It opens the one connection itself and its gateway answers on it
+(peer/net/transport.py ``Transport.reply``, by the connection's ROUTER
+routing id). ZeroMQ redials after the gateway restarts (``reconnect_ms``
+doubling to ``reconnect_max_ms``); the gateway learns the new connection from
+the client's next accepted message (its heartbeat), never from an unverified one.
+
+The bounds are the peer transport's: single-frame wire messages (a
+multipart arrival is hostile, counted and dropped), ``MAXMSGSIZE`` per frame,
+``RCVHWM``/``SNDHWM`` per connection, a cap per poll; zero-copy sends are
+tracked and :meth:`DialTransport.wait_sent` blocks until ZeroMQ released them.
+:meth:`DialTransport.listening` says what this transport listens on: nothing
+(a process test checks the same in ``/proc/net/tcp``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import zmq
+
+from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
+
+GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
+
+
+class DialTransport:
+    """An edge client's one connection. Single-threaded, like :class:`peer.net.transport.Transport`."""
+
+    def __init__(self, address: str, *, config: TransportConfig | None = None,
+                 curve: tuple[bytes, bytes, bytes] | None = None) -> None:
+        """``curve``: (our public key, our secret key, the gateway's public key), Z85, for CurveZMQ."""
+        self.config = config or TransportConfig()
+        self.address = address
+        self._context = zmq.Context()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+        self.dropped: Counter[str] = Counter()    # "unreachable" (no live connection) or "abandoned"
+        self.hostile: Counter[str] = Counter()
+        self._pending: list[zmq.MessageTracker] = []
+        self._curve = curve
+        self.redialed = 0      # sockets replaced after no connection for reconnect_max_ms
+        self._socket = self._dial()
+
+    def _dial(self) -> zmq.Socket:
+        self._dialed_s = time.monotonic()
+        sock, cfg = self._context.socket(zmq.DEALER), self.config
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes)
+        sock.setsockopt(zmq.RCVHWM, cfg.high_water_mark)
+        sock.setsockopt(zmq.SNDHWM, cfg.high_water_mark)
+        sock.setsockopt(zmq.IMMEDIATE, 1)    # no connection: a send fails now (counted), not queued
+        if self._curve is not None:
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
+        try:
+            sock.connect(self.address)
+        except zmq.ZMQError as error:
+            sock.close(linger=0)
+            self._context.term()
+            raise TransportError(f"bad gateway address {self.address!r}: {error.strerror}") from None
+        return sock
+
+    def listening(self) -> tuple[str, ...]:
+        """The addresses this transport listens on: none (an edge client only dials out)."""
+        return ()
+
+    def send(self, frames: Frames) -> bool:
+        """Queue ``frames`` to the gateway, each a single-frame message, in order, without copying;
+        False when there is no live connection or the queue stays full until the send timeout."""
+        parts = list(frames)
+        if not parts:
+            raise ValueError("a message needs at least one frame")
+        deadline = time.monotonic() + self.config.send_timeout_s
+        for index, part in enumerate(parts):
+            while True:
+                try:
+                    tracker = self._socket.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
+                    break
+                except zmq.Again:
+                    left_ms = int(1000 * (deadline - time.monotonic()))
+                    if index > 0 and left_ms > 0 and self._socket.poll(left_ms, zmq.POLLOUT):
+                        continue
+                    # nothing of it queued (the first frame), or a message cut short: the gateway's
+                    # assembly releases the part it got when the connection goes quiet
+                    self.dropped["unreachable" if index == 0 else "abandoned"] += 1
+                    if index == 0:
+                        self._redial_if_stale()
+                    return False
+            if tracker is not None and not tracker.done:
+                self._pending.append(tracker)
+        self.bytes_sent += sum(memoryview(f).nbytes for f in parts)
+        self.messages_sent += 1
+        return True
+
+    def _redial_if_stale(self) -> None:
+        """Dial afresh after ``reconnect_max_ms`` without a connection: libzmq never retries a
+        connection whose handshake failed (the gateway shed it mid-handshake, or had not admitted
+        our key yet), as peer/net/transport.py's outboxes do."""
+        if self._pending or time.monotonic() - self._dialed_s < self.config.reconnect_max_ms / 1000:
+            return
+        self._socket.close(linger=0)
+        self._socket = self._dial()
+        self.redialed += 1
+
+    def pending_sends(self) -> int:
+        self._pending = [t for t in self._pending if not t.done]
+        return len(self._pending)
+
+    def wait_sent(self, timeout_s: float | None = None) -> None:
+        """Block until ZeroMQ holds no frame of ours (at most ``timeout_s``, default the send timeout;
+        then they are given up on and counted ``abandoned``: a frame changed later fails its digest
+        at the gateway, it cannot hurt anybody else)."""
+        deadline = time.monotonic() + (self.config.send_timeout_s if timeout_s is None else timeout_s)
+        while self._pending:
+            try:
+                self._pending[-1].wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                self.dropped["abandoned"] += len(self._pending)
+                self._pending.clear()
+                return
+            self._pending.pop()
+
+    def poll(self, timeout_s: float) -> list[Arrival]:
+        """Wait up to ``timeout_s`` for frames from the gateway; at most ``max_messages_per_poll``
+        frames or :data:`POLL_BYTES` bytes, each with the one connection's id."""
+        received: list[Arrival] = []
+        if not self._socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+            return received
+        drained = 0
+        while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
+            try:
+                parts = self._socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            size = sum(len(f) for f in parts)
+            self.bytes_received += size
+            drained += size
+            if len(parts) != 1:
+                self.hostile["multipart"] += 1   # the wire is single-frame
+                continue
+            self.messages_received += 1
+            received.append(Arrival(GATEWAY, parts[0]))
+        return received
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()
+
+    def __enter__(self) -> DialTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

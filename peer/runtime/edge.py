@@ -1,0 +1,311 @@
+"""``hivemesh edge``: an edge client's driver. Its Node hosts a FedAvg client; the gateway decides.
+
+A driver only, like the peer daemon (peer/runtime/daemon.py): the Node
+(protocols/node) with the client as its machine (protocols/federation/edge.py)
+and the gateway as its one neighbour decides everything; this loop carries its
+actions out with one dial-out connection (peer/net/dial.py: nothing listens,
+so it works behind NAT), the trainer and the monotonic clock:
+
+1. poll the connection until the next deadline (a timer, the heartbeat, the status);
+2. each frame goes through the Endpoint (header first, signature, replay window,
+   run id): a rejection is counted, an accepted message goes to ``Node.receive``;
+3. ``Send`` (its updates, its heartbeats: what keeps it registered) -> seal ->
+   the connection; ``StartWork(n)`` -> ``trainer.run_steps(n)`` on its own data
+   -> ``WorkDone`` (the client uploads the delta, compressed with error feedback);
+   ``Finished`` (the gateway's final model arrived) -> checkpoint, exit 0.
+
+Nothing but updates (deltas of the model, compressed) and heartbeats leaves
+the device; what it holds is the model, its round anchor and its error
+feedback residual (each the model's size) and its own data.
+
+Restarts: after each upload and at exit the trainer's and the client's state
+(the error-feedback residual, the round) and the replay windows are written
+to ``data_dir`` (peer/train/checkpoint.py: safetensors and a JSON header, no
+pickle); a restarted client resumes from them with a new epoch. A restarted
+gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
+server asks it again in a later round.
+
+SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
+Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
+trainer's step before a round's work is trained: a process test kills a
+sampled client mid-round that way, without sleeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from peer.files.console import ensure_logging
+from peer.files.statefiles import CheckpointStore, StatusWriter
+from peer.net.dial import DialTransport
+from peer.runtime.assemble import next_epoch, tcp_address
+from peer.runtime.datalock import DataDirLock
+from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
+from peer.runtime.netinit import load_roster
+from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.train.trainer import Trainer
+from protocols.assembly import AssemblyConfig, model_message_bytes
+from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
+from protocols.federation import FedAvgClient
+from protocols.federation.edge import EdgeMachine
+from protocols.identity import Identity
+from protocols.node import Neighbour, Node, NodeAction, Note
+from protocols.roster import Roster, run_id
+from protocols.wire import Endpoint, Opened, wire_messages
+from topology.errors import HivemeshError
+
+
+def edge_trainer(config: EdgeConfig, roster: Roster) -> Trainer:
+    """The client's trainer: on its own data (``[edge] data``), else its shard of the task among the
+    roster's edge clients (demos and tests)."""
+    from peer.train.build import build_trainers
+
+    edges = [m.name for m in roster.with_role("edge")]
+    if not config.data:
+        return build_trainers(config.network, config.trainer, members=edges,
+                              wanted=(config.edge.name,))[1][config.edge.name]
+    import numpy as np
+
+    from peer.train.local_data import load_local_data
+    from peer.train.tasks import get_task
+
+    x, y = load_local_data(config.data, label_column=config.edge.label_column)
+    task = get_task(config.network.task, **config.network.task_options)
+    own = dataclasses.replace(task, train_x=x, train_y=y, _cast_cache={})
+    return Trainer(own, config.trainer, np.arange(len(x)), seed=config.network.seed,
+                   member_index=sorted(edges).index(config.edge.name))
+
+
+class EdgeClient:
+    """One running edge client. ``run()`` returns the process exit code."""
+
+    def __init__(self, config: EdgeConfig, *, hooks: Sequence[Hook] = ()) -> None:
+        self.config = config
+        self.hooks = Hooks(hooks)
+        edge = config.edge
+        self.name = edge.name
+        identity = Identity.load(config.key_path)
+        roster = load_roster(config.roster_path)
+        member, gateway = roster.get(edge.name), roster.get(edge.gateway)
+        if member is None or member.role != "edge" or member.public_id != identity.public_id:
+            raise HivemeshError(f"{config.source}: key 'edge.name': {edge.name!r} is not an edge client on "
+                                f"the roster {config.roster_path} with the key {config.key_path}")
+        if gateway is None or gateway.role != "gateway":
+            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
+                                f"the roster {config.roster_path}")
+        self.gateway = edge.gateway
+        self.address = tcp_address(edge.gateway_address or gateway.address)
+        self.curve: tuple[bytes, bytes, bytes] | None = None
+        if edge.curve:
+            if not gateway.curve_key:
+                raise HivemeshError(f"{config.source}: key 'edge.curve': the gateway {edge.gateway!r} has no "
+                                    f"curve_key on the roster {config.roster_path}")
+            self.curve = (identity.curve_public_key.encode(), identity.curve_secret_key.encode(),
+                          gateway.curve_key.encode())
+        self.lock = DataDirLock(config.data_dir)
+        try:
+            self.epoch = next_epoch(config.data_dir)
+            self.endpoint = Endpoint(identity, roster, run_id(config.shared()), self.epoch)
+            self.trainer = edge_trainer(config, roster)
+        except BaseException:
+            self.lock.release()
+            raise
+        params = self.trainer.flat_params
+        bound = model_message_bytes(params.numel(), header_bytes=self.endpoint.policy.max_header_bytes)
+        policy = self.endpoint.policy
+        self.endpoint.use(policy=dataclasses.replace(policy, max_message_bytes=bound,
+                                                     max_elements=min(policy.max_elements, bound)),
+                          assembly=AssemblyConfig(max_in_flight_bytes=2 * bound))
+        self.client = FedAvgClient(config.federation, name=self.name, server=self.gateway, params=params,
+                                   num_samples=len(self.trainer.shard),
+                                   steps_per_epoch=self.trainer.steps_per_epoch)
+        self.store = CheckpointStore(config.data_dir, keep=2)
+        self.status = StatusWriter(config.data_dir, name=self.name, progress=edge.progress,
+                                   total_steps=0)   # no bar: the gateway decides how many rounds it trains
+        self.resumed = self._restore()
+        self.node: Node[Neighbour] = Node(
+            self.name, EdgeMachine(self.client), neighbours={self.gateway: Neighbour()},
+            config=edge.node_config(), early_per_neighbour=2,
+            answer_source=lambda: (params.detach().clone(), self.trainer.step))
+        self.transport: DialTransport | None = None
+        self._t0 = time.monotonic()
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_due: dict[str, tuple[float, int]] = {}
+        self._timer_ids = itertools.count()
+        self._work: list[int] = []
+        self._stop_signal: int | None = None
+        self._finished = False
+        self._last_loss = math.nan
+        self.rounds_trained = 0
+        self.updates_sent = 0
+        self.unsent: Counter[str] = Counter()
+        self.state = "starting"
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.lock.release()
+
+    def _run(self) -> int:
+        def stop(signum: int, frame: FrameType | None) -> None:
+            self._stop_signal = signum
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        self.transport = DialTransport(self.address, config=self.config.transport, curve=self.curve)
+        try:
+            self.state = "registered" if self.resumed else "starting"
+            self._carry_out(self.node.start(self.now()))
+            self.state = "waiting for a round"
+            while not self._finished and self._stop_signal is None:
+                held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
+                if self._work and not held:
+                    self._train(self._work.pop(0))
+                self._pump(0.05 if held else self._poll_timeout())
+                self._fire_timers()
+                self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
+                self._carry_out(self.node.expire(self.now())[1])
+                self._write_status()
+            self.state = "finished" if self._finished else "stopped"
+            self.transport.wait_sent(timeout_s=5.0)
+            self._checkpoint()
+            self._write_status(force=True)
+            if self._finished:
+                self.status.say(f"{self.name}: the federation finished; "
+                                f"{self.rounds_trained} rounds trained here")
+            return 0
+        finally:
+            self.transport.close()
+            self.status.close()
+
+    def _poll_timeout(self) -> float:
+        deadlines = [self.node.next_beat_s, self.status.next_due]
+        if self._timers:
+            deadlines.append(self._timers[0][0])
+        return 0.0 if self._work else max(0.0, min(min(deadlines) - self.now(), 0.5))
+
+    def _pump(self, timeout_s: float) -> None:
+        assert self.transport is not None
+        for arrival in self.transport.poll(timeout_s):
+            opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
+            if isinstance(opened, Opened):
+                if self.node.may_write_params(opened.message):
+                    self.transport.wait_sent()   # a RoundStart overwrites the model our update reads
+                self._carry_out(self.node.receive(opened.sender, opened.message, self.now()))
+        self.endpoint.expire(self.now())
+
+    def _train(self, steps: int) -> None:
+        assert self.transport is not None
+        self.state = "training"
+        self.transport.wait_sent()       # training changes the parameters in place
+        self._last_loss = self.trainer.run_steps(steps)
+        self.rounds_trained += 1
+        self._carry_out(self.node.handle(WorkDone(steps, self._last_loss), self.now()))
+        self._checkpoint()               # the error feedback of this upload survives a restart
+        self.state = "waiting for a round"
+
+    def _carry_out(self, actions: Sequence[NodeAction]) -> None:
+        for action in actions:
+            match action:
+                case Send():
+                    self._send(action)
+                case StartWork():
+                    self._work.append(action.steps)
+                case SetTimer():
+                    ident = next(self._timer_ids)
+                    self._timer_due[action.key] = (action.at, ident)
+                    heapq.heappush(self._timers, (action.at, ident, action.key))
+                case CancelTimer():
+                    self._timer_due.pop(action.key, None)
+                case Finished():
+                    self._finished = True
+                case Note(text=text):
+                    self.status.say(f"{self.name}: {text}")
+                case Metric():
+                    pass
+
+    def _send(self, action: Send) -> None:
+        assert self.transport is not None
+        frames = wire_messages(self.endpoint.seal(action.recipients, action.message))
+        if self.transport.send(frames):
+            if action.message.KIND == "client_update":
+                self.updates_sent += 1
+        else:
+            self.unsent[action.message.KIND] += 1   # no connection now: the gateway asks again later
+
+    def _fire_timers(self) -> None:
+        while self._timers and self._timers[0][0] <= self.now():
+            at, ident, key = heapq.heappop(self._timers)
+            if self._timer_due.get(key) != (at, ident):
+                continue
+            del self._timer_due[key]
+            self._carry_out(self.node.handle(TimerFired(key), self.now()))
+
+    # ------------------------------------------------------------------ persistence and status
+
+    def _restore(self) -> bool:
+        state = self.store.load_latest()
+        if state is None:
+            return False
+        trainer_state, protocol_state, extra = state
+        self.trainer.load_state_dict(trainer_state)
+        self.client.restore_state(protocol_state)
+        windows = extra.get("endpoint")
+        if isinstance(windows, dict):
+            self.endpoint.restore_state(windows)
+        self.status.say(f"{self.name}: resumed from checkpoint (round {self.client.round}, "
+                        f"epoch {self.epoch})")
+        return True
+
+    def _checkpoint(self) -> None:
+        assert self.transport is not None
+        self.transport.wait_sent()
+        self.store.save(self.trainer.state_dict(), self.client.export_state(),
+                        {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
+
+    def snapshot(self) -> dict[str, Any]:
+        assert self.transport is not None
+        gateway = self.node.neighbourhood.members[self.gateway]
+        return {"name": self.name, "role": "edge", "state": self.state, "epoch": self.epoch,
+                "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
+                "gateway_up": gateway.up, "round": self.client.round, "rounds_trained": self.rounds_trained,
+                "updates_sent": self.updates_sent, "unsent": dict(self.unsent), "step": self.trainer.step,
+                "loss": self._last_loss, "num_samples": len(self.trainer.shard),
+                "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
+                "listening": list(self.transport.listening()),
+                "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
+                "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
+                "client": dict(sorted(self.client.counters.items()))}
+
+    def _write_status(self, *, force: bool = False) -> None:
+        if force or self.now() >= self.status.next_due:
+            self.status.write(self.snapshot(), now=self.now(), interval_s=self.config.edge.status_interval_s)
+
+
+def run_edge(config_path: str, *, quiet: bool = False) -> int:
+    """Load the config, run the client, return the exit code (errors as one line on stderr)."""
+    ensure_logging()
+    try:
+        config = load_edge_config(config_path)
+        if quiet:
+            config = dataclasses.replace(config, edge=dataclasses.replace(config.edge, progress=False))
+        return EdgeClient(config, hooks=hooks_from_environment()).run()
+    except HivemeshError as error:
+        print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
+        return 2

@@ -1,0 +1,99 @@
+"""An edge client's configuration file (``hivemesh edge --config edge.toml``), validated once.
+
+Layout::
+
+    [edge]        who this client is, its gateway, its data (EdgeSection)
+    [network]     the federation's task, partition and trainer: the gateway's table, word for word
+    [federation]  the gateway's table, word for word (protocols.federation.FederationConfig's keys)
+
+``[network]`` and ``[federation]`` go into the run id as a gateway's do
+(peer.runtime.peerconfig.shared_settings), so a client set up differently is
+refused before it sends anything. The gateway's address and public key are
+its roster entry's (the roster is also what the client verifies the gateway's
+messages against); ``gateway_address`` overrides the address (a NAT'd gateway
+reached through a forwarded port). Relative paths are relative to the file's folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peer.files.config import load, read_toml
+from peer.files.paths import from_folder
+from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
+from peer.net.transport import TransportConfig
+from peer.runtime.peerconfig import FederationSection, shared_settings
+from protocols.node.config import NodeConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeSection(NodeConfig):
+    """This client. The liveness keys are protocols.node.NodeConfig's: its heartbeats every
+    ``heartbeat_interval_s`` keep it registered with its gateway."""
+
+    name: str                     # this client's name on the roster (role "edge")
+    key: str                      # its identity key file
+    roster: str                   # the roster: the gateway's address and key, and ours
+    data_dir: str                 # checkpoints (error feedback, trainer), epoch, status
+    gateway: str                  # the gateway's name on the roster
+    gateway_address: str = ""     # empty: the gateway's roster address
+    # own data: a .npz / .safetensors (x, y), a .csv, or module:function; empty: the task's shard
+    # for this client among the roster's edge clients (demos and tests)
+    data: str = ""
+    label_column: str = "label"   # a .csv's label column
+    # CurveZMQ encryption to the gateway (its roster curve_key): set as the gateway's [peer] curve
+    curve: bool = True
+    status_interval_s: float = 1.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("name", "key", "roster", "data_dir", "gateway"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        if self.status_interval_s <= 0:
+            raise ValueError(f"status_interval_s must be positive, got {self.status_interval_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeFile:
+    edge: EdgeSection
+    federation: FederationSection
+    network: NetworkSection = field(default_factory=NetworkSection)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeConfig:
+    source: Path
+    edge: EdgeSection
+    federation: FederationSection
+    network: NetworkSection            # paths resolved
+    network_as_written: NetworkSection  # for the run id
+    transport: TransportConfig
+    trainer: Any                       # peer.train.trainer.TrainerConfig
+    key_path: Path
+    roster_path: Path
+    data_dir: Path
+    data: str                          # resolved path, or module:function, or ""
+
+    def shared(self) -> dict[str, Any]:
+        return shared_settings(self.network_as_written, self.federation)
+
+
+def load_edge_config(path: str | Path) -> EdgeConfig:
+    path = Path(path)
+    parsed = load(EdgeFile, read_toml(path), source=str(path))
+    base = path.resolve().parent
+    data = parsed.edge.data
+    if data and Path(data).suffix.lower() in (".npz", ".safetensors", ".csv"):
+        data = from_folder(base, data)
+    trainer = trainer_config(parsed.network, source=str(path), prefix="network.trainer")
+    return EdgeConfig(source=path, edge=parsed.edge, federation=parsed.federation,
+                      network=resolve_network_paths(parsed.network, base), network_as_written=parsed.network,
+                      transport=parsed.transport, trainer=trainer,
+                      key_path=Path(from_folder(base, parsed.edge.key)),
+                      roster_path=Path(from_folder(base, parsed.edge.roster)),
+                      data_dir=Path(from_folder(base, parsed.edge.data_dir)), data=data)
