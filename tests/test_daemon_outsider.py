@@ -79,7 +79,7 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
             with contextlib.suppress(zmq.Again):     # (once refused it has no connection to queue on)
                 client.send_multipart(message, flags=zmq.NOBLOCK)
         # (kept open: a client that hangs up first would be counted as a handshake cut short)
-        assert ended.poll(10_000), "the peer neither refused nor dropped an outsider"
+        assert ended.poll(10_000), f"the peer neither refused nor dropped outsider {index}"
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     for index in range(RAW_JUNK + RAW_SILENT):
         with socket.create_connection((host, int(port))) as raw:
@@ -170,3 +170,12 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
     assert final["step"] == STEPS
     growth_kib = peak_after_kib - peak_before_kib
     assert growth_kib < RSS_GROWTH_LIMIT_KIB, f"peak RSS grew {growth_kib} KiB under the attack"
+    # training as without the attack: the same network run clean ends within 1 point of accuracy
+    clean = make_network(tmp_path / "clean", peers=2, topology="complete", steps=STEPS)
+    with peers(clean) as processes:
+        processes.start_all()
+        assert processes.wait(CEILING_S), "the clean peers did not finish"
+        assert all(code == 0 for code in processes.exitcodes().values())
+    for name in files.configs:
+        attacked_accuracy, clean_accuracy = status(files, name)["accuracy"], status(clean, name)["accuracy"]
+        assert abs(attacked_accuracy - clean_accuracy) <= 0.01, (name, attacked_accuracy, clean_accuracy)
