@@ -78,8 +78,10 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
         for message in _junk_messages():
             with contextlib.suppress(zmq.Again):     # (once refused it has no connection to queue on)
                 client.send_multipart(message, flags=zmq.NOBLOCK)
-        # (kept open: a client that hangs up first would be counted as a handshake cut short)
-        assert ended.poll(10_000), f"the peer neither refused nor dropped outsider {index}"
+        # (kept open: a client that hangs up first would be counted as a handshake cut short;
+        # on a loaded machine the peer's answer to one of them has been seen to take up to about
+        # 100 s, not yet explained: the wait is the process tests' ceiling, not a timing bet)
+        assert ended.poll(int(CEILING_S * 1000)), f"the peer neither refused nor dropped outsider {index}"
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     for index in range(RAW_JUNK + RAW_SILENT):
         with socket.create_connection((host, int(port))) as raw:
