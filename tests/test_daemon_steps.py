@@ -10,7 +10,8 @@ from protocols.events import SetTrainerStep
 
 
 def test_set_trainer_step_moves_the_trainers_step_and_nothing_else() -> None:
-    fake = SimpleNamespace(trainer=SimpleNamespace(step=40), counters=SimpleNamespace(trainer_steps_set=[]))
+    fake = SimpleNamespace(trainer=SimpleNamespace(step=40), counters=SimpleNamespace(trainer_steps_set=[]),
+                           gateway_work=None)
     PeerDaemon._carry_out(fake, [SetTrainerStep(70)])  # type: ignore[arg-type]
     assert fake.trainer.step == 70     # three rounds of 10 skipped: the lr schedule follows
     assert fake.counters.trainer_steps_set == [70]     # and status shows it (trainer_steps_set)
