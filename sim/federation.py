@@ -176,7 +176,7 @@ class FederationRun:
         gossip = sync and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         members = self.gateways if gossip else (name,)
         topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
-        total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds)
+        total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds, mode=self.config.mode)
         machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
                                params=params)
         own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)

@@ -70,7 +70,7 @@ class FederationSection(FederationConfig):
     def gateway_gossip(self, gossip: Any) -> Any:
         """A gateway's gossip config: ``gossip`` on the interleaving's schedule (one step a round,
         the work being a FedAvg round or nothing, mixing after it)."""
-        rounds = 1 if self.mode == "fedbuff" else gossip_total_rounds(self.rounds, self.gossip_rounds)
+        rounds = gossip_total_rounds(self.rounds, self.gossip_rounds, mode=self.mode)
         return dataclasses.replace(gossip, mixing="after", local_steps=1, duration_s=0.0, total_steps=rounds)
 
 

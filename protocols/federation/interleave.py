@@ -25,9 +25,12 @@ def fedavg_round_due(gossip_round: int, gossip_rounds: int) -> bool:
     return gossip_rounds <= 1 or gossip_round % gossip_rounds == 0
 
 
-def gossip_total_rounds(fedavg_rounds: int, gossip_rounds: int) -> int:
+def gossip_total_rounds(fedavg_rounds: int, gossip_rounds: int, *, mode: str = "sync") -> int:
     """The gossip machine's rounds (its ``total_steps`` at one step per round): ``gossip_rounds``
-    per FedAvg round (one when there is no gossip)."""
+    per FedAvg round (one when there is no gossip); under FedBuff one, whose work is the whole
+    buffered run (see :class:`GatewayWork`). Both drivers' gateways ask here."""
+    if mode == "fedbuff":
+        return 1
     return fedavg_rounds * max(1, gossip_rounds)
 
 
