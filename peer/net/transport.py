@@ -285,9 +285,7 @@ class Transport:
         self._server_keys[name] = server_key
         if outbox.pending:
             self.wait_sent()
-        outbox.socket.close(linger=0)
-        outbox.socket = self._connect(name, outbox.address)
-        outbox.dialed_s = time.monotonic()
+        self._redial(name, outbox)
 
     @property
     def curve_public_key(self) -> bytes | None:
@@ -320,9 +318,7 @@ class Transport:
                     time.sleep(0.02)
         self._poller.register(self._inbox, zmq.POLLIN)
         for name, outbox in self._outboxes.items():
-            outbox.socket.close(linger=0)
-            outbox.socket = self._connect(name, outbox.address)
-            outbox.dialed_s = time.monotonic()
+            self._redial(name, outbox)
 
     def allow(self, client_keys: frozenset[bytes]) -> None:
         """The CURVE allowlist from now on (the roster's keys): a joiner may connect, a leaver not,
@@ -427,6 +423,12 @@ class Transport:
                 outbox.pending.append(tracker)
             return True
 
+    def _redial(self, name: str, outbox: _Outbox) -> None:
+        """A fresh socket to ``name`` (with the keys of now); the old one goes without lingering."""
+        outbox.socket.close(linger=0)
+        outbox.socket = self._connect(name, outbox.address)
+        outbox.dialed_s = time.monotonic()
+
     def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
         """Dial ``name`` afresh when it has had no connection for the back-off's ceiling.
 
@@ -437,9 +439,7 @@ class Transport:
         For a neighbour that is simply down this only restarts the back-off."""
         if outbox.pending or time.monotonic() - outbox.dialed_s < self.config.reconnect_max_ms / 1000:
             return
-        outbox.socket.close(linger=0)
-        outbox.socket = self._connect(name, outbox.address)
-        outbox.dialed_s = time.monotonic()
+        self._redial(name, outbox)
         self.redialed[name] += 1
 
     def reply(self, connection: bytes, frames: Frames) -> bool:
@@ -503,9 +503,7 @@ class Transport:
     def _abandon(self, name: str, outbox: _Outbox) -> None:
         self.abandoned[name] += len(outbox.pending)
         trackers = outbox.pending
-        outbox.socket.close(linger=0)   # drops the queued messages and releases their frames
-        outbox.socket = self._connect(name, outbox.address)
-        outbox.dialed_s = time.monotonic()
+        self._redial(name, outbox)   # drops the queued messages and releases their frames
         outbox.pending = []
         end = time.monotonic() + 1.0
         for tracker in trackers:
