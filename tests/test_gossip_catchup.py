@@ -202,9 +202,13 @@ def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice
     assert machine.counters.get("stale_message", 0) == 0
     held = machine.mass
     assert held == machine.weight + 0.5 + 0.25 + 2 * 0.25
-    # Round 20 closes with p07's and p04's messages (p06 is a laggard since round 0) and p06's two
-    # late ones: all the mass held is now this peer's weight or in what it sends for round 21.
-    actions = machine.handle(WorkDone(1, 0.0), 2.0)
+    # The round a jump left made no laggard: round 20 waits for p06 too (it may have been where we
+    # jumped to), and its deadline closes it with p07's and p04's messages and p06's two late ones:
+    # all the mass held is now this peer's weight or in what it sends for round 21.
+    missed = machine.counters["missed_deadline"]     # round 0's three (closed by the jump)
+    assert machine.handle(WorkDone(1, 0.0), 2.0) == [SetTimer("gossip-deadline:20", 2.0 + config.deadline_s)]
+    actions = machine.handle(TimerFired("gossip-deadline:20"), 2.0 + config.deadline_s)
+    assert machine.counters["missed_deadline"] == missed + 1 and machine.laggards == {"p06"}
     sent = [float(m.meta["w"]) * len(recipients) for recipients, m in _sends(actions)]
     assert math.fsum([machine.weight, *sent]) == held and not machine.late
     assert machine.round == 21

@@ -93,7 +93,10 @@ it stops where training ends, and once training is over nothing far ahead
 starts one. A jump only goes to a round some peer is in, so rounds never run
 away, and the parts that fell behind follow one another like a Lamport clock.
 The other side needs nothing: it already treats the peers behind as
-laggards, and hears from them in step again once they have jumped. CHOCO does
+laggards, and hears from them in step again once they have jumped. The round
+a jump leaves makes no laggards (it closes early, not at a deadline): the
+round landed in waits for every live in-neighbour not known to be short of it,
+so what it mixes does not depend on which message made the machine jump. CHOCO does
 not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
 
 Which message is buffered, jumped to, kept late or dropped is one table over
@@ -469,7 +472,12 @@ class RoundMachine(MachineBase):
         self._count("missed_deadline", len(missing))
         if not box and self.topology.in_neighbours(self.name, t):
             self._count("rounds_alone")  # no in-neighbour's message for this round: mixed with ourselves only
-        self.laggards = (self.laggards | missing) - self.caught_up
+        # A round a jump closes ends at once, not at its deadline: who is missing from it is not
+        # behind (it is most likely where we jump to). Made a laggard, it would not be waited for
+        # in the round we land in, which would then mix or not mix its message by which of the
+        # jump's messages came first (the one that triggered it is waited for; see _claim).
+        jumped = self.catch_up > t
+        self.laggards = (self.laggards | (set() if jumped else missing)) - self.caught_up
         self.caught_up = set()
         arrivals = [(j, t, box[j]) for j in sorted(box)]
         arrivals += sorted(((j, m.round, m) for j, m in self.late), key=lambda c: (c[1], c[0]))
