@@ -343,7 +343,7 @@ class FederationRun:
                 self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=steps, loss=0.0)))
             return
         assert member.trainer is not None and member.client is not None
-        loss = member.trainer.run_steps(steps)
+        loss = member.trainer.run_steps(steps, proximal=(member.client.anchor, member.client.prox_mu))
         if member.attack_scale > 0 and member.client.anchor is not None:
             anchor, params = member.client.anchor, member.trainer.flat_params
             params.copy_(anchor - member.attack_scale * (params - anchor))

@@ -11,7 +11,8 @@ so it works behind NAT), the trainer and the monotonic clock:
    run id): a rejection is counted, an accepted message goes to ``Node.receive``;
 3. ``Send`` (its updates, its heartbeats: what keeps it registered) -> seal ->
    the connection; ``StartWork(n)`` -> ``trainer.run_steps(n)`` on its own data
-   -> ``WorkDone`` (the client uploads the delta, compressed with error feedback);
+   (with FedProx's pull toward the round's global model when ``prox_mu > 0``) -> ``WorkDone``
+   (the client uploads the delta, compressed with error feedback);
    ``Finished`` (the gateway's final model arrived) -> checkpoint, exit 0.
 
 Nothing but updates (deltas of the model, compressed) and heartbeats leaves
@@ -214,7 +215,7 @@ class EdgeClient:
         assert self.transport is not None
         self.state = "training"
         self.transport.wait_sent()       # training changes the parameters in place
-        self._last_loss = self.trainer.run_steps(steps)
+        self._last_loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
         self.rounds_trained += 1
         self._carry_out(self.node.handle(WorkDone(steps, self._last_loss), self.now()))
         self._checkpoint()               # the error feedback of this upload survives a restart
