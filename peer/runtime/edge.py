@@ -26,6 +26,17 @@ pickle); a restarted client resumes from them with a new epoch. A restarted
 gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
 server asks it again in a later round.
 
+The end: the gateway's ``RoundResult`` (the federation's final model, sent to
+every registered client) -> exit 0. A client that misses it (it was away) or
+whose gateway never comes up would wait for ever, so it gives up after
+``[edge] gateway_timeout_s`` (0 = never) with neither a connection to the
+gateway nor a message from it: a send that ZeroMQ takes means a connection
+whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
+that is up but samples other clients for a long while keeps it waiting, one
+that exited or never started does not. It then writes its checkpoint and
+status (state ``gave up``), says why with its counters, and exits
+:data:`peer.runtime.daemon.EXIT_STRANDED` (3).
+
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
@@ -50,6 +61,7 @@ from peer.files.console import ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
+from peer.runtime.daemon import EXIT_STRANDED
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
@@ -147,6 +159,7 @@ class EdgeClient:
         self._stop_signal: int | None = None
         self._finished = False
         self._last_loss = math.nan
+        self._contact_s = 0.0        # last accepted message from the gateway, or send it took (now())
         self.rounds_trained = 0
         self.updates_sent = 0
         self.unsent: Counter[str] = Counter()
@@ -174,6 +187,7 @@ class EdgeClient:
             self.state = "registered" if self.resumed else "starting"
             self._carry_out(self.node.start(self.now()))
             self.state = "waiting for a round"
+            gave_up = False
             while not self._finished and self._stop_signal is None:
                 held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
                 if self._work and not held:
@@ -183,10 +197,16 @@ class EdgeClient:
                 self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
                 self._carry_out(self.node.expire(self.now())[1])
                 self._write_status()
-            self.state = "finished" if self._finished else "stopped"
+                if self._gateway_lost():
+                    gave_up = True
+                    break
+            self.state = "finished" if self._finished else "gave up" if gave_up else "stopped"
             self.transport.wait_sent(timeout_s=5.0)
             self._checkpoint()
             self._write_status(force=True)
+            if gave_up:
+                self.status.warn(self._give_up_line())
+                return EXIT_STRANDED
             if self._finished:
                 self.status.say(f"{self.name}: the federation finished; "
                                 f"{self.rounds_trained} rounds trained here")
@@ -194,6 +214,23 @@ class EdgeClient:
         finally:
             self.transport.close()
             self.status.close()
+
+    def _gateway_lost(self) -> bool:
+        """Whether ``gateway_timeout_s`` passed with no connection to the gateway and no word from it."""
+        timeout_s = self.config.edge.gateway_timeout_s
+        return timeout_s > 0 and self.now() - self._contact_s > timeout_s
+
+    def _give_up_line(self) -> str:
+        assert self.transport is not None
+        last_seen = self.node.neighbourhood.members[self.gateway].last_seen
+        heard = f"last heard at {last_seen:.1f} s" if math.isfinite(last_seen) else "never heard"
+        counters = {"rounds_trained": self.rounds_trained, "updates_sent": self.updates_sent,
+                    "unsent": dict(self.unsent), "round": self.client.round,
+                    "rejections": dict(self.endpoint.rejections + self.node.all_rejections())}
+        return (f"{self.name}: gave up on gateway {self.gateway} at {self.address}: no connection to it "
+                f"and no message from it for {self.config.edge.gateway_timeout_s:g} s "
+                f"([edge] gateway_timeout_s; {heard}; it may have finished while this client was away, "
+                f"or never started); exiting {EXIT_STRANDED} at {self.now():.1f} s with {counters}")
 
     def _poll_timeout(self) -> float:
         deadlines = [self.node.next_beat_s, self.status.next_due]
@@ -206,6 +243,8 @@ class EdgeClient:
         for arrival in self.transport.poll(timeout_s):
             opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
             if isinstance(opened, Opened):
+                if opened.sender == self.gateway:
+                    self._contact_s = self.now()
                 if self.node.may_write_params(opened.message):
                     self.transport.wait_sent()   # a RoundStart overwrites the model our update reads
                 self._carry_out(self.node.receive(opened.sender, opened.message, self.now()))
@@ -245,6 +284,7 @@ class EdgeClient:
         assert self.transport is not None
         frames = wire_messages(self.endpoint.seal(action.recipients, action.message))
         if self.transport.send(frames):
+            self._contact_s = self.now()    # a connection the gateway's handshake admitted
             if action.message.KIND == "client_update":
                 self.updates_sent += 1
         else:
