@@ -1,14 +1,27 @@
-"""``hivemesh edge`` in real processes on 127.0.0.1: how an edge client ends when its gateway is gone,
-and what it trains (FedProx's pull) — beside tests/test_daemon_federation.py's acceptance runs."""
+"""``hivemesh edge`` in real processes on 127.0.0.1, beside tests/test_daemon_federation.py: how an
+edge client ends when its gateway is gone, and issue 12's acceptance (d) with attackers made by a
+test hook (peer/runtime/testhooks.py ``signflip``), checked against the simulator."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from _federation_support import CEILING_S, describe, make_federation, processes, status
+from _federation_support import (
+    CEILING_S,
+    GATEWAY,
+    closed_rounds,
+    describe,
+    make_federation,
+    processes,
+    status,
+)
 
 from peer.runtime.daemon import EXIT_STRANDED
+from peer.runtime.testhooks import Hook
+from sim.run import run_scenario
+from sim.scenario import scenario_from_dict
 
 pytestmark = pytest.mark.processes
 
@@ -34,3 +47,56 @@ def test_an_edge_whose_gateway_never_comes_gives_up_with_its_counters(tmp_path: 
     assert found["state"] == "gave up" and found["rounds_trained"] == 0
     assert found["unsent"].get("heartbeat", 0) >= 2
     assert any((files.network.out / "data" / "e000" / "checkpoints").iterdir()), "no checkpoint written"
+
+
+# acceptance (d): iid shards, all 10 clients in every round, trimmed mean (0.2 a side); 15 rounds of
+# 3 local epochs: the simulator's clean run is 0.958 there and its attacked run 2.2 points below
+ROBUST: dict[str, Any] = {"rounds": 15, "local_epochs": 3, "fraction": 1.0, "min_clients": 10,
+                          "aggregator": "trimmed_mean", "trim_beta": 0.2}
+ATTACKERS = ("e003", "e007")
+
+
+def simulated_accuracy(federation: dict[str, Any], attack: dict[str, str]) -> float:
+    """The final global accuracy of the same federation in the simulator (same seed, task, shards,
+    trainer and [federation] keys as make_federation's)."""
+    from _federation_support import FEDERATION
+
+    server = {**FEDERATION, **federation}
+    scenario = scenario_from_dict({
+        "name": "robust", "seed": 3, "duration_s": 5000.0, "task": {"name": "digits-mlp"},
+        "trainer": {"optimizer": "sgd", "lr": 0.1, "batch_size": 32}, "partition": {"scheme": "iid"},
+        "links": {"latency_ms": 1.0, "bandwidth_mbps": 1000.0}, "nodes": {"step_time_ms": 1.0},
+        "federation": {"gateways": 1, "clients": 10, "server": server, "attack": attack}})
+    return run_scenario(scenario).trace[-1].mean_accuracy
+
+
+def test_trimmed_mean_holds_against_two_sign_flipping_edges(tmp_path: Path) -> None:
+    """(d) in real processes: 1 gateway and 10 edges on iid shards, all 10 in each of 15 rounds, e003
+    and e007 attackers (a ``signflip`` hook: sign-flipped updates scaled by 10), trimmed mean 0.2 a
+    side. One real run only (a clean real run too would double the cost): its final accuracy must
+    be within 3 points of the *simulator's clean run* of the same setting (same seed, shards,
+    trainer and [federation] keys), which is the clean reference acceptance (d) asks for; the
+    simulator's attacked run is printed beside it."""
+    # Prepare
+    files = make_federation(tmp_path / "fed", partition="iid", **ROBUST)
+    hooks = {name: [Hook(at_step=0, action="signflip", scale=10.0)] for name in ATTACKERS}
+    clean = simulated_accuracy(ROBUST, {})
+    # Execute
+    with processes(files) as run:
+        run.start_all(hooks)
+        assert run.wait(CEILING_S), describe(files)
+        codes = run.exitcodes()
+    # Assert
+    assert codes == {name: 0 for name in codes}, codes
+    gateway = status(files, GATEWAY)
+    attacked = gateway["accuracy"]
+    simulated = simulated_accuracy(ROBUST, {name: "signflip:10" for name in ATTACKERS})
+    print(f"\n(d) trimmed mean 0.2, e003 and e007 sign-flip x10: real {attacked:.4f}; simulator clean "
+          f"{clean:.4f}, attacked {simulated:.4f}")
+    rounds = closed_rounds(files)
+    assert sorted(rounds) == list(range(15))
+    assert all(len(r["taken"]) == 10 for r in rounds.values()), rounds    # the attackers' updates too
+    assert attacked >= clean - 0.03, f"real attacked {attacked:.4f} vs simulated clean {clean:.4f}"
+    # the hook's attack is the simulator's (one definition, peer/train/attack.py): a synchronous
+    # federation whose deadlines never fire ends where the simulator's does (acceptance (g))
+    assert abs(attacked - simulated) <= 0.01, (attacked, simulated)

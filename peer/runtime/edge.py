@@ -40,7 +40,10 @@ status (state ``gave up``), says why with its counters, and exits
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
-sampled client mid-round that way, without sleeps.
+sampled client mid-round that way, without sleeps, makes a client an attacker
+(``signflip``: its trained model is flipped by peer/train/attack.py before the
+upload, as the simulator's attackers are) or a slow device (``pace``: the
+round's ``WorkDone`` waits, the loop polling, until its steps took that long).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.train.attack import sign_flip
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -156,6 +160,7 @@ class EdgeClient:
         self._timer_due: dict[str, tuple[float, int]] = {}
         self._timer_ids = itertools.count()
         self._work: list[int] = []
+        self._trained: tuple[float, int, float] | None = None   # (WorkDone due at, steps, loss)
         self._stop_signal: int | None = None
         self._finished = False
         self._last_loss = math.nan
@@ -190,8 +195,9 @@ class EdgeClient:
             gave_up = False
             while not self._finished and self._stop_signal is None:
                 held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
-                if self._work and not held:
+                if self._work and not held and self._trained is None:
                     self._train(self._work.pop(0))
+                self._work_done()
                 self._pump(0.05 if held else self._poll_timeout())
                 self._fire_timers()
                 self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
@@ -236,7 +242,11 @@ class EdgeClient:
         deadlines = [self.node.next_beat_s, self.status.next_due]
         if self._timers:
             deadlines.append(self._timers[0][0])
-        return 0.0 if self._work else max(0.0, min(min(deadlines) - self.now(), 0.5))
+        if self._trained is not None:
+            deadlines.append(self._trained[0])
+        if self._work and self._trained is None:
+            return 0.0
+        return max(0.0, min(min(deadlines) - self.now(), 0.5))
 
     def _pump(self, timeout_s: float) -> None:
         assert self.transport is not None
@@ -254,8 +264,20 @@ class EdgeClient:
         assert self.transport is not None
         self.state = "training"
         self.transport.wait_sent()       # training changes the parameters in place
-        self._last_loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
+        began = self.now()
+        loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
+        if self.hooks.attack_scale > 0 and self.client.anchor is not None:   # a test's attacker
+            sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack_scale)
         self.rounds_trained += 1
+        self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
+        self._work_done()
+
+    def _work_done(self) -> None:
+        """The trained round's ``WorkDone``, once due (at once unless a test's ``pace`` hook slows it)."""
+        if self._trained is None or self.now() < self._trained[0]:
+            return
+        _, steps, self._last_loss = self._trained
+        self._trained = None
         self._carry_out(self.node.handle(WorkDone(steps, self._last_loss), self.now()))
         self._checkpoint()               # the error feedback of this upload survives a restart
         self.state = "waiting for a round"
