@@ -1,9 +1,11 @@
 """``hivemesh edge`` in real processes on 127.0.0.1, beside tests/test_daemon_federation.py: how an
-edge client ends when its gateway is gone, and issue 12's acceptance (d) with attackers made by a
-test hook (peer/runtime/testhooks.py ``signflip``), checked against the simulator."""
+edge client ends when its gateway is gone, and issue 12's acceptance (d) and (f) with attackers and
+slow devices made by test hooks (peer/runtime/testhooks.py ``signflip`` and ``pace``)."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from _federation_support import (
     make_federation,
     processes,
     status,
+    wait_until,
 )
 
 from peer.runtime.daemon import EXIT_STRANDED
@@ -100,3 +103,80 @@ def test_trimmed_mean_holds_against_two_sign_flipping_edges(tmp_path: Path) -> N
     # the hook's attack is the simulator's (one definition, peer/train/attack.py): a synchronous
     # federation whose deadlines never fire ends where the simulator's does (acceptance (g))
     assert abs(attacked - simulated) <= 0.01, (attacked, simulated)
+
+
+SLOW = ("e001", "e004", "e008")       # acceptance (f): 3 of 10 clients 5x slower
+STEP_S = 0.02                         # an edge's least time per training step (a pace hook); 5x for SLOW
+SYNC: dict[str, Any] = {"rounds": 30, "fraction": 0.5, "min_clients": 5, "local_epochs": 1,
+                        "round_timeout_s": 120.0}
+BUFFERED: dict[str, Any] = {**SYNC, "mode": "fedbuff", "rounds": 60, "concurrency": 10, "buffer_size": 5,
+                            "max_staleness": 8}
+
+
+def aggregations(files: Any) -> list[dict[str, Any]]:
+    """The aggregations a gateway has written so far (``rounds.jsonl``: a FedAvg round or a FedBuff
+    version per line, with the global accuracy after it; a line being written is not read)."""
+    path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
+    found = []
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            break
+    return found
+
+
+def reached(rows: list[dict[str, Any]], bar: float = 0.90) -> bool:
+    return any(row["accuracy"] >= bar for row in rows)
+
+
+def test_fedbuff_reaches_the_bar_before_sync_fedavg_waiting_for_slow_edges(tmp_path: Path) -> None:
+    """(f) in real processes: two federations side by side on this host, each 1 gateway and 10 iid
+    edges of which e001, e004 and e008 train 5x slower (a ``pace`` hook: 0.1 s a step against 0.02),
+    one synchronous FedAvg (5 of 10 a round, each round waiting for every sampled client), one FedBuff
+    (all 10 at once, aggregating every 5 updates). Every edge is held at its first work until both
+    gateways have handed it out, so both start together. When the synchronous run's global model
+    first reaches 0.90, the FedBuff gateway has reached it already and made more aggregations (of 5
+    updates each) than the synchronous one's rounds: the order in time, asserted on counts. The
+    wall times are printed, not asserted."""
+    # Prepare
+    sync = make_federation(tmp_path / "sync", partition="iid", **SYNC)
+    buffered = make_federation(tmp_path / "fedbuff", partition="iid", **BUFFERED)
+    gate = tmp_path / "gate"
+
+    def hooks(marks: Path) -> dict[str, list[Hook]]:
+        marks.mkdir()
+        edges = [f"e{i:03d}" for i in range(10)]
+        return {e: [Hook(at_step=0, action="pace", seconds=STEP_S * (5 if e in SLOW else 1)),
+                    Hook(at_step=0, action="hold", gate=str(gate), mark=str(marks / e))] for e in edges}
+
+    sync_hooks, buffered_hooks = hooks(tmp_path / "sync-marks"), hooks(tmp_path / "fedbuff-marks")
+    with processes(sync) as sync_run, processes(buffered) as buffered_run:
+        sync_run.start_all(sync_hooks)
+        buffered_run.start_all(buffered_hooks)
+        wait_until("every FedBuff edge and 5 synchronous ones given work",
+                   lambda: len(list((tmp_path / "fedbuff-marks").iterdir())) == 10
+                   and len(list((tmp_path / "sync-marks").iterdir())) == 5, buffered)
+        # Execute
+        gate.touch()
+        began = time.monotonic()
+        buffered_at_bar = None
+        deadline = began + CEILING_S
+        while not reached(aggregations(sync)):
+            assert time.monotonic() < deadline, f"sync never reached 0.90: {describe(sync)}"
+            if buffered_at_bar is None and reached(aggregations(buffered)):
+                buffered_at_bar = time.monotonic() - began
+            time.sleep(0.05)
+        sync_at_bar = time.monotonic() - began
+        sync_done, buffered_done = aggregations(sync), aggregations(buffered)
+    # Assert
+    buffered_took = "not yet" if buffered_at_bar is None else f"{buffered_at_bar:.1f} s"
+    print(f"\n(f) to 0.90, wall time from the gate: FedBuff {buffered_took}, sync FedAvg "
+          f"{sync_at_bar:.1f} s; then FedBuff had {len(buffered_done)} aggregations, "
+          f"sync {len(sync_done)} rounds")
+    assert reached(buffered_done), f"FedBuff not at 0.90 yet: {[r['accuracy'] for r in buffered_done]}"
+    assert len(buffered_done) > len(sync_done), (len(buffered_done), len(sync_done))
+    # the slow edges' work counted in FedBuff, discounted for its staleness; sync waited for them
+    assert any(c in SLOW for row in buffered_done for c in row["contributors"])
+    assert max(s for row in buffered_done for s in row["staleness"]) > 0
+    assert any(set(row["taken"]) & set(SLOW) for row in sync_done)
