@@ -1,8 +1,12 @@
 """FedProx's proximal term in the trainer (Li et al. 2020): ``run_steps(n, proximal=(anchor, mu))``
 adds ``mu (params - anchor)`` to every step's gradient, pulling the local model toward the
-round's global model; with ``mu = 0`` the run is plain SGD, bit for bit."""
+round's global model; with ``mu = 0`` the run is plain SGD, bit for bit. Both federation drivers
+(the simulator's, ``hivemesh edge``) hand their client's anchor and mu to it."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,4 +100,38 @@ def test_the_simulators_federation_clients_feel_the_pull() -> None:
         found = run.members[gateway].server
         assert found is not None and len(found.reports) == 1
         moved[mu] = float(torch.linalg.vector_norm(found.params - run.initial))
+    assert 0 < moved[10.0] < 0.25 * moved[0.0], moved
+
+
+def test_hivemesh_edge_trains_with_the_pull_of_its_round(tmp_path: Path) -> None:
+    """The real edge client's driver (peer/runtime/edge.py) hands its round's anchor and ``prox_mu``
+    to the trainer: one RoundStart fed to it by hand (no gateway: its update is counted unsent)
+    with mu = 10 leaves the model far nearer the round's global model than with mu = 0."""
+    from _federation_support import make_federation
+
+    from peer.net.dial import DialTransport
+    from peer.runtime.edge import EdgeClient
+    from peer.runtime.edgeconfig import load_edge_config
+    from protocols.messages import RoundStart
+
+    files = make_federation(tmp_path / "fed", edges=2, rounds=1, min_clients=1)
+    config = load_edge_config(files.edge_configs["e000"])
+    moved = {}
+    for mu in (0.0, 10.0):
+        shutil.rmtree(config.data_dir, ignore_errors=True)     # the same start each time
+        edge = EdgeClient(config)
+        # the gateway's port is reserved (bound, listening) but nobody serves it
+        edge.transport = DialTransport(edge.address, curve=edge.curve)
+        try:
+            edge._carry_out(edge.node.start(edge.now()))
+            model = edge.trainer.flat_params.clone()
+            start = RoundStart(round=0, tensors={"x": model}, deadline_s=30.0,
+                               meta={"local_epochs": 0, "local_steps": 40, "prox_mu": mu})
+            edge._carry_out(edge.node.receive("gw0", start, edge.now()))
+            edge._train(edge._work.pop(0))
+            moved[mu] = float(torch.linalg.vector_norm(edge.trainer.flat_params - model))
+            assert edge.unsent["client_update"] == 1 and edge.client.prox_mu == mu
+        finally:
+            edge.transport.close()
+            edge.lock.release()
     assert 0 < moved[10.0] < 0.25 * moved[0.0], moved
