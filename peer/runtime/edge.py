@@ -188,6 +188,7 @@ class EdgeClient:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         self.transport = DialTransport(self.address, config=self.config.transport, curve=self.curve)
+        self._contact_s = self.now()     # the give-up's clock starts with the dial
         try:
             self.state = "registered" if self.resumed else "starting"
             self._carry_out(self.node.start(self.now()))
