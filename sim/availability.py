@@ -83,15 +83,3 @@ class Availability:
                     if at > time_s:
                         return at
         return math.inf
-
-
-def parse_attack(spec: str) -> float:
-    """``signflip:<scale>``: the client uploads ``-scale`` times its honest update. The scale."""
-    kind, _, scale_text = spec.strip().partition(":")
-    try:
-        scale = float(scale_text or "1")
-    except ValueError:
-        scale = -1.0
-    if kind != "signflip" or not 0 < scale < math.inf:
-        raise ValueError(f"attack {spec!r}: expected 'signflip:<scale>' (scale > 0), e.g. 'signflip:10'")
-    return scale

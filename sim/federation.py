@@ -26,7 +26,7 @@ What the driver models, on the engine's virtual clock:
   back on, it starts again with its FedAvg client as it was;
 * attackers (``attack = {e003 = "signflip:10"}``): train honestly, then upload
   ``-scale`` times their update (the delta is flipped in the trainer's vector
-  before ``WorkDone``);
+  before ``WorkDone``, by peer/train/attack.py, as a real edge's test hook does);
 * gateways: the gossip machine's rounds interleave with FedAvg rounds by
   protocols/federation/interleave.py's ``GatewayWork``, as in the daemon (the
   server pauses after each round; the machine's ``WorkDone`` is fed when a
@@ -55,6 +55,7 @@ import torch
 
 from peer.files.config import ConfigError
 from peer.files.statefiles import json_safe
+from peer.train.attack import parse_attack, sign_flip
 from peer.train.build import build_trainers
 from peer.train.trainer import Trainer
 from protocols.events import (
@@ -74,7 +75,7 @@ from protocols.gossip import make_machine
 from protocols.messages import Message
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
-from sim.availability import Availability, parse_attack
+from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
 from sim.node import work_seconds
@@ -343,10 +344,9 @@ class FederationRun:
                 self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=steps, loss=0.0)))
             return
         assert member.trainer is not None and member.client is not None
-        loss = member.trainer.run_steps(steps)
+        loss = member.trainer.run_steps(steps, proximal=(member.client.anchor, member.client.prox_mu))
         if member.attack_scale > 0 and member.client.anchor is not None:
-            anchor, params = member.client.anchor, member.trainer.flat_params
-            params.copy_(anchor - member.attack_scale * (params - anchor))
+            sign_flip(member.trainer.flat_params, member.client.anchor, member.attack_scale)
         speed = self.scenario.nodes.speed.get(member.name, 1.0)
         took = work_seconds(self.scenario, speed, member.name, member.work_index, steps)
         member.work_index += 1

@@ -215,7 +215,8 @@ class FederationSection:
     server: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from sim.availability import Availability, parse_attack
+        from peer.train.attack import parse_attack
+        from sim.availability import Availability
 
         if self.gateways < 0 or self.clients < 1 or self.gossip_rounds < 0:
             raise ValueError("federation: gateways >= 0, clients >= 1 and gossip_rounds >= 0")

@@ -2,31 +2,37 @@
 and edge clients (``hivemesh edge``), issue 12's acceptance (a), (b), (c), (e) and (h), and a
 gateway restart.
 
-Each test writes its federation with ``create_federation`` (the gateway's port reserved and
-handed to it), starts every process through ``PeerProcesses`` and waits on the files they
-write (status, hook marks), never on the clock; its ceilings are ones a healthy run never reaches.
+Each test writes its federation with ``make_federation`` (tests/_federation_support.py: the
+gateway's port reserved and handed to it), starts every process through ``PeerProcesses`` and
+waits on the files they write (status, hook marks), never on the clock; its ceilings are ones a
+healthy run never reaches.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import torch
+from _federation_support import (
+    CEILING_S,
+    GATEWAY,
+    closed_rounds,
+    describe,
+    make_federation,
+    processes,
+    status,
+    wait_until,
+)
 
-from peer.cli.init import default_network
-from peer.files.statefiles import read_status
 from peer.net.dial import DialTransport
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.export import latest_params
-from peer.runtime.launch import PeerProcesses
-from peer.runtime.netinit import FederationFiles, create_federation, load_roster
+from peer.runtime.netinit import FederationFiles, load_roster
 from peer.runtime.peerconfig import load_peer_config
 from peer.runtime.testhooks import Hook
 from protocols.assembly import SIGNATURE_BYTES, wire_messages
@@ -38,61 +44,6 @@ from protocols.roster import run_id
 from protocols.wire import Endpoint
 
 pytestmark = pytest.mark.processes
-
-CEILING_S = 240.0
-GATEWAY = "gw0"
-# acceptance (a): 30 rounds of 5 of 10 clients, 2 local epochs, digits-mlp on Dirichlet(0.3) shards
-FEDERATION = {"rounds": 30, "fraction": 0.5, "min_clients": 5, "local_epochs": 2, "max_samples": 1000,
-              "round_timeout_s": 30.0, "seed": 3}
-GATEWAY_OPTIONS = {"progress": False, "eval_every_steps": 0, "heartbeat_interval_s": 0.5,
-                   "neighbour_timeout_s": 30.0, "start_timeout_s": 120.0, "finish_grace_s": 2.0}
-EDGE_OPTIONS = {"progress": False, "heartbeat_interval_s": 0.5, "neighbour_timeout_s": 30.0}
-
-
-def make_federation(folder: Path, *, edges: int = 10, gateways: int = 1,
-                    **federation: Any) -> FederationFiles:
-    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
-                              steps=300, seed=3, partition="dirichlet", alpha=0.3)
-    network["trainer"] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
-    return create_federation(folder, gateways=gateways, edges=edges, network=network,
-                             federation={**FEDERATION, **federation}, reserve=True,
-                             peer_options=GATEWAY_OPTIONS, edge_options=EDGE_OPTIONS)
-
-
-def processes(files: FederationFiles) -> PeerProcesses:
-    net = files.network
-    return PeerProcesses(net.configs, listeners=dict(net.listeners), edges=files.edge_configs)
-
-
-def status(files: FederationFiles, name: str) -> dict[str, Any]:
-    return read_status(files.network.out / "data" / name) or {}
-
-
-def wait_until(what: str, condition: Callable[[], bool], files: FederationFiles,
-               timeout_s: float = CEILING_S) -> None:
-    """Wait (on the files the processes write) until ``condition()``; fail with the gateway's story."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s\n{describe(files)}")
-
-
-def describe(files: FederationFiles) -> str:
-    gateway = status(files, GATEWAY)
-    fed = gateway.get("federation", {})
-    log = files.network.out / "data" / GATEWAY / "peer.log"
-    tail = "\n".join(log.read_text().splitlines()[-8:]) if log.exists() else "(no log)"
-    return (f"gateway: state {gateway.get('state')}, round {fed.get('round')}, phase {fed.get('phase')}, "
-            f"registered {fed.get('registered')}, counters {fed.get('counters')}\n{tail}")
-
-
-def closed_rounds(files: FederationFiles) -> dict[int, dict[str, Any]]:
-    """The gateway's closed rounds (``rounds.jsonl``: one report per line), by round."""
-    path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
-    return {row["round"]: row for row in map(json.loads, path.read_text().splitlines())}
-
 
 def listening_inodes() -> set[str]:
     """Socket inodes of every listening TCP socket of this host (``/proc/net/tcp*``, state 0A)."""

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from sim.availability import Availability, parse_attack
+from peer.train.attack import parse_attack
+from sim.availability import Availability
 from sim.plots import figures
 from sim.report import write_report
 from sim.run import run_scenario

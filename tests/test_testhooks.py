@@ -3,10 +3,12 @@ refuse."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from peer.runtime.testhooks import (
     ENVIRONMENT_VARIABLE,
@@ -16,6 +18,7 @@ from peer.runtime.testhooks import (
     hooks_json,
     parse_hooks,
 )
+from peer.train.attack import parse_attack, sign_flip
 from topology.errors import HivemeshError
 
 
@@ -71,3 +74,25 @@ def test_a_malformed_hook_is_a_clear_error(text: str) -> None:
     with pytest.raises(HivemeshError, match=ENVIRONMENT_VARIABLE):
         parse_hooks(text)
 
+
+
+def test_signflip_and_pace_hooks_turn_an_edge_into_an_attacker_or_a_slow_device() -> None:
+    hooks = Hooks([Hook(at_step=3, action="signflip", scale=10.0),
+                   Hook(at_step=0, action="pace", seconds=0.05)])
+    assert not hooks.holding(0)
+    assert hooks.step_pace_s == 0.05 and hooks.attack_scale == 0.0
+    assert not hooks.holding(3) and hooks.attack_scale == 10.0
+    assert parse_hooks(hooks_json([Hook(at_step=1, action="signflip", scale=2.5)])) == (
+        Hook(at_step=1, action="signflip", scale=2.5),)
+    for bad in ({"action": "signflip"}, {"action": "pace"}, {"action": "pace", "seconds": -1.0}):
+        with pytest.raises(HivemeshError):
+            parse_hooks(json.dumps([{"at_step": 0, **bad}]))
+
+
+def test_the_attack_is_the_honest_update_flipped_and_scaled() -> None:
+    anchor, trained = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([1.5, -2.0, 0.0])
+    sign_flip(trained, anchor, 10.0)
+    assert torch.equal(trained - anchor, torch.tensor([-5.0, 0.0, 5.0]))
+    assert parse_attack("signflip:10") == 10.0
+    with pytest.raises(ValueError, match="signflip"):
+        parse_attack("signflip:0")

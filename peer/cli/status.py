@@ -1,7 +1,9 @@
 """``hivemesh status``: what running (or stopped) peers are doing, from their status.json files.
 
 One peer shows in detail; several (``hivemesh status DIR/*.toml``, ``--net DIR``) show as
-one table, a row per peer. ``--watch`` redraws either until Ctrl-C.
+one table, a row per peer. A federation's folder (``hivemesh init --gateways G --edges E``)
+lists its gateways, then its edge clients (their configs have an [edge] table): an edge's row
+shows its round and its gateway in the neighbours column. ``--watch`` redraws either until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from peer.files.fields import MACHINE_GAUGE_WORDS, machine_words
 from peer.files.statefiles import format_number as _num
 from peer.files.statefiles import human_bytes
 
-ENDED = ("finished", "stopped", "stranded")    # states a peer leaves only by being started again
+# states a peer (or an edge client: "gave up" on its gateway) leaves only by being started again
+ENDED = ("finished", "stopped", "stranded", "gave up")
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
@@ -35,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", action="append", default=[], metavar="DIR",
                         help="a peer's data folder, instead of its config")
     parser.add_argument("--net", metavar="DIR",
-                        help="every peer of a network folder written by `hivemesh init` or `hivemesh demo`")
+                        help="every peer of a network folder written by `hivemesh init` or `hivemesh demo` "
+                             "(a federation's gateways, then its edge clients)")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                         help="redraw every SECONDS (default 2) until Ctrl-C")
@@ -90,21 +94,26 @@ def _data_dir(path: Path) -> Path:
 
 
 def network_configs(folder: Path) -> list[Path]:
-    """The peer configs of a network folder: its TOML files with a [peer] table (not the roster)."""
+    """The configs of a network folder: its TOML files with a [peer] table (peers and gateways), then
+    those with an [edge] table (a federation's edge clients); not the roster."""
     from topology.errors import HivemeshError
 
     if not folder.is_dir():
         raise HivemeshError(f"--net {folder}: no such folder")
-    found = []
+    peers, edges = [], []
     for path in sorted(folder.glob("*.toml")):
         try:
-            if "peer" in tomllib.loads(path.read_text()):
-                found.append(path)
+            tables = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as error:
             raise HivemeshError(f"{path}: not TOML ({error})") from None
-    if not found:
-        raise HivemeshError(f"--net {folder}: no peer config (a TOML file with a [peer] table) there")
-    return found
+        if "peer" in tables:
+            peers.append(path)
+        elif "edge" in tables:
+            edges.append(path)
+    if not peers and not edges:
+        raise HivemeshError(f"--net {folder}: no peer config (a TOML file with a [peer] or [edge] "
+                            "table) there")
+    return peers + edges
 
 
 def _read(folders: list[Path], *, tolerate_missing: bool) -> list[dict[str, Any]]:
@@ -263,11 +272,11 @@ TABLE_COLUMNS = ("peer", "state", "step", "train loss", "test loss", "test acc",
 
 def table_row(status: dict[str, Any]) -> tuple[str, ...]:
     running = bool(status.get("running"))
+    if status.get("role") == "edge":
+        return _edge_row(status)
     words = [neighbour_word(info, running=running) for info in (status.get("neighbours") or {}).values()]
     counted = ", ".join(f"{words.count(w)} {w}" for w in sorted(set(words))) or "-"
-    state = str(status.get("state"))
-    if not running and state not in ENDED and "updated_at" in status:
-        state += " (gone)"      # the process died without writing its end
+    state = _row_state(status)
     age = status.get("age_s")
     return (str(status.get("name")), state, str(status.get("step", "-")),
             _num(status.get("loss"), ".4f"), _num(status.get("test_loss"), ".4f"),
@@ -275,6 +284,26 @@ def table_row(status: dict[str, Any]) -> tuple[str, ...]:
             _num(status.get("consensus_max_relative"), ".2e"), counted,
             human_bytes(status.get("bytes_sent", 0)), human_bytes(status.get("bytes_received", 0)),
             str(sum((status.get("rejections") or {}).values())), _num(age, ".1f", " s ago"))
+
+
+def _row_state(status: dict[str, Any]) -> str:
+    state = str(status.get("state"))
+    if not status.get("running") and state not in ENDED and "updated_at" in status:
+        state += " (gone)"      # the process died without writing its end
+    return state
+
+
+def _edge_row(status: dict[str, Any]) -> tuple[str, ...]:
+    """An edge client's row: no test metrics or consensus of its own (its gateway's row has them); its
+    round, and its gateway where a peer's neighbours go."""
+    state = _row_state(status)
+    heard = "up" if status.get("gateway_up") else "not heard"
+    round_index = status.get("round")
+    return (str(status.get("name")), state, str(status.get("step", "-")), _num(status.get("loss"), ".4f"),
+            "-", "-", str(round_index) if isinstance(round_index, int) and round_index >= 0 else "-", "-",
+            f"gateway {status.get('gateway', '-')} {heard}" if "gateway" in status else "-",
+            human_bytes(status.get("bytes_sent", 0)), human_bytes(status.get("bytes_received", 0)),
+            str(sum((status.get("rejections") or {}).values())), _num(status.get("age_s"), ".1f", " s ago"))
 
 
 def render_table(statuses: list[dict[str, Any]]) -> str:

@@ -11,7 +11,8 @@ so it works behind NAT), the trainer and the monotonic clock:
    run id): a rejection is counted, an accepted message goes to ``Node.receive``;
 3. ``Send`` (its updates, its heartbeats: what keeps it registered) -> seal ->
    the connection; ``StartWork(n)`` -> ``trainer.run_steps(n)`` on its own data
-   -> ``WorkDone`` (the client uploads the delta, compressed with error feedback);
+   (with FedProx's pull toward the round's global model when ``prox_mu > 0``) -> ``WorkDone``
+   (the client uploads the delta, compressed with error feedback);
    ``Finished`` (the gateway's final model arrived) -> checkpoint, exit 0.
 
 Nothing but updates (deltas of the model, compressed) and heartbeats leaves
@@ -25,10 +26,24 @@ pickle); a restarted client resumes from them with a new epoch. A restarted
 gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
 server asks it again in a later round.
 
+The end: the gateway's ``RoundResult`` (the federation's final model, sent to
+every registered client) -> exit 0. A client that misses it (it was away) or
+whose gateway never comes up would wait for ever, so it gives up after
+``[edge] gateway_timeout_s`` (0 = never) with neither a connection to the
+gateway nor a message from it: a send that ZeroMQ takes means a connection
+whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
+that is up but samples other clients for a long while keeps it waiting, one
+that exited or never started does not. It then writes its checkpoint and
+status (state ``gave up``), says why with its counters, and exits
+:data:`peer.runtime.daemon.EXIT_STRANDED` (3).
+
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
-sampled client mid-round that way, without sleeps.
+sampled client mid-round that way, without sleeps, makes a client an attacker
+(``signflip``: its trained model is flipped by peer/train/attack.py before the
+upload, as the simulator's attackers are) or a slow device (``pace``: the
+round's ``WorkDone`` waits, the loop polling, until its steps took that long).
 """
 
 from __future__ import annotations
@@ -49,10 +64,12 @@ from peer.files.console import ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
+from peer.runtime.daemon import EXIT_STRANDED
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
+from peer.train.attack import sign_flip
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -143,9 +160,11 @@ class EdgeClient:
         self._timer_due: dict[str, tuple[float, int]] = {}
         self._timer_ids = itertools.count()
         self._work: list[int] = []
+        self._trained: tuple[float, int, float] | None = None   # (WorkDone due at, steps, loss)
         self._stop_signal: int | None = None
         self._finished = False
         self._last_loss = math.nan
+        self._contact_s = 0.0        # last accepted message from the gateway, or send it took (now())
         self.rounds_trained = 0
         self.updates_sent = 0
         self.unsent: Counter[str] = Counter()
@@ -169,23 +188,32 @@ class EdgeClient:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         self.transport = DialTransport(self.address, config=self.config.transport, curve=self.curve)
+        self._contact_s = self.now()     # the give-up's clock starts with the dial
         try:
             self.state = "registered" if self.resumed else "starting"
             self._carry_out(self.node.start(self.now()))
             self.state = "waiting for a round"
+            gave_up = False
             while not self._finished and self._stop_signal is None:
                 held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
-                if self._work and not held:
+                if self._work and not held and self._trained is None:
                     self._train(self._work.pop(0))
+                self._work_done()
                 self._pump(0.05 if held else self._poll_timeout())
                 self._fire_timers()
                 self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
                 self._carry_out(self.node.expire(self.now())[1])
                 self._write_status()
-            self.state = "finished" if self._finished else "stopped"
+                if self._gateway_lost():
+                    gave_up = True
+                    break
+            self.state = "finished" if self._finished else "gave up" if gave_up else "stopped"
             self.transport.wait_sent(timeout_s=5.0)
             self._checkpoint()
             self._write_status(force=True)
+            if gave_up:
+                self.status.warn(self._give_up_line())
+                return EXIT_STRANDED
             if self._finished:
                 self.status.say(f"{self.name}: the federation finished; "
                                 f"{self.rounds_trained} rounds trained here")
@@ -194,17 +222,40 @@ class EdgeClient:
             self.transport.close()
             self.status.close()
 
+    def _gateway_lost(self) -> bool:
+        """Whether ``gateway_timeout_s`` passed with no connection to the gateway and no word from it."""
+        timeout_s = self.config.edge.gateway_timeout_s
+        return timeout_s > 0 and self.now() - self._contact_s > timeout_s
+
+    def _give_up_line(self) -> str:
+        assert self.transport is not None
+        last_seen = self.node.neighbourhood.members[self.gateway].last_seen
+        heard = f"last heard at {last_seen:.1f} s" if math.isfinite(last_seen) else "never heard"
+        counters = {"rounds_trained": self.rounds_trained, "updates_sent": self.updates_sent,
+                    "unsent": dict(self.unsent), "round": self.client.round,
+                    "rejections": dict(self.endpoint.rejections + self.node.all_rejections())}
+        return (f"{self.name}: gave up on gateway {self.gateway} at {self.address}: no connection to it "
+                f"and no message from it for {self.config.edge.gateway_timeout_s:g} s "
+                f"([edge] gateway_timeout_s; {heard}; it may have finished while this client was away, "
+                f"or never started); exiting {EXIT_STRANDED} at {self.now():.1f} s with {counters}")
+
     def _poll_timeout(self) -> float:
         deadlines = [self.node.next_beat_s, self.status.next_due]
         if self._timers:
             deadlines.append(self._timers[0][0])
-        return 0.0 if self._work else max(0.0, min(min(deadlines) - self.now(), 0.5))
+        if self._trained is not None:
+            deadlines.append(self._trained[0])
+        if self._work and self._trained is None:
+            return 0.0
+        return max(0.0, min(min(deadlines) - self.now(), 0.5))
 
     def _pump(self, timeout_s: float) -> None:
         assert self.transport is not None
         for arrival in self.transport.poll(timeout_s):
             opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now())
             if isinstance(opened, Opened):
+                if opened.sender == self.gateway:
+                    self._contact_s = self.now()
                 if self.node.may_write_params(opened.message):
                     self.transport.wait_sent()   # a RoundStart overwrites the model our update reads
                 self._carry_out(self.node.receive(opened.sender, opened.message, self.now()))
@@ -214,8 +265,20 @@ class EdgeClient:
         assert self.transport is not None
         self.state = "training"
         self.transport.wait_sent()       # training changes the parameters in place
-        self._last_loss = self.trainer.run_steps(steps)
+        began = self.now()
+        loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
+        if self.hooks.attack_scale > 0 and self.client.anchor is not None:   # a test's attacker
+            sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack_scale)
         self.rounds_trained += 1
+        self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
+        self._work_done()
+
+    def _work_done(self) -> None:
+        """The trained round's ``WorkDone``, once due (at once unless a test's ``pace`` hook slows it)."""
+        if self._trained is None or self.now() < self._trained[0]:
+            return
+        _, steps, self._last_loss = self._trained
+        self._trained = None
         self._carry_out(self.node.handle(WorkDone(steps, self._last_loss), self.now()))
         self._checkpoint()               # the error feedback of this upload survives a restart
         self.state = "waiting for a round"
@@ -244,6 +307,7 @@ class EdgeClient:
         assert self.transport is not None
         frames = wire_messages(self.endpoint.seal(action.recipients, action.message))
         if self.transport.send(frames):
+            self._contact_s = self.now()    # a connection the gateway's handshake admitted
             if action.message.KIND == "client_update":
                 self.updates_sent += 1
         else:

@@ -16,6 +16,7 @@ reached through a forwarded port). Relative paths are relative to the file's fol
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class EdgeSection(NodeConfig):
     curve: bool = True
     status_interval_s: float = 1.0
     progress: bool = True
+    # give up (exit 3, counters said) after this long with neither a connection to the gateway nor a
+    # message from it: a gateway that finished and exited, or never came up. Two minutes outlast a
+    # gateway's restart; 0 = wait forever
+    gateway_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +60,9 @@ class EdgeSection(NodeConfig):
                 raise ValueError(f"{name} must not be empty")
         if self.status_interval_s <= 0:
             raise ValueError(f"status_interval_s must be positive, got {self.status_interval_s}")
+        if not (self.gateway_timeout_s >= 0 and math.isfinite(self.gateway_timeout_s)):
+            raise ValueError(f"gateway_timeout_s must be >= 0 (0 = wait forever), "
+                             f"got {self.gateway_timeout_s}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,15 @@ what happens when the peer reaches it, before it trains further:
 - ``stop``: SIGTERM itself (the clean path: checkpoint, exit 0);
 - ``cut``: drop every message it sends or receives (heartbeats included), counted,
   for ``seconds`` of its clock, as a cut link would; it creates the file
-  ``healed`` (if given) when the cut ends.
+  ``healed`` (if given) when the cut ends;
+- ``signflip`` (an edge client): from then on it is an attacker, as a scenario's
+  ``attack = {NAME = "signflip:<scale>"}`` makes one in the simulator: it trains
+  honestly, then uploads ``-scale`` times its update (peer/train/attack.py);
+- ``pace`` (an edge client): from then on each training step takes at least
+  ``seconds`` of its clock: the round's ``WorkDone`` waits (messages and
+  heartbeats go on) until ``steps * seconds`` after its training began, as the
+  simulator's modelled compute time does (``[nodes] step_time_ms`` / ``speed``);
+  a slow device for a process test, on top of a host's real speed.
 
 When a hook fires, the peer first creates the file ``mark`` (if given), so a
 test waits on files, not on time. Hooks come from the environment variable
@@ -31,6 +39,7 @@ file side; the daemon carries out what :class:`MemberFaults` says fires.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import tempfile
@@ -45,17 +54,18 @@ from topology.errors import HivemeshError
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
 PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this
 SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
-ACTIONS = ("hold", "kill", "stop", "cut")
+ACTIONS = ("hold", "kill", "stop", "cut", "signflip", "pace")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Hook:
     at_step: int                          # fires once the trainer's step is at least this
-    action: Literal["hold", "kill", "stop", "cut"]
+    action: Literal["hold", "kill", "stop", "cut", "signflip", "pace"]
     gate: str = ""                        # hold: training resumes once this file exists
     mark: str = ""                        # created when the hook fires (what a test waits for)
-    seconds: float = 0.0                  # cut: how long
+    seconds: float = 0.0                  # cut: how long; pace: a training step's least time
     healed: str = ""                      # cut: created when the cut ends
+    scale: float = 0.0                    # signflip: the attack's scale
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -66,6 +76,10 @@ class Hook:
             raise ValueError(f"at_step must be >= 0, got {self.at_step}")
         if self.action == "cut" and not self.seconds > 0:
             raise ValueError(f"a cut hook needs seconds > 0, got {self.seconds}")
+        if self.action == "signflip" and not 0 < self.scale < math.inf:
+            raise ValueError(f"a signflip hook needs 0 < scale < inf, got {self.scale}")
+        if self.action == "pace" and not 0 < self.seconds < math.inf:
+            raise ValueError(f"a pace hook needs 0 < seconds < inf, got {self.seconds}")
 
 
 def parse_hooks(text: str) -> tuple[Hook, ...]:
@@ -82,7 +96,7 @@ def parse_hooks(text: str) -> tuple[Hook, ...]:
 def hooks_json(hooks: Sequence[Hook]) -> str:
     """The environment variable's value for ``hooks``."""
     return json.dumps([{"at_step": h.at_step, "action": h.action, "gate": h.gate, "mark": h.mark,
-                        "seconds": h.seconds, "healed": h.healed} for h in hooks])
+                        "seconds": h.seconds, "healed": h.healed, "scale": h.scale} for h in hooks])
 
 
 def hooks_from_environment() -> tuple[Hook, ...]:
@@ -109,6 +123,8 @@ class Hooks:
         self._pending = sorted(hooks, key=lambda h: h.at_step)
         self._holding: Hook | None = None
         self._cut: tuple[float, str] | None = None     # (until, healed file) of a cut in force
+        self.attack_scale = 0.0     # > 0 once a signflip hook fired: uploads are -scale x the update
+        self.step_pace_s = 0.0      # a pace hook's seconds once it fired: a training step's least time
 
     def cutting(self, now: float) -> bool:
         """Whether a cut is in force at ``now`` (seconds of the peer's clock); when it has just
@@ -139,6 +155,10 @@ class Hooks:
                     self._holding = hook
                 case "cut":
                     self._cut = (now + hook.seconds, hook.healed)
+                case "signflip":
+                    self.attack_scale = hook.scale
+                case "pace":
+                    self.step_pace_s = hook.seconds
         if self._holding is not None and Path(self._holding.gate).exists():
             self._holding = None
             return self.holding(step, now)     # a later hook may be due at the same step

@@ -19,6 +19,13 @@ the position is just (epoch, offset) and a resumed run continues exactly.
 Batches are ``batch_size`` consecutive positions of that permutation; the last batch
 of an epoch may be smaller. ``batch_size = 0`` means the whole shard every step.
 
+FedProx (Li et al. 2020): ``run_steps(n, proximal=(anchor, mu))`` adds the gradient of
+``mu/2 ||params - anchor||^2`` (protocols/federation/server_opt.py's ``proximal_gradient``)
+to every step's gradient before clipping and the optimiser step, so the local model is
+pulled toward the round's global model. Both federation drivers (the edge client,
+peer/runtime/edge.py, and the simulator, sim/federation.py) pass their FedAvg client's
+anchor and ``prox_mu`` here; with ``mu = 0`` (or no anchor) the step is plain SGD, bit for bit.
+
 Deterministic from the seed on CPU. On CUDA, :meth:`Trainer.host_mixed` stages the
 mixed vector through a pinned host buffer for sending.
 """
@@ -35,6 +42,7 @@ import torch
 from torch import nn
 
 from peer.train.tasks.base import EVAL_BATCH, Task
+from protocols.federation.server_opt import proximal_gradient
 from protocols.rng import derive_seed, torch_generator
 from topology.errors import HivemeshError
 
@@ -283,7 +291,7 @@ class Trainer:
         indices = self.shard.index_select(0, positions)
         return self._x.index_select(0, indices), self._y.index_select(0, indices)
 
-    def _one_step(self) -> torch.Tensor:
+    def _one_step(self, proximal: tuple[torch.Tensor, float] | None) -> torch.Tensor:
         # Anything stochastic inside the model (dropout) draws from a per-step seed: resumable.
         seed = derive_seed(self.seed, f"member-{self.member_index}", self.step, "model-noise")
         if self.device.type == "cpu":
@@ -296,6 +304,9 @@ class Trainer:
         self.flat_grads.zero_()
         loss = self.task.loss_fn(self.model(x), y)
         loss.backward()
+        if proximal is not None:
+            anchor, mu = proximal
+            self.flat_grads.add_(proximal_gradient(self.flat_params, anchor, mu))
         if self.config.grad_clip > 0:
             norm = torch.linalg.vector_norm(self.flat_grads)
             self.flat_grads.mul_(torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0))
@@ -303,18 +314,39 @@ class Trainer:
         self.step += 1
         return loss.detach()
 
-    def run_steps(self, n: int) -> float:
-        """Run ``n`` optimizer steps; the mean training loss of their batches (nan when n = 0)."""
+    def run_steps(self, n: int, *, proximal: tuple[torch.Tensor | None, float] | None = None) -> float:
+        """Run ``n`` optimizer steps; the mean training loss of their batches (nan when n = 0).
+
+        ``proximal = (anchor, mu)``: FedProx's term ``mu/2 ||params - anchor||^2`` joins the
+        objective (its gradient is added to each step's); ``anchor`` is a flat vector like
+        :attr:`flat_params`. The loss returned is the task's alone, comparable with and without it.
+        """
         if n < 0:
             raise ValueError(f"run_steps needs n >= 0, not {n}")
         if n == 0:
             return math.nan
+        pull = self._proximal(proximal)
         self.model.train()
         total = torch.zeros((), dtype=self.dtype, device=self.device)
         with torch.random.fork_rng(devices=[]):
             for _ in range(n):
-                total += self._one_step()
+                total += self._one_step(pull)
         return float(total) / n
+
+    def _proximal(self, proximal: tuple[torch.Tensor | None, float] | None
+                  ) -> tuple[torch.Tensor, float] | None:
+        """``(anchor on this trainer's device and dtype, mu)``, or None when there is no pull."""
+        if proximal is None:
+            return None
+        anchor, mu = proximal
+        if not (mu >= 0 and math.isfinite(mu)):
+            raise ValueError(f"the proximal weight mu must be a finite number >= 0, not {mu}")
+        if anchor is None or mu == 0:
+            return None
+        if anchor.shape != self.flat_params.shape:
+            raise ValueError(f"the proximal anchor has shape {tuple(anchor.shape)}, the parameters "
+                             f"{tuple(self.flat_params.shape)}")
+        return anchor.detach().to(device=self.device, dtype=self.dtype), float(mu)
 
     def run_epochs(self, e: int) -> float:
         """Run until ``e`` more epochs have completed (the first may be partial); mean loss."""

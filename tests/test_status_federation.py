@@ -1,0 +1,50 @@
+"""``hivemesh status --net`` on a federation's folder: its gateway's row, then one per edge client
+(their configs have an [edge] table), from status.json files written here."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peer.cli.init import default_network
+from peer.cli.main import main
+from peer.files.statefiles import write_json_atomic
+from peer.runtime.netinit import create_federation
+
+GONE_PID = -1     # no process has it: not running
+
+
+def _edge(name: str, state: str, *, round_index: int, gateway_up: bool) -> dict[str, Any]:
+    """What an edge client's status.json says (peer/runtime/edge.py's snapshot keys)."""
+    return {"name": name, "role": "edge", "state": state, "epoch": 0, "pid": GONE_PID,
+            "updated_at": time.time() - 5.0, "gateway": "gw0", "gateway_address": "tcp://127.0.0.1:1",
+            "gateway_up": gateway_up, "round": round_index, "rounds_trained": 3, "updates_sent": 3,
+            "unsent": {}, "step": 15, "loss": 0.4321, "num_samples": 140, "bytes_sent": 30_000,
+            "bytes_received": 60_000, "listening": [], "rejections": {"replay": 1}, "client": {}}
+
+
+def test_a_federation_folder_lists_its_gateway_then_its_edge_clients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a gateway and three edge clients; e000 finished, e001 gave up, e002 never started
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=300, seed=0)
+    files = create_federation(tmp_path / "fed", gateways=1, edges=3, network=network,
+                              federation={"rounds": 5, "min_clients": 1})
+    data = files.network.out / "data"
+    for name, status in (("e000", _edge("e000", "finished", round_index=4, gateway_up=True)),
+                         ("e001", _edge("e001", "gave up", round_index=-1, gateway_up=False))):
+        (data / name).mkdir(parents=True)
+        write_json_atomic(data / name / "status.json", status)
+    # Execute
+    assert main(["status", "--net", str(files.network.out)]) == 0
+    # Assert
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows[1:]] == ["gw0", "e000", "e001", "e002"]
+    assert "no status yet" in rows[1] and "no status yet" in rows[4]
+    e000 = rows[2].split()
+    assert e000[1:8] == ["finished", "15", "0.4321", "-", "-", "4", "-"]
+    assert "gateway gw0 up" in rows[2] and rows[2].split()[-4] == "1"        # rejected
+    assert "gave up" in rows[3] and "(gone)" not in rows[3] and "gateway gw0 not heard" in rows[3]
