@@ -104,6 +104,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("curve", "", "gauge", "1 while CurveZMQ is on (`[peer] curve`, the default): only the roster's "
                                 "transport keys get a connection; 0: anyone who reaches the port reaches the "
                                 "message decoder (`hivemesh status` warns)"),
+    Field("memory_peak_mib", "MiB", "gauge", "the peer process's peak resident memory (`ru_maxrss`): "
+                                             "bounded whatever other peers send (issue 14)"),
     Field("transport_refused", "connections", "counter",
           "connections to the inbox refused before any message, by reason: `not_on_roster`, `cooling_down` "
           "(ZAP), `handshake_<error>`, `handshake_no_detail`, `closed_before_handshake` (bytes that are not "

@@ -103,6 +103,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import time
@@ -954,6 +955,8 @@ class PeerDaemon:
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "curve": self.config.peer.curve,
+            # the process's peak resident memory (Linux reports KiB): what an attack must not grow
+            "memory_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "transport_refused": dict(self.transport.refused),
             "transport_connections": dict(self.transport.connections),
             "redialed": dict(self.transport.redialed),
