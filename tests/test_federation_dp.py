@@ -29,8 +29,10 @@ from protocols.federation import (
     report_row,
 )
 from protocols.federation.accountant import RoundAccountant
+from protocols.federation.distributed_dp import discrete_gaussian, share_stddev
 from protocols.federation.privacy import clip, next_clip_norm, poisson_sample
 from protocols.messages import ClientUpdate, RoundStart
+from protocols.rng import torch_generator
 
 SECRET = 12345
 Reply = Callable[[str, int], "torch.Tensor | None"]
@@ -348,3 +350,38 @@ def test_a_restored_server_keeps_its_clip_norm_and_epsilon() -> None:
     # Assert
     assert restored.round == 3 and restored.dp_clip_norm == server.dp_clip_norm != 0.5
     assert restored.epsilon() == server.epsilon() == RoundAccountant(0.1, 1.0, 1e-5).epsilon(3)
+
+
+# ---------------------------------------------------------------- distributed DP's shares (unwired)
+
+
+def test_discrete_gaussian_has_the_discrete_gaussians_shape_and_variance() -> None:
+    # Prepare / Execute
+    sigma = 3.0
+    draws = discrete_gaussian(200_000, sigma, torch_generator(1, "c000", 0, "ddg"))
+    # Assert: integers, mean 0, variance sigma^2 (for sigma >= 1 the two agree to 1e-30), and the
+    # pmf's ratio P(0) / P(1) = exp(1 / (2 sigma^2))
+    assert draws.dtype == torch.int64 and draws.numel() == 200_000
+    assert abs(float(draws.double().mean())) < 4 * sigma / math.sqrt(200_000)
+    assert float(draws.double().var()) == pytest.approx(sigma ** 2, rel=0.02)
+    ratio = float((draws == 0).sum()) / float((draws == 1).sum())
+    assert ratio == pytest.approx(math.exp(1 / (2 * sigma ** 2)), rel=0.03)
+    assert torch.equal(draws, discrete_gaussian(200_000, sigma, torch_generator(1, "c000", 0, "ddg")))
+    assert torch.equal(discrete_gaussian(5, 0.0, torch_generator(1, "c000", 0, "ddg")),
+                       torch.zeros(5, dtype=torch.int64))
+
+
+def test_shares_calibrated_to_the_smallest_cohort_sum_to_the_target_noise_or_more() -> None:
+    # Prepare: total noise 10 (ring units), at least 20 of the cohort's clients survive
+    sigma_i = share_stddev(10.0, 20)
+    shares = [discrete_gaussian(50_000, sigma_i, torch_generator(2, f"c{i:03d}", 0, "ddg"))
+              for i in range(30)]
+    # Execute: the unmasked sums of 20 survivors, and of all 30
+    least = torch.stack(shares[:20]).sum(0).double()
+    everyone = torch.stack(shares).sum(0).double()
+    # Assert
+    assert sigma_i == pytest.approx(10.0 / math.sqrt(20))
+    assert float(least.std()) == pytest.approx(10.0, rel=0.03)
+    assert float(everyone.std()) == pytest.approx(10.0 * math.sqrt(30 / 20), rel=0.03)
+    with pytest.raises(ValueError, match="min_survivors"):
+        share_stddev(10.0, 0)
