@@ -21,8 +21,8 @@ def test_a_private_gateway_reports_epsilon_in_its_status_and_rounds(tmp_path: Pa
     # Prepare: 4 clients, 4 rounds, each client asked with probability 0.5; no round opens before all
     # four registered (a client that registers after the last round would wait for a result never sent)
     privacy = {"noise_multiplier": 1.2, "clip_norm": 0.5, "sampling_rate": 0.5, "delta": 1e-5}
-    files = make_federation(tmp_path / "fed", edges=4, rounds=4, min_clients=2, min_registered=4, local_epochs=1,
-                            round_timeout_s=20.0, differential_privacy=privacy)
+    files = make_federation(tmp_path / "fed", edges=4, rounds=4, min_clients=2, min_registered=4,
+                            local_epochs=1, round_timeout_s=20.0, differential_privacy=privacy)
     with processes(files) as run:
         # Execute
         run.start_all()

@@ -47,7 +47,12 @@ from protocols.rng import derive_seed
 
 @dataclass(frozen=True, kw_only=True)
 class DifferentialPrivacyConfig:
-    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway)."""
+    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway).
+
+    While on, ``sampling_rate`` replaces ``[federation] fraction``, every round aggregates (noise
+    alone when nobody answered: ``min_updates`` does not apply), clients' sample counts are not
+    weighed, and FedBuff, over-selection, robust aggregators and ``[federation] clip_norm`` are
+    refused (FederationConfig says which, and why)."""
 
     # z: the noise's standard deviation over the clip norm; the privacy budget comes from it
     # (0: no noise, and epsilon is reported as infinite)
