@@ -37,7 +37,9 @@ What the driver models, on the engine's virtual clock:
 The result: one trace point per closed FedAvg round (the gateways' global
 models evaluated on the test split, against simulated time and bytes sent),
 and ``rounds``: per gateway and round, who was asked, who answered, who was
-late, what was refused.
+late, what was refused. With ``[federation.server.differential_privacy]`` each row also
+carries ``epsilon`` (spent so far) and ``clip_norm``; the result's ``metrics["epsilon"]``
+and a note give the total (sim/report.py writes an infinite one as "inf").
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from protocols.gossip import make_machine
 from protocols.messages import Message
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
+from protocols.rng import derive_seed
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
@@ -181,7 +184,10 @@ class FederationRun:
         machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
                                params=params)
         own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
-        server = make_server(self.config, name=name, params=params, pause_between_rounds=sync)
+        # the DP draws' root: the gateway's own in the daemon (from the OS), here the scenario's
+        secret = derive_seed(self.scenario.seed, name, 0, "dp-secret")
+        server = make_server(self.config, name=name, params=params, pause_between_rounds=sync,
+                             secret_seed=secret)
         node: Node[Neighbour] = Node(
             name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
             early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
@@ -435,6 +441,21 @@ class FederationRun:
         result.links = [(src, dst, m, b) for (src, dst), (m, b) in sorted(self.traffic.items())]
         result.metrics = {"rounds_closed": float(len(result.rounds)),
                           "final_accuracy": result.trace[-1].mean_accuracy if result.trace else math.nan}
+        self._privacy_note()
+
+    def _privacy_note(self) -> None:
+        """DP on: the budget the gateways spent (the largest, for several), as a metric and a note."""
+        dp = self.config.differential_privacy
+        spent = [(server.epsilon(), server.round) for g in self.gateways
+                 if (server := self.members[g].server) is not None and isinstance(server, FedAvgServer)]
+        if dp is None or not spent:
+            return
+        epsilon, rounds = max((e, r) for e, r in spent if e is not None)
+        self.result.metrics["epsilon"] = epsilon
+        self.result.notes.append(f"client-level DP: epsilon = {epsilon:.3g} at delta = {dp.delta:g} after "
+                                 f"{rounds} rounds (noise multiplier {dp.noise_multiplier:g}, sampling rate "
+                                 f"{dp.sampling_rate:g}, clip norm {dp.clip_norm:g}"
+                                 f"{', adaptive' if dp.adaptive else ''})")
 
 
 def _spread(vectors: list[torch.Tensor]) -> float:
@@ -454,6 +475,9 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
             value = getattr(report, key)
             row[key] = list(value) if isinstance(value, tuple) else value
     row["participants"] = len(row.get("taken", row.get("contributors", [])))
+    if getattr(report, "epsilon", None) is not None:  # DP on: the budget spent so far, the clip norm used
+        row["epsilon"] = report.epsilon
+        row["clip_norm"] = report.clip_norm
     return row
 
 

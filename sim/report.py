@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.files.statefiles import json_safe
+from protocols.federation.accountant import epsilon_json
 from sim.world import ScenarioResult, TracePoint
 
 TRACE_FIELDS = ("time_s", "bytes_sent", "mean_loss", "mean_accuracy", "min_accuracy",
@@ -33,7 +34,12 @@ def final_point(result: ScenarioResult) -> TracePoint | None:
 def scenario_summary(result: ScenarioResult) -> dict[str, Any]:
     """One scenario as plain data (what report.json lists)."""
     last = final_point(result)
-    federation = {"rounds": result.rounds} if result.rounds else {}  # sim/federation.py: per round
+    federation: dict[str, Any] = {}
+    if result.rounds:  # sim/federation.py: per round (with DP, the epsilon spent so far: "inf" without noise)
+        federation["rounds"] = [{**row, "epsilon": epsilon_json(row["epsilon"])} if "epsilon" in row else row
+                                for row in result.rounds]
+    if "epsilon" in result.metrics:
+        federation["privacy"] = {"epsilon": epsilon_json(result.metrics["epsilon"])}
     return {
         **federation,
         "name": result.name,

@@ -9,6 +9,7 @@ is opened or any step trained.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,8 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
         raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
                           f"on the roster {config.roster_path}", key="peer.clients")
     clients = tuple(config.peer.clients) or edges
-    server = make_server(federation, name=name, params=trainer.mixed,
+    # the root of the DP draws (who is asked, the noise): this gateway's alone, fresh at every start
+    secret_seed = secrets.randbits(63)
+    server = make_server(federation, name=name, params=trainer.mixed, secret_seed=secret_seed,
                          pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes)
     return server, clients

@@ -77,7 +77,8 @@ replay window), so a replayed or forged frame cannot redirect its replies.
 The global model is evaluated after each closed round (``rounds.jsonl`` in
 the data folder: one line per round, its report and accuracy); the status's
 ``federation`` block shows the round, who was asked, answered, late and
-refused, and each client's last contact and bytes each way.
+refused, and each client's last contact and bytes each way; with differential
+privacy on, its ``privacy`` block and each round's ``epsilon`` the budget spent.
 
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
@@ -150,6 +151,7 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
+from protocols.federation import report_row
 from protocols.federation.interleave import GatewayWork
 from protocols.messages import Heartbeat, Message, StateSyncRequest
 from protocols.node import (
@@ -661,7 +663,7 @@ class PeerDaemon:
         if len(server.reports) > self._rounds_evaluated:
             self._last_eval = self.trainer.evaluate()
             for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
-                row = {**json_safe(dataclasses.asdict(server.reports[index])),
+                row = {**json_safe(report_row(server.reports[index])),
                        "accuracy": self._last_eval.get("accuracy", math.nan)}
                 with (self.config.data_dir / ROUNDS_FILE).open("a") as handle:
                     handle.write(json.dumps(row, sort_keys=True) + "\n")
@@ -976,7 +978,7 @@ class PeerDaemon:
         server = self.gateway_work.server
         status = server.status()
         contact = status.pop("last_contact_s", {})
-        reports = [dataclasses.asdict(server.reports[i]) for i in sorted(server.reports)[-3:]]
+        reports = [report_row(server.reports[i]) for i in sorted(server.reports)[-3:]]
         return {**status, "rounds_closed": len(server.reports), "last_rounds": reports,
                 "counters": dict(sorted(server.counters.items())),
                 "clients": {name: {"up": name in self.routes and self.node.clients.members[name].up,

@@ -10,6 +10,9 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
   :class:`FedBuffServer` (asynchronous, buffered, staleness-weighted).
 - :class:`FedAvgClient`: trains when asked, uploads its delta compressed with
   error feedback.
+- ``privacy`` and ``accountant``: client-level differential privacy at the gateway (DP-FedAvg:
+  Poisson sampling, clipping, fixed or adaptive, Gaussian noise) and the (epsilon, delta) spent
+  (``[federation.differential_privacy]``, :class:`DifferentialPrivacyConfig`).
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
 
@@ -22,7 +25,9 @@ gateway, peer/runtime/daemon.py with ``[federation]``, and ``hivemesh edge``, pe
   hears a client (registered) and ``NeighbourDown`` when the client falls silent or says
   goodbye. A direct call (``resume``) goes back through ``Node.role_actions``.
   ``reports`` (per round), ``status()``, ``counters`` and ``last_contact_s`` feed the
-  status; ``export_state`` / ``restore_state`` a checkpoint. Gossip between rounds:
+  status (with DP on: ``status()["privacy"]`` and each report's ``epsilon``; the server then
+  needs ``secret_seed=``, a seed only the gateway knows); ``export_state`` /
+  ``restore_state`` a checkpoint. Gossip between rounds:
   ``pause_between_rounds=True``, then ``resume(now)`` after the gossip rounds (``interleave``:
   which gossip rounds' work is a FedAvg round).
 - edge: ``FedAvgClient(config, name=..., server=..., params=trainer.mixed,
@@ -41,7 +46,8 @@ import torch
 from protocols.federation.client import ClientPhase, FedAvgClient
 from protocols.federation.config import AGGREGATORS, FederationConfig
 from protocols.federation.fedbuff import BufferReport, BuffPhase, FedBuffServer, staleness_weight
-from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase
+from protocols.federation.privacy import DifferentialPrivacyConfig
+from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase, report_row
 from protocols.federation.server_opt import (
     SERVER_OPTIMIZERS,
     ServerOptConfig,
@@ -56,6 +62,7 @@ __all__ = [
     "BuffPhase",
     "BufferReport",
     "ClientPhase",
+    "DifferentialPrivacyConfig",
     "FedAvgClient",
     "FedAvgServer",
     "FedBuffServer",
@@ -66,20 +73,22 @@ __all__ = [
     "make_server",
     "proximal_gradient",
     "proximal_loss",
+    "report_row",
     "server_step",
     "staleness_weight",
 ]
 
 
 def make_server(config: FederationConfig, *, name: str, params: torch.Tensor, clients: Sequence[str] = (),
-                pause_between_rounds: bool = False,
-                shapes: Sequence[tuple[int, ...]] | None = None) -> FedAvgServer | FedBuffServer:
+                pause_between_rounds: bool = False, shapes: Sequence[tuple[int, ...]] | None = None,
+                secret_seed: int | None = None) -> FedAvgServer | FedBuffServer:
     """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place.
 
-    ``pause_between_rounds`` (sync only: FedBuff has no rounds to pause between)."""
+    ``pause_between_rounds`` (sync only: FedBuff has no rounds to pause between);
+    ``secret_seed``: the gateway's own root of its DP draws (needed with differential privacy)."""
     if config.mode == "fedbuff":
         if pause_between_rounds:
             raise ValueError("federation mode 'fedbuff' has no rounds to pause between")
         return FedBuffServer(config, name=name, params=params, clients=clients, shapes=shapes)
     return FedAvgServer(config, name=name, params=params, clients=clients,
-                        pause_between_rounds=pause_between_rounds, shapes=shapes)
+                        pause_between_rounds=pause_between_rounds, shapes=shapes, secret_seed=secret_seed)

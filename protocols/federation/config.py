@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from protocols.compress import SpecError, from_spec
+from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.server_opt import ServerOptConfig
 
 Aggregator = Literal["fedavg", "mean", "median", "trimmed_mean", "krum", "multi_krum"]
@@ -43,6 +44,8 @@ class FederationConfig:
     krum_selected: int = 0  # multi_krum: updates averaged (0: n - byzantine)
     clip_norm: float = 0.0  # clip each update to this L2 norm before aggregating (0: off)
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
+    # client-level DP at the gateway (protocols/federation/privacy.py); None: off
+    differential_privacy: DifferentialPrivacyConfig | None = None
     # --- FedBuff (Nguyen et al. 2022)
     buffer_size: int = 5  # K: the server aggregates every K accepted updates
     concurrency: int = 10  # clients training at once
@@ -91,9 +94,28 @@ class FederationConfig:
                 from_spec(getattr(self, key))
             except SpecError as error:
                 raise ValueError(f"federation.{key}: {error}") from None
+        if self.differential_privacy is not None:
+            self._check_private()
+
+    def _check_private(self) -> None:
+        """What DP-FedAvg's guarantee rests on: Poisson rounds, every sampled update counted the same."""
+        if self.mode != "sync":
+            raise ValueError("federation.differential_privacy needs mode 'sync': FedBuff's buffers are not "
+                             "Poisson-sampled rounds, and the accountant knows only those")
+        if self.over_selection != 0:
+            raise ValueError(f"federation.over_selection must be 0 while differential_privacy is on, not "
+                             f"{self.over_selection}: keeping the first m answers of n asked makes who "
+                             "counts depend on speed, not on the Poisson draw the accountant assumes")
+        if self.aggregator not in ("fedavg", "mean"):
+            raise ValueError(f"federation.aggregator {self.aggregator!r} cannot be used with "
+                             "differential_privacy: the noise is calibrated to the clipped mean (use fedavg)")
+        if self.clip_norm != 0:
+            raise ValueError("federation.clip_norm must be 0 while differential_privacy is on: the clip "
+                             "norm is differential_privacy.clip_norm")
 
     def clients_per_round(self, registered: int) -> int:
-        """m: the updates a round takes, ``max(min_clients, ceil(fraction * registered))``, at most all."""
+        """m (DP off): the updates a round takes, ``max(min_clients, ceil(fraction * registered))``,
+        at most all."""
         return min(registered, max(self.min_clients, math.ceil(self.fraction * registered - 1e-9)))
 
     def asked_per_round(self, registered: int) -> int:

@@ -21,6 +21,15 @@ A round, from the table below:
    into ``params``; else the model is left as it was and the round is counted
    ``rounds_failed``. The round's :class:`RoundReport` (asked, taken, missing,
    late, refused by reason) is kept in ``reports`` (by round): failures are data.
+With ``differential_privacy`` on (protocols/federation/privacy.py: DP-FedAvg, central), step 1
+asks each registered client independently with probability ``q`` (Poisson, from the driver's
+``secret_seed``; a round nobody was drawn for closes at once, ``closed_by`` ``empty``), step 2
+takes every update of the asked, and step 3 always aggregates: the clipped updates' sum over
+the expected cohort ``q N`` plus Gaussian noise, released even when few or none answered
+(a round left out would tell how many took part). Adaptive clipping moves the clip norm after
+each round; ``epsilon``, the privacy spent so far at the configured ``delta``
+(protocols/federation/accountant.py), is in each round's report and in ``status``.
+
 4. After ``rounds`` rounds every registered client gets a ``RoundResult``
    with the final model, and ``Finished``.
 
@@ -47,6 +56,7 @@ for any other round                            ``wrong_round``
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -71,10 +81,13 @@ from protocols.events import (
     Start,
     TimerFired,
 )
+from protocols.federation import privacy
+from protocols.federation.accountant import RoundAccountant, epsilon_json
 from protocols.federation.common import Counted, combine, final_result, payload, sample
 from protocols.federation.config import FederationConfig
 from protocols.federation.server_opt import OptState, server_step
 from protocols.messages import ClientUpdate, Message, RoundStart
+from protocols.rng import torch_generator
 
 
 class ServerPhase(Enum):
@@ -100,6 +113,18 @@ class RoundReport:
     refused: tuple[tuple[str, int], ...]  # refusals while the round was open, by reason (sorted)
     aggregated: bool  # False: fewer than min_updates taken; the model did not change
     update_norm: float  # L2 norm of the aggregate delta (0 when not aggregated)
+    epsilon: float | None = None  # DP on: the privacy spent after this round (at the configured delta)
+    clip_norm: float = 0.0  # DP on: the clip norm C this round's updates were clipped to
+
+
+def report_row(report: Any) -> dict[str, Any]:
+    """A round's report (a RoundReport, or FedBuff's BufferReport) as plain data for status files
+    and ``rounds.jsonl``: an infinite epsilon (DP without noise) is written "inf"
+    (accountant.epsilon_json), not lost as a null."""
+    row = dataclasses.asdict(report)
+    if "epsilon" in row:
+        row["epsilon"] = epsilon_json(row["epsilon"])
+    return row
 
 
 class FedAvgServer(Counted):
@@ -109,7 +134,10 @@ class FedAvgServer(Counted):
 
     def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
                  clients: Sequence[str] = (), pause_between_rounds: bool = False,
-                 shapes: Sequence[tuple[int, ...]] | None = None) -> None:
+                 shapes: Sequence[tuple[int, ...]] | None = None, secret_seed: int | None = None) -> None:
+        """``secret_seed``: the root of the DP draws (who is asked, the noise), known to this gateway
+        only; needed when ``config.differential_privacy`` is set (the config's ``seed`` is every
+        client's, and would let them subtract the noise)."""
         super().__init__()
         if config.mode != "sync":
             raise ValueError(f"FedAvgServer runs mode 'sync', not {config.mode!r} (use FedBuffServer)")
@@ -133,6 +161,19 @@ class FedAvgServer(Counted):
         self.taken: dict[str, tuple[torch.Tensor, int]] = {}
         self.refused_now: Counter[str] = Counter()
         self.opened_at_s = 0.0
+        # differential privacy (None: off)
+        self.privacy = config.differential_privacy
+        self.accountant: RoundAccountant | None = None
+        self.dp_clip_norm = 0.0  # C for the next round closed (adaptive clipping moves it)
+        self.expected = 0.0  # the open round's expected cohort q N: the mean's fixed denominator
+        if self.privacy is not None:
+            if secret_seed is None:
+                raise ValueError("differential privacy needs the gateway's secret_seed: the federation's "
+                                 "seed is shared with every client")
+            self.secret_seed = secret_seed
+            self.accountant = RoundAccountant(self.privacy.sampling_rate, self.privacy.noise_multiplier,
+                                              self.privacy.delta)
+            self.dp_clip_norm = self.privacy.clip_norm
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
@@ -157,9 +198,27 @@ class FedAvgServer(Counted):
 
     def status(self) -> dict[str, Any]:
         """What a gateway's status shows now (JSON-able); finished rounds are in ``reports``."""
-        return {"mode": "sync", "phase": self.phase.value, "round": self.round,
-                "registered": sorted(self.registered), "asked": list(self.asked), "wanted": self.wanted,
-                "taken": sorted(self.taken), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+        status: dict[str, Any] = {
+            "mode": "sync", "phase": self.phase.value, "round": self.round,
+            "registered": sorted(self.registered), "asked": list(self.asked), "wanted": self.wanted,
+            "taken": sorted(self.taken), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+        if self.privacy is not None:
+            status["privacy"] = self.privacy_status()
+        return status
+
+    def epsilon(self) -> float | None:
+        """The privacy spent by the rounds closed so far (None: DP off; inf: no noise)."""
+        return None if self.accountant is None else self.accountant.epsilon(self.round)
+
+    def privacy_status(self) -> dict[str, Any]:
+        """DP's numbers now (JSON-able: an infinite epsilon is the string "inf"); {} when off."""
+        epsilon = self.epsilon()
+        if self.privacy is None or epsilon is None:
+            return {}
+        dp = self.privacy
+        return {"epsilon": epsilon_json(epsilon), "delta": dp.delta,
+                "noise_multiplier": dp.noise_multiplier, "sampling_rate": dp.sampling_rate,
+                "clip_norm": self.dp_clip_norm, "rounds_accounted": self.round}
 
     # ------------------------------------------------------------ events
 
@@ -193,6 +252,8 @@ class FedAvgServer(Counted):
             self.phase = ServerPhase.WAITING
             return []
         self._open_round(now)
+        if self.privacy is not None and not self.asked:  # nobody drawn: the noise alone is released
+            return [Metric("round", float(self.round)), Metric("asked", 0.0), *self._close(now, "empty")]
         self.phase = ServerPhase.OPEN
         tensors, meta, _ = self.downlink.encode(self.params, self.round)
         start = RoundStart(round=self.round, tensors=tensors, meta={**meta, **self.config.local_work()},
@@ -202,9 +263,15 @@ class FedAvgServer(Counted):
 
     def _open_round(self, now: float) -> None:
         registered = len(self.registered)
-        self.wanted = self.config.clients_per_round(registered)
-        asking = self.config.asked_per_round(registered)
-        self.asked = sample(self.config.seed, self.round, self.registered, asking)
+        if self.privacy is not None:  # Poisson: all of those drawn are wanted
+            rate = self.privacy.sampling_rate
+            self.asked = privacy.poisson_sample(self.secret_seed, self.round, self.registered, rate)
+            self.wanted = len(self.asked)
+            self.expected = rate * registered
+        else:
+            self.wanted = self.config.clients_per_round(registered)
+            asking = self.config.asked_per_round(registered)
+            self.asked = sample(self.config.seed, self.round, self.registered, asking)
         self.taken = {}
         self.refused_now = Counter()
         self.opened_at_s = now
@@ -249,10 +316,11 @@ class FedAvgServer(Counted):
         self._refuse("wrong_round")
 
     def _close(self, now: float, closed_by: str) -> list[Action]:
-        aggregated = len(self.taken) >= self.config.min_updates
+        aggregated = len(self.taken) >= self.config.min_updates or self.privacy is not None
         norm = 0.0
+        clip_norm = self.dp_clip_norm
         if aggregated:
-            delta = combine(self.config, self.taken)
+            delta = combine(self.config, self.taken) if self.privacy is None else self._private_mean()
             norm = float(torch.linalg.vector_norm(delta))
             new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
             self.params.copy_(new)
@@ -264,7 +332,9 @@ class FedAvgServer(Counted):
         self.reports[self.round] = RoundReport(
             round=self.round, opened_at_s=self.opened_at_s, closed_at_s=now, closed_by=closed_by,
             asked=self.asked, taken=taken, missing=missing, late=(),
-            refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm)
+            refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm,
+            epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
+            clip_norm=clip_norm)
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1
@@ -278,6 +348,28 @@ class FedAvgServer(Counted):
             return actions
         return [*actions, *self._try_open(now)]
 
+    def _private_mean(self) -> torch.Tensor:
+        """DP-FedAvg's aggregate of the taken updates (privacy.py), and the next clip norm."""
+        assert self.privacy is not None
+        dp = self.privacy
+        clipped, covered = [], 0
+        for name in sorted(self.taken):
+            update, within = privacy.clip(self.taken[name][0], self.dp_clip_norm)
+            clipped.append(update)
+            covered += within
+        expected = max(self.expected, 1e-12)  # q N > 0 whenever a round opened (N >= min_clients)
+        stddev = dp.update_noise_multiplier() * self.dp_clip_norm / expected
+        noise = torch_generator(self.secret_seed, self.name, self.round, "dp-noise")
+        delta = privacy.noised_mean(clipped, like=self.params, expected=expected, stddev=stddev,
+                                    generator=noise)
+        if dp.adaptive:
+            count = privacy.noised_count(covered, dp.count_noise_stddev,
+                                         torch_generator(self.secret_seed, self.name, self.round, "dp-count"))
+            self.dp_clip_norm = privacy.next_clip_norm(self.dp_clip_norm, count, expected, dp.target_quantile,
+                                                       dp.clip_learning_rate)
+        self.counters["dp_updates_clipped"] += len(clipped) - covered
+        return delta
+
     # ------------------------------------------------------------ checkpoints
 
     def export_state(self) -> ProtocolState:
@@ -289,6 +381,8 @@ class FedAvgServer(Counted):
                                 "finished": self.phase is ServerPhase.FINISHED,
                                 "registered": sorted(self.registered),
                                 "counters": dict(sorted(self.counters.items()))}
+        if self.privacy is not None:  # epsilon follows from the round; adaptive clipping's C does not
+            meta["dp_clip_norm"] = self.dp_clip_norm
         return tensors, meta
 
     def restore_state(self, state: ProtocolState) -> None:
@@ -303,6 +397,8 @@ class FedAvgServer(Counted):
         self.registered = set(meta["registered"])
         self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
         self.phase = ServerPhase.FINISHED if meta["finished"] else ServerPhase.IDLE
+        if self.privacy is not None and "dp_clip_norm" in meta:
+            self.dp_clip_norm = float(meta["dp_clip_norm"])
 
 
 def _entries(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -1,0 +1,155 @@
+"""Client-level differential privacy for FedAvg rounds (DP-FedAvg), central: the gateway adds the noise.
+
+McMahan et al. 2018 ("Learning Differentially Private Recurrent Language Models"): a round's
+output changes little whether or not any one client took part, because
+
+1. *sampling* is Poisson: each registered client is asked independently with probability ``q``
+   (:func:`poisson_sample`), drawn from the gateway's own secret seed (a client that knew the
+   seed could tell who was asked, and sampling would no longer amplify privacy);
+2. *clipping*: each update (the client's model minus the global model) is scaled down to L2
+   norm ``C`` at most (:func:`clip`), so one client moves the sum by ``C`` at most;
+3. *the fixed-denominator mean*: the clipped updates are summed and divided by the *expected*
+   cohort ``m = q N`` (not by the number that answered, which would itself depend on who took
+   part), and Gaussian noise of standard deviation ``z C / m`` is added to every coordinate
+   (:func:`noised_mean`); ``z`` is the noise multiplier.
+
+Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive
+Clipping"): ``C`` follows the ``target_quantile`` of the updates' norms. Each round counts the
+updates whose norm was at most ``C``, adds Gaussian noise ``count_noise_stddev`` to the count
+(the count is a query on the clients' data too), and moves ``C`` geometrically
+(:func:`next_clip_norm`). The two queries together cost what one Gaussian query of multiplier
+``z`` costs when the update's own multiplier is raised to
+``z_update = (z^-2 - (2 sigma_b)^-2)^-1/2`` (:meth:`DifferentialPrivacyConfig.update_noise_multiplier`),
+so the accountant (protocols/federation/accountant.py) sees one event per round:
+``PoissonSampledDpEvent(q, GaussianDpEvent(z))``.
+
+Randomness: every draw comes from a generator keyed by (secret seed, gateway, round, purpose)
+(protocols/rng.py), never from a global one. The secret seed is the driver's (the daemon draws
+it from the OS, the simulator derives it from the scenario's seed): the federation config's
+``seed`` is shared with every client and would let them subtract the noise.
+
+Distributed DP under secure aggregation (not wired yet): each client adds its share of the
+noise before masking, in the ring, so the mechanism must be discrete;
+:func:`discrete_gaussian_share_stddev` calibrates a share to the smallest cohort that can
+survive a round and :func:`discrete_gaussian` draws it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from protocols.rng import derive_seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class DifferentialPrivacyConfig:
+    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway).
+
+    While on, ``sampling_rate`` replaces ``[federation] fraction``, every round aggregates (noise
+    alone when nobody answered: ``min_updates`` does not apply), clients' sample counts are not
+    weighed, and FedBuff, over-selection, robust aggregators and ``[federation] clip_norm`` are
+    refused (FederationConfig says which, and why)."""
+
+    # z: the noise's standard deviation over the clip norm; the privacy budget comes from it
+    # (0: no noise, and epsilon is reported as infinite)
+    noise_multiplier: float = 1.0
+    clip_norm: float = 1.0  # C: each update's L2 norm bound (with adaptive clipping: where C starts)
+    # q: each registered client is asked independently with this probability each round
+    # (Poisson sampling; it replaces federation.fraction while DP is on)
+    sampling_rate: float = 0.1
+    delta: float = 1e-5  # the delta of the reported (epsilon, delta); well below 1 / clients
+    # adaptive clipping (Andrew et al. 2021): 0 = C stays fixed; else the share of updates
+    # C should cover (0.5: the median norm)
+    target_quantile: float = 0.0
+    clip_learning_rate: float = 0.2  # eta_C: C moves by exp(-eta_C (covered - target)) a round
+    # sigma_b: the noise on the count of covered updates (clients); it must exceed z / 2.
+    # Andrew et al. use the expected cohort / 20
+    count_noise_stddev: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.noise_multiplier < math.inf):
+            raise ValueError(f"noise_multiplier must be >= 0 (0: no noise), not {self.noise_multiplier}")
+        if not (0.0 < self.clip_norm < math.inf):
+            raise ValueError(f"clip_norm must be > 0, not {self.clip_norm}")
+        if not 0.0 < self.sampling_rate <= 1.0:
+            raise ValueError(f"sampling_rate must be in (0, 1], not {self.sampling_rate}")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"delta must be in (0, 1), not {self.delta}")
+        if not 0.0 <= self.target_quantile < 1.0:
+            raise ValueError(f"target_quantile must be in [0, 1) (0: fixed clipping), "
+                             f"not {self.target_quantile}")
+        if not (0.0 < self.clip_learning_rate < math.inf):
+            raise ValueError(f"clip_learning_rate must be > 0, not {self.clip_learning_rate}")
+        if not (0.0 <= self.count_noise_stddev < math.inf):
+            raise ValueError(f"count_noise_stddev must be >= 0, not {self.count_noise_stddev}")
+        z = self.noise_multiplier
+        if self.adaptive and z > 0 and not 2 * self.count_noise_stddev > z:
+            raise ValueError(f"count_noise_stddev must be > noise_multiplier / 2 = {z / 2:g} with"
+                             " adaptive clipping (the count's noise is part of the budget; "
+                             f"Andrew et al. use the expected cohort / 20), not {self.count_noise_stddev}")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether C follows a quantile of the norms (and the count query spends budget)."""
+        return self.target_quantile > 0
+
+    def update_noise_multiplier(self) -> float:
+        """z_update: the multiplier of the update's own noise, raised with adaptive clipping so that
+        the update and the count together cost one Gaussian query of multiplier ``z``."""
+        z = self.noise_multiplier
+        if not self.adaptive or z == 0:
+            return z
+        return (z ** -2 - (2 * self.count_noise_stddev) ** -2) ** -0.5
+
+
+def poisson_sample(seed: int, draw: int, names: Iterable[str], rate: float,
+                   purpose: str = "dp-sample") -> tuple[str, ...]:
+    """The names each kept with probability ``rate``, independently, keyed by (seed, name, draw); sorted.
+
+    A name's coin depends on the key alone, so both drivers ask the same clients whatever order
+    they registered in (as common.sample does for a fixed count)."""
+    threshold = rate * 2.0 ** 63  # derive_seed is uniform on [0, 2^63)
+    return tuple(sorted(name for name in set(names) if derive_seed(seed, name, draw, purpose) < threshold))
+
+
+def clip(update: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, bool]:
+    """``update`` scaled to L2 norm ``clip_norm`` when longer (a fresh tensor), and whether it was
+    within the bound already (the bit adaptive clipping counts)."""
+    norm = float(torch.linalg.vector_norm(update.double()))
+    if norm <= clip_norm:
+        return update.clone(), True
+    return update * (clip_norm / norm), False
+
+
+def noised_mean(clipped: Sequence[torch.Tensor], *, like: torch.Tensor, expected: float,
+                stddev: float, generator: torch.Generator) -> torch.Tensor:
+    """``sum(clipped) / expected`` plus N(0, stddev^2) on every coordinate, shaped like ``like``.
+
+    The sum is taken in the order given (sort by client name) and in float64; no update at all
+    still gives the noise (an empty round is released like any other: skipping it would tell
+    that the cohort was empty)."""
+    if not expected > 0:
+        raise ValueError(f"the expected cohort must be > 0, not {expected}")
+    total = torch.zeros(like.shape, dtype=torch.float64)
+    for update in clipped:
+        total += update.detach().to("cpu", torch.float64)
+    noise = torch.randn(like.shape, generator=generator, dtype=torch.float64) * stddev
+    return (total / expected + noise).to(like.dtype).to(like.device)
+
+
+def noised_count(count: int, stddev: float, generator: torch.Generator) -> float:
+    """``count`` plus N(0, stddev^2): the covered-updates query of adaptive clipping."""
+    return count + stddev * float(torch.randn((), generator=generator, dtype=torch.float64))
+
+
+def next_clip_norm(clip_norm: float, noisy_covered: float, expected: float, target_quantile: float,
+                   learning_rate: float) -> float:
+    """Andrew et al.'s geometric step: ``C exp(-eta (covered / m - target))``. More updates within
+    C than the target share shrink C; fewer grow it."""
+    covered_share = noisy_covered / expected
+    return clip_norm * math.exp(-learning_rate * (covered_share - target_quantile))
+
