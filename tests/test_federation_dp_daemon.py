@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_daemon_federation import GATEWAY, closed_rounds, describe, make_federation, processes, status
+from _federation_support import GATEWAY, closed_rounds, describe, make_federation, processes, status
 
 from protocols.federation.accountant import RoundAccountant
 

@@ -145,6 +145,18 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
           "rounds_aggregated, rounds_failed", label="event"),
+    Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
+          "`federation.privacy.*` below (absent when off)"),
+    Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "
+          "RDP accountant over the rounds closed; `inf` without noise)"),
+    Field("federation.privacy.delta", "", "gauge", "the delta epsilon is stated at"),
+    Field("federation.privacy.noise_multiplier", "", "gauge", "z: the noise's standard deviation over the "
+          "clip norm"),
+    Field("federation.privacy.sampling_rate", "", "gauge", "q: each registered client's chance to be asked "
+          "in a round (Poisson sampling)"),
+    Field("federation.privacy.clip_norm", "", "gauge", "C: the clip norm of a client's update now "
+          "(adaptive clipping moves it)"),
+    Field("federation.privacy.rounds_accounted", "rounds", "counter", "rounds the accountant has composed"),
     Field("federation.clients", "", "nested", "per edge client, the rows `federation.clients.*` below "
           "(status.json only)"),
     Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "

@@ -38,6 +38,8 @@ def _number(value: Any) -> float | None:
         return float(value)
     if isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)):
         return float(value)
+    if value == "inf":      # how the snapshot's JSON writes an infinite number (a DP run's epsilon)
+        return math.inf
     return None
 
 
