@@ -1,0 +1,130 @@
+"""One SecAgg round run in-process: a gateway, its clients and a lossless instant link between them.
+
+For tests and bench/bench_secagg.py, and a reference for the drivers that come later: it does what
+a driver does (route messages, fire deadlines, drop clients) and nothing a machine decides. Clients
+drop by schedule: ``drop_before[name] = r`` means the client sends nothing from round r on (0:
+never advertises, 2: shares its keys then leaves before sending its input, 3: leaves right after
+its masked input). ``tamper`` sees each batch of the gateway's deliveries and returns what is
+really delivered (a dishonest gateway). Bytes are msgpack of ``messages.to_wire`` per message;
+``clock`` (a CPU clock the caller injects; none is read here) attributes compute time to parties.
+
+Identities are Ed25519 keys derived from ``seed`` and the member name, so a run is repeatable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import msgpack
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from protocols.identity import verify_signature
+from protocols.secagg.client import SecAggClient
+from protocols.secagg.config import SecAggConfig
+from protocols.secagg.messages import (
+    ClientMessage,
+    ConsistencyProof,
+    ForwardedShares,
+    KeyRoster,
+    Message,
+    SurvivorSet,
+    to_wire,
+)
+from protocols.secagg.server import Deliver, SecAggResult, SecAggServer
+
+GATEWAY = "gateway"
+T = TypeVar("T")
+# the round a client's reply to each gateway message belongs to
+_REPLY_ROUND: dict[type, int] = {KeyRoster: 1, ForwardedShares: 2, SurvivorSet: 3, ConsistencyProof: 4}
+
+
+def wire_bytes(message: Message) -> int:
+    """Bytes of ``message`` as msgpack carries it (without the envelope's header and signature)."""
+    return len(msgpack.packb(to_wire(message), use_bin_type=True))
+
+
+class Roster:
+    """Ed25519 identities for named members, derived from a seed; sign and verify by name."""
+
+    def __init__(self, names: list[str], seed: int) -> None:
+        self._keys = {name: Ed25519PrivateKey.from_private_bytes(
+            hashlib.sha256(f"secagg-local\x00{seed}\x00{name}".encode()).digest()) for name in names}
+        self._public: dict[str, Ed25519PublicKey] = {name: key.public_key() for name, key in self._keys.items()}
+
+    def signer(self, name: str) -> Callable[[bytes], bytes]:
+        return self._keys[name].sign
+
+    def verify(self, name: str, signature: bytes, data: bytes) -> bool:
+        public = self._public.get(name)
+        return public is not None and verify_signature(public, signature, data)
+
+
+class LocalRound:
+    """A gateway and ``inputs``' clients (name -> quantised ring vector) for one round."""
+
+    def __init__(self, config: SecAggConfig, inputs: Mapping[str, np.ndarray], *, run_id: str = "run",
+                 round_index: int = 1, seed: int = 0, now_s: float = 0.0,
+                 clock: Callable[[], float] | None = None) -> None:
+        names = sorted(inputs)
+        self.inputs = dict(inputs)
+        self.roster = Roster(names, seed)
+        self.now_s = now_s
+        self.clock = clock
+        self.bytes_up: Counter[str] = Counter()  # client -> bytes it sent
+        self.bytes_down: Counter[str] = Counter()  # client -> bytes the gateway sent it
+        self.cpu_s: Counter[str] = Counter()  # party (client name or GATEWAY) -> seconds of ``clock``
+        self.sent: dict[str, list[ClientMessage]] = {name: [] for name in names}
+        numel = len(next(iter(inputs.values())))
+        self.server = self._timed(GATEWAY, lambda: SecAggServer(
+            config, run_id=run_id, round_index=round_index, cohort=frozenset(names), numel=numel,
+            verify=self.roster.verify, now_s=now_s))
+        self.clients = {name: SecAggClient(
+            config, name=name, run_id=run_id, round_index=round_index, cohort=frozenset(names),
+            client_secret=hashlib.sha256(f"secagg-secret\x00{seed}\x00{name}".encode()).digest(),
+            sign=self.roster.signer(name), verify=self.roster.verify) for name in names}
+
+    def _timed(self, party: str, work: Callable[[], T]) -> T:
+        if self.clock is None:
+            return work()
+        started = self.clock()
+        result = work()
+        self.cpu_s[party] += self.clock() - started
+        return result
+
+    def run(self, drop_before: Mapping[str, int] | None = None,
+            tamper: Callable[[list[Deliver]], list[Deliver]] | None = None) -> SecAggResult | None:
+        """Run the round to its end (or until nothing moves); the gateway's result, if any."""
+        drops = drop_before or {}
+        alive = {name: drops.get(name, 5) for name in self.clients}  # first round it misses
+        outbox: deque[tuple[str, ClientMessage]] = deque()
+        for name, client in self.clients.items():
+            if alive[name] > 0:
+                outbox.extend((name, m) for m in self._timed(name, lambda c=client: c.start(self.now_s)))
+                self._timed(name, lambda c=client, n=name: c.provide_input(self.inputs[n], self.now_s))
+        while not self.server.finished:
+            deliveries: list[Deliver] = []
+            while outbox:
+                sender, message = outbox.popleft()
+                self.sent[sender].append(message)
+                self.bytes_up[sender] += wire_bytes(message)
+                deliveries += self._timed(GATEWAY, lambda s=sender, m=message: self.server.receive(s, m, self.now_s))
+            if not deliveries and not self.server.finished:
+                self.now_s = max(self.now_s, self.server.deadline_s)  # nobody else is coming: the deadline
+                deliveries = self._timed(GATEWAY, lambda: self.server.tick(self.now_s))
+            if tamper is not None:
+                deliveries = tamper(deliveries)
+            if not deliveries and not outbox and not self.server.finished and self.now_s >= self.server.deadline_s:
+                break  # a tampered-away round: nothing will ever arrive
+            for delivery in deliveries:
+                self.bytes_down[delivery.recipient] += wire_bytes(delivery.message)
+                if alive[delivery.recipient] <= _REPLY_ROUND[type(delivery.message)]:
+                    continue  # gone before it could answer
+                client = self.clients[delivery.recipient]
+                replies = self._timed(delivery.recipient,
+                                      lambda c=client, d=delivery: c.receive(d.message, self.now_s))
+                outbox.extend((delivery.recipient, reply) for reply in replies)
+        return self.server.result
