@@ -93,7 +93,8 @@ class SecAggClient:
         self.threshold = 0
         self.neighbours: frozenset[str] = frozenset()
         self._adverts: dict[str, AdvertiseKeys] = {}
-        self._held: dict[str, tuple[int, bytes, bytes]] = {}  # sender -> (index, mask-key share, self-seed share)
+        # sender -> (share index, its mask-key share, its self-seed share)
+        self._held: dict[str, tuple[int, bytes, bytes]] = {}
         self._input: np.ndarray | None = None
         self._survivors: frozenset[str] = frozenset()
 

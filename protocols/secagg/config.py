@@ -34,7 +34,7 @@ class SecAggConfigError(ValueError):
 class SecAggConfig:
     """How clients mask, share and quantise; how long the gateway waits in each of the five rounds."""
 
-    degree: int = 0  # k, masking neighbours per client; 0: SecAgg+ auto (see degree_for); >= n-1: plain SecAgg
+    degree: int = 0  # k, masking neighbours per client; 0: SecAgg+ auto (degree_for); >= n-1: plain SecAgg
     threshold: int = 0  # t, shares that rebuild a secret; 0: a strict majority of the k neighbours
     clip_value: float = 1.0  # each coordinate is clipped to [-clip_value, clip_value] (update units)
     bits: int = 16  # per-client fixed-point width (sign included) inside the 32-bit ring
@@ -53,15 +53,17 @@ class SecAggConfig:
         if self.degree < 0:
             raise SecAggConfigError(f"secure_aggregation.degree must be >= 0 (0: auto), not {self.degree}")
         if self.threshold < 0:
-            raise SecAggConfigError(
-                f"secure_aggregation.threshold must be >= 0 (0: majority of neighbours), not {self.threshold}")
+            raise SecAggConfigError("secure_aggregation.threshold must be >= 0 (0: majority of "
+                                    f"neighbours), not {self.threshold}")
         if self.threshold == 1:
             raise SecAggConfigError("secure_aggregation.threshold must be >= 2: with 1 share any single "
                                     "neighbour (or the gateway holding one) learns the secret")
         if not (self.clip_value > 0 and math.isfinite(self.clip_value)):
-            raise SecAggConfigError(f"secure_aggregation.clip_value must be > 0 and finite, not {self.clip_value}")
+            raise SecAggConfigError("secure_aggregation.clip_value must be > 0 and finite, "
+                                    f"not {self.clip_value}")
         if not 2 <= self.bits <= RING_BITS - 1:
-            raise SecAggConfigError(f"secure_aggregation.bits must be in [2, {RING_BITS - 1}], not {self.bits}")
+            raise SecAggConfigError(f"secure_aggregation.bits must be in [2, {RING_BITS - 1}], "
+                                    f"not {self.bits}")
         if self.max_clients < 2:
             raise SecAggConfigError(f"secure_aggregation.max_clients must be >= 2, not {self.max_clients}")
         limit = max_clients_for_bits(self.bits)

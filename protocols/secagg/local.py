@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import msgpack
 import numpy as np
@@ -37,7 +36,6 @@ from protocols.secagg.messages import (
 from protocols.secagg.server import Deliver, SecAggResult, SecAggServer
 
 GATEWAY = "gateway"
-T = TypeVar("T")
 # the round a client's reply to each gateway message belongs to
 _REPLY_ROUND: dict[type, int] = {KeyRoster: 1, ForwardedShares: 2, SurvivorSet: 3, ConsistencyProof: 4}
 
@@ -53,7 +51,8 @@ class Roster:
     def __init__(self, names: list[str], seed: int) -> None:
         self._keys = {name: Ed25519PrivateKey.from_private_bytes(
             hashlib.sha256(f"secagg-local\x00{seed}\x00{name}".encode()).digest()) for name in names}
-        self._public: dict[str, Ed25519PublicKey] = {name: key.public_key() for name, key in self._keys.items()}
+        self._public: dict[str, Ed25519PublicKey] = {
+            name: key.public_key() for name, key in self._keys.items()}
 
     def signer(self, name: str) -> Callable[[bytes], bytes]:
         return self._keys[name].sign
@@ -76,24 +75,24 @@ class LocalRound:
         self.clock = clock
         self.bytes_up: Counter[str] = Counter()  # client -> bytes it sent
         self.bytes_down: Counter[str] = Counter()  # client -> bytes the gateway sent it
-        self.cpu_s: Counter[str] = Counter()  # party (client name or GATEWAY) -> seconds of ``clock``
+        self.cpu_s: dict[str, float] = {}  # party (client name or GATEWAY) -> seconds of ``clock``
         self.sent: dict[str, list[ClientMessage]] = {name: [] for name in names}
         numel = len(next(iter(inputs.values())))
-        self.server = self._timed(GATEWAY, lambda: SecAggServer(
-            config, run_id=run_id, round_index=round_index, cohort=frozenset(names), numel=numel,
-            verify=self.roster.verify, now_s=now_s))
+        started = self._start()
+        self.server = SecAggServer(config, run_id=run_id, round_index=round_index, cohort=frozenset(names),
+                                   numel=numel, verify=self.roster.verify, now_s=now_s)
+        self._charge(GATEWAY, started)
         self.clients = {name: SecAggClient(
             config, name=name, run_id=run_id, round_index=round_index, cohort=frozenset(names),
             client_secret=hashlib.sha256(f"secagg-secret\x00{seed}\x00{name}".encode()).digest(),
             sign=self.roster.signer(name), verify=self.roster.verify) for name in names}
 
-    def _timed(self, party: str, work: Callable[[], T]) -> T:
-        if self.clock is None:
-            return work()
-        started = self.clock()
-        result = work()
-        self.cpu_s[party] += self.clock() - started
-        return result
+    def _start(self) -> float:
+        return self.clock() if self.clock is not None else 0.0
+
+    def _charge(self, party: str, started: float) -> None:
+        if self.clock is not None:
+            self.cpu_s[party] = self.cpu_s.get(party, 0.0) + self.clock() - started
 
     def run(self, drop_before: Mapping[str, int] | None = None,
             tamper: Callable[[list[Deliver]], list[Deliver]] | None = None) -> SecAggResult | None:
@@ -103,28 +102,35 @@ class LocalRound:
         outbox: deque[tuple[str, ClientMessage]] = deque()
         for name, client in self.clients.items():
             if alive[name] > 0:
-                outbox.extend((name, m) for m in self._timed(name, lambda c=client: c.start(self.now_s)))
-                self._timed(name, lambda c=client, n=name: c.provide_input(self.inputs[n], self.now_s))
+                started = self._start()
+                outbox.extend((name, m) for m in client.start(self.now_s))
+                client.provide_input(self.inputs[name], self.now_s)
+                self._charge(name, started)
         while not self.server.finished:
             deliveries: list[Deliver] = []
             while outbox:
                 sender, message = outbox.popleft()
                 self.sent[sender].append(message)
                 self.bytes_up[sender] += wire_bytes(message)
-                deliveries += self._timed(GATEWAY, lambda s=sender, m=message: self.server.receive(s, m, self.now_s))
+                started = self._start()
+                deliveries += self.server.receive(sender, message, self.now_s)
+                self._charge(GATEWAY, started)
             if not deliveries and not self.server.finished:
                 self.now_s = max(self.now_s, self.server.deadline_s)  # nobody else is coming: the deadline
-                deliveries = self._timed(GATEWAY, lambda: self.server.tick(self.now_s))
+                started = self._start()
+                deliveries = self.server.tick(self.now_s)
+                self._charge(GATEWAY, started)
             if tamper is not None:
                 deliveries = tamper(deliveries)
-            if not deliveries and not outbox and not self.server.finished and self.now_s >= self.server.deadline_s:
+            stuck = self.now_s >= self.server.deadline_s
+            if not deliveries and not outbox and not self.server.finished and stuck:
                 break  # a tampered-away round: nothing will ever arrive
             for delivery in deliveries:
                 self.bytes_down[delivery.recipient] += wire_bytes(delivery.message)
                 if alive[delivery.recipient] <= _REPLY_ROUND[type(delivery.message)]:
                     continue  # gone before it could answer
-                client = self.clients[delivery.recipient]
-                replies = self._timed(delivery.recipient,
-                                      lambda c=client, d=delivery: c.receive(d.message, self.now_s))
+                started = self._start()
+                replies = self.clients[delivery.recipient].receive(delivery.message, self.now_s)
+                self._charge(delivery.recipient, started)
                 outbox.extend((delivery.recipient, reply) for reply in replies)
         return self.server.result

@@ -252,7 +252,8 @@ class SecAggServer:
         seed = graph_seed(self.run_id, self.round_index,
                           {name: (a.cipher_public, a.mask_public) for name, a in self.adverts.items()})
         self.graph = neighbours(seed, sorted(self.adverts), self.config.degree_for(n))
-        roster = KeyRoster(self.run_id, self.round_index, tuple(self.adverts[name] for name in sorted(self.adverts)))
+        roster = KeyRoster(self.run_id, self.round_index,
+                           tuple(self.adverts[name] for name in sorted(self.adverts)))
         self._open(ServerPhase.SHARE, now_s, self.config.share_timeout_s)
         return [Deliver(name, roster) for name in sorted(self.adverts)]
 
@@ -286,7 +287,8 @@ class SecAggServer:
 
     def _close_unmask(self) -> list[Deliver]:
         self_seed: dict[str, list[tuple[int, bytes]]] = {name: [] for name in self.survivors}
-        mask_key: dict[str, list[tuple[int, bytes]]] = {name: [] for name in self.shares.keys() - self.survivors}
+        dropped = self.shares.keys() - self.survivors
+        mask_key: dict[str, list[tuple[int, bytes]]] = {name: [] for name in dropped}
         for reply in self.unmasks.values():
             for owner, index, share in reply.self_seed_shares:
                 self_seed[owner].append((index, share))
