@@ -17,7 +17,7 @@ The five rounds (server.py has the verdict table, client.py the abort table):
 2. masked input     client -> MaskedInput: x + self mask + pairwise masks (fixedpoint.py's ring);
                     gateway -> SurvivorSet (U3) to each survivor
 3. consistency      client -> ConsistencySignature over the set it was told;
-                    gateway -> ConsistencyProof (all signatures) to each signer
+                    gateway -> ConsistencyProof (the signer's neighbours' signatures)
 4. unmask           client -> UnmaskShares: per neighbour, the self-seed share if it survived,
                     else the mask-key share, never both; gateway rebuilds and removes the masks
 

@@ -280,10 +280,11 @@ class SecAggServer:
     def _close_consistency(self, now_s: float) -> list[Deliver]:
         if len(self.signatures) < self.threshold:
             return self._fail("too_few_signatures")
-        proof = ConsistencyProof(self.run_id, self.round_index,
-                                 tuple((name, self.signatures[name]) for name in sorted(self.signatures)))
         self._open(ServerPhase.UNMASK, now_s, self.config.unmask_timeout_s)
-        return [Deliver(name, proof) for name in sorted(self.signatures)]
+        # each signer gets its neighbours' signatures: those are the ones its threshold counts
+        return [Deliver(name, ConsistencyProof(self.run_id, self.round_index, tuple(
+            (peer, self.signatures[peer]) for peer in sorted(self.signatures.keys() & self.graph[name]))))
+            for name in sorted(self.signatures)]
 
     def _close_unmask(self) -> list[Deliver]:
         self_seed: dict[str, list[tuple[int, bytes]]] = {name: [] for name in self.survivors}
