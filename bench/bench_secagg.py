@@ -84,18 +84,19 @@ def main() -> None:
           f"{'wall s':>7}")
     rows: list[tuple[str, int, dict[str, float]]] = []
     for n in sizes:
-        rows.append(("secagg+", n, one_round(n, 0, numel)))
-        if n <= PLAIN_SECAGG_MAX_N:
-            rows.append(("plain", n, one_round(n, n - 1, numel)))
-    for mode, n, row in rows:
-        total = row["up"] + row["down"]
-        overhead = total - 4 * numel  # everything but the masked input's ring elements
-        projected = (overhead + 4 * 2**20) / (2**20 * BITS // 8)
-        print(f"{mode:<10} {n:>5} {row['k']:>4.0f} {row['t']:>4.0f} {row['up'] / 1024:>13.1f} "
-              f"{row['down'] / 1024:>8.1f} {row['client_ms']:>10.1f} "
-              f"{(row['gateway_in'] + row['gateway_out']) / 2**20:>11.2f} {row['gateway_s']:>10.2f} "
-              f"{total / fedavg_bytes:>9.2f} {total / clear_bytes:>8.2f} {projected:>13.2f} "
-              f"{row['wall_s']:>7.1f}")
+        for mode, degree in (("secagg+", 0), ("plain", n - 1)):
+            if mode == "plain" and n > PLAIN_SECAGG_MAX_N:
+                continue
+            row = one_round(n, degree, numel)
+            rows.append((mode, n, row))
+            total = row["up"] + row["down"]
+            overhead = total - 4 * numel  # everything but the masked input's ring elements
+            projected = (overhead + 4 * 2**20) / (2**20 * BITS // 8)
+            print(f"{mode:<10} {n:>5} {row['k']:>4.0f} {row['t']:>4.0f} {row['up'] / 1024:>13.1f} "
+                  f"{row['down'] / 1024:>8.1f} {row['client_ms']:>10.1f} "
+                  f"{(row['gateway_in'] + row['gateway_out']) / 2**20:>11.2f} {row['gateway_s']:>10.2f} "
+                  f"{total / fedavg_bytes:>9.2f} {total / clear_bytes:>8.2f} {projected:>13.2f} "
+                  f"{row['wall_s']:>7.1f}", flush=True)
     by_mode = {(mode, n): row for mode, n, row in rows}
     for n in sizes:
         if ("plain", n) in by_mode:

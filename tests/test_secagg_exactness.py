@@ -3,7 +3,8 @@
 Ten clients, plain SecAgg (k = n - 1) and SecAgg+ (k < n - 1), with nobody dropping, with 30% of the
 clients leaving after key sharing (their pairwise masks are rebuilt from their mask-key shares),
 and with clients leaving after sending their masked input (their input stays in the sum, their
-self mask is rebuilt from its shares).
+self mask is rebuilt from its shares); and with one client leaving at each other stage (before
+advertising, after advertising, after signing the survivor set).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _expected(inputs: dict[str, np.ndarray], survivors: list[str]) -> np.ndarray
     ("30% drop after key sharing", {"client01": 2, "client04": 2, "client08": 2}),
     ("20% drop after masked input", {"client02": 3, "client07": 3}),
     ("drops after sharing and after input", {"client03": 2, "client06": 3}),
+    ("one drop at every other stage", {"client00": 0, "client02": 1, "client05": 3, "client09": 4}),
 ])
 def test_unmasked_sum_is_the_exact_sum_of_quantised_updates(
         label: str, scenario: str, drop_before: dict[str, int]) -> None:
@@ -59,6 +61,7 @@ def test_unmasked_sum_is_the_exact_sum_of_quantised_updates(
     in_sum = [name for name in NAMES if drop_before.get(name, 5) > 2]  # sent a masked input
     assert list(result.survivors) == in_sum
     assert list(result.dropped) == [name for name in NAMES if drop_before.get(name) == 2]
+    assert sorted(local.server.adverts) == [name for name in NAMES if drop_before.get(name, 5) > 0]
     assert np.array_equal(result.ring_sum, _expected(inputs, in_sum))
     assert local.server.phase is ServerPhase.DONE
     assert all(not client.aborts for client in local.clients.values())

@@ -193,6 +193,7 @@ def test_every_message_survives_msgpack(message: Message) -> None:
 @pytest.mark.parametrize(("obj", "reason"), [
     ([1, 2], "not a map"),
     ({"kind": "Nope"}, "unknown kind"),
+    ({"kind": ["unhashable"]}, "unknown kind"),
     ({"kind": "MaskedInput", "run_id": "r", "round_index": 1}, "wrong fields"),
     ({"kind": "MaskedInput", "run_id": "r", "round_index": "1", "masked": b""}, "round_index"),
     ({"kind": "SurvivorSet", "run_id": "r", "round_index": 1, "survivors": [1]}, "bad entry"),
@@ -226,10 +227,11 @@ def test_the_gateway_counts_forged_replayed_and_misplaced_messages() -> None:
     assert server.receive("stranger", first, 0.0) == []
     assert server.receive(NAMES[0], dataclasses.replace(first, round_index=4), 0.0) == []  # replay
     assert server.receive(NAMES[0], MaskedInput("units", 5, bytes(80)), 0.0) == []  # too soon
+    assert server.receive(NAMES[0], SurvivorSet("units", 5, ()), 0.0) == []  # type: ignore[arg-type]
     assert server.receive(NAMES[0], first, 0.0) == []
     assert server.receive(NAMES[0], first, 0.0) == []  # the same again
     assert server.refused == {"bad_signature": 2, "unknown_sender": 1, "wrong_round": 1, "early": 1,
-                              "duplicate": 1}
+                              "wrong_kind": 1, "duplicate": 1}
     deliveries: list[Deliver] = []
     for name in NAMES[1:]:
         deliveries += server.receive(name, adverts[name], 1.0)

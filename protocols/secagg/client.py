@@ -22,6 +22,9 @@ SIGNED             ConsistencyProof     every signer in our survivor set and eve
                                         neighbours signed (``too_few_signatures``)
 =================  ===================  =====================================================  =========
 
+The client sets no timers: the gateway's deadlines decide who is in, and a driver simply drops the
+machine when the federation round it belongs to ends (a late message then reaches nothing).
+
 The consistency rule: for each neighbour v that shared with us, we reveal v's self-mask-seed share
 if v is in the survivor set we signed, else v's mask-key share, never both (``revealed`` records
 which; a second reveal for one peer would raise, it cannot happen in one round's machine).

@@ -143,7 +143,8 @@ def from_wire(obj: object) -> Message | Malformed:
     """The message ``obj`` (as msgpack decoded it) encodes, or Malformed(reason)."""
     if not isinstance(obj, dict):
         return Malformed("not a map")
-    cls = KINDS.get(obj.get("kind"))  # type: ignore[arg-type]
+    kind = obj.get("kind")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return Malformed("unknown kind")
     names = [item.name for item in fields(cls)]

@@ -12,6 +12,7 @@ What a client message meets (every refusal counted in ``refused`` by reason, not
 ==================================================  =====================
 message                                             verdict
 ==================================================  =====================
+of a kind only the gateway sends                    ``wrong_kind``
 from a member outside this round's expected set     ``unknown_sender``
 for another run or round (a replay)                 ``wrong_round``
 for a round already closed                          ``late``
@@ -125,11 +126,13 @@ class SecAggServer:
 
     def receive(self, sender: str, message: ClientMessage, now_s: float) -> list[Deliver]:
         """One client message (``sender`` as the envelope proved it); what to deliver now."""
+        phase = _PHASE_OF.get(type(message))
+        if phase is None:  # a gateway's kind, sent by a client
+            return self._refuse("wrong_kind")
         if message.run_id != self.run_id or message.round_index != self.round_index:
             return self._refuse("wrong_round")
         if sender not in self._expected():
             return self._refuse("unknown_sender")
-        phase = _PHASE_OF[type(message)]
         if phase.value < self.phase.value:
             return self._refuse("late")
         if phase.value > self.phase.value:
