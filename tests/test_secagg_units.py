@@ -254,6 +254,17 @@ def test_deadlines_close_rounds_with_whoever_answered() -> None:
     assert server.counters["deadline_advertise"] == 1
 
 
+def test_a_threshold_above_the_shrunken_degree_fails_the_round() -> None:
+    config = SecAggConfig(threshold=5)  # fine for 10 clients (k = 9), not for 5 (k = 4)
+    config.validate(10)
+    assert config.runs_with(10) and config.runs_with(6) and not config.runs_with(5)
+    rng = np.random.default_rng(0)
+    inputs = {f"c{i}": quantise(rng.normal(0.0, 0.3, 5), clip_value=1.0, bits=16) for i in range(10)}
+    local = LocalRound(config, inputs)
+    assert local.run(drop_before={f"c{i}": 0 for i in range(5)}) is None
+    assert local.server.failure == "too_few_advertised"
+
+
 def test_too_few_advertisers_fail_the_round() -> None:
     local = _local()
     local.server.receive(NAMES[0], local.clients[NAMES[0]].start(0.0)[0], 0.0)

@@ -11,7 +11,7 @@ phase              message              checks (abort reason)                   
 =================  ===================  =====================================================  =========
 ADVERTISED         KeyRoster            each advert from the cohort, once, signature valid     ShareKeys
                                         (``bad_advert``); ours unaltered (``own_keys_altered``);
-                                        >= t + 1 clients (``too_few_clients``)
+                                        >= 3 clients and t <= k (``too_few_clients``)
 SHARED             ForwardedShares      senders are our neighbours, each decrypts              MaskedInput
                                         (``bad_share``); >= t of them (``too_few_neighbours``)  (with input)
 MASKED             SurvivorSet          we are in it, it lies within the senders of shares     Consistency-
@@ -166,7 +166,7 @@ class SecAggClient:
                                                                        self.secrets.mask_public):
             return self._abort("own_keys_altered")
         n = len(adverts)
-        if n < 3 or n < self.config.threshold_for(n) + 1:
+        if not self.config.runs_with(n):
             return self._abort("too_few_clients")
         self._adverts = adverts
         self.threshold = self.config.threshold_for(n)

@@ -94,6 +94,11 @@ class SecAggConfig:
         wanted = self.degree if self.degree else 2 * math.ceil(1.5 * math.log2(max(num_clients, 2)))
         return full if wanted >= full else min(full, wanted + wanted % 2)
 
+    def runs_with(self, num_clients: int) -> bool:
+        """Whether a round can go on with ``num_clients`` advertised: at least 3, and t <= k (each
+        client has at least t neighbours to hold its shares)."""
+        return num_clients >= 3 and self.threshold_for(num_clients) <= self.degree_for(num_clients)
+
     def threshold_for(self, num_clients: int) -> int:
         """t for ``num_clients``: the configured one, or floor(k/2) + 1 (a strict majority of the k
         neighbours, so two disjoint groups of honest neighbours can never both reach it)."""

@@ -249,7 +249,7 @@ class SecAggServer:
 
     def _close_advertise(self, now_s: float) -> list[Deliver]:
         n = len(self.adverts)
-        if n < 3 or n < self.config.threshold_for(n) + 1:
+        if not self.config.runs_with(n):
             return self._fail("too_few_advertised")
         self.threshold = self.config.threshold_for(n)
         seed = graph_seed(self.run_id, self.round_index,
