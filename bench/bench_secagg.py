@@ -11,7 +11,8 @@ down: what the gateway sends it) and at the gateway (in + out). CPU is ``time.pr
 charged to whichever party's machine ran; per client it is the mean of the first 10 clients, which
 verify every advert signature themselves, while the others share one memo of verdicts (an n^2
 cost of simulating, not of any one client). The baseline, plain FedAvg, sends the float32 model
-down and the float32 update up (4 bytes per parameter each way, no envelope either).
+down and the float32 update up (4 bytes per parameter each way, no envelope either); "x FedAvg"
+is a client's (model down + every SecAgg message) over that.
 
 Bonawitz et al. (2017) report a communication expansion of 1.73x over sending the data in the
 clear for 2^10 users and 2^20-dimensional vectors. Ours beside it: a client's bytes (up + down)
@@ -78,7 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     numel = 1000 if args.quick else args.numel
     sizes = [10, 30] if args.quick else [int(n) for n in args.clients.split(",")]
-    fedavg_bytes = 2 * 4 * numel  # float32 model down + float32 update up
+    model_bytes = 4 * numel  # the float32 global model every client downloads, with or without SecAgg
+    fedavg_bytes = 2 * model_bytes  # + the float32 update up
     clear_bytes = numel * BITS // 8  # the 16-bit vector sent in the clear
 
     print(f"SecAgg one round, update {numel:,} elements ({BITS}-bit in Z_2^32); plain FedAvg moves "
@@ -99,8 +101,8 @@ def main() -> None:
             print(f"{mode:<10} {n:>5} {row['k']:>4.0f} {row['t']:>4.0f} {row['up'] / 1024:>13.1f} "
                   f"{row['down'] / 1024:>8.1f} {row['client_ms']:>10.1f} "
                   f"{(row['gateway_in'] + row['gateway_out']) / 2**20:>11.2f} {row['gateway_s']:>10.2f} "
-                  f"{total / fedavg_bytes:>9.2f} {total / clear_bytes:>8.2f} {projected:>13.2f} "
-                  f"{row['wall_s']:>7.1f}", flush=True)
+                  f"{(model_bytes + total) / fedavg_bytes:>9.2f} {total / clear_bytes:>8.2f} "
+                  f"{projected:>13.2f} {row['wall_s']:>7.1f}", flush=True)
     by_mode = {(mode, n): row for mode, n, row in rows}
     for n in sizes:
         if ("plain", n) in by_mode:

@@ -200,6 +200,8 @@ def test_every_message_survives_msgpack(message: Message) -> None:
     ({"kind": "UnmaskShares", "run_id": "r", "round_index": 1, "self_seed_shares": [["a", 1]],
       "mask_key_shares": []}, "bad entry"),
     ({"kind": "KeyRoster", "run_id": "r", "round_index": 1, "adverts": [{"kind": "MaskedInput"}]}, "adverts"),
+    ({"kind": "KeyRoster", "run_id": "r", "round_index": 1, "adverts": [["a", b"", b""]]}, "adverts"),
+    ({"kind": "KeyRoster", "run_id": 5, "round_index": 1, "adverts": []}, "run"),
 ])
 def test_malformed_wire_data_is_data_not_an_exception(obj: object, reason: str) -> None:
     result = from_wire(obj)

@@ -1,6 +1,7 @@
 """SecAgg's nine messages: frozen dataclasses of plain bytes, ints, strings and tuples of them.
 
-``to_wire(message)`` gives a dict that msgpack encodes as is (``{"kind": ..., field: value}``);
+``to_wire(message)`` gives a dict that msgpack encodes as is (``{"kind": ..., field: value}``; a
+KeyRoster's adverts go as bare ``[sender, cipher key, mask key, signature]`` lists, n of them);
 ``from_wire(obj)`` gives the message back, or a :class:`Malformed` with the reason (untrusted
 input is data, never an exception). Which member sent a message is the envelope's business (the
 wire layer signs and checks it); only :class:`AdvertiseKeys` names its sender, because clients
@@ -123,8 +124,8 @@ def to_wire(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": type(message).__name__}
     for item in fields(message):
         value = getattr(message, item.name)
-        if item.name == "adverts":
-            value = [to_wire(advert) for advert in value]
+        if item.name == "adverts":  # n of them: as bare lists, the run and round said once
+            value = [[a.sender, a.cipher_public, a.mask_public, a.signature] for a in value]
         elif isinstance(value, tuple):
             value = [list(entry) for entry in value] if value and isinstance(value[0], tuple) else list(value)
         out[item.name] = value
@@ -154,12 +155,13 @@ def from_wire(obj: object) -> Message | Malformed:
     for name in names:
         value = obj[name]
         if name == "adverts":
-            if not isinstance(value, list):
-                return Malformed("adverts: not a list")
-            adverts = [from_wire(entry) for entry in value]
-            if not all(isinstance(advert, AdvertiseKeys) for advert in adverts):
-                return Malformed("adverts: not advertisements")
-            values[name] = tuple(adverts)
+            if not isinstance(value, list) or not all(
+                    isinstance(entry, list) and [type(part) for part in entry] == [str, bytes, bytes, bytes]
+                    for entry in value):
+                return Malformed("adverts: not a list of [sender, cipher key, mask key, signature]")
+            # run_id and round_index come first in the fields, so they are already checked
+            values[name] = tuple(AdvertiseKeys(values["run_id"], values["round_index"], *entry)
+                                 for entry in value)
         elif name in _SCALARS:
             if type(value) is not _SCALARS[name]:
                 return Malformed(f"{name}: not {_SCALARS[name].__name__}")
