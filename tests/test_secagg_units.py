@@ -325,3 +325,40 @@ def test_server_refuses_a_cohort_that_breaks_the_config() -> None:
     with pytest.raises(SecAggConfigError):
         SecAggServer(SecAggConfig(max_clients=4), run_id="r", round_index=1, cohort=frozenset(NAMES),
                      numel=3, verify=lambda *_: True, now_s=0.0)
+
+
+def test_the_gateway_refuses_unmask_shares_of_the_wrong_kind() -> None:
+    local = _local()
+    drop = {NAMES[5]: 2}
+    held: list[Deliver] = []
+
+    def hold_proofs(deliveries: list[Deliver]) -> list[Deliver]:
+        if any(isinstance(d.message, ConsistencyProof) for d in deliveries):
+            held.extend(deliveries)
+            return []
+        return deliveries
+
+    local.run(drop_before=drop, tamper=hold_proofs)
+    server = local.server
+    assert server.phase is ServerPhase.UNMASK
+    honest = local.clients[NAMES[0]].receive(held[0].message, local.now_s)
+    (reply,) = honest
+    assert isinstance(reply, UnmaskShares) and reply.mask_key_shares and reply.self_seed_shares
+    owner, index, share = reply.mask_key_shares[0]
+    both = dataclasses.replace(reply, self_seed_shares=(*reply.self_seed_shares, (owner, index, share)))
+    survivor = reply.self_seed_shares[0]
+    key_of_survivor = dataclasses.replace(reply, mask_key_shares=(*reply.mask_key_shares, survivor))
+    short = dataclasses.replace(reply, self_seed_shares=((survivor[0], survivor[1], b"short"),))
+    for bad in (both, key_of_survivor, short):
+        assert server.receive(NAMES[0], bad, local.now_s) == []
+    assert server.refused["bad_unmask"] == 3
+    assert server.receive(NAMES[0], reply, local.now_s) == [] and NAMES[0] in server.unmasks
+
+
+def test_a_round_is_repeatable_from_its_seed() -> None:
+    first, second = _local(), _local()
+    a, b = first.run(drop_before={NAMES[1]: 2}), second.run(drop_before={NAMES[1]: 2})
+    assert a is not None and b is not None and np.array_equal(a.ring_sum, b.ring_sum)
+    assert first.bytes_up == second.bytes_up and first.bytes_down == second.bytes_down
+    masked = [[m for m in run.sent[NAMES[0]] if isinstance(m, MaskedInput)] for run in (first, second)]
+    assert masked[0] == masked[1]  # keys and masks come from the injected secrets, not the OS

@@ -5,7 +5,8 @@ a driver does (route messages, fire deadlines, drop clients) and nothing a machi
 drop by schedule: ``drop_before[name] = r`` means the client sends nothing from round r on (0:
 never advertises, 2: shares its keys then leaves before sending its input, 3: leaves right after
 its masked input). ``tamper`` sees each batch of the gateway's deliveries and returns what is
-really delivered (a dishonest gateway). Bytes are msgpack of ``messages.to_wire`` per message;
+really delivered (a dishonest gateway); when it keeps a whole batch, ``run`` returns and leaves
+the round to the caller. Bytes are msgpack of ``messages.to_wire`` per message;
 ``clock`` (a CPU clock the caller injects; none is read here) attributes compute time to parties.
 
 Identities are Ed25519 keys derived from ``seed`` and the member name, so a run is repeatable.
@@ -133,10 +134,9 @@ class LocalRound:
                 deliveries = self.server.tick(self.now_s)
                 self._charge(GATEWAY, started)
             if tamper is not None:
-                deliveries = tamper(deliveries)
-            stuck = self.now_s >= self.server.deadline_s
-            if not deliveries and not outbox and not self.server.finished and stuck:
-                break  # a tampered-away round: nothing will ever arrive
+                sent, deliveries = deliveries, tamper(deliveries)
+                if sent and not deliveries and not outbox:
+                    break  # the tamperer kept the whole batch: the caller drives the round from here
             for delivery in deliveries:
                 self.bytes_down[delivery.recipient] += wire_bytes(delivery.message)
                 if alive[delivery.recipient] <= _REPLY_ROUND[type(delivery.message)]:
