@@ -80,6 +80,16 @@ EXPECTED: dict[str, list[str]] = {
         r"^ring:16\s+dirichlet0.3\s+0\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+[\d.]+\s+(met|MISSED)",
         r"^cells missing a bar: \d+$",
     ],
+    "bench_secagg.py": [
+        r"^SecAgg one round, update 1,000 elements",
+        r"^mode\s+n\s+k\s+t\s+client up KB\s+down KB\s+client ms\s+gateway MB",
+        r"^secagg\+\s+10\s+9\s+5\s+[\d.]+",
+        r"^plain\s+10\s+9\s+5\s+[\d.]+",
+        r"^secagg\+\s+30\s+16\s+9\s+[\d.]+",
+        r"^plain\s+30\s+29\s+15\s+[\d.]+",
+        r"^n=30: SecAgg\+ needs k=16 against plain SecAgg's 29",
+        r"^traffic over the clear data: Bonawitz et al\. 1\.73x .* ours [\d.]+x",
+    ],
     "gpu_two_peers.py": [
         r"^training on (cpu|cuda): exit codes \{'p00': 0, 'p01': 0\}",
         r"^  correct: yes$",

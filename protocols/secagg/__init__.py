@@ -1,0 +1,81 @@
+"""Secure aggregation: the gateway learns the sum of the clients' updates, not any one of them.
+
+SecAgg (Bonawitz et al. 2017) with SecAgg+'s sparse masking graph (Bell et al. 2020), sans-IO: one
+:class:`SecAggClient` per client per round and one :class:`SecAggServer` per gateway per round,
+fed messages and ``now_s`` and answering with messages. No clock, socket or thread; the only
+randomness is the 32-byte ``client_secret`` the driver injects and pycryptodome's Shamir
+coefficients (crypto.py says why that is harmless to determinism of results).
+
+The five rounds (server.py has the verdict table, client.py the abort table):
+
+0. advertise keys   client -> AdvertiseKeys (two fresh X25519 keys, signed with its roster key);
+                    gateway -> KeyRoster (all of U1) to each
+1. share keys       client -> ShareKeys: Shamir shares (threshold t) of its mask key and self-mask
+                    seed, one ChaCha20-Poly1305 bundle per masking neighbour (the k-regular graph
+                    from graph.py, seeded by a hash of every advertised key);
+                    gateway -> ForwardedShares to each client of U2
+2. masked input     client -> MaskedInput: x + self mask + pairwise masks (fixedpoint.py's ring);
+                    gateway -> SurvivorSet (U3) to each survivor
+3. consistency      client -> ConsistencySignature over the set it was told;
+                    gateway -> ConsistencyProof (the signer's neighbours' signatures)
+4. unmask           client -> UnmaskShares: per neighbour, the self-seed share if it survived,
+                    else the mask-key share, never both; gateway rebuilds and removes the masks
+
+Plugging it into the federation (a later step; nothing here imports federation/, peer/ or sim/):
+
+* config: ``[federation.secure_aggregation]`` parses into :class:`SecAggConfig`; the federation
+  config calls :func:`check_compatible` (mode, uplink) and ``SecAggConfig.validate(cohort size)``.
+* gateway: at RoundStart, create ``SecAggServer(config, run_id=..., round_index=r, cohort=asked,
+  numel=model size, verify=roster_verify, now_s=now)``; route the five client kinds to
+  ``receive(sender, msg, now_s)``; map each ``Deliver`` to a Send; set a timer at ``deadline_s``
+  and call ``tick(now_s)`` when it fires; when ``result`` is set, dequantise
+  ``result.ring_sum`` (fixedpoint.dequantise_sum) and divide by ``len(result.survivors)`` for the
+  mean update (SecAgg gives an unweighted sum: to weigh by samples, a client scales its update
+  and appends its weight as one more coordinate, so the gateway learns only the total weight).
+  ``refused`` and ``counters`` go to the status/report like every other Counter.
+* client: on RoundStart create ``SecAggClient(..., cohort=asked, client_secret=32 secret bytes
+  (os.urandom once per process in the daemon; keys are bound to run and round, so it may last),
+  sign=identity.sign, verify=roster_verify)``, send ``start(now_s)``; after training, send
+  ``provide_input(quantise(update), now_s)``; route the four gateway kinds to ``receive``.
+  ``aborts`` and ``refused`` are its Counters.
+* wire: ``messages.to_wire``/``from_wire`` give msgpack-able maps; the envelope signs them and
+  proves the sender, which the gateway passes to ``receive``.
+
+Threat model, in short (t is per neighbourhood: a secret of client v is rebuilt from t of the
+shares v gave its k neighbours). The gateway learns the sum over the survivors U3 (at least t + 1
+clients), who dropped at which round, and message sizes; each masked input is uniform in the ring
+to it. To unmask one survivor v it would need t shares of v's self-mask seed *and* t of v's mask
+key; an honest neighbour gives at most one of the two for v, so a gateway that lies about who
+dropped, helped by c colluding neighbours of v, gets both only if 2t <= k + c. The default
+t = floor(k/2) + 1 covers a lying gateway alone (c = 0); against a lying gateway with up to c
+colluding clients in a neighbourhood, set t > (k + c) / 2 (Bonawitz et al.'s t > 2k/3 for c < k/3).
+Colluding clients alone never see a masked input, so they learn nothing. Clients colluding with
+a gateway that follows the protocol learn nothing beyond the sum and their own inputs while fewer
+than t of them sit among any honest client's k neighbours (with t of v's neighbours they hold v's
+mask key, and the gateway gets v's self-mask seed anyway): in plain SecAgg that is t - 1 clients
+in all; in SecAgg+ the graph follows the fresh keys, so a small group rarely gathers t around one
+victim. Not covered: a client that sends garbage (it
+corrupts the sum undetectably: SecAgg hides inputs, it does not check them), and what the sums
+of several rounds over changing cohorts reveal by differencing (client-level DP is the defence).
+"""
+
+from protocols.secagg.client import ClientPhase, SecAggClient
+from protocols.secagg.config import REFUSED_COMPRESSORS, SecAggConfig, SecAggConfigError, check_compatible
+from protocols.secagg.fixedpoint import dequantise_sum, max_clients_for_bits, quantise
+from protocols.secagg.server import Deliver, SecAggResult, SecAggServer, ServerPhase
+
+__all__ = [
+    "REFUSED_COMPRESSORS",
+    "ClientPhase",
+    "Deliver",
+    "SecAggClient",
+    "SecAggConfig",
+    "SecAggConfigError",
+    "SecAggResult",
+    "SecAggServer",
+    "ServerPhase",
+    "check_compatible",
+    "dequantise_sum",
+    "max_clients_for_bits",
+    "quantise",
+]

@@ -1,0 +1,265 @@
+"""One client's side of one SecAgg round, as a pure state machine (one instance per round).
+
+The driver feeds it the gateway's messages (``receive``) and its quantised update
+(``provide_input``, any time before or after the shares arrive) and sends what it returns to the
+gateway. Every check below that fails *aborts* the round (counted in ``aborts`` by reason, nothing
+more is sent); a message that does not belong here is *refused* (counted in ``refused``) and
+changes nothing.
+
+=================  ===================  =====================================================  =========
+phase              message              checks (abort reason)                                  sends
+=================  ===================  =====================================================  =========
+ADVERTISED         KeyRoster            each advert from the cohort, once, signature valid     ShareKeys
+                                        (``bad_advert``); ours unaltered (``own_keys_altered``);
+                                        >= 3 clients and t <= k (``too_few_clients``)
+SHARED             ForwardedShares      senders are our neighbours, each decrypts              MaskedInput
+                                        (``bad_share``); >= t of them (``too_few_neighbours``)  (with input)
+MASKED             SurvivorSet          we are in it, it lies within the senders of shares     Consistency-
+                                        (``survivors_not_shared``), >= t neighbours in it       Signature
+                                        (``too_few_survivors``)
+SIGNED             ConsistencyProof     every signer in our survivor set and every signature   UnmaskShares
+                                        over *our* set (``survivor_sets_disagree``); >= t
+                                        neighbours signed (``too_few_signatures``)
+=================  ===================  =====================================================  =========
+
+The client sets no timers: the gateway's deadlines decide who is in, and a driver simply drops the
+machine when the federation round it belongs to ends (a late message then reaches nothing).
+
+The consistency rule: for each neighbour v that shared with us, we reveal v's self-mask-seed share
+if v is in the survivor set we signed, else v's mask-key share, never both (``revealed`` records
+which; a second reveal for one peer would raise, it cannot happen in one round's machine).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from enum import Enum
+
+import numpy as np
+
+from protocols.secagg import crypto
+from protocols.secagg.config import SecAggConfig
+from protocols.secagg.fixedpoint import ring_add, ring_sub, to_bytes
+from protocols.secagg.graph import graph_seed, neighbours
+from protocols.secagg.messages import (
+    AdvertiseKeys,
+    ClientMessage,
+    ConsistencyProof,
+    ConsistencySignature,
+    ForwardedShares,
+    GatewayMessage,
+    KeyRoster,
+    MaskedInput,
+    ShareKeys,
+    SurvivorSet,
+    UnmaskShares,
+)
+
+Sign = Callable[[bytes], bytes]  # this member's Ed25519 signature of the bytes
+Verify = Callable[[str, bytes, bytes], bool]  # (member, signature, data) -> valid under its roster key
+
+
+class ClientPhase(Enum):
+    IDLE = "idle"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    SIGNED = "signed"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+# which message each phase waits for
+_EXPECTS: dict[ClientPhase, type] = {
+    ClientPhase.ADVERTISED: KeyRoster, ClientPhase.SHARED: ForwardedShares,
+    ClientPhase.MASKED: SurvivorSet, ClientPhase.SIGNED: ConsistencyProof}
+
+
+class SecAggClient:
+    """A client's SecAgg round: advertise, share, mask, sign the survivors, reveal shares."""
+
+    def __init__(self, config: SecAggConfig, *, name: str, run_id: str, round_index: int,
+                 cohort: frozenset[str], client_secret: bytes, sign: Sign, verify: Verify) -> None:
+        self.config = config
+        self.name = name
+        self.run_id = run_id
+        self.round_index = round_index
+        self.cohort = cohort  # the clients the gateway asked this round (from the federation's RoundStart)
+        self.sign = sign
+        self.verify = verify
+        self.secrets = crypto.RoundSecrets(client_secret, run_id, round_index, name)
+        self.phase = ClientPhase.IDLE
+        self.aborts: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.revealed: dict[str, str] = {}  # peer -> "self_seed" | "mask_key"
+        self.threshold = 0
+        self.neighbours: frozenset[str] = frozenset()
+        self._adverts: dict[str, AdvertiseKeys] = {}
+        # sender -> (share index, its mask-key share, its self-seed share)
+        self._held: dict[str, tuple[int, bytes, bytes]] = {}
+        self._input: np.ndarray | None = None
+        self._survivors: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------------ driver interface
+
+    def start(self, now_s: float) -> list[ClientMessage]:
+        """Round 0: advertise this round's two public keys, signed."""
+        if self.phase is not ClientPhase.IDLE:
+            return []
+        self.phase = ClientPhase.ADVERTISED
+        statement = crypto.advert_statement(self.run_id, self.round_index, self.name,
+                                            self.secrets.cipher_public, self.secrets.mask_public)
+        return [AdvertiseKeys(self.run_id, self.round_index, self.name, self.secrets.cipher_public,
+                              self.secrets.mask_public, self.sign(statement))]
+
+    def provide_input(self, quantised: np.ndarray, now_s: float) -> list[ClientMessage]:
+        """Hand over the update in the ring (fixedpoint.quantise); sent masked once shares are in."""
+        if self._input is not None or self.phase in (ClientPhase.ABORTED, ClientPhase.DONE):
+            return []
+        self._input = np.asarray(quantised, dtype=np.int64).copy()
+        return self._masked_input() if self.phase is ClientPhase.SHARED and self._held else []
+
+    def receive(self, message: GatewayMessage, now_s: float) -> list[ClientMessage]:
+        """One message from the gateway; what to send back (nothing when refused or aborted)."""
+        if self.phase is ClientPhase.ABORTED:
+            self.refused["after_abort"] += 1
+            return []
+        if message.run_id != self.run_id or message.round_index != self.round_index:
+            self.refused["wrong_round"] += 1
+            return []
+        if _EXPECTS.get(self.phase) is not type(message):
+            self.refused["wrong_phase"] += 1
+            return []
+        match message:
+            case KeyRoster():
+                return self._on_roster(message)
+            case ForwardedShares():
+                return self._on_shares(message)
+            case SurvivorSet():
+                return self._on_survivors(message)
+            case ConsistencyProof():
+                return self._on_proof(message)
+        return []  # pragma: no cover (the _EXPECTS table covers every kind)
+
+    # ------------------------------------------------------------------ rounds
+
+    def _abort(self, reason: str) -> list[ClientMessage]:
+        self.phase = ClientPhase.ABORTED
+        self.aborts[reason] += 1
+        return []
+
+    def _on_roster(self, message: KeyRoster) -> list[ClientMessage]:
+        adverts: dict[str, AdvertiseKeys] = {}
+        for advert in message.adverts:
+            statement = crypto.advert_statement(self.run_id, self.round_index, advert.sender,
+                                                advert.cipher_public, advert.mask_public)
+            if (advert.sender not in self.cohort or advert.sender in adverts
+                    or (advert.run_id, advert.round_index) != (self.run_id, self.round_index)
+                    or crypto.load_public(advert.cipher_public) is None
+                    or crypto.load_public(advert.mask_public) is None
+                    or not self.verify(advert.sender, advert.signature, statement)):
+                return self._abort("bad_advert")
+            adverts[advert.sender] = advert
+        mine = adverts.get(self.name)
+        if mine is None or (mine.cipher_public, mine.mask_public) != (self.secrets.cipher_public,
+                                                                       self.secrets.mask_public):
+            return self._abort("own_keys_altered")
+        n = len(adverts)
+        if not self.config.runs_with(n):
+            return self._abort("too_few_clients")
+        self._adverts = adverts
+        self.threshold = self.config.threshold_for(n)
+        seed = graph_seed(self.run_id, self.round_index,
+                          {name: (a.cipher_public, a.mask_public) for name, a in adverts.items()})
+        self.neighbours = neighbours(seed, sorted(adverts), self.config.degree_for(n))[self.name]
+        holders = sorted(self.neighbours)
+        key_shares = crypto.split_secret(self.secrets.mask_private, self.threshold, len(holders))
+        seed_shares = crypto.split_secret(self.secrets.self_seed, self.threshold, len(holders))
+        ciphertexts: list[tuple[str, bytes]] = []
+        for holder, (index, key_share), (_, seed_share) in zip(holders, key_shares, seed_shares, strict=True):
+            public = crypto.load_public(adverts[holder].cipher_public)
+            assert public is not None  # checked above
+            plaintext = index.to_bytes(4, "big") + key_share + seed_share
+            ciphertexts.append((holder, crypto.encrypt_share(
+                self.secrets.cipher_key, public, run_id=self.run_id, round_index=self.round_index,
+                sender=self.name, recipient=holder, plaintext=plaintext)))
+        self.phase = ClientPhase.SHARED
+        return [ShareKeys(self.run_id, self.round_index, tuple(ciphertexts))]
+
+    def _on_shares(self, message: ForwardedShares) -> list[ClientMessage]:
+        if self._held:  # already in, waiting for our input
+            self.refused["duplicate"] += 1
+            return []
+        held: dict[str, tuple[int, bytes, bytes]] = {}
+        for sender, ciphertext in message.ciphertexts:
+            if sender not in self.neighbours or sender in held:
+                return self._abort("bad_share")
+            public = crypto.load_public(self._adverts[sender].cipher_public)
+            assert public is not None
+            plaintext = crypto.decrypt_share(self.secrets.cipher_key, public, run_id=self.run_id,
+                                             round_index=self.round_index, sender=sender,
+                                             recipient=self.name, ciphertext=ciphertext)
+            if plaintext is None or len(plaintext) != 4 + 2 * crypto.SHARE_BYTES:
+                return self._abort("bad_share")
+            index = int.from_bytes(plaintext[:4], "big")
+            held[sender] = (index, plaintext[4:36], plaintext[36:])
+        if len(held) < self.threshold:
+            return self._abort("too_few_neighbours")
+        self._held = held
+        return self._masked_input() if self._input is not None else []
+
+    def _masked_input(self) -> list[ClientMessage]:
+        assert self._input is not None
+        numel = self._input.size
+        masked = self._input.copy()
+        ring_add(masked, crypto.expand_mask(crypto.self_mask_key(
+            self.secrets.self_seed, run_id=self.run_id, round_index=self.round_index, member=self.name),
+            numel))
+        for peer in sorted(self._held):
+            public = crypto.load_public(self._adverts[peer].mask_public)
+            assert public is not None
+            mask = crypto.expand_mask(crypto.pair_seed(
+                self.secrets.mask_key, public, run_id=self.run_id, round_index=self.round_index,
+                a=self.name, b=peer), numel)
+            (ring_add if self.name < peer else ring_sub)(masked, mask)
+        self.phase = ClientPhase.MASKED
+        return [MaskedInput(self.run_id, self.round_index, to_bytes(masked))]
+
+    def _on_survivors(self, message: SurvivorSet) -> list[ClientMessage]:
+        survivors = frozenset(message.survivors)
+        if len(survivors) != len(message.survivors) or self.name not in survivors:
+            return self._abort("bad_survivor_set")
+        if not (survivors & self.neighbours) <= self._held.keys():
+            return self._abort("survivors_not_shared")
+        if len(survivors & self.neighbours) < self.threshold:
+            return self._abort("too_few_survivors")
+        self._survivors = survivors
+        self.phase = ClientPhase.SIGNED
+        statement = crypto.survivors_statement(self.run_id, self.round_index, survivors)
+        return [ConsistencySignature(self.run_id, self.round_index, self.sign(statement))]
+
+    def _on_proof(self, message: ConsistencyProof) -> list[ClientMessage]:
+        statement = crypto.survivors_statement(self.run_id, self.round_index, self._survivors)
+        signers: set[str] = set()
+        for signer, signature in message.signatures:
+            # a signer outside our set, or a signature over another set, is the gateway telling
+            # two clients two different things: nothing may be revealed then
+            if signer not in self._survivors or not self.verify(signer, signature, statement):
+                return self._abort("survivor_sets_disagree")
+            signers.add(signer)
+        if len(signers & self.neighbours) < self.threshold:
+            return self._abort("too_few_signatures")
+        self_seed_shares: list[tuple[str, int, bytes]] = []
+        mask_key_shares: list[tuple[str, int, bytes]] = []
+        for peer in sorted(self._held):
+            index, key_share, seed_share = self._held[peer]
+            kind = "self_seed" if peer in self._survivors else "mask_key"
+            if self.revealed.setdefault(peer, kind) != kind:
+                raise AssertionError(f"consistency rule: both shares of {peer} would be revealed")
+            if kind == "self_seed":
+                self_seed_shares.append((peer, index, seed_share))
+            else:
+                mask_key_shares.append((peer, index, key_share))
+        self.phase = ClientPhase.DONE
+        return [UnmaskShares(self.run_id, self.round_index, tuple(self_seed_shares), tuple(mask_key_shares))]

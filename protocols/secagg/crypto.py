@@ -1,0 +1,186 @@
+"""The cryptography SecAgg uses, each primitive from a maintained library, each key bound to its use.
+
+* Key derivation: HKDF-SHA256 (``cryptography``). Every derived key names its purpose, the run id and
+  the round in HKDF's ``info`` (length-prefixed fields, so no two tuples give the same bytes): a key
+  or mask seed is never used in two rounds or two runs.
+* A client's per-round secrets (its two X25519 keys and its self-mask seed) come from one 32-byte
+  ``client_secret`` the driver injects (the daemon draws it from the operating system; the
+  simulator derives it from its seed), so this package never draws randomness of its own except
+  inside Shamir sharing (below).
+* Key agreement: X25519. The *cipher* key pair encrypts shares; the *mask* key pair gives the
+  pairwise mask seeds, and its private half is what gets Shamir-shared.
+* Shares travel in ChaCha20-Poly1305, one key per (sender, recipient) direction, used for exactly one
+  message (so the all-zero nonce is safe), associated data binding (run id, round, sender, recipient).
+* Masks: the ChaCha20 keystream of a 32-byte key, read as little-endian uint32 ring elements.
+* Shamir sharing: pycryptodome's ``Shamir`` over GF(2^128), on 16-byte chunks; a 32-byte secret is
+  two chunks shared with the same indices. Its polynomial coefficients come from pycryptodome's own
+  ``get_random_bytes`` (the OS): share bytes differ between runs, what they rebuild does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+DOMAIN = b"hivemesh-secagg/1"
+KEY_BYTES = 32
+SHARE_BYTES = 32  # one Shamir share of a 32-byte secret: two 16-byte chunk shares
+_ZERO_NONCE = bytes(12)
+
+
+def frame(*parts: bytes | str | int) -> bytes:
+    """An unambiguous byte string of ``parts`` (each length-prefixed; ints as 8 bytes)."""
+    out = bytearray()
+    for part in parts:
+        raw = (part.encode("utf-8") if isinstance(part, str)
+               else part.to_bytes(8, "big", signed=True) if isinstance(part, int) else part)
+        out += len(raw).to_bytes(4, "big") + raw
+    return bytes(out)
+
+
+def derive(key_material: bytes, *info: bytes | str | int) -> bytes:
+    """32 bytes of HKDF-SHA256 from ``key_material``, bound to ``info``."""
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                info=frame(DOMAIN, *info)).derive(key_material)
+
+
+# ------------------------------------------------------------------ a client's round secrets
+
+
+class RoundSecrets:
+    """One client's secrets for one round, all derived from its injected ``client_secret``."""
+
+    def __init__(self, client_secret: bytes, run_id: str, round_index: int, member: str) -> None:
+        if len(client_secret) != KEY_BYTES:
+            raise ValueError(f"a client secret has {KEY_BYTES} bytes, not {len(client_secret)}")
+        self.cipher_key = X25519PrivateKey.from_private_bytes(
+            derive(client_secret, "cipher-key", run_id, round_index, member))
+        self.mask_key = X25519PrivateKey.from_private_bytes(
+            derive(client_secret, "mask-key", run_id, round_index, member))
+        self.self_seed = derive(client_secret, "self-seed", run_id, round_index, member)
+
+    @property
+    def cipher_public(self) -> bytes:
+        return self.cipher_key.public_key().public_bytes_raw()
+
+    @property
+    def mask_public(self) -> bytes:
+        return self.mask_key.public_key().public_bytes_raw()
+
+    @property
+    def mask_private(self) -> bytes:
+        return self.mask_key.private_bytes_raw()
+
+
+def load_public(raw: bytes) -> X25519PublicKey | None:
+    """An X25519 public key, or None when ``raw`` is not one."""
+    try:
+        return X25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+
+
+def x25519_public_of(private: bytes) -> bytes:
+    """The raw public key of a raw X25519 private key (to check a rebuilt key against its advert)."""
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+
+
+# ------------------------------------------------------------------ statements that get signed
+
+
+def advert_statement(run_id: str, round_index: int, sender: str, cipher_public: bytes,
+                     mask_public: bytes) -> bytes:
+    """What a client signs with its roster identity to advertise its two round keys."""
+    return frame("advertise", run_id, round_index, sender, cipher_public, mask_public)
+
+
+def survivors_statement(run_id: str, round_index: int, survivors: Iterable[str]) -> bytes:
+    """What a client signs in the consistency check: the survivor set it was told (sorted)."""
+    return frame("survivors", run_id, round_index, *sorted(survivors))
+
+
+# ------------------------------------------------------------------ share encryption
+
+
+def _share_cipher(own_cipher_key: X25519PrivateKey, peer_public: X25519PublicKey, run_id: str,
+                  round_index: int, sender: str, recipient: str) -> ChaCha20Poly1305:
+    shared = own_cipher_key.exchange(peer_public)
+    return ChaCha20Poly1305(derive(shared, "share-key", run_id, round_index, sender, recipient))
+
+
+def encrypt_share(own_cipher_key: X25519PrivateKey, recipient_public: X25519PublicKey, *, run_id: str,
+                  round_index: int, sender: str, recipient: str, plaintext: bytes) -> bytes:
+    """ChaCha20-Poly1305 of ``plaintext`` from ``sender`` to ``recipient`` (only they can open it)."""
+    cipher = _share_cipher(own_cipher_key, recipient_public, run_id, round_index, sender, recipient)
+    return cipher.encrypt(_ZERO_NONCE, plaintext, frame("share", run_id, round_index, sender, recipient))
+
+
+def decrypt_share(own_cipher_key: X25519PrivateKey, sender_public: X25519PublicKey, *, run_id: str,
+                  round_index: int, sender: str, recipient: str, ciphertext: bytes) -> bytes | None:
+    """The plaintext, or None when the ciphertext was forged, altered or addressed elsewhere."""
+    cipher = _share_cipher(own_cipher_key, sender_public, run_id, round_index, sender, recipient)
+    try:
+        return cipher.decrypt(_ZERO_NONCE, ciphertext,
+                              frame("share", run_id, round_index, sender, recipient))
+    except InvalidTag:
+        return None
+
+
+# ------------------------------------------------------------------ masks
+
+
+def expand_mask(seed: bytes, numel: int) -> np.ndarray:
+    """``numel`` ring elements (int64 in [0, 2^32)) of ChaCha20's keystream under ``seed``."""
+    encryptor = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor()
+    stream = encryptor.update(bytes(4 * numel))
+    return np.frombuffer(stream, dtype="<u4").astype(np.int64)
+
+
+def pair_seed(own_mask_key: X25519PrivateKey, peer_public: X25519PublicKey, *, run_id: str,
+              round_index: int, a: str, b: str) -> bytes:
+    """The pairwise mask seed of clients ``a`` and ``b`` (the same from either side)."""
+    low, high = sorted((a, b))
+    return derive(own_mask_key.exchange(peer_public), "pair-mask", run_id, round_index, low, high)
+
+
+def pair_seed_from_private(mask_private: bytes, peer_public: X25519PublicKey, *, run_id: str,
+                           round_index: int, a: str, b: str) -> bytes:
+    """:func:`pair_seed` from a rebuilt private key (the gateway removing a dropped client's masks)."""
+    return pair_seed(X25519PrivateKey.from_private_bytes(mask_private), peer_public,
+                     run_id=run_id, round_index=round_index, a=a, b=b)
+
+
+def self_mask_key(self_seed: bytes, *, run_id: str, round_index: int, member: str) -> bytes:
+    """The ChaCha20 key of a client's self mask, from its (shared) self-mask seed."""
+    return derive(self_seed, "self-mask", run_id, round_index, member)
+
+
+# ------------------------------------------------------------------ Shamir sharing
+
+
+def split_secret(secret: bytes, threshold: int, holders: int) -> list[tuple[int, bytes]]:
+    """``holders`` shares (index 1.., 32 bytes each) of a 32-byte secret; any ``threshold`` rebuild it."""
+    if len(secret) != 2 * 16:
+        raise ValueError("SecAgg shares 32-byte secrets (two 16-byte chunks)")
+    low = Shamir.split(threshold, holders, secret[:16])
+    high = Shamir.split(threshold, holders, secret[16:])
+    return [(index, a + b) for (index, a), (_, b) in zip(low, high, strict=True)]
+
+
+def combine_secret(shares: Sequence[tuple[int, bytes]], threshold: int) -> bytes | None:
+    """The 32-byte secret from at least ``threshold`` shares (exactly ``threshold`` of them are used,
+    as pycryptodome requires); None with fewer, or with a share that is not 32 bytes."""
+    chosen = sorted({index: share for index, share in shares}.items())[:threshold]
+    if len(chosen) < threshold or any(len(share) != SHARE_BYTES for _, share in chosen):
+        return None
+    low = Shamir.combine([(index, share[:16]) for index, share in chosen])
+    high = Shamir.combine([(index, share[16:]) for index, share in chosen])
+    return low + high
