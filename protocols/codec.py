@@ -119,12 +119,13 @@ REASONS = (
 
 _GOSSIP_KINDS = frozenset({
     "param_push", "param_pull", "state_sync_request", "state_sync_response", "heartbeat", "error",
-    "client_update",  # a peer may also train as a client of a gateway
+    "client_update", "secagg",  # a peer may also train as a client of a gateway (secagg: securely)
 })
 DEFAULT_ALLOWED_KINDS: Mapping[str, frozenset[str]] = types.MappingProxyType({
     "peer": _GOSSIP_KINDS,
     "gateway": _GOSSIP_KINDS | {"round_start", "round_result"},
-    "edge": frozenset({"client_update", "heartbeat", "state_sync_request", "error"}),
+    # secagg: a client's side of secure aggregation (protocols/federation/secure.py)
+    "edge": frozenset({"client_update", "secagg", "heartbeat", "state_sync_request", "error"}),
 })
 
 

@@ -149,6 +149,20 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
+class SecAggMessage:
+    """FedAvg with secure aggregation: one of protocols/secagg's nine messages, for ``round``.
+
+    The body is msgpack of ``protocols.secagg.messages.to_wire`` in one uint8 tensor ``body``: a
+    masked input weighs 4 bytes per parameter, so it travels as payload frames, not in the header
+    (protocols/federation/secure.py wraps and unwraps it; untrusted bodies give data, not errors)."""
+
+    KIND: ClassVar[str] = "secagg"
+    round: int
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """A refusal the receiver tells the sender about (e.g. ``config_mismatch``)."""
 
@@ -166,11 +180,12 @@ Message = (
     | RoundStart
     | ClientUpdate
     | RoundResult
+    | SecAggMessage
     | ErrorReply
 )
 
 MESSAGE_TYPES: tuple[type, ...] = (
     ParamPush, ParamPull, StateSyncRequest, StateSyncResponse, Heartbeat,
-    RoundStart, ClientUpdate, RoundResult, ErrorReply,
+    RoundStart, ClientUpdate, RoundResult, SecAggMessage, ErrorReply,
 )
 KINDS: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}  # type: ignore[attr-defined]

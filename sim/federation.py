@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import time
 from collections import Counter
@@ -70,7 +71,15 @@ from protocols.events import (
     TimerFired,
     WorkDone,
 )
-from protocols.federation import FedAvgClient, FedAvgServer, FedBuffServer, FederationConfig, make_server
+from protocols.federation import (
+    FedAvgClient,
+    FedAvgServer,
+    FedBuffServer,
+    FederationConfig,
+    SecureClient,
+    SecureServer,
+    make_server,
+)
 from protocols.federation.edge import EdgeMachine
 from protocols.federation.interleave import GatewayWork, gossip_total_rounds
 from protocols.gossip import make_machine
@@ -78,6 +87,7 @@ from protocols.messages import Message
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
+from protocols.secagg.local import Roster
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
@@ -143,6 +153,9 @@ class FederationRun:
                                  for key in ("uplink_mbps", "downlink_mbps")})
                 for name in (*self.gateways, *self.clients)}
         self.network = Network({}, default=scenario.links, seed=scenario.seed, nics=nics)
+        # secure aggregation: the clients' roster identities (the daemon's are the roster's keys)
+        self.secagg_roster = Roster(list(self.clients), scenario.seed) if self.config.secure_aggregation else None
+        self.kind_bytes: Counter[str] = Counter()  # message kind -> bytes sent
         self.members: dict[str, Member] = {}
         for name in self.gateways:
             self.members[name] = self._gateway(name)
@@ -186,8 +199,12 @@ class FederationRun:
         own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
         # the DP draws' root: the gateway's own in the daemon (from the OS), here the scenario's
         secret = derive_seed(self.scenario.seed, name, 0, "dp-secret")
+        secure = None
+        if self.config.secure_aggregation is not None and self.secagg_roster is not None:
+            secure = SecureServer(self.config.secure_aggregation, run_id=self._run_id(),
+                                  verify=self.secagg_roster.verify, like=params)
         server = make_server(self.config, name=name, params=params, pause_between_rounds=sync,
-                             secret_seed=secret)
+                             secret_seed=secret, secure=secure)
         node: Node[Neighbour] = Node(
             name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
             early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
@@ -198,7 +215,8 @@ class FederationRun:
     def _client(self, name: str, gateway: str) -> Member:
         trainer = self.trainers[name]
         client = FedAvgClient(self.config, name=name, server=gateway, params=trainer.flat_params,
-                              num_samples=len(trainer.shard), steps_per_epoch=trainer.steps_per_epoch)
+                              num_samples=len(trainer.shard), steps_per_epoch=trainer.steps_per_epoch,
+                              secure=self._secure_client(name, gateway))
         node: Node[Neighbour] = Node(name, EdgeMachine(client), neighbours={gateway: Neighbour()},
                                      config=self.node_config, early_per_neighbour=2,
                                      answer_source=lambda: (trainer.flat_params.clone(), 0))
@@ -207,6 +225,19 @@ class FederationRun:
         return Member(name, node, gateway=gateway, client=client, trainer=trainer,
                       availability=Availability.parse(spec),
                       attack_scale=parse_attack(attack) if attack else 0.0)
+
+    def _run_id(self) -> str:
+        return f"{self.scenario.name}:{self.scenario.seed}"
+
+    def _secure_client(self, name: str, gateway: str) -> SecureClient | None:
+        """A client's side of secure aggregation (None: off); its secret from the scenario's seed
+        (the daemon's comes from the OS)."""
+        secure, roster = self.config.secure_aggregation, self.secagg_roster
+        if secure is None or roster is None:
+            return None
+        secret = hashlib.sha256(f"secagg-secret\x00{self.scenario.seed}\x00{name}".encode()).digest()
+        return SecureClient(secure, name=name, server=gateway, run_id=self._run_id(), client_secret=secret,
+                            sign=roster.signer(name), verify=roster.verify)
 
     # ------------------------------------------------------------ the run
 
@@ -276,7 +307,8 @@ class FederationRun:
         assert old is not None and trainer is not None
         client = FedAvgClient(self.config, name=member.name, server=member.gateway,
                               params=trainer.flat_params,
-                              num_samples=old.num_samples, steps_per_epoch=old.steps_per_epoch)
+                              num_samples=old.num_samples, steps_per_epoch=old.steps_per_epoch,
+                              secure=self._secure_client(member.name, member.gateway))
         client.restore_state(old.export_state())
         member.client = client
         member.node.restart(EdgeMachine(client), {member.gateway: Neighbour()})
@@ -297,6 +329,7 @@ class FederationRun:
                 for recipient in recipients:
                     self._send(member.name, recipient, message, nbytes, now)
                 member.bytes_sent += nbytes * len(recipients)
+                self.kind_bytes[message.KIND] += nbytes * len(recipients)
             case StartWork(steps=steps):
                 self._work(member, steps)
             case SetTimer(key=key, at=at):
@@ -442,6 +475,19 @@ class FederationRun:
         result.metrics = {"rounds_closed": float(len(result.rounds)),
                           "final_accuracy": result.trace[-1].mean_accuracy if result.trace else math.nan}
         self._privacy_note()
+        self._secure_note()
+
+    def _secure_note(self) -> None:
+        """SecAgg on: the bytes its messages cost (its time is in each round's closed_at_s)."""
+        secure = self.config.secure_aggregation
+        if secure is None:
+            return
+        self.result.metrics["bytes_secagg"] = float(self.kind_bytes["secagg"])
+        self.result.metrics["bytes_round_start"] = float(self.kind_bytes["round_start"])
+        self.result.notes.append(
+            f"secure aggregation ({'masked' if secure.masking else 'quantised only, unmasked'}, "
+            f"{secure.bits}-bit, clip {secure.clip_value:g}): {self.kind_bytes['secagg']} bytes of SecAgg "
+            "messages; the aggregate is the survivors' unweighted mean")
 
     def _privacy_note(self) -> None:
         """DP on: the budget the gateways spent (the largest, for several), as a metric and a note."""

@@ -13,6 +13,12 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
 - ``privacy`` and ``accountant``: client-level differential privacy at the gateway (DP-FedAvg:
   Poisson sampling, clipping, fixed or adaptive, Gaussian noise) and the (epsilon, delta) spent
   (``[federation.differential_privacy]``, :class:`DifferentialPrivacyConfig`).
+- ``secure``: secure aggregation, SecAgg+ (``[federation.secure_aggregation]``,
+  :class:`SecureAggregationConfig`): the driver gives the server a :class:`SecureServer`
+  (``secure=``, with the roster's signature check) and each client a :class:`SecureClient`
+  (its secret, its signer); the five SecAgg rounds then run inside each FedAvg round as
+  ``SecAggMessage`` through the same Node path, and the round's aggregate is the survivors'
+  unweighted mean.
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
 
@@ -47,6 +53,7 @@ from protocols.federation.client import ClientPhase, FedAvgClient
 from protocols.federation.config import AGGREGATORS, FederationConfig
 from protocols.federation.fedbuff import BufferReport, BuffPhase, FedBuffServer, staleness_weight
 from protocols.federation.privacy import DifferentialPrivacyConfig
+from protocols.federation.secure import SecureAggregationConfig, SecureClient, SecureServer
 from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase, report_row
 from protocols.federation.server_opt import (
     SERVER_OPTIMIZERS,
@@ -68,6 +75,9 @@ __all__ = [
     "FedBuffServer",
     "FederationConfig",
     "RoundReport",
+    "SecureAggregationConfig",
+    "SecureClient",
+    "SecureServer",
     "ServerOptConfig",
     "ServerPhase",
     "make_server",
@@ -81,14 +91,17 @@ __all__ = [
 
 def make_server(config: FederationConfig, *, name: str, params: torch.Tensor, clients: Sequence[str] = (),
                 pause_between_rounds: bool = False, shapes: Sequence[tuple[int, ...]] | None = None,
-                secret_seed: int | None = None) -> FedAvgServer | FedBuffServer:
+                secret_seed: int | None = None,
+                secure: SecureServer | None = None) -> FedAvgServer | FedBuffServer:
     """The server ``config.mode`` names, updating ``params`` (the global model, flat) in place.
 
     ``pause_between_rounds`` (sync only: FedBuff has no rounds to pause between);
-    ``secret_seed``: the gateway's own root of its DP draws (needed with differential privacy)."""
+    ``secret_seed``: the gateway's own root of its DP draws (needed with differential privacy);
+    ``secure``: the gateway's side of secure aggregation (needed with it; sync only)."""
     if config.mode == "fedbuff":
         if pause_between_rounds:
             raise ValueError("federation mode 'fedbuff' has no rounds to pause between")
         return FedBuffServer(config, name=name, params=params, clients=clients, shapes=shapes)
     return FedAvgServer(config, name=name, params=params, clients=clients,
-                        pause_between_rounds=pause_between_rounds, shapes=shapes, secret_seed=secret_seed)
+                        pause_between_rounds=pause_between_rounds, shapes=shapes, secret_seed=secret_seed,
+                        secure=secure)

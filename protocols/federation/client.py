@@ -42,8 +42,9 @@ from protocols.compress import BadParts, ErrorFeedback, RngKey, from_spec, pack
 from protocols.events import Action, Event, Finished, ProtocolState, Received, Send, StartWork, WorkDone
 from protocols.federation.common import Counted, payload
 from protocols.federation.config import FederationConfig
+from protocols.federation.secure import SecureClient
 from protocols.gossip.payload import PREFIX
-from protocols.messages import ClientUpdate, Message, RoundResult, RoundStart
+from protocols.messages import ClientUpdate, Message, RoundResult, RoundStart, SecAggMessage
 
 
 class ClientPhase(Enum):
@@ -59,8 +60,14 @@ class FedAvgClient(Counted):
 
     def __init__(self, config: FederationConfig, *, name: str, server: str, params: torch.Tensor,
                  num_samples: int, steps_per_epoch: int,
-                 shapes: Sequence[tuple[int, ...]] | None = None) -> None:
+                 shapes: Sequence[tuple[int, ...]] | None = None, secure: SecureClient | None = None) -> None:
+        """``secure``: this client's side of secure aggregation (protocols/federation/secure.py),
+        needed when ``config.secure_aggregation`` is set."""
         super().__init__()
+        if (config.secure_aggregation is None) != (secure is None):
+            raise ValueError("federation.secure_aggregation and the client's secure= go together")
+        # the hooks below hand it RoundStart, its messages and the trained delta
+        self.secure = secure
         if params.dim() != 1 or not params.is_floating_point():
             raise ValueError(f"params must be the trainer's flat 1-D float tensor, got {tuple(params.shape)}")
         if num_samples < 1 or steps_per_epoch < 1:
@@ -84,7 +91,7 @@ class FedAvgClient(Counted):
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
-        return self.ACCEPTS
+        return self.ACCEPTS if self.secure is None else self.ACCEPTS | self.secure.ACCEPTS
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:
         match event:
@@ -92,17 +99,24 @@ class FedAvgClient(Counted):
                 self._refuse("not_server")
                 return []
             case Received(message=RoundStart() as start):
-                return self._round_start(start)
+                return self._round_start(start, now)
+            case Received(message=SecAggMessage() as message) if self.secure is not None:
+                return self._secure(self.secure.receive(message, now))
             case Received(message=RoundResult() as result):
                 return self._result(result)
             case WorkDone():
-                return self._work_done() if self.phase is ClientPhase.TRAINING else []
+                return self._work_done(now) if self.phase is ClientPhase.TRAINING else []
             case _:
                 return []
 
     # ------------------------------------------------------------ a round
 
-    def _round_start(self, start: RoundStart) -> list[Action]:
+    def _secure(self, actions: list[Action]) -> list[Action]:
+        assert self.secure is not None
+        self.counters.update(self.secure.drain())
+        return actions
+
+    def _round_start(self, start: RoundStart, now: float) -> list[Action]:
         if self.phase is ClientPhase.FINISHED:
             self._refuse("after_finish")
             return []
@@ -129,7 +143,7 @@ class FedAvgClient(Counted):
         self.round = start.round
         self.phase = ClientPhase.TRAINING
         self.counters["rounds_trained"] += 1
-        return [StartWork(steps)]
+        return [StartWork(steps), *(self._secure(self.secure.start(start, now)) if self.secure else [])]
 
     def _steps(self, start: RoundStart) -> int | None:
         """The local work as optimiser steps, or None when the server asked for nothing sensible."""
@@ -142,13 +156,16 @@ class FedAvgClient(Counted):
         work = steps if steps > 0 else epochs * self.steps_per_epoch
         return work if work > 0 else None
 
-    def _work_done(self) -> list[Action]:
+    def _work_done(self, now: float) -> list[Action]:
         assert self.anchor is not None
         delta = self.params.detach() - self.anchor
         self.phase = ClientPhase.IDLE
         actions: list[Action] = []
         if not bool(torch.isfinite(delta).all()):
             self.counters["nonfinite_update"] += 1  # a diverged trainer: the server would refuse it
+        elif self.secure is not None:
+            actions += self._secure(self.secure.upload(self.round, delta, self.num_samples, now))
+            self.counters["updates_sent"] += 1
         else:
             if self.compress_uplink:
                 compressed = self.feedback.compress(delta, RngKey(self.config.seed, self.name, self.round))
@@ -164,7 +181,7 @@ class FedAvgClient(Counted):
             return [*actions, *self._result(result)]
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            actions.extend(self._round_start(pending))
+            actions.extend(self._round_start(pending, now))
         return actions
 
     def _result(self, result: RoundResult) -> list[Action]:

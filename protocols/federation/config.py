@@ -12,7 +12,9 @@ from typing import Literal
 
 from protocols.compress import SpecError, from_spec
 from protocols.federation.privacy import DifferentialPrivacyConfig
+from protocols.federation.secure import SecureAggregationConfig
 from protocols.federation.server_opt import ServerOptConfig
+from protocols.secagg import check_compatible
 
 Aggregator = Literal["fedavg", "mean", "median", "trimmed_mean", "krum", "multi_krum"]
 AGGREGATORS: tuple[str, ...] = ("fedavg", "mean", "median", "trimmed_mean", "krum", "multi_krum")
@@ -46,6 +48,8 @@ class FederationConfig:
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     # client-level DP at the gateway (protocols/federation/privacy.py); None: off
     differential_privacy: DifferentialPrivacyConfig | None = None
+    # secure aggregation, SecAgg+ (protocols/federation/secure.py, protocols/secagg/); None: off
+    secure_aggregation: SecureAggregationConfig | None = None
     # --- FedBuff (Nguyen et al. 2022)
     buffer_size: int = 5  # K: the server aggregates every K accepted updates
     concurrency: int = 10  # clients training at once
@@ -96,6 +100,8 @@ class FederationConfig:
                 raise ValueError(f"federation.{key}: {error}") from None
         if self.differential_privacy is not None:
             self._check_private()
+        if self.secure_aggregation is not None:
+            self._check_secure(self.secure_aggregation)
 
     def _check_private(self) -> None:
         """What DP-FedAvg's guarantee rests on: Poisson rounds, every sampled update counted the same."""
@@ -112,6 +118,38 @@ class FederationConfig:
         if self.clip_norm != 0:
             raise ValueError("federation.clip_norm must be 0 while differential_privacy is on: the clip "
                              "norm is differential_privacy.clip_norm")
+
+    def _check_secure(self, secure: SecureAggregationConfig) -> None:
+        """What SecAgg's sum needs: one synchronous round, every asked client's masks in it, an
+        uplink that carries no per-client scale, and an unweighted mean the gateway can take."""
+        try:
+            check_compatible(mode=self.mode, uplink=self.uplink)
+        except ValueError as error:
+            default = " (federation.uplink defaults to qsgd:bits=8: set uplink = \"identity\")" \
+                if self.uplink == "qsgd:bits=8" else ""
+            raise ValueError(f"{error}{default}") from None
+        if self.differential_privacy is not None:
+            raise ValueError("federation.secure_aggregation cannot be used with "
+                             "federation.differential_privacy yet: central DP needs each update at the "
+                             "gateway (distributed DP is to come)")
+        if self.aggregator not in ("fedavg", "mean"):
+            raise ValueError(f"federation.aggregator {self.aggregator!r} cannot be used with "
+                             "secure_aggregation: the gateway sees only the sum (use fedavg or mean; the "
+                             "mean is unweighted)")
+        if self.clip_norm != 0:
+            raise ValueError("federation.clip_norm must be 0 while secure_aggregation is on: the gateway "
+                             "cannot clip a masked update (clients clip each coordinate to "
+                             "secure_aggregation.clip_value)")
+        if self.over_selection != 0:
+            raise ValueError(f"federation.over_selection must be 0 while secure_aggregation is on, not "
+                             f"{self.over_selection}: every asked client's masks are in the round's sum")
+        if self.min_clients < 3:
+            raise ValueError(f"federation.min_clients must be >= 3 while secure_aggregation is on, not "
+                             f"{self.min_clients}: a sum of two tells each of them the other's update")
+        if self.round_timeout_s < secure.total_timeout_s():
+            raise ValueError(f"federation.round_timeout_s = {self.round_timeout_s} is shorter than the five "
+                             f"secure_aggregation.*_timeout_s together ({secure.total_timeout_s()}): the "
+                             "round would close before its sum could")
 
     def clients_per_round(self, registered: int) -> int:
         """m (DP off): the updates a round takes, ``max(min_clients, ceil(fraction * registered))``,

@@ -85,8 +85,9 @@ from protocols.federation import privacy
 from protocols.federation.accountant import RoundAccountant, epsilon_json
 from protocols.federation.common import Counted, combine, final_result, payload, sample
 from protocols.federation.config import FederationConfig
+from protocols.federation.secure import SecureOutcome, SecureServer
 from protocols.federation.server_opt import OptState, server_step
-from protocols.messages import ClientUpdate, Message, RoundStart
+from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.rng import torch_generator
 
 
@@ -134,10 +135,12 @@ class FedAvgServer(Counted):
 
     def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
                  clients: Sequence[str] = (), pause_between_rounds: bool = False,
-                 shapes: Sequence[tuple[int, ...]] | None = None, secret_seed: int | None = None) -> None:
+                 shapes: Sequence[tuple[int, ...]] | None = None, secret_seed: int | None = None,
+                 secure: SecureServer | None = None) -> None:
         """``secret_seed``: the root of the DP draws (who is asked, the noise), known to this gateway
         only; needed when ``config.differential_privacy`` is set (the config's ``seed`` is every
-        client's, and would let them subtract the noise)."""
+        client's, and would let them subtract the noise). ``secure``: the gateway's side of secure
+        aggregation (protocols/federation/secure.py), needed when ``config.secure_aggregation`` is set."""
         super().__init__()
         if config.mode != "sync":
             raise ValueError(f"FedAvgServer runs mode 'sync', not {config.mode!r} (use FedBuffServer)")
@@ -174,10 +177,15 @@ class FedAvgServer(Counted):
             self.accountant = RoundAccountant(self.privacy.sampling_rate, self.privacy.noise_multiplier,
                                               self.privacy.delta)
             self.dp_clip_norm = self.privacy.clip_norm
+        # secure aggregation (None: off): the hooks below hand it the round's open, its messages and
+        # timers, the updates' decoding and the aggregate; the logic is protocols/federation/secure.py
+        if (config.secure_aggregation is None) != (secure is None):
+            raise ValueError("federation.secure_aggregation and the server's secure= go together")
+        self.secure = secure
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
-        return self.ACCEPTS
+        return self.ACCEPTS if self.secure is None else self.ACCEPTS | self.secure.ACCEPTS
 
     # ------------------------------------------------------------ membership
 
@@ -229,6 +237,11 @@ class FedAvgServer(Counted):
             case Received(sender=sender, message=ClientUpdate() as update):
                 self.last_contact_s[sender] = now
                 return self._update(sender, update, now)
+            case Received(sender=sender, message=SecAggMessage() as message) if self.secure is not None:
+                self.last_contact_s[sender] = now
+                return self._secure_step(*self.secure.receive(sender, message, now), now)
+            case TimerFired(key=key) if self.secure is not None and self.secure.owns(key):
+                return self._secure_step(*self.secure.tick(key, now), now)
             case TimerFired(key=key):
                 if self.phase is ServerPhase.OPEN and key == self._timer_key():
                     return self._close(now, "deadline")
@@ -256,10 +269,13 @@ class FedAvgServer(Counted):
             return [Metric("round", float(self.round)), Metric("asked", 0.0), *self._close(now, "empty")]
         self.phase = ServerPhase.OPEN
         tensors, meta, _ = self.downlink.encode(self.params, self.round)
-        start = RoundStart(round=self.round, tensors=tensors, meta={**meta, **self.config.local_work()},
+        secure_meta, secure_actions = self.secure.open(self.round, self.asked, now) if self.secure \
+            else ({}, [])
+        start = RoundStart(round=self.round, tensors=tensors,
+                           meta={**meta, **self.config.local_work(), **secure_meta},
                            deadline_s=self.config.round_timeout_s)
         return [Send(self.asked, start), SetTimer(self._timer_key(), now + self.config.round_timeout_s),
-                Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
+                *secure_actions, Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
 
     def _open_round(self, now: float) -> None:
         registered = len(self.registered)
@@ -291,7 +307,8 @@ class FedAvgServer(Counted):
                 or update.num_samples < 1:
             return self._refuse_open("bad_num_samples")
         try:
-            delta = self.uplink.decode(update.tensors, update.meta)
+            delta = self.uplink.decode(update.tensors, update.meta) if self.secure is None \
+                else self.secure.decode_update(update)
         except BadParts as error:
             self.counters[f"refused_bad_update_{error.reason}"] += 1
             return self._refuse_open("bad_update")
@@ -320,7 +337,8 @@ class FedAvgServer(Counted):
         norm = 0.0
         clip_norm = self.dp_clip_norm
         if aggregated:
-            delta = combine(self.config, self.taken) if self.privacy is None else self._private_mean()
+            delta = self._private_mean() if self.privacy is not None else self.secure.aggregate(self.taken) \
+                if self.secure is not None else combine(self.config, self.taken)
             norm = float(torch.linalg.vector_norm(delta))
             new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
             self.params.copy_(new)
@@ -347,6 +365,17 @@ class FedAvgServer(Counted):
             self.phase = ServerPhase.PAUSED
             return actions
         return [*actions, *self._try_open(now)]
+
+    def _secure_step(self, actions: list[Action], outcome: SecureOutcome | None, now: float) -> list[Action]:
+        """SecAgg's sends and timer; when its round ended, the FedAvg round closes with it (the
+        survivors are ``taken``; a failed SecAgg round is not aggregated)."""
+        assert self.secure is not None
+        self.counters.update(self.secure.drain())
+        if outcome is None or self.phase is not ServerPhase.OPEN:
+            return actions
+        self.taken = {} if outcome.mean is None else {name: (outcome.mean, 1) for name in outcome.survivors}
+        closed_by = "secagg" if outcome.mean is not None else f"secagg_failed_{outcome.failure}"
+        return [*actions, CancelTimer(self._timer_key()), *self._close(now, closed_by)]
 
     def _private_mean(self) -> torch.Tensor:
         """DP-FedAvg's aggregate of the taken updates (privacy.py), and the next clip norm."""
