@@ -154,7 +154,8 @@ class FederationRun:
                 for name in (*self.gateways, *self.clients)}
         self.network = Network({}, default=scenario.links, seed=scenario.seed, nics=nics)
         # secure aggregation: the clients' roster identities (the daemon's are the roster's keys)
-        self.secagg_roster = Roster(list(self.clients), scenario.seed) if self.config.secure_aggregation else None
+        self.secagg_roster = Roster(list(self.clients), scenario.seed) \
+            if self.config.secure_aggregation is not None else None
         self.kind_bytes: Counter[str] = Counter()  # message kind -> bytes sent
         self.members: dict[str, Member] = {}
         for name in self.gateways:

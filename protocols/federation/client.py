@@ -65,7 +65,8 @@ class FedAvgClient(Counted):
         needed when ``config.secure_aggregation`` is set."""
         super().__init__()
         if (config.secure_aggregation is None) != (secure is None):
-            raise ValueError("federation.secure_aggregation and the client's secure= go together")
+            raise ValueError("federation.secure_aggregation needs the client's secure side (secure=, a "
+                             "SecureClient) and secure= needs it: this driver does not wire it")
         # the hooks below hand it RoundStart, its messages and the trained delta
         self.secure = secure
         if params.dim() != 1 or not params.is_floating_point():

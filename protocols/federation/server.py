@@ -180,7 +180,8 @@ class FedAvgServer(Counted):
         # secure aggregation (None: off): the hooks below hand it the round's open, its messages and
         # timers, the updates' decoding and the aggregate; the logic is protocols/federation/secure.py
         if (config.secure_aggregation is None) != (secure is None):
-            raise ValueError("federation.secure_aggregation and the server's secure= go together")
+            raise ValueError("federation.secure_aggregation needs the server's secure side (secure=, a "
+                             "SecureServer) and secure= needs it: this driver does not wire it")
         self.secure = secure
 
     @property
