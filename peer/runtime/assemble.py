@@ -158,7 +158,7 @@ def assemble(config: PeerConfig) -> Parts:
         machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,
                                         seed=network.seed, shapes=trainer.mixed_shapes,
                                         trained_numel=trainer.flat_params.numel())
-        server, clients = gateway_server(config, roster, name, trainer)
+        server, clients = gateway_server(config, roster, name, trainer, endpoint=endpoint)
     except BaseException:
         lock.release()
         raise
@@ -168,10 +168,11 @@ def assemble(config: PeerConfig) -> Parts:
 
 
 def gateway_server(config: PeerConfig, roster: Roster, name: str,
-                   trainer: Any) -> tuple[Any, tuple[str, ...]]:
+                   trainer: Any, *, endpoint: Endpoint | None = None) -> tuple[Any, tuple[str, ...]]:
     """A gateway's FedAvg (or FedBuff) server on the vector its gossip machine mixes, and the edge
     clients it serves (``[peer] clients``, else every ``edge`` member of the roster); (None, ())
-    for a plain peer."""
+    for a plain peer. ``endpoint``: its run id and current roster bind and check secure
+    aggregation's keys (needed with ``[federation.secure_aggregation]``)."""
     federation = config.federation
     if federation is None:
         return None, ()
@@ -188,6 +189,17 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
     clients = tuple(config.peer.clients) or edges
     # the root of the DP draws (who is asked, the noise): this gateway's alone, fresh at every start
     secret_seed = secrets.randbits(63)
+    secure = None
+    if federation.secure_aggregation is not None:   # SecAgg+ (protocols/federation/secure.py)
+        from protocols.federation import SecureServer
+        from protocols.federation.secure import roster_verify
+
+        if endpoint is None:
+            raise HivemeshError("secure aggregation needs the gateway's endpoint (its run id and roster)")
+        wire = endpoint
+        secure = SecureServer(federation.secure_aggregation, run_id=wire.run_id.hex(),
+                              verify=roster_verify(lambda: wire.roster), like=trainer.mixed)
     server = make_server(federation, name=name, params=trainer.mixed, secret_seed=secret_seed,
-                         pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes)
+                         pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes,
+                         secure=secure)
     return server, clients

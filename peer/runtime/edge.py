@@ -52,6 +52,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import os
 import signal
 import sys
 import time
@@ -73,8 +74,9 @@ from peer.train.attack import sign_flip
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
-from protocols.federation import FedAvgClient
+from protocols.federation import FedAvgClient, SecureClient
 from protocols.federation.edge import EdgeMachine
+from protocols.federation.secure import roster_verify
 from protocols.identity import Identity
 from protocols.node import Neighbour, Node, NodeAction, Note
 from protocols.roster import Roster, run_id
@@ -145,7 +147,8 @@ class EdgeClient:
                           assembly=AssemblyConfig(max_in_flight_bytes=2 * bound))
         self.client = FedAvgClient(config.federation, name=self.name, server=self.gateway, params=params,
                                    num_samples=len(self.trainer.shard),
-                                   steps_per_epoch=self.trainer.steps_per_epoch)
+                                   steps_per_epoch=self.trainer.steps_per_epoch,
+                                   secure=self._secure(config, identity))
         self.store = CheckpointStore(config.data_dir, keep=2)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=edge.progress,
                                    total_steps=0)   # no bar: the gateway decides how many rounds it trains
@@ -169,6 +172,16 @@ class EdgeClient:
         self.updates_sent = 0
         self.unsent: Counter[str] = Counter()
         self.state = "starting"
+
+    def _secure(self, config: EdgeConfig, identity: Identity) -> SecureClient | None:
+        """This client's side of secure aggregation (None: off): a fresh secret per process (each
+        round's keys are derived from it with the run and round), its roster key signs."""
+        secure = config.federation.secure_aggregation
+        if secure is None:
+            return None
+        return SecureClient(secure, name=self.name, server=self.gateway, run_id=self.endpoint.run_id.hex(),
+                            client_secret=os.urandom(32), sign=identity.sign,
+                            verify=roster_verify(lambda: self.endpoint.roster))
 
     def now(self) -> float:
         return time.monotonic() - self._t0

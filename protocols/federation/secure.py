@@ -40,7 +40,9 @@ import torch
 
 from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
+from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
+from protocols.roster import Roster
 from protocols.secagg import SecAggClient, SecAggConfig, SecAggConfigError, SecAggServer
 from protocols.secagg.fixedpoint import RING_MASK, dequantise_sum, levels, quantise, to_signed
 from protocols.secagg.messages import (
@@ -79,6 +81,15 @@ class SecureAggregationConfig(SecAggConfig):
         """The five rounds' deadlines together: the longest a masked round can take (s)."""
         return (self.advertise_timeout_s + self.share_timeout_s + self.masked_input_timeout_s
                 + self.consistency_timeout_s + self.unmask_timeout_s)
+
+
+def roster_verify(roster: Callable[[], Roster]) -> Verify:
+    """SecAgg's signature check for real processes: ``member``'s Ed25519 key on the roster
+    ``roster()`` returns now (a roster reloaded while running is seen at the next check)."""
+    def verify(member: str, signature: bytes, data: bytes) -> bool:
+        entry = roster().get(member)
+        return entry is not None and verify_signature(load_public_key(entry.public_key), signature, data)
+    return verify
 
 
 # ------------------------------------------------------------------ wire
@@ -316,6 +327,8 @@ class SecureClient:
         return self._send(self.machine.provide_input(quantised, now_s))
 
     def _send(self, messages: Sequence[SecAggWire]) -> list[Action]:
+        for message in messages:  # what it sent (a status shows how far its round went)
+            self.counters[f"secagg_sent_{type(message).__name__}"] += 1
         return [Send((self.server,), wrap(self.round_index, m)) for m in messages]
 
     def _retire(self) -> None:
