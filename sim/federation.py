@@ -39,7 +39,11 @@ models evaluated on the test split, against simulated time and bytes sent),
 and ``rounds``: per gateway and round, who was asked, who answered, who was
 late, what was refused. With ``[federation.server.differential_privacy]`` each row also
 carries ``epsilon`` (spent so far) and ``clip_norm``; the result's ``metrics["epsilon"]``
-and a note give the total (sim/report.py writes an infinite one as "inf").
+and a note give the total (sim/report.py writes an infinite one as "inf"). With
+``[federation.server.secure_aggregation]`` the five SecAgg rounds run inside each FedAvg round
+(protocols/federation/secure.py) as ``secagg`` messages over the same links; the clients' SecAgg
+identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` and a note
+give what they cost.
 """
 
 from __future__ import annotations
