@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peer.files.config import ConfigError
 from protocols.federation import FederationConfig, SecureAggregationConfig
-from protocols.federation.secure import unwrap, wrap
-from protocols.messages import SecAggMessage
+from protocols.federation.secure import SecureServer, unwrap, wrap
+from protocols.messages import ClientUpdate, SecAggMessage
 from protocols.secagg.messages import Malformed, SurvivorSet
 from sim.federation import FederationRun
 from sim.scenario import scenario_from_dict
@@ -105,6 +107,46 @@ def test_secagg_messages_cross_the_wire_kind_and_bad_bodies_are_data() -> None:
     moved = SecAggMessage(round=5, tensors=wrap(4, message).tensors)
     assert unwrap(moved) == Malformed("round: body and envelope disagree")
     assert isinstance(unwrap(SecAggMessage(round=4)), Malformed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=200), round_index=st.integers(-2, 2**40))
+def test_any_body_unwraps_to_a_message_or_malformed_and_the_gateway_counts_it(body: bytes,
+                                                                               round_index: int) -> None:
+    # Prepare: a gateway's secure side with a round open over three clients
+    server = SecureServer(SecureAggregationConfig(max_clients=10), run_id="run",
+                          verify=lambda member, signature, data: False, like=torch.zeros(4))
+    server.open(0, ("e000", "e001", "e002"), 0.0)
+    hostile = SecAggMessage(round=round_index, tensors={"body": torch.frombuffer(bytearray(body) or
+                                                                                 bytearray(b"\x00"),
+                                                                                 dtype=torch.uint8)})
+    # Execute: never raises
+    actions, outcome = server.receive("e000", hostile, 1.0)
+    # Assert: nothing sent, nothing ended, one refusal counted (here, or by the round's machine)
+    assert actions == [] or all(type(a).__name__ == "SetTimer" for a in actions)
+    assert outcome is None
+    server.open(1, ("e000", "e001", "e002"), 2.0)  # retires round 0's machine: its refusals counted
+    assert sum(v for k, v in server.drain().items() if "refused" in k) == 1
+
+
+def test_a_plain_update_is_refused_while_masking_is_on() -> None:
+    # Prepare
+    server = SecureServer(SecureAggregationConfig(max_clients=10), run_id="run",
+                          verify=lambda member, signature, data: False, like=torch.zeros(4))
+    # Execute / Assert: the FedAvg server counts it refused_bad_update_unmasked
+    with pytest.raises(ValueError, match="unmasked"):
+        server.decode_update(ClientUpdate(round=0, num_samples=1, tensors={"q": torch.zeros(4)}))
+
+
+def test_a_round_secagg_cannot_finish_closes_unaggregated_and_says_why() -> None:
+    # Prepare / Execute: k = 4, t = 3 and 3 clients gone after sharing: some client keeps fewer
+    # than t live neighbours, so round 0 cannot be unmasked (later rounds, without them, can)
+    result, _, counters = run(secure_federation(masking=True, speed=SLOW, degree=4))
+    # Assert
+    first = result.rounds[0]
+    assert first["closed_by"].startswith("secagg_failed_") and first["participants"] == 0
+    assert counters["fedavg.rounds_failed"] == 1
+    assert [row["closed_by"] for row in result.rounds[1:]] == ["secagg", "secagg"]
 
 
 @pytest.mark.parametrize(("server", "words"), [
