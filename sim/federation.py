@@ -86,8 +86,9 @@ from protocols.federation import (
 )
 from protocols.federation.edge import EdgeMachine
 from protocols.federation.interleave import GatewayWork, gossip_total_rounds
+from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
-from protocols.messages import Message
+from protocols.messages import Message, SecAggMessage
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
@@ -335,6 +336,8 @@ class FederationRun:
                     self._send(member.name, recipient, message, nbytes, now)
                 member.bytes_sent += nbytes * len(recipients)
                 self.kind_bytes[message.KIND] += nbytes * len(recipients)
+                if isinstance(message, SecAggMessage):  # by SecAgg round: what each of the five costs
+                    self.kind_bytes[f"secagg/{type(unwrap(message)).__name__}"] += nbytes * len(recipients)
             case StartWork(steps=steps):
                 self._work(member, steps)
             case SetTimer(key=key, at=at):
@@ -431,8 +434,12 @@ class FederationRun:
             metrics = self.evaluator.evaluate("test")
             self.accuracy[member.name] = float(metrics["accuracy"])
             self.loss[member.name] = float(metrics["loss"])
-            self.result.rounds.append(_round_row(member.name, index, report, self.engine.now_s,
-                                                 self.bytes_sent, self.accuracy[member.name]))
+            row = _round_row(member.name, index, report, self.engine.now_s, self.bytes_sent,
+                             self.accuracy[member.name])
+            secure = server.secure if isinstance(server, FedAvgServer) else None
+            if secure is not None and index in secure.phase_s:  # SecAgg on: the time each round took
+                row["secagg_phase_s"] = dict(secure.phase_s[index])
+            self.result.rounds.append(row)
             self._trace()
 
     def _trace(self) -> None:
@@ -488,6 +495,9 @@ class FederationRun:
         if secure is None:
             return
         self.result.metrics["bytes_secagg"] = float(self.kind_bytes["secagg"])
+        for kind, nbytes in sorted(self.kind_bytes.items()):
+            if kind.startswith("secagg/"):
+                self.result.metrics[f"bytes_secagg_{kind[len('secagg/'):]}"] = float(nbytes)
         self.result.metrics["bytes_round_start"] = float(self.kind_bytes["round_start"])
         self.result.notes.append(
             f"secure aggregation ({'masked' if secure.masking else 'quantised only, unmasked'}, "

@@ -69,8 +69,16 @@ def test_masked_rounds_end_with_the_model_of_the_same_rounds_unmasked() -> None:
     assert counters["fedavg.secagg_taken_MaskedInput"] == 30
     assert counters["fedavg.secagg_taken_UnmaskShares"] == 30
     assert not any(key.startswith("fedavg.secagg_refused") for key in counters)
-    # bytes of every SecAgg round are counted; the unmasked run sends none
-    assert masked.metrics["bytes_secagg"] > 0 and plain.metrics["bytes_secagg"] == 0
+    # bytes and time of every SecAgg round are counted (the nine kinds' bytes add up to the total;
+    # each FedAvg round's row has the five phases' durations); the unmasked run sends none
+    kinds = {k: v for k, v in masked.metrics.items() if k.startswith("bytes_secagg_")}
+    assert len(kinds) == 9 and sum(kinds.values()) == masked.metrics["bytes_secagg"] > 0
+    assert kinds["bytes_secagg_MaskedInput"] >= 30 * 4 * masked.n_params  # 4 bytes a parameter
+    assert plain.metrics["bytes_secagg"] == 0
+    for row in masked.rounds:
+        phases = row["secagg_phase_s"]
+        assert list(phases) == ["advertise", "share", "masked_input", "consistency", "unmask"]
+        assert all(seconds > 0 for seconds in phases.values())
     assert "fedavg.secagg_taken_MaskedInput" not in plain_counters
     assert masked.metrics["final_accuracy"] == plain.metrics["final_accuracy"]
 

@@ -56,7 +56,7 @@ from protocols.secagg.messages import (
     to_wire,
 )
 from protocols.secagg.messages import Message as SecAggWire
-from protocols.secagg.server import Deliver
+from protocols.secagg.server import Deliver, ServerPhase
 
 Sign = Callable[[bytes], bytes]
 Verify = Callable[[str, bytes, bytes], bool]
@@ -161,6 +161,9 @@ class SecureServer:
         self.machine: SecAggServer | None = None
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
+        # round -> [(phase, seconds it took)], in order: the time each of the five rounds cost
+        self.phase_s: dict[int, list[tuple[str, float]]] = {}
+        self._phase_began_s = 0.0
 
     @property
     def masking(self) -> bool:
@@ -193,6 +196,8 @@ class SecureServer:
         except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
             self.counters["secagg_round_not_started"] += 1
             return meta, []
+        self.phase_s[round_index] = []
+        self._phase_began_s = now_s
         return meta, [SetTimer(self.timer_key(), self.machine.deadline_s)]
 
     def receive(self, sender: str, message: SecAggMessage,
@@ -207,16 +212,23 @@ class SecureServer:
         if not isinstance(inner, _CLIENT_KINDS):
             self.counters["secagg_refused_wrong_kind"] += 1
             return [], None
-        return self._after(self.machine.receive(sender, inner, now_s))
+        phase = self.machine.phase
+        return self._after(phase, self.machine.receive(sender, inner, now_s), now_s)
 
     def tick(self, key: str, now_s: float) -> tuple[list[Action], SecureOutcome | None]:
         if self.machine is None or key != self.timer_key():
             return [], None
-        return self._after(self.machine.tick(now_s))
+        phase = self.machine.phase
+        return self._after(phase, self.machine.tick(now_s), now_s)
 
-    def _after(self, deliveries: list[Deliver]) -> tuple[list[Action], SecureOutcome | None]:
+    def _after(self, phase: ServerPhase, deliveries: list[Deliver],
+               now_s: float) -> tuple[list[Action], SecureOutcome | None]:
+        """``phase``: the machine's before the message or tick that gave ``deliveries``."""
         machine = self.machine
         assert machine is not None
+        if machine.phase is not phase:  # ``phase`` closed: the time it took
+            self.phase_s[self.round_index].append((phase.name.lower(), now_s - self._phase_began_s))
+            self._phase_began_s = now_s
         actions: list[Action] = [Send((d.recipient,), wrap(self.round_index, d.message)) for d in deliveries]
         if not machine.finished:
             return [*actions, SetTimer(self.timer_key(), machine.deadline_s)], None
