@@ -21,7 +21,8 @@ The five rounds (server.py has the verdict table, client.py the abort table):
 4. unmask           client -> UnmaskShares: per neighbour, the self-seed share if it survived,
                     else the mask-key share, never both; gateway rebuilds and removes the masks
 
-Plugging it into the federation (a later step; nothing here imports federation/, peer/ or sim/):
+Plugging it into the federation (done by protocols/federation/secure.py; nothing here imports
+federation/, peer/ or sim/):
 
 * config: ``[federation.secure_aggregation]`` parses into :class:`SecAggConfig`; the federation
   config calls :func:`check_compatible` (mode, uplink) and ``SecAggConfig.validate(cohort size)``.
