@@ -16,17 +16,20 @@ therefore never holds up the others: its update counts, less, when it comes.
 
 What a ``ClientUpdate`` meets (counted ``refused_<reason>``):
 
-===============================================  =======================
+===============================================  ============================================
 update                                           verdict
-===============================================  =======================
-after the federation finished                    ``after_finish``
+===============================================  ============================================
+after the federation finished                    ``after_finish``, answered with the end (1)
 from a client whose dispatch timed out           ``late``
 from a client not training for us                ``not_sampled``
 for another version than the one it was sent     ``wrong_round``
 more than ``max_staleness`` versions old         ``stale``
 malformed, not finite, num_samples < 1           ``bad_update``, ``bad_num_samples``
 otherwise                                        buffered (``updates_taken``)
-===============================================  =======================
+===============================================  ============================================
+
+(1) The final ``RoundResult`` again, as to a client that registers after the end: at most
+once per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
 
 A dispatch not answered within ``round_timeout_s`` is given up (``missing``) and
 another client is asked.

@@ -31,7 +31,8 @@ each round; ``epsilon``, the privacy spent so far at the configured ``delta``
 (protocols/federation/accountant.py), is in each round's report and in ``status``.
 
 4. After ``rounds`` rounds every registered client gets a ``RoundResult``
-   with the final model, and ``Finished``.
+   with the final model, and ``Finished``; a client that registers later gets it
+   then (server_base.py: once per ``round_timeout_s`` at most).
 
 ``pause_between_rounds``: a gateway that gossips between FedAvg rounds gets the
 phase ``PAUSED`` after each close and calls :meth:`FedAvgServer.resume` when its
@@ -43,7 +44,7 @@ the round's report; ``refused_update`` is their total):
 =============================================  ====================================================
 update                                         verdict
 =============================================  ====================================================
-after the federation finished                  ``after_finish``
+after the federation finished                  ``after_finish``, answered with the end (1)
 for the open round, from a client not asked    ``not_sampled``
 for the open round, a second one               ``duplicate``
 for the open round, malformed or not finite    ``bad_update`` (+ its reason)
@@ -52,6 +53,9 @@ for the open round, otherwise                  taken (``updates_taken``)
 for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota), once
 for any other round                            ``wrong_round``
 =============================================  ====================================================
+
+(1) The final ``RoundResult`` again, as to a client that registers after the end: at most once
+per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
 """
 
 from __future__ import annotations

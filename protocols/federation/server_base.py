@@ -7,6 +7,15 @@ optimiser's state and each client's last contact. Each is told a client is up
 checkpoints the model, the optimiser, the clients and its counters. How rounds open and close
 is each subclass's own (``_start``, ``_timer``, ``_update``, ``_extra_status``, ``_export_meta`` and
 ``_restore_meta``).
+
+After the end. A finished server sends every registered client the final ``RoundResult``;
+a client that was away then (or whose copy was lost) would wait for a round that never comes.
+So a finished server answers a client that registers (``NeighbourUp``) or sends an update with
+that same ``RoundResult`` (counted ``final_answers``); the update is still refused
+(``after_finish``). A client is answered at most once per ``round_timeout_s`` (a request within
+that time after its last copy is counted ``final_answer_limited``): a lost copy is sent again
+after the time a round would have taken, while a client that floods the finished server gets
+no more models than a running federation sends it (one a round), so the answer amplifies nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ class FederationServer(Counted):
         self.downlink = payload(config.downlink, params, seed=config.seed, name=name, shapes=shapes)
         self.opt_state: OptState = {}
         self.last_contact_s: dict[str, float] = {}
-        self.final: RoundResult | None = None  # the end's message, once finished
+        self.final: RoundResult | None = None  # the end's message, once finished (see the module docstring)
+        self.final_sent_s: dict[str, float] = {}  # client -> when it was last sent ``final``
 
     @property
     def accepts(self) -> frozenset[type[Message]]:
@@ -73,9 +83,11 @@ class FederationServer(Counted):
     # ------------------------------------------------------------ membership
 
     def register(self, client: str, now: float) -> list[Action]:
-        """A client may be asked from now on."""
+        """A client may be asked from now on (a finished server answers it with the end)."""
         self.registered.add(client)
-        return [] if self.finished else self._registered(now)
+        if self.finished:
+            return self._answer_final(client, now)
+        return self._registered(now)
 
     def unregister(self, client: str) -> None:
         """Not asked again; work it holds runs out at its deadline."""
@@ -97,7 +109,7 @@ class FederationServer(Counted):
                 self.last_contact_s[sender] = now
                 if self.finished:
                     self._refuse("after_finish")
-                    return []
+                    return self._answer_final(sender, now)
                 return self._update(sender, update, now)
             case TimerFired(key=key):
                 return self._timer(key, now)
@@ -129,7 +141,21 @@ class FederationServer(Counted):
         registered client (the ``Finished`` after it is the caller's)."""
         self.final = RoundResult(round=self._round_now(), tensors=dict(tensors), meta=dict(meta))
         clients = tuple(sorted(self.registered))
+        self.final_sent_s.update(dict.fromkeys(clients, now))
         return [Send(clients, self.final)] if clients else []
+
+    def _answer_final(self, client: str, now: float) -> list[Action]:
+        """The end again, for one client that asked after it (at most once per ``round_timeout_s``)."""
+        sent = self.final_sent_s.get(client)
+        if sent is not None and now - sent < self.config.round_timeout_s:
+            self.counters["final_answer_limited"] += 1
+            return []
+        if self.final is None:  # restored finished: the checkpoint holds the final model
+            tensors, meta, _ = self.downlink.encode(self.params, self._round_now())
+            self.final = RoundResult(round=self._round_now(), tensors=dict(tensors), meta=dict(meta))
+        self.final_sent_s[client] = now
+        self.counters["final_answers"] += 1
+        return [Send((client,), self.final)]
 
     # ------------------------------------------------------------ checkpoints
 
