@@ -14,8 +14,9 @@ So a finished server answers a client that registers (``NeighbourUp``) or sends 
 that same ``RoundResult`` (counted ``final_answers``); the update is still refused
 (``after_finish``). A client is answered at most once per ``round_timeout_s`` (a request within
 that time after its last copy is counted ``final_answer_limited``): a lost copy is sent again
-after the time a round would have taken, while a client that floods the finished server gets
-no more models than a running federation sends it (one a round), so the answer amplifies nothing.
+after the time a round may take, while a client that floods the finished server gets no more
+models than a running federation that asks it in every round sends it (a round lasts at most
+``round_timeout_s``), so the answer amplifies nothing.
 """
 
 from __future__ import annotations
