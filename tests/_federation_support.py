@@ -30,16 +30,17 @@ EDGE_OPTIONS = {"progress": False, "heartbeat_interval_s": 0.5, "neighbour_timeo
 
 
 def make_federation(folder: Path, *, edges: int = 10, gateways: int = 1, partition: str = "dirichlet",
-                    edge_options: dict[str, Any] | None = None, **federation: Any) -> FederationFiles:
+                    edge_options: dict[str, Any] | None = None, gateway_options: dict[str, Any] | None = None,
+                    **federation: Any) -> FederationFiles:
     """A digits-mlp federation in ``folder`` (Dirichlet(0.3) shards unless ``partition`` says
     otherwise); ``federation``: [federation] keys over :data:`FEDERATION`; ``edge_options``: [edge]
-    keys over :data:`EDGE_OPTIONS`."""
+    keys over :data:`EDGE_OPTIONS`; ``gateway_options``: [peer] keys over :data:`GATEWAY_OPTIONS`."""
     network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
                               steps=300, seed=3, partition=partition, alpha=0.3)
     network["trainer"] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
     return create_federation(folder, gateways=gateways, edges=edges, network=network,
                              federation={**FEDERATION, **federation}, reserve=True,
-                             peer_options=GATEWAY_OPTIONS,
+                             peer_options={**GATEWAY_OPTIONS, **(gateway_options or {})},
                              edge_options={**EDGE_OPTIONS, **(edge_options or {})})
 
 

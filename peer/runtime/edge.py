@@ -27,8 +27,10 @@ gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
 server asks it again in a later round.
 
 The end: the gateway's ``RoundResult`` (the federation's final model, sent to
-every registered client) -> exit 0. A client that misses it (it was away) or
-whose gateway never comes up would wait for ever, so it gives up after
+every registered client, and to one that registers later while the gateway is
+still up: protocols/federation/server_base.py) -> exit 0. A client that misses it
+(it was away until its gateway exited) or whose gateway never comes up would
+wait for ever, so it gives up after
 ``[edge] gateway_timeout_s`` (0 = never) with neither a connection to the
 gateway nor a message from it: a send that ZeroMQ takes means a connection
 whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
