@@ -144,7 +144,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "missing, late, refused, closed_by, aggregated (a list; status.json only)"),
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
-          "rounds_aggregated, rounds_failed", label="event"),
+          "rounds_aggregated, rounds_failed, final_answers (the final model sent again to a client heard "
+          "after the end), final_answer_limited (at most one per client per round_timeout_s)", label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "
