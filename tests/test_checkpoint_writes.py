@@ -95,7 +95,7 @@ def test_a_write_killed_at_any_point_leaves_a_complete_checkpoint(tmp_path: Path
         assert torch.equal(trainer_state["tensors"][name], tensor), name
     # and the next save keeps it until it is itself complete
     assert store.save(state(SECOND + 4), None, {"copy": "periodic"}) == ""
-    assert [s for s, _ in checkpoint.list_checkpoints(folder / "checkpoints")][0] == SECOND + 4
+    assert checkpoint.list_checkpoints(folder / "checkpoints")[0][0] == SECOND + 4
 
 
 def test_a_torn_temporary_is_never_loaded_even_with_a_manifest(tmp_path: Path) -> None:
