@@ -5,6 +5,11 @@ status endpoint that ``hivemesh status`` reads (a file rather than a socket:
 it needs no extra port, works across a firewall for whoever can read the data
 folder, and still tells what a crashed peer last did). ``metrics.jsonl`` gets
 one JSON object per evaluation. Checkpoints go through :mod:`peer.train.checkpoint`.
+
+A full disk costs lines, not the peer: a status, metrics or checkpoint write that
+fails with an ``OSError`` leaves no half-written file, is counted by errno and said
+once (``cannot write status.json: ENOSPC: ...``, ``cannot checkpoint: ...``), and the
+peer goes on; the next write that fits clears it.
 """
 
 from __future__ import annotations

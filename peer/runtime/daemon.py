@@ -83,6 +83,14 @@ privacy on, its ``privacy`` block and each round's ``epsilon`` the budget spent.
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
+Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
+clears what a dead writer left (a complete copy is put back in place) before
+anything is loaded; the schedule counts ``every_steps`` from the step on disk,
+and a step that jumps (``SetTrainerStep``: an adopted state sync, a catch-up)
+is written at once, so a kill loses at most the interval. A save that fails (a
+full disk) is said once (``cannot checkpoint: ...``), counted in the status,
+and tried again an interval later; the peer trains on.
+
 Neighbours that are gone for good (protocols/node/liveness.py decides): a
 finishing peer says so in its heartbeats during its finish grace, and a
 neighbour that then goes silent is recorded as finished, not down. A peer
