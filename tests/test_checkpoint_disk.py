@@ -143,6 +143,8 @@ def test_a_real_full_disk_then_a_restart_on_it(small_disk: Path, network: Networ
         assert not peer._checkpoint(final=False)
         assert peer.store.failures == {"ENOSPC": 1} and peer.store.step == 5
         peer._write_status(force=True)      # the status can't be written either: counted, not raised
+        peer.status.metric_line(peer._snapshot())     # nor a metrics line (a gateway's rounds.jsonl alike)
+        assert peer._snapshot()["status_write_failures"] == {"ENOSPC": 2}
     finally:
         peer.parts.lock.release()
     # a restart on the still-full disk starts, from the last good checkpoint

@@ -107,12 +107,16 @@ class StatusWriter:
 
     def metric_line(self, snapshot: dict[str, Any]) -> None:
         record = {"time": time.time(), **{k: v for k, v in snapshot.items() if k != "neighbours"}}
+        self.append_line(METRICS_FILE, record)
 
+    def append_line(self, file_name: str, record: dict[str, Any]) -> None:
+        """One JSON line at the end of ``file_name`` in the data folder (lost, and counted, on a
+        full disk)."""
         def append() -> None:
-            with (self.data_dir / METRICS_FILE).open("a") as handle:
+            with (self.data_dir / file_name).open("a") as handle:
                 handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
-        self._guarded(METRICS_FILE, append)
+        self._guarded(file_name, append)
 
     def _guarded(self, what: str, write: Callable[[], None]) -> None:
         """A full disk loses a status or metrics line, not the peer: counted, said when it starts."""

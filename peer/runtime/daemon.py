@@ -109,7 +109,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import json
 import math
 import os
 import resource
@@ -682,8 +681,7 @@ class PeerDaemon:
             for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
                 row = {**json_safe(report_row(server.reports[index])),
                        "accuracy": self._last_eval.get("accuracy", math.nan)}
-                with (self.config.data_dir / ROUNDS_FILE).open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+                self.status.append_line(ROUNDS_FILE, row)
             self._rounds_evaluated = len(server.reports)
             self._last_eval_step = self._rounds_evaluated
             self.status.metric_line(self._snapshot())
