@@ -19,9 +19,19 @@ import pytest
 import torch
 
 from peer.files.statefiles import CheckpointStore
-from peer.runtime.testhooks import SAVE_VARIABLE, SaveHook, save_hook_json, save_point_from_environment
+from peer.runtime.daemon import PeerDaemon
+from peer.runtime.peerconfig import load_peer_config
+from peer.runtime.testhooks import (
+    SAVE_VARIABLE,
+    SaveHook,
+    save_hook_json,
+    save_point,
+    save_point_from_environment,
+)
 from peer.train import checkpoint
 from peer.train.checkpoint import SAVE_POINTS, load_latest
+from tests._daemon_support import make_network
+from tests.test_daemon_limits import RecordingTransport
 
 torch.set_num_threads(1)
 
@@ -127,3 +137,40 @@ def test_a_held_write_can_be_released(tmp_path: Path) -> None:
     assert store.save(state(SECOND), None, {}) == "" and mark.exists()
     with pytest.raises(ValueError, match="point"):
         SaveHook(point="halfway", action="kill")
+
+
+def test_a_peer_killed_between_the_renames_of_its_stop_save_resumes_from_that_step(tmp_path: Path) -> None:
+    """The issue's case, through a real daemon's pieces (its transport a recorder): a periodic save,
+    then the SIGTERM save of the same step killed between its renames, keep = 1. The restarted
+    daemon puts the complete copy back in place before it loads (before: it started from scratch)."""
+    network = make_network(tmp_path / "net", peers=4, steps=40,
+                           sections={"checkpoint": {"every_steps": 5, "keep": 1}})
+    config = load_peer_config(network.configs["p00"])
+    first = PeerDaemon(config)
+    first.transport = RecordingTransport()  # type: ignore[assignment]
+    try:
+        first.trainer.run_steps(5)
+        assert first._checkpoint(final=False)      # the periodic one
+        trained = first.trainer.state_dict()["tensors"]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                first.store.at_point = save_point(SaveHook(point="old_moved", action="kill"))
+                first._checkpoint(final=True)       # the stop's, of the same step
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        first.parts.lock.release()
+    assert checkpoint.list_checkpoints(config.data_dir / "checkpoints") == []     # both copies aside
+    again = PeerDaemon(config)
+    again.transport = RecordingTransport()  # type: ignore[assignment]
+    try:
+        assert again._restore() and again.trainer.step == 5
+        for name, tensor in again.trainer.state_dict()["tensors"].items():
+            assert torch.equal(tensor, trained[name]), name
+        assert [s for s, _ in checkpoint.list_checkpoints(config.data_dir / "checkpoints")] == [5]
+        assert not [p for p in (config.data_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    finally:
+        again.parts.lock.release()
