@@ -149,6 +149,7 @@ class EdgeClient:
                                    num_samples=len(self.trainer.shard),
                                    steps_per_epoch=self.trainer.steps_per_epoch)
         self.store = CheckpointStore(config.data_dir, keep=2)
+        self._recovered = self.store.recover()     # a dead writer's temporaries, before any load
         self.status = StatusWriter(config.data_dir, name=self.name, progress=edge.progress,
                                    total_steps=0)   # no bar: the gateway decides how many rounds it trains
         self.resumed = self._restore()
@@ -326,6 +327,8 @@ class EdgeClient:
     # ------------------------------------------------------------------ persistence and status
 
     def _restore(self) -> bool:
+        for line in self._recovered:
+            self.status.say(f"{self.name}: checkpoints: {line}")
         state = self.store.load_latest()
         if state is None:
             return False
@@ -342,8 +345,11 @@ class EdgeClient:
     def _checkpoint(self) -> None:
         assert self.transport is not None
         self.transport.wait_sent()
-        self.store.save(self.trainer.state_dict(), self.client.export_state(),
-                        {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
+        failing = self.store.error
+        reason = self.store.save(self.trainer.state_dict(), self.client.export_state(),
+                                 {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
+        if reason and reason != failing:    # a full disk: the client trains on, the older ones stay
+            self.status.warn(f"{self.name}: warning: cannot checkpoint: {reason}")
 
     def snapshot(self) -> dict[str, Any]:
         assert self.transport is not None
@@ -357,7 +363,10 @@ class EdgeClient:
                 "listening": list(self.transport.listening()),
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
-                "client": dict(sorted(self.client.counters.items()))}
+                "client": dict(sorted(self.client.counters.items())),
+                "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
+                "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
+                "status_write_failures": dict(self.status.failures)}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
