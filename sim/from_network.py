@@ -15,8 +15,8 @@ partition, trainer, gateway gossip and ``[federation.server]``; the roster's edg
 clients are the simulated clients, with the same names, so each trains on the shard,
 data order and initial model of its real twin (peer.train.build, keyed by name). What
 the simulator cannot model is refused with the key that says it: an edge client on its
-own data (``edge.data``), a client served by another gateway than the simulator's
-assignment gives it (client ``i`` of ``clients`` per gateway goes to ``gw{i // clients}``).
+own data (``edge.data``), a client served by another gateway than the rule both sides
+follow gives it (peer/files/federation_layout.py: ``hivemesh init`` writes it that way).
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: Fede
         simulated = section.gateway_of(section.client_names().index(name))
         if own.get("gateway") != simulated:
             raise ConfigError(f"{edge}: key 'edge.gateway': {name!r} is served by {own.get('gateway')!r}, "
-                              f"the simulator's {name!r} by {simulated!r} (client i of n per gateway "
-                              "goes to gateway i // n)", key="edge.gateway")
+                              f"the simulator's {name!r} by {simulated!r} (client i of E goes to "
+                              "gateway i * G // E, as hivemesh init writes it)", key="edge.gateway")
     missing = sorted(set(section.client_names()) - set(found))
     if missing:
         raise ConfigError(f"{path}: no edge config for {', '.join(missing)} "
