@@ -16,7 +16,9 @@ clients are the simulated clients, with the same names, so each trains on the sh
 data order and initial model of its real twin (peer.train.build, keyed by name). What
 the simulator cannot model is refused with the key that says it: an edge client on its
 own data (``edge.data``), a client served by another gateway than the rule both sides
-follow gives it (peer/files/federation_layout.py: ``hivemesh init`` writes it that way).
+follow gives it (peer/files/federation_layout.py: ``hivemesh init`` writes it that way),
+gateways whose ``[network] topology`` mixes otherwise than the simulator's ``complete:G``
+(a ring is that up to three gateways).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from peer.files.config import ConfigError, load, read_toml
 from peer.files.paths import from_folder
 from peer.files.roster_file import read as read_roster
@@ -33,6 +37,7 @@ from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
 from protocols.roster import GOSSIP_ROLES, Roster
 from sim.scenario import FederationSection, ScenarioConfig, scenario_from_dict
+from topology import build
 
 
 def scenario_from_peer_file(path: str | Path, **overrides: Any) -> ScenarioConfig:
@@ -104,9 +109,26 @@ def scenario_from_federation_files(gateway: str | Path, edges: Sequence[str | Pa
     _check_edges(path, data, roster, section, [Path(e) for e in edges])
     server = {k: v for k, v in federation.items() if k != "gossip_rounds"}
     scenario = _network_scenario(path, data, gateways)
+    _check_gateway_graph(path, scenario, tuple(sorted(gateways)))
     scenario["federation"] = {"gateways": len(gateways), "clients": per_gateway,
                               "gossip_rounds": federation.get("gossip_rounds", 0), "server": server}
     return _with_overrides(scenario, path, overrides)
+
+
+def _check_gateway_graph(path: Path, scenario: dict[str, Any], gateways: tuple[str, ...]) -> None:
+    """The simulator's gateways gossip over ``complete:G`` (sim/federation.py); the daemons over
+    ``[network] topology``: the two must give the same mixing, or the gossip rounds would differ."""
+    if len(gateways) < 2:
+        return
+    graph, seed = scenario["graph"], scenario["seed"]
+    deployed = build(graph["spec"], gateways, seed=seed, weights=graph["weights"])
+    simulated = build(f"complete:{len(gateways)}", gateways, seed=seed)
+    same = deployed.period == simulated.period and deployed.directed == simulated.directed and all(
+        np.array_equal(deployed.mixing(t), simulated.mixing(t)) for t in range(deployed.period))
+    if not same:
+        raise ConfigError(f"{path}: key 'network.topology': the gateways gossip over {graph['spec']!r} "
+                          f"with {graph['weights']!r} weights; the simulator's gateways over "
+                          f"complete:{len(gateways)} (a different mixing)", key="network.topology")
 
 
 def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: FederationSection,

@@ -118,8 +118,9 @@ def test_a_synchronous_federation_ends_with_the_same_model_in_the_simulator_and_
 
 
 def test_what_the_simulator_cannot_model_is_refused_by_key(tmp_path: Path) -> None:
-    """An edge client on its own data, a missing edge config, and a client served by another gateway
-    than the rule gives it (edited by hand) are refused, naming the key."""
+    """An edge client on its own data, a missing edge config, a client served by another gateway
+    than the rule gives it (edited by hand), and four gateways gossiping on a ring (the simulator's
+    gateways gossip over complete:G) are refused, naming the key."""
     # Prepare
     files = make_federation(tmp_path / "one", edges=EDGES, **FEDERATION)
     gateway, edges = files.network.configs[GATEWAY], list(files.edge_configs.values())
@@ -130,6 +131,10 @@ def test_what_the_simulator_cannot_model_is_refused_by_key(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as elsewhere:
         scenario_from_federation_files(gateway, edges)
     assert elsewhere.value.key == "edge.gateway" and "'e001'" in str(elsewhere.value)
+    four = make_federation(tmp_path / "four", edges=EDGES, gateways=4, **GOSSIPING)
+    with pytest.raises(ConfigError) as ring:
+        scenario_from_federation_files(four.network.configs[GATEWAY], list(four.edge_configs.values()))
+    assert ring.value.key == "network.topology"
     edges[0].write_text(edges[0].read_text().replace("[edge]\n", '[edge]\ndata = "own.npz"\n'))
     with pytest.raises(ConfigError) as own:
         scenario_from_federation_files(gateway, edges)
