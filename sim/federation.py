@@ -34,6 +34,10 @@ What the driver models, on the engine's virtual clock:
   rounds to pause between: its gateway's machine is alone in its graph and its
   work is the whole buffered run.
 
+The run ends when every gateway is done (its last round closed, its last gossip rounds played)
+and the final models it sent (``RoundResult``) have arrived, so each client ends holding the
+federation's model as a real edge client does (tests/test_sim_vs_real_federation.py compares them).
+
 The result: one trace point per closed FedAvg round (the gateways' global
 models evaluated on the test split, against simulated time and bytes sent),
 and ``rounds``: per gateway and round, who was asked, who answered, who was
@@ -88,7 +92,7 @@ from protocols.federation.edge import EdgeMachine
 from protocols.federation.interleave import GatewayWork, gossip_total_rounds
 from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
-from protocols.messages import Message, SecAggMessage
+from protocols.messages import Message, RoundResult, SecAggMessage
 from protocols.node import Neighbour, Node
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
@@ -168,6 +172,7 @@ class FederationRun:
         for index, name in enumerate(self.clients):
             self.members[name] = self._client(name, self.section.gateway_of(index))
         self.dropped: Counter[str] = Counter()
+        self.results_in_flight = 0   # final models (RoundResult) sent and not yet arrived: the run waits
         self.bytes_sent = 0
         self.traffic: dict[tuple[str, str], list[int]] = {}  # (src, dst) -> [messages, bytes]
         self.result = ScenarioResult(
@@ -361,15 +366,18 @@ class FederationRun:
         if transfer.arrival_s is None:
             self.dropped[transfer.dropped or "lost"] += 1
             return
+        self.results_in_flight += isinstance(message, RoundResult)
         target = self.members[recipient]
         incarnation = target.incarnation
         self.engine.at(transfer.arrival_s, lambda: self._arrive(sender, target, incarnation, message))
 
     def _arrive(self, sender: str, target: Member, incarnation: int, message: Message) -> None:
+        self.results_in_flight -= isinstance(message, RoundResult)
         if not target.on or incarnation != target.incarnation:
             self.dropped["client_offline"] += 1
-            return
-        self._carry_out(target, target.node.receive(sender, message, self.engine.now_s))
+        else:
+            self._carry_out(target, target.node.receive(sender, message, self.engine.now_s))
+        self._maybe_end()
 
     def _timer(self, member: Member, incarnation: int, key: str, token: int) -> None:
         if incarnation != member.incarnation or member.timers.get(key) != token:
@@ -417,8 +425,13 @@ class FederationRun:
         gossip_done = member.node.finished or self.config.mode != "sync"  # its last gossip rounds too
         if server.phase.value == "finished" and gossip_done and not member.finished:
             member.finished = True
-            if self._over():
-                self.engine.stop()  # every gateway is done: the run ends here, not at duration_s
+            self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        """Every gateway is done and its final model has reached its clients (as a real edge client
+        waits for it): the run ends here, not at ``duration_s``."""
+        if self._over() and self.results_in_flight == 0:
+            self.engine.stop()
 
     # ------------------------------------------------------------ results
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peer.files.config import INTERNAL, ConfigError, apply_override, load, read_toml
+from peer.files.federation_layout import federation_names, gateway_of
 from peer.files.schema import (
     GOSSIP_TABLE,
     TRAINER_TABLE,
@@ -226,16 +227,15 @@ class FederationSection:
             parse_attack(spec)
 
     def client_names(self) -> tuple[str, ...]:
-        total = self.gateways * self.clients
-        width = max(3, len(str(total - 1)))
-        return tuple(f"e{i:0{width}d}" for i in range(total))
+        return federation_names(self.gateways, self.gateways * self.clients)[1]
 
     def gateway_names(self) -> tuple[str, ...]:
-        return tuple(f"gw{j}" for j in range(self.gateways))
+        return federation_names(self.gateways, self.gateways * self.clients)[0]
 
     def gateway_of(self, index: int) -> str:
-        """The gateway of the ``index``-th client."""
-        return f"gw{index // self.clients}"
+        """The gateway of the ``index``-th client (the first ``clients`` are ``gw0``'s: the rule of
+        ``hivemesh init``'s federations, peer/files/federation_layout.py)."""
+        return gateway_of(index, gateways=self.gateways, edges=self.gateways * self.clients)
 
 
 @dataclass(frozen=True, kw_only=True)

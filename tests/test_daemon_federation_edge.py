@@ -52,6 +52,41 @@ def test_an_edge_whose_gateway_never_comes_gives_up_with_its_counters(tmp_path: 
     assert any((files.network.out / "data" / "e000" / "checkpoints").iterdir()), "no checkpoint written"
 
 
+def test_an_edge_started_after_its_gateway_finished_gets_the_final_model(tmp_path: Path) -> None:
+    """e000 and e001 train the federation's 2 rounds; e002 starts only once the gateway has finished
+    (it lingers in its finish grace). The gateway answers e002's registration with the final
+    ``RoundResult``: e002 exits 0 at once, with the gateway's final model and no round trained,
+    instead of waiting ``gateway_timeout_s`` and exiting 3."""
+    # Prepare: a long finish grace keeps the finished gateway up; e002 would give up after 60 s
+    files = make_federation(tmp_path / "fed", edges=3, rounds=2, fraction=1.0, min_clients=2, local_epochs=1,
+                            gateway_options={"finish_grace_s": 120.0},
+                            edge_options={"gateway_timeout_s": 60.0})
+    with processes(files) as run:
+        run.start(GATEWAY)
+        run.start("e000")
+        run.start("e001")
+        assert run.wait(CEILING_S, ["e000", "e001"]), describe(files)
+        wait_until("the gateway finished", lambda: status(files, GATEWAY).get("state") == "finished", files)
+        # Execute
+        began = time.monotonic()
+        run.start("e002")
+        assert run.wait(CEILING_S, ["e002"]), describe(files)
+        took_s = time.monotonic() - began
+        run.terminate(GATEWAY)
+        assert run.wait(CEILING_S, [GATEWAY]), describe(files)
+        codes = run.exitcodes()
+    # Assert
+    assert codes == {GATEWAY: 0, "e000": 0, "e001": 0, "e002": 0}, codes
+    late = status(files, "e002")
+    assert late["state"] == "finished" and late["rounds_trained"] == 0, late
+    assert took_s < 60.0, took_s    # not the give-up
+    fed = status(files, GATEWAY)["federation"]
+    assert fed["phase"] == "finished" and fed["counters"]["final_answers"] == 1, fed
+    assert "e002" in fed["registered"]
+    log = (files.network.out / "data" / "e002" / "peer.log").read_text()
+    assert "the federation finished; 0 rounds trained here" in log, log
+
+
 # acceptance (d): iid shards, all 10 clients in every round, trimmed mean (0.2 a side); 15 rounds of
 # 3 local epochs: the simulator's clean run is 0.958 there and its attacked run 2.2 points below
 ROBUST: dict[str, Any] = {"rounds": 15, "local_epochs": 3, "fraction": 1.0, "min_clients": 10,

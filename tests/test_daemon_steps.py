@@ -1,5 +1,5 @@
 """The daemon's step bookkeeping: it sets the trainer's step when the machine (or a state sync) says
-so, and decides nothing itself (pure: no processes)."""
+so, and checkpoints a step that moved on without training (pure: no processes)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,22 @@ from peer.runtime.daemon import PeerDaemon
 from protocols.events import SetTrainerStep
 
 
-def test_set_trainer_step_moves_the_trainers_step_and_nothing_else() -> None:
-    fake = SimpleNamespace(trainer=SimpleNamespace(step=40), counters=SimpleNamespace(trainer_steps_set=[]),
-                           gateway_work=None)
+def _fake(step: int) -> SimpleNamespace:
+    saves: list[bool] = []
+    return SimpleNamespace(trainer=SimpleNamespace(step=step), counters=SimpleNamespace(trainer_steps_set=[]),
+                           gateway_work=None, saves=saves, _checkpoint=lambda *, final: saves.append(final))
+
+
+def test_set_trainer_step_moves_the_trainers_step_and_checkpoints_the_jump() -> None:
+    fake = _fake(40)
     PeerDaemon._carry_out(fake, [SetTrainerStep(70)])  # type: ignore[arg-type]
     assert fake.trainer.step == 70     # three rounds of 10 skipped: the lr schedule follows
     assert fake.counters.trainer_steps_set == [70]     # and status shows it (trainer_steps_set)
+    assert fake.saves == [False]       # at once, not final: a kill now loses no jump (issue 16)
+
+
+def test_a_step_set_back_or_kept_writes_no_checkpoint() -> None:
+    fake = _fake(40)
+    PeerDaemon._carry_out(fake, [SetTrainerStep(40), SetTrainerStep(30)])  # type: ignore[arg-type]
+    assert fake.trainer.step == 30 and fake.counters.trainer_steps_set == [40, 30]
+    assert fake.saves == []

@@ -31,12 +31,12 @@ def test_init_writes_a_federation_whose_members_share_one_run_id(tmp_path: Path)
     assert gateway.federation is not None and gateway.federation.rounds == 7
     assert gateway.federation.gossip_rounds == 1     # two gateways gossip after each round
     assert gateway.gossip.total_steps == 7 and gateway.gossip.mixing == "after"
-    assert gateway.peer.clients == ("e000", "e002", "e004")      # client i belongs to gateway i mod 2
-    assert load_peer_config(out / "gw1.toml").peer.clients == ("e001", "e003")
+    assert gateway.peer.clients == ("e000", "e001", "e002")      # blocks: client i of 5 is gw(i*2//5)'s
+    assert load_peer_config(out / "gw1.toml").peer.clients == ("e003", "e004")
     ids = {run_id(gateway.shared())}
     for index, edge in enumerate(m.name for m in edges):
         config = load_edge_config(out / f"{edge}.toml")
-        assert config.edge.gateway == f"gw{index % 2}"
+        assert config.edge.gateway == ("gw0" if index < 3 else "gw1")
         ids.add(run_id(config.shared()))
     assert len(ids) == 1
     # a plain peer's run id is not a gateway's: [federation] is part of it

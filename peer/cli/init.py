@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gateways", type=int, default=0,
                         help="a federation instead: number of gateways (with --edges)")
     parser.add_argument("--edges", type=int, default=0,
-                        help="a federation: number of edge clients (client i belongs to gateway i mod G)")
+                        help="a federation: number of edge clients (in blocks: client i of E belongs to "
+                             "gateway i*G//E)")
     parser.add_argument("--rounds", type=int, default=30, help="a federation: FedAvg rounds (default: 30)")
     parser.add_argument("--topology", default="ring", help="topology spec or graph file (default: ring)")
     parser.add_argument("--out", required=True, help="new (or empty) folder to write into")

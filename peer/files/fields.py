@@ -94,6 +94,17 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("test_cut_dropped", "messages", "counter", "messages a test hook's cut dropped, sent or received",
           label="direction"),
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
+    Field("checkpoint_step", "steps", "gauge",
+          "step of the newest checkpoint this start wrote or resumed from (-1: none yet)"),
+    Field("checkpoints_written", "checkpoints", "counter", "checkpoints written (periodic, after a jump of "
+          "the step by a state sync or a catch-up, and at the end)"),
+    Field("checkpoint_failures", "checkpoints", "counter",
+          "checkpoints not written, by errno (`ENOSPC`: a full disk); the peer trains on and keeps the "
+          "older ones", label="reason"),
+    Field("checkpoint_error", "", "text",
+          "why the last checkpoint could not be written (empty once one is written again)"),
+    Field("status_write_failures", "writes", "counter",
+          "status.json or metrics.jsonl writes that failed, by errno", label="reason"),
     Field("waiting_for", "", "text",
           "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`)"),
     Field("absent_at_start", "events", "counter",
@@ -144,7 +155,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "missing, late, refused, closed_by, aggregated (a list; status.json only)"),
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
-          "rounds_aggregated, rounds_failed", label="event"),
+          "rounds_aggregated, rounds_failed, final_answers (the final model sent again to a client heard "
+          "after the end), final_answer_limited (at most one per client per round_timeout_s)", label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "

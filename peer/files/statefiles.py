@@ -5,19 +5,28 @@ status endpoint that ``hivemesh status`` reads (a file rather than a socket:
 it needs no extra port, works across a firewall for whoever can read the data
 folder, and still tells what a crashed peer last did). ``metrics.jsonl`` gets
 one JSON object per evaluation. Checkpoints go through :mod:`peer.train.checkpoint`.
+
+A full disk costs lines, not the peer: a status, metrics or checkpoint write that
+fails with an ``OSError`` leaves no half-written file, is counted by errno and said
+once (``cannot write status.json: ENOSPC: ...``, ``cannot checkpoint: ...``), and the
+peer goes on; the next write that fits clears it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from peer.files.console import Progress, Reading
+    from peer.train.checkpoint import SavePoint
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -37,8 +46,12 @@ def json_safe(value: Any) -> Any:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(json_safe(data), indent=1, sort_keys=True))
-    temporary.replace(path)
+    try:
+        temporary.write_text(json.dumps(json_safe(data), indent=1, sort_keys=True))
+        temporary.replace(path)
+    except OSError:
+        temporary.unlink(missing_ok=True)     # a full disk keeps no half-written file
+        raise
 
 
 def read_status(data_dir: str | Path) -> dict[str, Any] | None:
@@ -73,11 +86,13 @@ class StatusWriter:
         self.total_steps = total_steps
         self.display: Progress | None = None    # made at the first status: a bar only if there is one
         self.next_due = 0.0
+        self.failures: Counter[str] = Counter()    # status or metrics lines not written, by errno name
+        self._failing = ""
 
     def write(self, snapshot: dict[str, Any], *, now: float, interval_s: float) -> None:
         self.next_due = now + interval_s
         record = dict(snapshot, pid=os.getpid(), updated_at=time.time())
-        write_json_atomic(self.data_dir / STATUS_FILE, record)
+        self._guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
         if self.progress:
             if self.display is None:
                 from peer.files.console import Progress
@@ -92,8 +107,29 @@ class StatusWriter:
 
     def metric_line(self, snapshot: dict[str, Any]) -> None:
         record = {"time": time.time(), **{k: v for k, v in snapshot.items() if k != "neighbours"}}
-        with (self.data_dir / METRICS_FILE).open("a") as handle:
-            handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
+        self.append_line(METRICS_FILE, record)
+
+    def append_line(self, file_name: str, record: dict[str, Any]) -> None:
+        """One JSON line at the end of ``file_name`` in the data folder (lost, and counted, on a
+        full disk)."""
+        def append() -> None:
+            with (self.data_dir / file_name).open("a") as handle:
+                handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
+
+        self._guarded(file_name, append)
+
+    def _guarded(self, what: str, write: Callable[[], None]) -> None:
+        """A full disk loses a status or metrics line, not the peer: counted, said when it starts."""
+        try:
+            write()
+        except OSError as error:
+            reason = os_error_reason(error)
+            self.failures[reason.partition(":")[0] or "OSError"] += 1
+            if reason != self._failing:
+                self._failing = reason
+                self.warn(f"{self.name}: warning: cannot write {what}: {reason}")
+            return
+        self._failing = ""
 
     def say(self, text: str) -> None:
         from peer.files.console import LOGGER
@@ -137,17 +173,57 @@ def human_bytes(count: float) -> str:
     return f"{count:.1f} GB"
 
 
-class CheckpointStore:
-    """A peer's checkpoints (trainer + protocol state + driver extras), through peer.train.checkpoint."""
+def os_error_reason(error: OSError) -> str:
+    """An OSError in a few words: ``ENOSPC: No space left on device``."""
+    code = errno.errorcode.get(error.errno, "") if error.errno is not None else ""
+    words = error.strerror or str(error)
+    return f"{code}: {words}" if code else words
 
-    def __init__(self, data_dir: Path, *, keep: int) -> None:
+
+class CheckpointStore:
+    """A peer's checkpoints (trainer + protocol state + driver extras), through peer.train.checkpoint.
+
+    A save that fails for want of disk (any ``OSError``) does not stop the peer: the writer has
+    removed its temporary directory, the checkpoints before it stay, and the failure is counted
+    by errno (``failures``) and kept as ``error`` until a save succeeds. :meth:`recover`, first at
+    start-up, clears what a dead writer left (peer/train/checkpoint.py ``recover``).
+    """
+
+    def __init__(self, data_dir: Path, *, keep: int, at_point: SavePoint | None = None) -> None:
         self.directory = data_dir / CHECKPOINT_DIR
         self.keep = keep
+        self.at_point = at_point        # a test hook (peer/runtime/testhooks.py)
+        self.step = -1                  # of the newest checkpoint written or loaded (-1: none)
+        self.written = 0
+        self.failures: Counter[str] = Counter()    # failed saves, by errno name
+        self.error = ""                 # why the last save failed; "" once one succeeded
 
-    def save(self, trainer_state: dict[str, Any], protocol_state: Any, extra: dict[str, Any]) -> None:
+    def recover(self) -> list[str]:
+        """Temporaries of a dead writer: a complete one put into place, the rest removed (what was
+        done, one line each; a failure to clean is one of them, never an exception)."""
+        from peer.train.checkpoint import recover
+
+        try:
+            return recover(self.directory)
+        except OSError as error:
+            return [f"cannot clean up {self.directory}: {os_error_reason(error)}"]
+
+    def save(self, trainer_state: dict[str, Any], protocol_state: Any, extra: dict[str, Any]) -> str:
+        """Write one checkpoint; "" when written, else why not (the peer trains on)."""
         from peer.train.checkpoint import save
 
-        save(self.directory, trainer_state, protocol_state, extra=extra, keep=self.keep)
+        try:
+            path = save(self.directory, trainer_state, protocol_state, extra=extra, keep=self.keep,
+                        at_point=self.at_point)
+        except OSError as error:
+            reason = os_error_reason(error)
+            self.failures[reason.partition(":")[0] or "OSError"] += 1
+            self.error = reason
+            return reason
+        self.step = int(path.name.rpartition("-")[2])
+        self.written += 1
+        self.error = ""
+        return ""
 
     def load_latest(self) -> tuple[dict[str, Any], Any, dict[str, Any]] | None:
         from peer.train.checkpoint import load_latest
@@ -157,4 +233,5 @@ class CheckpointStore:
         loaded = load_latest(self.directory)
         if loaded is None:
             return None
+        self.step = loaded.step
         return loaded.trainer_state, loaded.protocol_state, dict(loaded.extra)

@@ -65,11 +65,26 @@ def next_epoch(data_dir: Path) -> int:
             raise HivemeshError(f"{path}: corrupt epoch file (expected one integer)") from None
     epoch = previous + 1
     temporary = path.with_suffix(".tmp")
-    with temporary.open("w") as handle:
-        handle.write(f"{epoch}\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
+    try:
+        with temporary.open("w") as handle:
+            handle.write(f"{epoch}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        temporary.replace(path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        if previous < 0:
+            raise HivemeshError(f"{path}: cannot store the epoch: {error.strerror}") from None
+        # a full disk: the file we have keeps its block, so the number is written over in place (a
+        # few bytes in one sector), and the peer starts from its checkpoint rather than not at all
+        try:
+            with path.open("r+") as handle:
+                handle.write(f"{epoch}\n")
+                handle.truncate()
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as again:
+            raise HivemeshError(f"{path}: cannot store the epoch: {again.strerror}") from None
     return epoch
 
 

@@ -83,6 +83,14 @@ privacy on, its ``privacy`` block and each round's ``epsilon`` the budget spent.
 SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
 interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
+Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
+clears what a dead writer left (a complete copy is put back in place) before
+anything is loaded; the schedule counts ``every_steps`` from the step on disk,
+and a step that jumps (``SetTrainerStep``: an adopted state sync, a catch-up)
+is written at once, so a kill loses at most the interval. A save that fails (a
+full disk) is said once (``cannot checkpoint: ...``), counted in the status,
+and tried again an interval later; the peer trains on.
+
 Neighbours that are gone for good (protocols/node/liveness.py decides): a
 finishing peer says so in its heartbeats during its finish grace, and a
 neighbour that then goes silent is recorded as finished, not down. A peer
@@ -101,7 +109,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import json
 import math
 import os
 import resource
@@ -131,9 +138,10 @@ from peer.runtime.testhooks import (
     ScheduleFiles,
     hooks_from_environment,
     protocol_version_from_environment,
+    save_point_from_environment,
     schedule_from_environment,
 )
-from peer.train.checkpoint import CheckpointSchedule
+from peer.train.checkpoint import CheckpointSchedule, SavePoint
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.consensus import max_relative_distance
 from protocols.events import (
@@ -212,11 +220,11 @@ class PeerDaemon:
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
                  hooks: Sequence[Hook] = (),
                  schedule_for: Callable[[str], ScheduleFiles | None] | None = None,
-                 protocol_version: int | None = None) -> None:
+                 protocol_version: int | None = None, at_save_point: SavePoint | None = None) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
         ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name,
-        ``protocol_version``: the highest protocol version spoken, as by a member not yet upgraded
-        (peer.runtime.testhooks)."""
+        ``protocol_version``: the highest protocol version spoken, as by a member not yet upgraded,
+        ``at_save_point``: a test hook inside checkpoint writes (peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -244,7 +252,10 @@ class PeerDaemon:
             low, _ = self.endpoint.policy.accepted_versions
             self.endpoint.use(policy=dataclasses.replace(self.endpoint.policy,
                                                          accepted_versions=(low, protocol_version)))
-        self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep)
+        self.store = CheckpointStore(config.data_dir, keep=config.checkpoint.keep, at_point=at_save_point)
+        # first, now the data folder is ours: a dead writer's temporaries (a complete one is put into
+        # place), before anything is loaded or written (they may be what fills the disk)
+        self._recovered = self.store.recover()
         self.schedule = CheckpointSchedule(config.checkpoint)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
                                    total_steps=config.gossip.total_steps)
@@ -534,10 +545,11 @@ class PeerDaemon:
                             f"(status {EXIT_STRANDED})")
             return EXIT_STRANDED
         self.state = "stopped"
-        self._checkpoint(final=False)
+        written = self._checkpoint(final=False)
         self._write_status(force=True)
         signame = signal.Signals(self._stop_signal).name if self._stop_signal else "stop"
-        self.status.say(f"{self.name}: {signame}: checkpoint written at step {self.trainer.step}; exiting")
+        what = "checkpoint written" if written else "no checkpoint written"
+        self.status.say(f"{self.name}: {signame}: {what} at step {self.trainer.step}; exiting")
         return 0
 
     # ------------------------------------------------------------------ the loop's pieces
@@ -612,6 +624,7 @@ class PeerDaemon:
             self.transport.wait_sent()
 
     def _carry_out(self, actions: Sequence[NodeAction]) -> None:
+        jumped = False      # the step moved on without training: a state sync adopted, or a catch-up
         for action in actions:
             match action:
                 case Send():
@@ -629,6 +642,7 @@ class PeerDaemon:
                     self._train_end_s = self.now()
                     self.timeline["finished"] = time.time()
                 case SetTrainerStep():
+                    jumped = jumped or action.step > self.trainer.step
                     self.trainer.step = action.step     # the learning-rate schedule follows the network
                     self.counters.trainer_steps_set.append(action.step)
                 case Note(text=text, warning=warning):
@@ -638,6 +652,8 @@ class PeerDaemon:
                         self.status.say(f"{self.name}: {text}")
                 case Connect():
                     self._connect(action)
+        if jumped:  # at once: a kill before the next periodic one would lose the jump, not an interval
+            self._checkpoint(final=False)
         if self.gateway_work is not None:
             self._gateway_progress()
 
@@ -665,8 +681,7 @@ class PeerDaemon:
             for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
                 row = {**json_safe(report_row(server.reports[index])),
                        "accuracy": self._last_eval.get("accuracy", math.nan)}
-                with (self.config.data_dir / ROUNDS_FILE).open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+                self.status.append_line(ROUNDS_FILE, row)
             self._rounds_evaluated = len(server.reports)
             self._last_eval_step = self._rounds_evaluated
             self.status.metric_line(self._snapshot())
@@ -841,6 +856,8 @@ class PeerDaemon:
     # ------------------------------------------------------------------ persistence
 
     def _restore(self) -> bool:
+        for line in self._recovered:
+            self.status.say(f"{self.name}: checkpoints: {line}")
         state = self.store.load_latest()
         if state is None:
             return False
@@ -858,16 +875,25 @@ class PeerDaemon:
             self.endpoint.restore_state(endpoint_state)
         self.status.say(f"{self.name}: resumed from checkpoint at step {self.trainer.step} "
                         f"(epoch {self.parts.epoch})")
+        self.schedule.saved(self.trainer.step, self.now())  # the interval counts from what is on disk
         return True
 
-    def _checkpoint(self, *, final: bool) -> None:
+    def _checkpoint(self, *, final: bool) -> bool:
+        """Write one; False when it could not be (a full disk: said when it starts failing and
+        when it writes again, counted in the status; the peer trains on, the older ones stay)."""
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()
-        self.store.save(self.trainer.state_dict(), self._protocol_state(),
-                        {"endpoint": self.endpoint.export_state(), "final": final,
-                         "epoch": self.parts.epoch})
-        self.schedule.saved(self.trainer.step, self.now())
+        failing = self.store.error
+        reason = self.store.save(self.trainer.state_dict(), self._protocol_state(),
+                                 {"endpoint": self.endpoint.export_state(), "final": final,
+                                  "epoch": self.parts.epoch})
+        self.schedule.saved(self.trainer.step, self.now())  # a failure is tried again an interval on
+        if reason and reason != failing:
+            self._warn(f"cannot checkpoint: {reason}")
+        elif not reason and failing:
+            self.status.say(f"{self.name}: checkpoint written again at step {self.trainer.step}")
+        return not reason
 
     def _protocol_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The machine's state and, on a gateway, its server's (tensors under ``fedavg/``, meta under
@@ -952,6 +978,11 @@ class PeerDaemon:
             "neighbour_finished": dict(self.counters.neighbour_finished),
             "test_cut_dropped": dict(self.counters.test_cut_dropped),
             "stranded": self._stranded,
+            "checkpoint_step": self.store.step,
+            "checkpoints_written": self.store.written,
+            "checkpoint_failures": dict(self.store.failures),
+            "checkpoint_error": self.store.error,
+            "status_write_failures": dict(self.status.failures),
             "waiting_for": (waiting_line(self.node.neighbourhood.presence())
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
@@ -1037,7 +1068,8 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
             config = dataclasses.replace(config, peer=dataclasses.replace(config.peer, progress=False))
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment(),
                           schedule_for=schedule_from_environment,
-                          protocol_version=protocol_version_from_environment()).run()
+                          protocol_version=protocol_version_from_environment(),
+                          at_save_point=save_point_from_environment()).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -27,8 +27,10 @@ gateway: ZeroMQ redials, the next heartbeat re-registers the client, and the
 server asks it again in a later round.
 
 The end: the gateway's ``RoundResult`` (the federation's final model, sent to
-every registered client) -> exit 0. A client that misses it (it was away) or
-whose gateway never comes up would wait for ever, so it gives up after
+every registered client, and to one that registers later while the gateway is
+still up: protocols/federation/server_base.py) -> exit 0. A client that misses it
+(it was away until its gateway exited) or whose gateway never comes up would
+wait for ever, so it gives up after
 ``[edge] gateway_timeout_s`` (0 = never) with neither a connection to the
 gateway nor a message from it: a send that ZeroMQ takes means a connection
 whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
@@ -150,6 +152,7 @@ class EdgeClient:
                                    steps_per_epoch=self.trainer.steps_per_epoch,
                                    secure=self._secure(config, identity))
         self.store = CheckpointStore(config.data_dir, keep=2)
+        self._recovered = self.store.recover()     # a dead writer's temporaries, before any load
         self.status = StatusWriter(config.data_dir, name=self.name, progress=edge.progress,
                                    total_steps=0)   # no bar: the gateway decides how many rounds it trains
         self.resumed = self._restore()
@@ -337,6 +340,8 @@ class EdgeClient:
     # ------------------------------------------------------------------ persistence and status
 
     def _restore(self) -> bool:
+        for line in self._recovered:
+            self.status.say(f"{self.name}: checkpoints: {line}")
         state = self.store.load_latest()
         if state is None:
             return False
@@ -353,8 +358,11 @@ class EdgeClient:
     def _checkpoint(self) -> None:
         assert self.transport is not None
         self.transport.wait_sent()
-        self.store.save(self.trainer.state_dict(), self.client.export_state(),
-                        {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
+        failing = self.store.error
+        reason = self.store.save(self.trainer.state_dict(), self.client.export_state(),
+                                 {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
+        if reason and reason != failing:    # a full disk: the client trains on, the older ones stay
+            self.status.warn(f"{self.name}: warning: cannot checkpoint: {reason}")
 
     def snapshot(self) -> dict[str, Any]:
         assert self.transport is not None
@@ -368,7 +376,10 @@ class EdgeClient:
                 "listening": list(self.transport.listening()),
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
-                "client": dict(sorted(self.client.counters.items()))}
+                "client": dict(sorted(self.client.counters.items())),
+                "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
+                "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
+                "status_write_failures": dict(self.status.failures)}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from peer.files import roster_file, tomlout
+from peer.files.federation_layout import federation_names
+from peer.files.federation_layout import gateway_of as layout_gateway_of
 from peer.net.transport import free_tcp_addresses, listener_address, reserve_listeners
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
@@ -121,12 +123,6 @@ class FederationFiles:
     gateway_of: dict[str, str]      # edge client name -> its gateway
 
 
-def federation_names(gateways: int, edges: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``gw0, gw1, ...`` and ``e000, e001, ...`` (zero-padded: string order is index order)."""
-    width = max(3, len(str(edges - 1)))
-    return (tuple(f"gw{i}" for i in range(gateways)), tuple(f"e{i:0{width}d}" for i in range(edges)))
-
-
 def create_federation(out: str | Path, *, gateways: int, edges: int, network: Mapping[str, Any],
                       federation: Mapping[str, Any], host: str = "127.0.0.1", base_port: int = 0,
                       reserve: bool = False, peer_options: Mapping[str, Any] | None = None,
@@ -136,13 +132,15 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
 
     Gateways are members with role ``gateway`` and an address (``[federation]`` in their config
     makes ``hivemesh peer`` a gateway); edge clients have role ``edge``, no address, and an
-    ``edge.toml``-style config naming their gateway (client i belongs to gateway i mod G). The
+    ``edge.toml``-style config naming their gateway (peer/files/federation_layout.py: contiguous
+    blocks, client i of E belongs to gateway i * G // E, as in a simulated federation). The
     ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
     """
     if gateways < 1 or edges < 1:
         raise HivemeshError("a federation needs at least one gateway and one edge client")
     gateway_names, edge_names = federation_names(gateways, edges)
-    gateway_of = {name: gateway_names[index % gateways] for index, name in enumerate(edge_names)}
+    gateway_of = {name: layout_gateway_of(index, gateways=gateways, edges=edges)
+                  for index, name in enumerate(edge_names)}
     own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
            for gateway in gateway_names}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,

@@ -27,6 +27,13 @@ test waits on files, not on time. Hooks come from the environment variable
 ``HIVEMESH_TEST_HOOKS``, a JSON list of objects with these keys; nothing sets
 it in normal use, and a malformed value is a configuration error.
 
+A checkpoint write can be stopped halfway (``HIVEMESH_TEST_CHECKPOINT_HOOK``, a JSON
+object, :class:`SaveHook`): at one of peer/train/checkpoint.py's ``SAVE_POINTS``
+(``temp_data``, ``temp_complete``, ``old_moved``, ``new_placed``) of the first save
+of at least step ``at_step``, the writer creates ``mark`` (if given), then SIGKILLs
+itself (``kill``) or waits until the file ``gate`` exists (``hold``), so a test kills
+a peer inside a write, at an instant it chose, without timing it.
+
 A fault schedule keyed by rounds (protocols/node/schedule.py, the one the
 simulator honours too) comes from ``HIVEMESH_TEST_SCHEDULE``: a JSON object
 ``{"progress": DIR, "faults": [...]}``. Peers of one test share ``DIR``: each
@@ -43,17 +50,20 @@ import math
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from peer.train.checkpoint import SAVE_POINTS, SavePoint
 from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
 from topology.errors import HivemeshError
 
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
 PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this
 SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
+SAVE_VARIABLE = "HIVEMESH_TEST_CHECKPOINT_HOOK"
 ACTIONS = ("hold", "kill", "stop", "cut", "signflip", "pace")
 
 
@@ -163,6 +173,61 @@ class Hooks:
             self._holding = None
             return self.holding(step, now)     # a later hook may be due at the same step
         return self._holding is not None
+
+
+# ------------------------------------------------------------ a checkpoint write stopped halfway
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveHook:
+    point: str                            # one of SAVE_POINTS
+    action: Literal["kill", "hold"]
+    at_step: int = 0                      # the first save of at least this step
+    mark: str = ""                        # created when it fires
+    gate: str = ""                        # hold: the write goes on once this file exists
+
+    def __post_init__(self) -> None:
+        if self.point not in SAVE_POINTS:
+            raise ValueError(f"point must be one of {SAVE_POINTS}, got {self.point!r}")
+        if self.action not in ("kill", "hold"):
+            raise ValueError(f"action must be kill or hold, got {self.action!r}")
+        if self.action == "hold" and not self.gate:
+            raise ValueError("a hold needs a gate file")
+
+
+def save_hook_json(hook: SaveHook) -> str:
+    """The value of ``HIVEMESH_TEST_CHECKPOINT_HOOK`` for ``hook``."""
+    return json.dumps({"point": hook.point, "action": hook.action, "at_step": hook.at_step,
+                       "mark": hook.mark, "gate": hook.gate})
+
+
+def save_point(hook: SaveHook) -> SavePoint:
+    """What the checkpoint writer calls at each of its points (``at_point``): fires ``hook`` once."""
+    fired = False
+
+    def at_point(point: str, step: int) -> None:
+        nonlocal fired
+        if fired or point != hook.point or step < hook.at_step:
+            return
+        fired = True
+        if hook.mark:
+            Path(hook.mark).touch()
+        if hook.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while not Path(hook.gate).exists():
+            time.sleep(0.01)    # a test's gate file: the writer's one thread has nothing else to do
+
+    return at_point
+
+
+def save_point_from_environment() -> SavePoint | None:
+    text = os.environ.get(SAVE_VARIABLE, "")
+    if not text:
+        return None
+    try:
+        return save_point(SaveHook(**json.loads(text)))
+    except (ValueError, TypeError) as error:
+        raise HivemeshError(f"{SAVE_VARIABLE}: {error}") from None
 
 
 # ------------------------------------------------------------ a fault schedule keyed by rounds

@@ -7,12 +7,31 @@ Layout of one checkpoint, a directory ``ckpt-<step, 12 digits>/`` under the chec
     manifest.json          step, the JSON metadata of both slots, ``extra``, and the
                            size and BLAKE3 digest of every file; plus a digest of itself
 
-It is written into a hidden temporary directory, every file and the directory are
-fsynced, and only then renamed into place (a crash leaves either the old set or the
-new one, never half of one). :func:`load_latest` verifies sizes and digests before
-parsing anything and falls back to the newest checkpoint that verifies, so a torn or
-bit-flipped newest checkpoint costs one interval of work, not the run. Tensors are
-read with safetensors; nothing is ever unpickled.
+It is written into a hidden temporary directory ``.tmp-ckpt-<step>-<pid>/``, every
+file and the directory are fsynced (the manifest last: a directory is complete exactly
+when its manifest verifies), and only then renamed into place. Saving a step that is
+already there (a final or SIGTERM save right after a periodic one) takes two renames:
+the old copy steps aside to ``.tmp-ckpt-old-<step>-<pid>/``, the new one takes its
+name, the old one is removed. A kill between the two leaves both complete copies in
+temporary directories and none under the checkpoint's name, so a checkpoint is found
+among the temporaries too: at every instant the newest step (or, in the middle of its
+first write, the previous one) is loadable, whatever ``keep`` is.
+
+:func:`load_latest` verifies sizes and digests before parsing anything and falls back
+to the newest checkpoint that verifies, so a torn or bit-flipped newest checkpoint
+costs one interval of work, not the run. A complete temporary is a candidate behind a
+named checkpoint of the same step (the new copy before the old one); a torn one is
+passed over without a word, since a kill halfway through a write leaves one by design.
+:func:`recover` (at start-up, by the one process that holds the data folder) renames
+the best complete temporary into place and removes every other temporary, so a dead
+writer's leftovers neither hide a checkpoint nor take the disk.
+
+A write that fails (``ENOSPC``: a full disk) removes its temporary directory and
+leaves the checkpoints before it as they were; the caller decides what a failure
+means (peer.files.statefiles.CheckpointStore counts and reports it, the peer trains
+on). ``at_point`` lets a test stop the writer at each of its instants
+(:data:`SAVE_POINTS`, peer/runtime/testhooks.py). Tensors are read with safetensors;
+nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -23,7 +42,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,9 +61,16 @@ FORMAT = 1  # manifest format version
 PREFIX = "ckpt-"
 TEMP_PREFIX = ".tmp-ckpt-"
 _NAME = re.compile(r"^ckpt-(\d{12})$")
+_TEMP_NAME = re.compile(r"^\.tmp-ckpt-(old-)?(\d{12})-(\d+)$")   # (old copy?, step, writer's pid)
 TRAINER_FILE = "trainer.safetensors"
 PROTOCOL_FILE = "protocol.safetensors"
 MANIFEST_FILE = "manifest.json"
+
+# the instants of a write a test can stop the writer at, in order: the tensors written but no
+# manifest (torn); the new copy complete, nothing renamed; a same-step save's old copy moved aside;
+# the new copy in place, the old one not yet removed
+SAVE_POINTS = ("temp_data", "temp_complete", "old_moved", "new_placed")
+SavePoint = Callable[[str, int], None]      # (one of SAVE_POINTS, the step being saved)
 
 
 class CheckpointError(HivemeshError):
@@ -71,25 +97,29 @@ class CheckpointConfig:
 class CheckpointSchedule:
     """Says when a checkpoint is due: ``every_steps`` steps or ``every_s`` seconds after the last.
 
-    The first call sets the baseline (a fresh or just-resumed run is not saved at once).
-    Call :meth:`saved` after writing one.
+    Steps count from the last checkpoint on disk: step ``start_step`` (0 for a fresh run;
+    a resumed run calls :meth:`saved` with the step it loaded). So a step that jumps
+    (a state sync adopted, rounds skipped to catch up) makes the very next call due, and
+    work lost to a kill is at most ``every_steps`` behind the step the process had
+    reached. Seconds count from the first call (a start-up wait is not work). Call
+    :meth:`saved` after each attempt, failed or not: a full disk is retried one interval
+    later, not at every turn of the loop.
     """
 
-    def __init__(self, config: CheckpointConfig) -> None:
+    def __init__(self, config: CheckpointConfig, *, start_step: int = 0) -> None:
         self.config = config
-        self._last: tuple[int, float] | None = None
+        self._last_step = start_step
+        self._last_s: float | None = None
 
     def should_save(self, step: int, now: float) -> bool:
-        if self._last is None:
-            self._last = (step, now)
-            return False
-        last_step, last_s = self._last
-        by_steps = self.config.every_steps > 0 and step - last_step >= self.config.every_steps
-        by_time = self.config.every_s > 0 and now - last_s >= self.config.every_s
+        if self._last_s is None:
+            self._last_s = now
+        by_steps = self.config.every_steps > 0 and step - self._last_step >= self.config.every_steps
+        by_time = self.config.every_s > 0 and now - self._last_s >= self.config.every_s
         return by_steps or by_time
 
     def saved(self, step: int, now: float) -> None:
-        self._last = (step, now)
+        self._last_step, self._last_s = step, now
 
 
 @dataclass(frozen=True)
@@ -156,12 +186,15 @@ def _manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 
 def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state: Any = None, *,
-         extra: Mapping[str, Any] | None = None, step: int | None = None, keep: int = 2) -> Path:
+         extra: Mapping[str, Any] | None = None, step: int | None = None, keep: int = 2,
+         at_point: SavePoint | None = None) -> Path:
     """Write a checkpoint atomically and keep only the newest ``keep``; returns its path.
 
     ``trainer_state`` is :meth:`Trainer.state_dict`; ``protocol_state`` is a machine's
     ``export_state()`` ((tensors, meta)) or None; ``extra`` is JSON-able driver state.
     ``step`` defaults to the trainer's step; saving a step again replaces that checkpoint.
+    ``at_point``: called at each of :data:`SAVE_POINTS` (a test hook). An ``OSError`` (a full
+    disk) is raised after the temporary directory is removed; earlier checkpoints are untouched.
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
@@ -187,17 +220,34 @@ def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state
 
     final = directory / f"{PREFIX}{step:012d}"
     temp = directory / f"{TEMP_PREFIX}{step:012d}-{os.getpid()}"
+    point: SavePoint = at_point or (lambda name, at: None)
     if temp.exists():
         shutil.rmtree(temp)
-    temp.mkdir()
-    for name, data in blobs.items():
-        _write_synced(temp / name, data)
-    _write_synced(temp / MANIFEST_FILE, manifest_bytes)
-    _fsync_dir(temp)
+    try:
+        temp.mkdir()
+        for name, data in blobs.items():
+            _write_synced(temp / name, data)
+        point("temp_data", step)
+        _write_synced(temp / MANIFEST_FILE, manifest_bytes)    # last: it says the copy is complete
+        _fsync_dir(temp)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)    # a full disk keeps no half-written copy
+        raise
+    point("temp_complete", step)
     if final.exists():  # the same step again (e.g. a final save right after a periodic one)
         old = directory / f"{TEMP_PREFIX}old-{step:012d}-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
         final.rename(old)
-        temp.rename(final)
+        point("old_moved", step)    # both copies complete, in temporaries: load_latest finds them
+        try:
+            temp.rename(final)
+        except BaseException:
+            old.rename(final)
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        _fsync_dir(directory)
+        point("new_placed", step)
         shutil.rmtree(old)
     else:
         temp.rename(final)
@@ -207,12 +257,49 @@ def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state
 
 
 def _prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and temporaries left by crashed writers."""
-    for stale in directory.glob(f"{TEMP_PREFIX}*"):
-        if not stale.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(stale, ignore_errors=True)
+    """Delete all but the newest ``keep`` checkpoints, and every temporary: this runs after a save,
+    so none is still being written (one process writes a data folder: it holds its lock)."""
+    for _, _, stale in _temporaries(directory):
+        shutil.rmtree(stale, ignore_errors=True)
     for _, old in list_checkpoints(directory)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def recover(directory: str | Path) -> list[str]:
+    """Put the best complete temporary of each step without a checkpoint into place; remove every
+    other temporary. What it did, one line each. Only for the process that owns ``directory`` (a
+    peer holding its data folder's lock): any temporary there is a dead writer's."""
+    directory = Path(directory)
+    done: list[str] = []
+    named = {step for step, _ in list_checkpoints(directory)}
+    for step, _, path in _temporaries(directory):    # per step, the new copy before the old
+        if step not in named:
+            try:
+                _read(path)
+            except _Invalid as error:
+                log.debug("temporary %s is incomplete (%s)", path, error)
+            else:
+                path.rename(directory / f"{PREFIX}{step:012d}")
+                named.add(step)
+                done.append(f"recovered the complete checkpoint of step {step} from {path.name}")
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        done.append(f"removed {path.name}")
+    if done:
+        _fsync_dir(directory)
+    return done
+
+
+def _temporaries(directory: Path) -> list[tuple[int, int, Path]]:
+    """(step, 1 for a new copy or 0 for an old one, path) of every temporary, newest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _TEMP_NAME.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(2)), 0 if match.group(1) else 1, entry))
+    return sorted(found, reverse=True)
 
 
 # ---------------------------------------------------------------- reading
@@ -281,18 +368,26 @@ def _read(path: Path) -> Checkpoint:
 def load_latest(directory: str | Path) -> Checkpoint | None:
     """The newest checkpoint that verifies; None when there is none at all.
 
-    Newer ones that fail verification are skipped (logged, and listed in ``skipped``);
+    Complete temporaries count (see the module docstring); torn ones are passed over. Newer
+    checkpoints that fail verification are skipped (logged, and listed in ``skipped``);
     if every one fails, raises CheckpointError listing the reasons rather than
     silently starting from scratch.
     """
     skipped: list[tuple[Path, str]] = []
-    for _, path in list_checkpoints(directory):
+    named = [(step, 2, path) for step, path in list_checkpoints(directory)]
+    for _, rank, path in sorted(named + _temporaries(Path(directory)), reverse=True):
         try:
             checkpoint = _read(path)
         except _Invalid as error:
+            if rank < 2:    # a write cut short: expected, not a loss
+                log.debug("temporary %s is incomplete (%s)", path, error)
+                continue
             log.warning("checkpoint %s is unusable (%s); trying the previous one", path, error)
             skipped.append((path, str(error)))
             continue
+        if rank < 2:
+            log.info("checkpoint of step %d found in the temporary %s (a write cut short)",
+                     checkpoint.step, path.name)
         return replace(checkpoint, skipped=tuple(skipped))
     if skipped:
         reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)

@@ -29,7 +29,9 @@ gateway, peer/runtime/daemon.py with ``[federation]``, and ``hivemesh edge``, pe
   (``roles={"fedavg": server}``, ``clients=<the roster's edge members>``); the Node routes
   ``ClientUpdate`` to it and its prefixed timers back, and tells it ``NeighbourUp`` when it
   hears a client (registered) and ``NeighbourDown`` when the client falls silent or says
-  goodbye. A direct call (``resume``) goes back through ``Node.role_actions``.
+  goodbye. A direct call (``resume``) goes back through ``Node.role_actions``. Both servers share
+  server_base.FederationServer; once finished, one answers a client that registers late with
+  the final ``RoundResult`` (at most once per client per ``round_timeout_s``).
   ``reports`` (per round), ``status()``, ``counters`` and ``last_contact_s`` feed the
   status (with DP on: ``status()["privacy"]`` and each report's ``epsilon``; the server then
   needs ``secret_seed=``, a seed only the gateway knows); ``export_state`` /

@@ -1,5 +1,6 @@
-"""What both servers (synchronous FedAvg and FedBuff) share: who is asked, how updates combine,
-how counters become metrics, and the RoundResult that ends a federation.
+"""What both servers (synchronous FedAvg and FedBuff) and the client share as functions: who is
+asked, how updates combine, the payload codec, and how counters become metrics (the servers' common
+state and events are in server_base.py).
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from protocols.events import Action, Event, Metric, Send
+from protocols.events import Action, Event, Metric
 from protocols.federation import aggregate
 from protocols.federation.config import FederationConfig
 from protocols.gossip.payload import Payload
-from protocols.messages import RoundResult, Scalar
 from protocols.rng import derive_seed
 
 
@@ -81,10 +81,3 @@ class Counted:
         self.counters["refused_update"] += 1
         self.counters[f"refused_{reason}"] += 1
 
-
-def final_result(version: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Scalar],
-                 clients: Sequence[str]) -> list[Action]:
-    """The federation is over: every registered client gets the final global model."""
-    if not clients:
-        return []
-    return [Send(tuple(sorted(clients)), RoundResult(round=version, tensors=dict(tensors), meta=dict(meta)))]

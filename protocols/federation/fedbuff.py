@@ -16,17 +16,20 @@ therefore never holds up the others: its update counts, less, when it comes.
 
 What a ``ClientUpdate`` meets (counted ``refused_<reason>``):
 
-===============================================  =======================
+===============================================  ============================================
 update                                           verdict
-===============================================  =======================
-after the federation finished                    ``after_finish``
+===============================================  ============================================
+after the federation finished                    ``after_finish``, answered with the end (1)
 from a client whose dispatch timed out           ``late``
 from a client not training for us                ``not_sampled``
 for another version than the one it was sent     ``wrong_round``
 more than ``max_staleness`` versions old         ``stale``
 malformed, not finite, num_samples < 1           ``bad_update``, ``bad_num_samples``
 otherwise                                        buffered (``updates_taken``)
-===============================================  =======================
+===============================================  ============================================
+
+(1) The final ``RoundResult`` again, as to a client that registers after the end: at most
+once per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
 
 A dispatch not answered within ``round_timeout_s`` is given up (``missing``) and
 another client is asked.
@@ -34,7 +37,6 @@ another client is asked.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -42,26 +44,12 @@ from typing import Any
 
 import torch
 
-from protocols.compress import BadParts
-from protocols.events import (
-    Action,
-    CancelTimer,
-    Event,
-    Finished,
-    Metric,
-    NeighbourDown,
-    NeighbourUp,
-    ProtocolState,
-    Received,
-    Send,
-    SetTimer,
-    Start,
-    TimerFired,
-)
-from protocols.federation.common import Counted, combine, final_result, payload, sample
+from protocols.events import Action, CancelTimer, Finished, Metric, Send, SetTimer
+from protocols.federation.common import combine, sample
 from protocols.federation.config import FederationConfig
-from protocols.federation.server_opt import OptState, server_step
-from protocols.messages import ClientUpdate, Message, RoundStart, Scalar
+from protocols.federation.server_base import FederationServer
+from protocols.federation.server_opt import server_step
+from protocols.messages import ClientUpdate, RoundStart, Scalar
 
 
 def staleness_weight(staleness: int, exponent: float) -> float:
@@ -95,25 +83,15 @@ class _Dispatch:
     number: int  # the dispatch's sequence number: its timer key, so a stale timer is recognised
 
 
-class FedBuffServer(Counted):
+class FedBuffServer(FederationServer):
     """The FedBuff server for clients ``clients`` (roster names; more may ``register``)."""
 
-    ACCEPTS: frozenset[type[Message]] = frozenset({ClientUpdate})
+    MODE = "fedbuff"
 
     def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
                  clients: Sequence[str] = (), shapes: Sequence[tuple[int, ...]] | None = None) -> None:
-        super().__init__()
-        if config.mode != "fedbuff":
-            raise ValueError(f"FedBuffServer runs mode 'fedbuff', not {config.mode!r} (use FedAvgServer)")
-        if params.dim() != 1 or not params.is_floating_point():
-            raise ValueError(f"params must be a flat 1-D float tensor, got {tuple(params.shape)}")
-        self.config = config
-        self.name = name
-        self.params = params
-        self.registered: set[str] = set(clients)
-        self.uplink = payload(config.uplink, params, seed=config.seed, name=name, shapes=shapes)
-        self.downlink = payload(config.downlink, params, seed=config.seed, name=name, shapes=shapes)
-        self.opt_state: OptState = {}
+        super().__init__(config, name=name, params=params, clients=clients, shapes=shapes,
+                         other="FedAvgServer")
         self.phase = BuffPhase.IDLE
         self.version = 0
         self.dispatches = 0
@@ -121,54 +99,40 @@ class FedBuffServer(Counted):
         self.expired: dict[str, int] = {}  # client -> the version of its dispatch that timed out
         self.buffer: list[tuple[str, torch.Tensor, int, int]] = []  # (client, delta, num_samples, staleness)
         self.reports: dict[int, BufferReport] = {}
-        self.last_contact_s: dict[str, float] = {}
         self._sent: tuple[int, dict[str, torch.Tensor], dict[str, Scalar]] | None = None
-
-    @property
-    def accepts(self) -> frozenset[type[Message]]:
-        return self.ACCEPTS
 
     @property
     def round(self) -> int:
         """The current model version (what a status shows as the round)."""
         return self.version
 
-    # ------------------------------------------------------------ membership
+    @property
+    def finished(self) -> bool:
+        return self.phase is BuffPhase.FINISHED
 
-    def register(self, client: str, now: float) -> list[Action]:
-        self.registered.add(client)
-        return self._fill(now) if self.phase is BuffPhase.RUNNING else []
+    def _phase_name(self) -> str:
+        return self.phase.value
 
-    def unregister(self, client: str) -> None:
-        """Not asked again; a dispatch it holds runs out at its deadline."""
-        self.registered.discard(client)
+    def _round_now(self) -> int:
+        return self.version
 
-    def status(self) -> dict[str, Any]:
-        """What a gateway's status shows now (JSON-able); finished aggregations are in ``reports``."""
-        return {"mode": "fedbuff", "phase": self.phase.value, "round": self.version,
-                "registered": sorted(self.registered),
-                "training": {c: d.version for c, d in sorted(self.busy.items())},
-                "buffered": len(self.buffer), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+    def _extra_status(self) -> dict[str, Any]:
+        return {"training": {c: d.version for c, d in sorted(self.busy.items())},
+                "buffered": len(self.buffer)}
 
     # ------------------------------------------------------------ events
 
-    def _dispatch(self, event: Event, now: float) -> list[Action]:
-        match event:
-            case Start() if self.phase is BuffPhase.IDLE:
-                self.phase = BuffPhase.RUNNING
-                return self._fill(now)
-            case Received(sender=sender, message=ClientUpdate() as update):
-                self.last_contact_s[sender] = now
-                return self._update(sender, update, now)
-            case TimerFired(key=key):
-                return self._timeout(key, now)
-            case NeighbourUp(name=client):
-                return self.register(client, now)
-            case NeighbourDown(name=client):
-                self.unregister(client)
-                return []
-            case _:
-                return []
+    def _start(self, now: float) -> list[Action]:
+        if self.phase is not BuffPhase.IDLE:
+            return []
+        self.phase = BuffPhase.RUNNING
+        return self._fill(now)
+
+    def _registered(self, now: float) -> list[Action]:
+        return self._fill(now) if self.phase is BuffPhase.RUNNING else []
+
+    def _timer(self, key: str, now: float) -> list[Action]:
+        return self._timeout(key, now)
 
     def _fill(self, now: float) -> list[Action]:
         """Ask free clients until ``concurrency`` train (all of them asked with one message)."""
@@ -214,9 +178,6 @@ class FedBuffServer(Counted):
     # ------------------------------------------------------------ updates
 
     def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
-        if self.phase is BuffPhase.FINISHED:
-            self._refuse("after_finish")
-            return []
         dispatch = self.busy.get(sender)
         if dispatch is None:
             if self.expired.get(sender) == update.round:
@@ -233,22 +194,17 @@ class FedBuffServer(Counted):
         staleness = self.version - update.round
         if staleness > self.config.max_staleness:
             self._refuse("stale")
-        elif isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) \
-                or update.num_samples < 1:
+        elif self._bad_num_samples(update):
             self._refuse("bad_num_samples")
+        elif (delta := self._decode(update)) is None:
+            self._refuse("bad_update")
         else:
-            try:
-                delta = self.uplink.decode(update.tensors, update.meta)
-            except BadParts as error:
-                self.counters[f"refused_bad_update_{error.reason}"] += 1
-                self._refuse("bad_update")
-            else:
-                self.buffer.append((sender, delta, update.num_samples, staleness))
-                self.counters["updates_taken"] += 1
-                if len(self.buffer) >= self.config.buffer_size:
-                    actions.extend(self._aggregate(now))
-                    if self.phase is BuffPhase.FINISHED:
-                        return actions
+            self.buffer.append((sender, delta, update.num_samples, staleness))
+            self.counters["updates_taken"] += 1
+            if len(self.buffer) >= self.config.buffer_size:
+                actions.extend(self._aggregate(now))
+                if self.phase is BuffPhase.FINISHED:
+                    return actions
         return [*actions, *self._fill(now)]
 
     def _aggregate(self, now: float) -> list[Action]:
@@ -271,32 +227,17 @@ class FedBuffServer(Counted):
             self.phase = BuffPhase.FINISHED
             cancels: list[Action] = [CancelTimer(self._timer_key(c)) for c in sorted(self.busy)]
             tensors, meta = self._model()
-            return [*actions, *cancels, *final_result(self.version, tensors, meta, sorted(self.registered)),
-                    Finished()]
+            return [*actions, *cancels, *self._finish(now, tensors, meta), Finished()]
         return actions
 
     # ------------------------------------------------------------ checkpoints
 
-    def export_state(self) -> ProtocolState:
-        """The global model, the optimiser's state and the version; the buffer and the dispatches
-        in flight are not kept (after a restore the server asks afresh)."""
-        tensors = {"params": self.params.detach().clone(),
-                   **{f"opt/{k}": v.detach().clone() for k, v in self.opt_state.items()}}
-        meta: dict[str, Any] = {"mode": "fedbuff", "name": self.name, "version": self.version,
-                                "dispatches": self.dispatches, "finished": self.phase is BuffPhase.FINISHED,
-                                "registered": sorted(self.registered),
-                                "counters": dict(sorted(self.counters.items()))}
-        return tensors, meta
+    def _export_meta(self) -> dict[str, Any]:
+        """The version and the dispatch count; the buffer and the dispatches in flight are not kept
+        (after a restore the server asks afresh)."""
+        return {"version": self.version, "dispatches": self.dispatches}
 
-    def restore_state(self, state: ProtocolState) -> None:
-        tensors, meta = state
-        if meta.get("mode") != "fedbuff" or meta.get("name") != self.name:
-            raise ValueError(f"server state of {meta.get('mode')!r}/{meta.get('name')!r} does not fit "
-                             f"fedbuff/{self.name!r}")
-        self.params.copy_(tensors["params"])
-        self.opt_state = {k[4:]: v.to(self.params) for k, v in tensors.items() if k.startswith("opt/")}
+    def _restore_meta(self, meta: dict[str, Any], *, finished: bool) -> None:
         self.version = int(meta["version"])
         self.dispatches = int(meta["dispatches"])
-        self.registered = set(meta["registered"])
-        self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
-        self.phase = BuffPhase.FINISHED if meta["finished"] else BuffPhase.IDLE
+        self.phase = BuffPhase.FINISHED if finished else BuffPhase.IDLE

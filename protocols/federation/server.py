@@ -31,7 +31,8 @@ each round; ``epsilon``, the privacy spent so far at the configured ``delta``
 (protocols/federation/accountant.py), is in each round's report and in ``status``.
 
 4. After ``rounds`` rounds every registered client gets a ``RoundResult``
-   with the final model, and ``Finished``.
+   with the final model, and ``Finished``; a client that registers later gets it
+   then (server_base.py: once per ``round_timeout_s`` at most).
 
 ``pause_between_rounds``: a gateway that gossips between FedAvg rounds gets the
 phase ``PAUSED`` after each close and calls :meth:`FedAvgServer.resume` when its
@@ -43,7 +44,7 @@ the round's report; ``refused_update`` is their total):
 =============================================  ====================================================
 update                                         verdict
 =============================================  ====================================================
-after the federation finished                  ``after_finish``
+after the federation finished                  ``after_finish``, answered with the end (1)
 for the open round, from a client not asked    ``not_sampled``
 for the open round, a second one               ``duplicate``
 for the open round, malformed or not finite    ``bad_update`` (+ its reason)
@@ -52,13 +53,16 @@ for the open round, otherwise                  taken (``updates_taken``)
 for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota), once
 for any other round                            ``wrong_round``
 =============================================  ====================================================
+
+(1) The final ``RoundResult`` again, as to a client that registers after the end: at most once
+per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -72,21 +76,18 @@ from protocols.events import (
     Event,
     Finished,
     Metric,
-    NeighbourDown,
-    NeighbourUp,
-    ProtocolState,
     Received,
     Send,
     SetTimer,
-    Start,
     TimerFired,
 )
 from protocols.federation import privacy
 from protocols.federation.accountant import RoundAccountant, epsilon_json
-from protocols.federation.common import Counted, combine, final_result, payload, sample
+from protocols.federation.common import combine, sample
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureOutcome, SecureServer
-from protocols.federation.server_opt import OptState, server_step
+from protocols.federation.server_base import FederationServer
+from protocols.federation.server_opt import server_step
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.rng import torch_generator
 
@@ -128,10 +129,10 @@ def report_row(report: Any) -> dict[str, Any]:
     return row
 
 
-class FedAvgServer(Counted):
+class FedAvgServer(FederationServer):
     """The synchronous FedAvg server for clients ``clients`` (roster names; more may ``register``)."""
 
-    ACCEPTS: frozenset[type[Message]] = frozenset({ClientUpdate})
+    MODE = "sync"
 
     def __init__(self, config: FederationConfig, *, name: str, params: torch.Tensor,
                  clients: Sequence[str] = (), pause_between_rounds: bool = False,
@@ -141,23 +142,12 @@ class FedAvgServer(Counted):
         only; needed when ``config.differential_privacy`` is set (the config's ``seed`` is every
         client's, and would let them subtract the noise). ``secure``: the gateway's side of secure
         aggregation (protocols/federation/secure.py), needed when ``config.secure_aggregation`` is set."""
-        super().__init__()
-        if config.mode != "sync":
-            raise ValueError(f"FedAvgServer runs mode 'sync', not {config.mode!r} (use FedBuffServer)")
-        if params.dim() != 1 or not params.is_floating_point():
-            raise ValueError(f"params must be a flat 1-D float tensor, got {tuple(params.shape)}")
-        self.config = config
-        self.name = name
-        self.params = params
+        super().__init__(config, name=name, params=params, clients=clients, shapes=shapes,
+                         other="FedBuffServer")
         self.pause_between_rounds = pause_between_rounds
-        self.registered: set[str] = set(clients)
-        self.uplink = payload(config.uplink, params, seed=config.seed, name=name, shapes=shapes)
-        self.downlink = payload(config.downlink, params, seed=config.seed, name=name, shapes=shapes)
-        self.opt_state: OptState = {}
         self.phase = ServerPhase.IDLE
         self.round = 0
         self.reports: dict[int, RoundReport] = {}
-        self.last_contact_s: dict[str, float] = {}
         # the open round (set by _open_round)
         self.wanted = 0
         self.asked: tuple[str, ...] = ()
@@ -185,19 +175,14 @@ class FedAvgServer(Counted):
         self.secure = secure
 
     @property
+    def finished(self) -> bool:
+        return self.phase is ServerPhase.FINISHED
+
+    @property
     def accepts(self) -> frozenset[type[Message]]:
         return self.ACCEPTS if self.secure is None else self.ACCEPTS | self.secure.ACCEPTS
 
     # ------------------------------------------------------------ membership
-
-    def register(self, client: str, now: float) -> list[Action]:
-        """A client may be asked from the next round opened (the first may open now)."""
-        self.registered.add(client)
-        return self._try_open(now) if self.phase is ServerPhase.WAITING else []
-
-    def unregister(self, client: str) -> None:
-        """Not asked again; an open round still waits for it until its deadline."""
-        self.registered.discard(client)
 
     def resume(self, now: float) -> list[Action]:
         """After a pause between rounds: open the next round with what ``params`` holds now."""
@@ -206,14 +191,19 @@ class FedAvgServer(Counted):
         return self._try_open(now)
 
     def status(self) -> dict[str, Any]:
-        """What a gateway's status shows now (JSON-able); finished rounds are in ``reports``."""
-        status: dict[str, Any] = {
-            "mode": "sync", "phase": self.phase.value, "round": self.round,
-            "registered": sorted(self.registered), "asked": list(self.asked), "wanted": self.wanted,
-            "taken": sorted(self.taken), "last_contact_s": dict(sorted(self.last_contact_s.items()))}
+        status = super().status()
         if self.privacy is not None:
             status["privacy"] = self.privacy_status()
         return status
+
+    def _phase_name(self) -> str:
+        return self.phase.value
+
+    def _round_now(self) -> int:
+        return self.round
+
+    def _extra_status(self) -> dict[str, Any]:
+        return {"asked": list(self.asked), "wanted": self.wanted, "taken": sorted(self.taken)}
 
     def epsilon(self) -> float | None:
         """The privacy spent by the rounds closed so far (None: DP off; inf: no noise)."""
@@ -232,28 +222,24 @@ class FedAvgServer(Counted):
     # ------------------------------------------------------------ events
 
     def _dispatch(self, event: Event, now: float) -> list[Action]:
-        match event:
-            case Start():
-                return self._try_open(now) if self.phase is ServerPhase.IDLE else []
-            case Received(sender=sender, message=ClientUpdate() as update):
-                self.last_contact_s[sender] = now
-                return self._update(sender, update, now)
+        match event:  # secure aggregation's messages and timers (the rest: server_base.py)
             case Received(sender=sender, message=SecAggMessage() as message) if self.secure is not None:
                 self.last_contact_s[sender] = now
                 return self._secure_step(*self.secure.receive(sender, message, now), now)
             case TimerFired(key=key) if self.secure is not None and self.secure.owns(key):
                 return self._secure_step(*self.secure.tick(key, now), now)
-            case TimerFired(key=key):
-                if self.phase is ServerPhase.OPEN and key == self._timer_key():
-                    return self._close(now, "deadline")
-                return []
-            case NeighbourUp(name=client):
-                return self.register(client, now)
-            case NeighbourDown(name=client):
-                self.unregister(client)
-                return []
-            case _:
-                return []
+        return super()._dispatch(event, now)
+
+    def _start(self, now: float) -> list[Action]:
+        return self._try_open(now) if self.phase is ServerPhase.IDLE else []
+
+    def _registered(self, now: float) -> list[Action]:
+        return self._try_open(now) if self.phase is ServerPhase.WAITING else []
+
+    def _timer(self, key: str, now: float) -> list[Action]:
+        if self.phase is ServerPhase.OPEN and key == self._timer_key():
+            return self._close(now, "deadline")
+        return []
 
     def _timer_key(self) -> str:
         return f"deadline/{self.round}"
@@ -294,9 +280,6 @@ class FedAvgServer(Counted):
         self.opened_at_s = now
 
     def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
-        if self.phase is ServerPhase.FINISHED:
-            self._refuse("after_finish")
-            return []
         if self.phase is not ServerPhase.OPEN or update.round != self.round:
             self._after_close(sender, update.round)
             return []
@@ -304,14 +287,10 @@ class FedAvgServer(Counted):
             return self._refuse_open("not_sampled")
         if sender in self.taken:
             return self._refuse_open("duplicate")
-        if isinstance(update.num_samples, bool) or not isinstance(update.num_samples, int) \
-                or update.num_samples < 1:
+        if self._bad_num_samples(update):
             return self._refuse_open("bad_num_samples")
-        try:
-            delta = self.uplink.decode(update.tensors, update.meta) if self.secure is None \
-                else self.secure.decode_update(update)
-        except BadParts as error:
-            self.counters[f"refused_bad_update_{error.reason}"] += 1
+        delta = self._decode(update)
+        if delta is None:
             return self._refuse_open("bad_update")
         self.taken[sender] = (delta, update.num_samples)
         self.counters["updates_taken"] += 1
@@ -361,11 +340,22 @@ class FedAvgServer(Counted):
         if self.round >= self.config.rounds:
             self.phase = ServerPhase.FINISHED
             tensors, meta, _ = self.downlink.encode(self.params, self.round)
-            return [*actions, *final_result(self.round, tensors, meta, sorted(self.registered)), Finished()]
+            return [*actions, *self._finish(now, tensors, meta), Finished()]
         if self.pause_between_rounds:
             self.phase = ServerPhase.PAUSED
             return actions
         return [*actions, *self._try_open(now)]
+
+    def _decode(self, update: ClientUpdate) -> torch.Tensor | None:
+        """Secure aggregation on: what its secure side takes (masking off: quantised integers;
+        masking on: none, BadParts ``unmasked``), else the uplink's decoding (server_base.py)."""
+        if self.secure is None:
+            return super()._decode(update)
+        try:
+            return self.secure.decode_update(update)
+        except BadParts as error:
+            self.counters[f"refused_bad_update_{error.reason}"] += 1
+            return None
 
     def _secure_step(self, actions: list[Action], outcome: SecureOutcome | None, now: float) -> list[Action]:
         """SecAgg's sends and timer; when its round ended, the FedAvg round closes with it (the
@@ -402,34 +392,17 @@ class FedAvgServer(Counted):
 
     # ------------------------------------------------------------ checkpoints
 
-    def export_state(self) -> ProtocolState:
-        """The global model, the optimiser's state and the round; a round open at the export is
-        asked again after a restore (same round, same draw), so no half round is kept."""
-        tensors = {"params": self.params.detach().clone(),
-                   **{f"opt/{k}": v.detach().clone() for k, v in self.opt_state.items()}}
-        meta: dict[str, Any] = {"mode": "sync", "name": self.name, "round": self.round,
-                                "finished": self.phase is ServerPhase.FINISHED,
-                                "registered": sorted(self.registered),
-                                "counters": dict(sorted(self.counters.items()))}
-        if self.privacy is not None:  # epsilon follows from the round; adaptive clipping's C does not
+    def _export_meta(self) -> dict[str, Any]:
+        """The round (a round open at the export is asked again after a restore: same round, same
+        draw, so no half round is kept) and, with DP, adaptive clipping's C (epsilon follows from
+        the round)."""
+        meta: dict[str, Any] = {"round": self.round}
+        if self.privacy is not None:
             meta["dp_clip_norm"] = self.dp_clip_norm
-        return tensors, meta
+        return meta
 
-    def restore_state(self, state: ProtocolState) -> None:
-        """Continue from ``export_state`` (before ``Start``)."""
-        tensors, meta = state
-        if meta.get("mode") != "sync" or meta.get("name") != self.name:
-            raise ValueError(f"server state of {meta.get('mode')!r}/{meta.get('name')!r} does not fit "
-                             f"sync/{self.name!r}")
-        self.params.copy_(tensors["params"])
-        self.opt_state = {k[len("opt/"):]: v.to(self.params) for k, v in _entries(tensors, "opt/").items()}
+    def _restore_meta(self, meta: dict[str, Any], *, finished: bool) -> None:
         self.round = int(meta["round"])
-        self.registered = set(meta["registered"])
-        self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
-        self.phase = ServerPhase.FINISHED if meta["finished"] else ServerPhase.IDLE
+        self.phase = ServerPhase.FINISHED if finished else ServerPhase.IDLE
         if self.privacy is not None and "dp_clip_norm" in meta:
             self.dp_clip_norm = float(meta["dp_clip_norm"])
-
-
-def _entries(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -21,7 +21,8 @@ for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
 anything from a client      the roles' failure detector hears it (``NeighbourUp`` to every
 (``clients``)               role: a FedAvg server registers it; one heard before Start, just
-                            before the roles' ``Start``)
+                            before the roles' ``Start``; also after the machine finished, so a
+                            finished server answers a late client with the final model)
 ``Heartbeat``               its step and "finished" flag are noted (from one neither a
                             neighbour nor a client: counted ``heartbeat_not_neighbour``); a
                             later roster version than ours is said once per neighbour
@@ -297,7 +298,8 @@ class Node(Generic[N]):
         if self.neighbourhood.heard(sender, now, reachable=reachable) and self._live():
             self._told_up.add(sender)
             actions += self._machine(NeighbourUp(sender), now)
-        if self.clients.heard(sender, now, reachable=reachable) and self._live():
+        if self.clients.heard(sender, now, reachable=reachable) and self.started and not self.left:
+            # also once the machine finished: a finished server answers a late client with the end
             actions += self._roles(NeighbourUp(sender), now)
         match message:
             case Heartbeat() if sender in self.clients:
