@@ -121,7 +121,7 @@ from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
-from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
+from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -322,7 +322,8 @@ class PeerDaemon:
             # name where the address came from: the peer's own listen key, else its roster entry
             where = ("key 'peer.listen'" if self.config.peer.listen else
                      f"key 'peer.roster' ({self.name!r}'s address in {self.config.roster_path})")
-            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}") from None
+            hint = not_owned_hint(self._listen_address())
+            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}{hint}") from None
         metrics = None
         try:
             if self.config.peer.metrics_port:
