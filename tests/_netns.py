@@ -32,6 +32,7 @@ does not skip: a multi-host test that cannot run fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -76,19 +77,13 @@ def _clean(made: _Made) -> None:
     made.closed = True
     for process in made.processes:
         if process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
     for name in reversed(made.namespaces):
-        try:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
             ip("netns", "del", name, check=False)
-        except (OSError, subprocess.SubprocessError):
-            pass
 
 
 def existing_namespaces() -> set[str]:
@@ -177,7 +172,8 @@ class Hosts:
         self._made.processes.append(process)
         return process
 
-    def run(self, index: int, argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    def run(self, index: int, argv: Sequence[str],
+            timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` on host ``index`` to its end; its output (no exception on failure)."""
         return subprocess.run(["ip", "netns", "exec", self.names[index], *argv], capture_output=True,
                               text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
