@@ -5,14 +5,17 @@ one interface ``eth0`` and its own address in ``SUBNET``, all cabled to a
 bridge ``br0`` that lives in a namespace of its own, so nothing of it is
 in the machine's own namespace::
 
-    hm-XXXXXX-h0 [eth0 10.77.0.1] ──veth── [v0 ┐
-    hm-XXXXXX-h1 [eth0 10.77.0.2] ──veth── [v1 ├ br0]  hm-XXXXXX-br
+    hm-PID-XXXXXX-h0 [eth0 10.77.0.1] ──veth── [v0 ┐
+    hm-PID-XXXXXX-h1 [eth0 10.77.0.2] ──veth── [v1 ├ br0]  hm-PID-XXXXXX-br
     ...                                     ...┘
 
 Every interface is created inside a namespace made here (``ip -n NS link add
 ... peer name eth0 netns HOST``), and the cleanup deletes only the
 namespaces made here (which takes their interfaces with them), so the
-machine's own interfaces, addresses and routes are never touched.
+machine's own interfaces, addresses and routes are never touched. A name
+carries its maker's pid (``hm-PID-TOKEN-h0``): namespaces a killed test run
+left behind (its pid gone) are swept, with whatever still runs in them, when
+the next ``Hosts`` is made.
 
 Faults: ``link_down(i)``/``link_up(i)`` take the bridge end of host i's cable
 down and up (a pulled cable: the host keeps its address, its TCP
@@ -24,7 +27,8 @@ Processes: ``popen(i, argv)`` runs ``ip netns exec HOST argv`` (Python 3.11 has 
 ``os.setns``, so a peer imports torch afresh, about 4 s). ``ip netns exec``
 execs the command, so the pid is the command's. ``close()`` (also run by
 ``with``, by a finalizer and at interpreter exit) kills the processes
-started here, then deletes the namespaces; it never raises, and runs once.
+started here and any other still in the namespaces made here (``ip netns
+pids``), then deletes the namespaces; it never raises, and runs once.
 
 Needs root and iproute2 (CI runs as root); without them ``Hosts`` raises, it
 does not skip: a multi-host test that cannot run fails.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -82,8 +87,37 @@ def _clean(made: _Made) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
     for name in reversed(made.namespaces):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            ip("netns", "del", name, check=False)
+        _delete(name)
+
+
+def _delete(namespace: str) -> None:
+    """Kill what runs in ``namespace`` (one made here, or by a dead run), then delete it; never raises."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        for pid in ip("netns", "pids", namespace, check=False).split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        ip("netns", "del", namespace, check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Delete the namespaces this harness made in a run that has died (its pid in the name is gone);
+    their names."""
+    made_here = re.compile(rf"{re.escape(PREFIX)}(\d+)-[0-9a-f]{{6}}-(br|h\d+)")
+    stale = [name for name in existing_namespaces()
+             if (match := made_here.fullmatch(name)) and not _alive(int(match[1]))]
+    for name in stale:
+        _delete(name)
+    return stale
 
 
 def existing_namespaces() -> set[str]:
@@ -103,14 +137,15 @@ class Hosts:
             raise ValueError(f"1 to {MAX_HOSTS} hosts, not {count}")
         if not subnet_unused_here():
             raise NetnsError(f"{SUBNET}.0/24 is in use on this machine: choose another SUBNET")
+        sweep_stale()
         self._made = _Made()
         self._finalizer = weakref.finalize(self, _clean, self._made)   # also runs at interpreter exit
         taken = existing_namespaces()
-        token = secrets.token_hex(3)
-        while f"{PREFIX}{token}-br" in taken:
-            token = secrets.token_hex(3)
-        self.bridge = f"{PREFIX}{token}-br"
-        self.names = [f"{PREFIX}{token}-h{i}" for i in range(count)]
+        stem = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
+        while f"{stem}-br" in taken:
+            stem = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
+        self.bridge = f"{stem}-br"
+        self.names = [f"{stem}-h{i}" for i in range(count)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(count)]
         try:
             self._build(rate_mbit)

@@ -4,11 +4,14 @@ cleanup removes exactly what was made, even when the test fails."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
-from _netns import PREFIX, Hosts, existing_namespaces, ip
+from _netns import PREFIX, Hosts, existing_namespaces, ip, sweep_stale
 
 pytestmark = [pytest.mark.hosts, pytest.mark.processes]
 
@@ -71,6 +74,28 @@ def test_cleanup_runs_when_the_test_fails() -> None:
         hosts.popen(0, ["sleep", "600"])
         raise RuntimeError("a failing test")
     assert made and not set(made) & existing_namespaces()
+
+
+def test_namespaces_a_dead_run_left_are_swept_with_what_runs_in_them() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{PREFIX}{dead.pid}-abcdef-h0"
+    ip("netns", "add", stale)
+    left = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"])
+    try:
+        while not ip("netns", "pids", stale).split():   # until the sleep runs inside
+            assert left.poll() is None
+        alive = f"{PREFIX}{os.getpid()}-abcdef-h0"       # a live run's: never swept
+        ip("netns", "add", alive)
+        try:
+            assert stale in sweep_stale()
+            assert stale not in existing_namespaces() and alive in existing_namespaces()
+            assert left.wait(timeout=10) == -signal.SIGKILL
+        finally:
+            ip("netns", "del", alive)
+    finally:
+        left.kill()
+        ip("netns", "del", stale, check=False)
 
 
 def test_at_most_six_hosts() -> None:
