@@ -19,7 +19,10 @@ the next ``Hosts`` is made.
 
 Faults: ``link_down(i)``/``link_up(i)`` take the bridge end of host i's cable
 down and up (a pulled cable: the host keeps its address, its TCP
-connections see silence, not a reset); ``rate_mbit`` puts a ``tc tbf``
+connections see silence, not a reset); ``partition([[0, 1], [2, 3]])`` puts
+each group's cables on a bridge of its own (no firewall here, so a split is
+a rewiring: inside a group hosts still talk, across groups nothing passes)
+and ``heal()`` puts them all back on ``br0``; ``rate_mbit`` puts a ``tc tbf``
 rate limit on both ends of every cable (the kernel shapes only egress).
 ``netem`` is not available here, so delay is the simulator's business.
 
@@ -187,6 +190,24 @@ class Hosts:
 
     def link_up(self, index: int) -> None:
         ip("-n", self.bridge, "link", "set", f"v{index}", "up")
+
+    def partition(self, groups: Sequence[Sequence[int]]) -> None:
+        """Split the hosts: group g's cables go to bridge ``br{g}`` (every host in exactly one group)."""
+        listed = sorted(index for group in groups for index in group)
+        if listed != list(range(len(self.names))):
+            raise ValueError(f"every host in exactly one group: {groups}")
+        for number, group in enumerate(groups):
+            bridge = f"br{number}"
+            if number and bridge not in ip("-n", self.bridge, "-o", "link", "show"):
+                ip("-n", self.bridge, "link", "add", bridge, "type", "bridge")
+                ip("-n", self.bridge, "link", "set", bridge, "up")
+            for index in group:
+                ip("-n", self.bridge, "link", "set", f"v{index}", "master", bridge)
+
+    def heal(self) -> None:
+        """Every cable back on ``br0`` (after ``partition``)."""
+        for index in range(len(self.names)):
+            ip("-n", self.bridge, "link", "set", f"v{index}", "master", "br0")
 
     # ------------------------------------------------------------------ processes
 

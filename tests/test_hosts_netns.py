@@ -1,6 +1,7 @@
 """The multi-host harness itself (tests/_netns.py): hosts reach each other over the bridge, a pulled
-cable cuts one off and plugging it back restores it, rate limits sit on both cable ends, and the
-cleanup removes exactly what was made, even when the test fails."""
+cable cuts one off and plugging it back restores it, a partition splits them in two and a heal joins
+them, rate limits sit on both cable ends, and the cleanup removes exactly what was made, even when
+the test fails or its run was killed."""
 
 from __future__ import annotations
 
@@ -58,6 +59,23 @@ def test_hosts_talk_over_the_bridge_and_a_pulled_cable_cuts_one_off() -> None:
     assert server.poll() is not None, "close() kills what the hosts ran"
     assert not {n for n in existing_namespaces() if n.startswith(hosts.bridge.removesuffix("-br"))}
     assert machine_network() == before
+
+
+def test_a_partition_splits_the_hosts_in_two_and_heal_joins_them() -> None:
+    with Hosts(4) as hosts:
+        for index in range(4):
+            hosts.popen(index, [sys.executable, "-c", SERVE, hosts.addresses[index], str(PORT)])
+        for target in (1, 2, 3):
+            wait_until_reaches(hosts, 0, target)
+
+        hosts.partition([[0, 1], [2, 3]])
+        assert reaches(hosts, 0, 1, 2.0) and reaches(hosts, 2, 3, 2.0)
+        assert not reaches(hosts, 0, 2, 1.0) and not reaches(hosts, 3, 1, 1.0)
+        hosts.heal()
+        wait_until_reaches(hosts, 0, 2)
+        wait_until_reaches(hosts, 3, 1)
+        with pytest.raises(ValueError, match="every host in exactly one group"):
+            hosts.partition([[0, 1], [1, 2, 3]])
 
 
 def test_rate_limits_sit_on_both_ends_of_every_cable() -> None:
