@@ -33,11 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 ENVIRONMENT = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def init_network(hosts: Hosts, out: Path, *, steps: int, extra: Sequence[str] = ()) -> list[str]:
-    """``hivemesh init --hosts`` with every host's address, one peer each; the member names."""
-    assert main(["init", "--peers", str(len(hosts.names)), "--out", str(out), "--steps", str(steps),
-                 "--hosts", ",".join(hosts.addresses), "--base-port", str(PORT), *extra]) == 0
-    return [f"p{i:02d}" for i in range(len(hosts.names))]
+def init_network(hosts: Hosts, out: Path, *, steps: int, peers: int = 0,
+                 extra: Sequence[str] = ()) -> list[str]:
+    """``hivemesh init --hosts``: one peer on each of the first ``peers`` hosts (0: all); the names."""
+    peers = peers or len(hosts.names)
+    assert main(["init", "--peers", str(peers), "--out", str(out), "--steps", str(steps),
+                 "--hosts", ",".join(hosts.addresses[:peers]), "--base-port", str(PORT), *extra]) == 0
+    return [f"p{i:02d}" for i in range(peers)]
 
 
 def peer_command(config: Path) -> list[str]:

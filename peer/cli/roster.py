@@ -9,8 +9,8 @@ member's operator holds); the old key is revoked. The member's peer finds the ne
 beside its configured one (peer/files/keydir.py). ``revoke NAME`` removes a member and revokes
 its key: every peer refuses that key as soon as it reads the file, and leaves the member out of
 its graph from ``--effective-round`` on. ``set-address NAME HOST:PORT`` moves a peer or
-gateway to another address (another host): the member listens there, and peers dial it
-there, from their next start.
+gateway to another address (another host): the member listens there from its next start,
+and running peers dial it there as soon as they read the file.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     move = actions.add_parser(
         "set-address", help="change where a peer or gateway listens (HOST:PORT)",
-        description="Set a member's address (where it listens and its neighbours dial it). Peers use it "
-                    "from their next start: restart the member, then its neighbours.")
+        description="Set a member's address (where it listens and its neighbours dial it). Stop the "
+                    "member, set its address, start it there: running peers dial it at the new address "
+                    "as soon as they read the file.")
     move.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
     move.add_argument("name", help="member name")
     move.add_argument("address", metavar="HOST:PORT", help="the new address (tcp:// optional)")
@@ -174,8 +175,8 @@ def run_set_address(args: argparse.Namespace) -> int:
     kept = tuple(moved if m.name == args.name else m for m in roster.members)
     edited = _revised(roster, dataclasses.replace(roster, members=kept), args, new_file=False)
     roster_file.write(args.roster, edited)
-    print(f"{args.name} now listens at {address} in {args.roster} ({_said(edited)}); peers use it from their "
-          "next start")
+    print(f"{args.name} now listens at {address} in {args.roster} ({_said(edited)}): start it there; running "
+          "peers dial it there once they read the file")
     return 0
 
 

@@ -251,6 +251,7 @@ class PeerDaemon:
         self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
+        self._dialled = dict(self.parts.neighbours)   # name -> the address its socket dials
         self.hooks = Hooks(hooks)
         self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._was_held = False      # the schedule held the last work point
@@ -790,17 +791,24 @@ class PeerDaemon:
                                                         make_neighbour=NeighbourInfo))
 
     def _connect(self, connect: Connect) -> None:
-        """The Node's new roster and neighbour set: verify against it, dial who is new, drop who left."""
+        """The Node's new roster and neighbour set: verify against it, dial who is new or moved, drop who
+        left."""
         assert self.transport is not None
         roster = connect.roster
         self._hold_own_key(roster)
         self.endpoint.set_roster(roster)
         curve = self.config.peer.curve
         for name in connect.neighbours:
+            member = roster.member(name)
+            address = tcp_address(member.address)
+            if name in self.transport.neighbours and self._dialled.get(name, address) != address:
+                # moved (`hivemesh roster set-address`): dial it where it listens now
+                self.transport.drop_neighbour(name)
+                self.status.say(f"{self.name}: dials {name} at its new address {address}")
             if name not in self.transport.neighbours:
-                member = roster.member(name)
                 server_key = member.curve_key.encode() if curve and member.curve_key else None
-                self.transport.add_neighbour(name, tcp_address(member.address), server_key=server_key)
+                self.transport.add_neighbour(name, address, server_key=server_key)
+                self._dialled[name] = address
         for name in self.transport.neighbours:
             if name not in connect.neighbours:
                 self.transport.drop_neighbour(name)
