@@ -26,6 +26,7 @@ from peer.cli.main import main
 from peer.files.statefiles import read_status
 from peer.runtime.export import latest_params
 from peer.runtime.peerconfig import load_peer_config
+from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
 
 PORT = 7000     # every host's peer listens here (hosts have addresses of their own)
 OPTIONS = {**TEST_PEER_OPTIONS, "status_interval_s": 0.2}
@@ -50,12 +51,14 @@ def peer_command(config: Path) -> list[str]:
             *(arg for item in sets for arg in ("--set", item))]
 
 
-def start_peer(hosts: Hosts, index: int, out: Path, name: str) -> subprocess.Popen[bytes]:
-    """Peer ``name`` on host ``index`` (killed by ``hosts.close()`` if still running)."""
+def start_peer(hosts: Hosts, index: int, out: Path, name: str,
+               hooks: Sequence[Hook] = ()) -> subprocess.Popen[bytes]:
+    """Peer ``name`` on host ``index``, with test ``hooks`` for this run of it (peer/runtime/testhooks.py);
+    killed by ``hosts.close()`` if still running."""
     data = out / "data" / name
     data.mkdir(parents=True, exist_ok=True)
     return hosts.popen(index, peer_command(out / f"{name}.toml"), log=data / "peer.log",
-                       env={**os.environ, **ENVIRONMENT}, cwd=out)
+                       env={**os.environ, **ENVIRONMENT, ENVIRONMENT_VARIABLE: hooks_json(hooks)}, cwd=out)
 
 
 def steps(out: Path, names: Sequence[str]) -> dict[str, int]:
@@ -93,6 +96,8 @@ def describe(out: Path, names: Sequence[str]) -> str:
         log = out / "data" / name / "peer.log"
         tail = "\n".join(log.read_text().splitlines()[-8:]) if log.exists() else "(no log)"
         found = read_status(out / "data" / name) or {}
+        links = {key: found.get(key) for key in ("transport_refused", "transport_connections", "redialed",
+                                                  "unreachable", "abandoned_sends", "neighbour_down")}
         parts.append(f"{name}: step {found.get('step')} accuracy {found.get('accuracy')} "
-                     f"metrics {found.get('metrics')}\n{tail}")
+                     f"metrics {found.get('metrics')} rejections {found.get('rejections')} {links}\n{tail}")
     return "\n".join(parts)
