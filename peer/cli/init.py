@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -33,9 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--partition", default="dirichlet", choices=("iid", "dirichlet", "shards"),
                         help="how the data is split (default: dirichlet)")
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (default: 0.5)")
-    parser.add_argument("--host", default="127.0.0.1", help="address peers listen on (default: 127.0.0.1)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--host", help="the one address every peer listens on (default: 127.0.0.1)")
+    where.add_argument("--hosts", metavar="A,B,...",
+                       help="one address per peer (gateway), in roster order (p00, p01, ...): "
+                            "HOST or HOST:PORT")
+    where.add_argument("--hosts-file", metavar="FILE",
+                       help="as --hosts, one address a line ('#' starts a comment)")
     parser.add_argument("--base-port", type=int, default=0,
-                        help="first port (then consecutive); default: free ports chosen now")
+                        help="first port (then consecutive; with --hosts, for entries without a port); "
+                             "default: free ports chosen now (only on this machine's own addresses)")
     parser.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
                         help="CurveZMQ transport encryption and roster-only connections (default: on; "
                              "--no-curve writes curve = false, and `hivemesh status` warns)")
@@ -102,6 +110,22 @@ def check_network(network: dict[str, Any], *, peers: int) -> None:
                                                params=torch.zeros(1)))
 
 
+def hosts_given(args: argparse.Namespace) -> list[str] | None:
+    """The per-member addresses of ``--hosts`` or ``--hosts-file`` (None: one ``--host`` for all)."""
+    from topology.errors import HivemeshError
+
+    if args.hosts is not None:
+        return [entry.strip() for entry in args.hosts.split(",")]
+    if args.hosts_file is not None:
+        try:
+            text = Path(args.hosts_file).read_text(encoding="utf-8")
+        except OSError as error:
+            raise HivemeshError(f"--hosts-file {args.hosts_file}: {error.strerror}") from None
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+        return [line for line in lines if line]
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.netinit import create_network
     from topology.errors import HivemeshError
@@ -117,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
         topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
         steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
     check_network(network, peers=args.peers)      # before any file is written
-    files = create_network(args.out, peers=args.peers, network=network, host=args.host,
-                           base_port=args.base_port, peer_options={"curve": args.curve})
+    files = create_network(args.out, peers=args.peers, network=network, host=args.host or "127.0.0.1",
+                           base_port=args.base_port, peer_options={"curve": args.curve},
+                           hosts=hosts_given(args))
     print(f"created a network of {args.peers} peers in {files.out}")
     print(f"  roster:  {files.roster}")
     print(f"  keys:    {files.out / 'keys'}/ (mode 0600; give each machine only its own)")
@@ -146,8 +171,9 @@ def _federation(args: argparse.Namespace) -> int:
     check_network(network, peers=args.gateways)
     curve = {"curve": args.curve}
     files = create_federation(args.out, gateways=args.gateways, edges=args.edges, network=network,
-                              federation=federation, host=args.host, base_port=args.base_port,
-                              peer_options=curve, edge_options=curve)
+                              federation=federation, host=args.host or "127.0.0.1",
+                              base_port=args.base_port, peer_options=curve, edge_options=curve,
+                              hosts=hosts_given(args))
     print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
           f"{files.network.out}")
     print(f"  roster:  {files.network.roster}")

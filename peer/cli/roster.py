@@ -1,4 +1,4 @@
-"""``hivemesh roster add|remove|rotate|revoke|show --roster FILE``: edit and print the membership list.
+"""``hivemesh roster add|remove|set-address|rotate|revoke|show --roster FILE``: edit and print the roster.
 
 An edit of an existing roster is its next version (``version`` + 1), applied by every member
 from ``--effective-round`` on; running peers pick the file up without a restart.
@@ -8,7 +8,9 @@ key pair from round R on, signed by the old key (so it needs the old key file, w
 member's operator holds); the old key is revoked. The member's peer finds the new key file
 beside its configured one (peer/files/keydir.py). ``revoke NAME`` removes a member and revokes
 its key: every peer refuses that key as soon as it reads the file, and leaves the member out of
-its graph from ``--effective-round`` on.
+its graph from ``--effective-round`` on. ``set-address NAME HOST:PORT`` moves a peer or
+gateway to another address (another host): the member listens there from its next start,
+and running peers dial it there as soon as they read the file.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     remove.add_argument("name", help="member name")
     _effective_round(remove)
     remove.set_defaults(func=run_remove)
+
+    move = actions.add_parser(
+        "set-address", help="change where a peer or gateway listens (HOST:PORT)",
+        description="Set a member's address (where it listens and its neighbours dial it). Stop the "
+                    "member, set its address, start it there: running peers dial it at the new address "
+                    "as soon as they read the file.")
+    move.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
+    move.add_argument("name", help="member name")
+    move.add_argument("address", metavar="HOST:PORT", help="the new address (tcp:// optional)")
+    _effective_round(move)
+    move.set_defaults(func=run_set_address)
 
     rotate = actions.add_parser(
         "rotate", help="give a member a new key pair from a round on (signed by its old key)",
@@ -137,6 +150,33 @@ def run_remove(args: argparse.Namespace) -> int:
     edited = _revised(roster, roster.remove(args.name), args, new_file=False)
     roster_file.write(args.roster, edited)
     print(f"removed {args.name} from {args.roster}: {len(edited)} members ({_said(edited)})")
+    return 0
+
+
+def run_set_address(args: argparse.Namespace) -> int:
+    from peer.files import roster_file
+    from protocols.roster import RosterError
+
+    roster = roster_file.read(args.roster)
+    member = roster.get(args.name)
+    if member is None:
+        listed = ", ".join(roster.names) or "none"
+        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    address = args.address if args.address.startswith("tcp://") else f"tcp://{args.address}"
+    if member.role == "edge":
+        raise RosterError(f"{args.name} is an edge client: it dials out and listens nowhere")
+    taken = [m.name for m in roster if m.address == address and m.name != args.name]
+    if taken:
+        raise RosterError(f"{address} is already {taken[0]}'s address")
+    try:
+        moved = dataclasses.replace(member, address=address)
+    except ValueError as error:
+        raise RosterError(f"member {args.name!r}: {error}") from None
+    kept = tuple(moved if m.name == args.name else m for m in roster.members)
+    edited = _revised(roster, dataclasses.replace(roster, members=kept), args, new_file=False)
+    roster_file.write(args.roster, edited)
+    print(f"{args.name} now listens at {address} in {args.roster} ({_said(edited)}): start it there; running "
+          "peers dial it there once they read the file")
     return 0
 
 

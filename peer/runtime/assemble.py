@@ -8,8 +8,10 @@ is opened or any step trained.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,21 @@ class Parts:
 def tcp_address(address: str) -> str:
     """A roster or listen address as ZeroMQ wants it ("host:port" gets "tcp://")."""
     return address if address.startswith("tcp://") else f"tcp://{address}"
+
+
+def not_owned_hint(address: str) -> str:
+    """A hint for a listen address whose host is not one of this machine's addresses (EADDRNOTAVAIL),
+    else "": what an operator sees who gave a peer another host's address."""
+    host = tcp_address(address).removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except OSError as error:
+        if error.errno == errno.EADDRNOTAVAIL:
+            return (f" ({host} is not an address of this machine: run the peer on that host, or give it "
+                    "its own with `hivemesh roster set-address` or [peer] listen)")
+    return ""
 
 
 def next_epoch(data_dir: Path) -> int:

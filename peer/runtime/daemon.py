@@ -128,7 +128,7 @@ from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportError
-from peer.runtime.assemble import Parts, assemble, peer_topology, tcp_address
+from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -262,6 +262,7 @@ class PeerDaemon:
         self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
+        self._dialled = dict(self.parts.neighbours)   # name -> the address its socket dials
         self.hooks = Hooks(hooks)
         self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._was_held = False      # the schedule held the last work point
@@ -333,7 +334,8 @@ class PeerDaemon:
             # name where the address came from: the peer's own listen key, else its roster entry
             where = ("key 'peer.listen'" if self.config.peer.listen else
                      f"key 'peer.roster' ({self.name!r}'s address in {self.config.roster_path})")
-            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}") from None
+            hint = not_owned_hint(self._listen_address())
+            raise HivemeshError(f"{self.config.source}: {where}: peer {self.name}: {error}{hint}") from None
         metrics = None
         try:
             if self.config.peer.metrics_port:
@@ -804,17 +806,24 @@ class PeerDaemon:
                                                         make_neighbour=NeighbourInfo))
 
     def _connect(self, connect: Connect) -> None:
-        """The Node's new roster and neighbour set: verify against it, dial who is new, drop who left."""
+        """The Node's new roster and neighbour set: verify against it, dial who is new or moved, drop who
+        left."""
         assert self.transport is not None
         roster = connect.roster
         self._hold_own_key(roster)
         self.endpoint.set_roster(roster)
         curve = self.config.peer.curve
         for name in connect.neighbours:
+            member = roster.member(name)
+            address = tcp_address(member.address)
+            if name in self.transport.neighbours and self._dialled.get(name, address) != address:
+                # moved (`hivemesh roster set-address`): dial it where it listens now
+                self.transport.drop_neighbour(name)
+                self.status.say(f"{self.name}: dials {name} at its new address {address}")
             if name not in self.transport.neighbours:
-                member = roster.member(name)
                 server_key = member.curve_key.encode() if curve and member.curve_key else None
-                self.transport.add_neighbour(name, tcp_address(member.address), server_key=server_key)
+                self.transport.add_neighbour(name, address, server_key=server_key)
+                self._dialled[name] = address
         for name in self.transport.neighbours:
             if name not in connect.neighbours:
                 self.transport.drop_neighbour(name)

@@ -15,10 +15,17 @@ one ``NAME.toml`` each for ``hivemesh edge``; the gateways' configs carry the
 
 Only the key of a member ever needs to move to that member's machine; the
 roster and the [network] table are the same everywhere.
+
+Addresses: one ``host`` for every member (ports consecutive from ``base_port``,
+or free ports of that host chosen now), or ``hosts``, one entry per member in
+roster order (``hivemesh init --hosts a,b,c``): ``HOST:PORT``, or ``HOST``
+with the port ``base_port + i``. A free port can only be chosen on a host this
+machine owns; for any other the operator gives the port.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +59,8 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                    peer_options: Mapping[str, Any] | None = None,
                    sections: Mapping[str, Mapping[str, Any]] | None = None,
                    reserve: bool = False,
-                   own_options: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
+                   own_options: Mapping[str, Mapping[str, Any]] | None = None,
+                   hosts: Sequence[str] | None = None) -> NetworkFiles:
     """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
 
     ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
@@ -61,6 +69,7 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     they are only written down (``hivemesh init``: the peers start later, elsewhere).
     ``peer_options`` are extra [peer] keys for every peer, ``own_options`` for one (by name: a
     gateway's ``clients``); ``sections`` extra tables (e.g. {"checkpoint": {"every_steps": 20}}).
+    ``hosts``: one address per member instead of ``host`` (see :func:`host_addresses`).
     """
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
@@ -71,7 +80,14 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     if len(member_names) != peers:
         raise HivemeshError(f"{peers} peers but {len(member_names)} names")
     listeners: list[socket.socket] = []
-    if base_port:
+    if hosts is not None:
+        if reserve:
+            raise HivemeshError("hosts: addresses of other machines cannot be reserved here")
+        if len(hosts) != peers:
+            raise HivemeshError(f"--hosts: {len(hosts)} addresses for {peers} members "
+                                f"({', '.join(member_names)}): give one per member, in that order")
+        addresses = host_addresses(hosts, base_port)
+    elif base_port:
         if not 1 <= base_port <= 65535 - peers:
             raise HivemeshError(f"--base-port {base_port} leaves no room for {peers} ports")
         addresses = [f"tcp://{host}:{base_port + i}" for i in range(peers)]
@@ -79,7 +95,7 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
         listeners = reserve_listeners(peers, host)
         addresses = [listener_address(listener) for listener in listeners]
     else:
-        addresses = free_tcp_addresses(peers, host)
+        addresses = _free_addresses(peers, host, option="--host")
     (out / "keys").mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
     members, keys = [], {}
@@ -109,6 +125,66 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                         listeners=dict(zip(member_names, listeners, strict=False)))
 
 
+def host_addresses(hosts: Sequence[str], base_port: int = 0) -> list[str]:
+    """One ``tcp://HOST:PORT`` per entry of ``hosts`` (``HOST:PORT``, ``[IPv6]:PORT`` or ``HOST``).
+
+    An entry without a port gets ``base_port + i`` (i its index), or with ``base_port`` 0 a port
+    of that host that is free now: which only this machine's own addresses can tell.
+    """
+    parsed: list[tuple[str, int]] = []
+    for index, entry in enumerate(hosts):
+        entry = entry.strip().removeprefix("tcp://")
+        host, port = _split_host(entry)
+        if not host:
+            raise HivemeshError(f"--hosts: entry {index + 1} is empty (one HOST or HOST:PORT per member)")
+        if port is None and base_port:
+            port = base_port + index
+        if port is not None and not 1 <= port <= 65535:
+            raise HivemeshError(f"--hosts: {entry!r}: port {port} is not in 1-65535")
+        parsed.append((host, port or 0))
+    free: dict[str, list[str]] = {}     # per host, free ports for its entries without one, in order
+    for host in {host for host, port in parsed if not port}:
+        free[host] = _free_addresses(sum(1 for h, p in parsed if h == host and not p), host, option="--hosts")
+    addresses = [f"tcp://{_bracketed(host)}:{port}" if port else free[host].pop(0) for host, port in parsed]
+    taken = [address for address in addresses if addresses.count(address) > 1]
+    if taken:
+        raise HivemeshError(f"--hosts: {taken[0]} is given to two members")
+    return addresses
+
+
+def _split_host(entry: str) -> tuple[str, int | None]:
+    """``HOST:PORT`` -> (HOST, PORT); ``HOST``, a bare IPv6 address -> (HOST, None)."""
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        return host, _port(entry, rest.removeprefix(":")) if rest else None
+    if entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        return host, _port(entry, port)
+    return entry, None
+
+
+def _port(entry: str, text: str) -> int:
+    if not text.isdigit():
+        raise HivemeshError(f"--hosts: {entry!r} is not HOST or HOST:PORT")
+    return int(text)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _free_addresses(count: int, host: str, *, option: str) -> list[str]:
+    """``free_tcp_addresses``, with the error of a host this machine doesn't own made one line."""
+    try:
+        return free_tcp_addresses(count, host)
+    except OSError as error:
+        if error.errno == errno.EADDRNOTAVAIL:
+            hint = "--base-port" if option == "--host" else "HOST:PORT, or --base-port"
+            raise HivemeshError(f"{option}: {host} is not an address of this machine, so no free port can "
+                                f"be chosen for it here: give {hint}") from None
+        raise HivemeshError(f"{option}: cannot choose a free port on {host}: {error.strerror}") from None
+
+
 def load_roster(path: str | Path) -> Roster:
     """Read a roster TOML file; a HivemeshError names the file on any problem."""
     return roster_file.read(path)
@@ -127,7 +203,8 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
                       federation: Mapping[str, Any], host: str = "127.0.0.1", base_port: int = 0,
                       reserve: bool = False, peer_options: Mapping[str, Any] | None = None,
                       edge_options: Mapping[str, Any] | None = None,
-                      sections: Mapping[str, Mapping[str, Any]] | None = None) -> FederationFiles:
+                      sections: Mapping[str, Mapping[str, Any]] | None = None,
+                      hosts: Sequence[str] | None = None) -> FederationFiles:
     """Write the keys, roster and configs of ``gateways`` gateways and ``edges`` edge clients.
 
     Gateways are members with role ``gateway`` and an address (``[federation]`` in their config
@@ -135,6 +212,7 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     ``edge.toml``-style config naming their gateway (peer/files/federation_layout.py: contiguous
     blocks, client i of E belongs to gateway i * G // E, as in a simulated federation). The
     ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
+    ``hosts``: one address per gateway instead of ``host`` (edge clients have none).
     """
     if gateways < 1 or edges < 1:
         raise HivemeshError("a federation needs at least one gateway and one edge client")
@@ -145,7 +223,8 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
            for gateway in gateway_names}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
-                           sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own)
+                           sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own,
+                           hosts=hosts)
     roster = roster_file.read(files.roster)
     members = [dataclass_replace(m, role="gateway") for m in roster.members]
     keys = dict(files.keys)
