@@ -44,6 +44,13 @@ ENDED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_DISCONNECTED)   # a client's connection ended
 
 
+def _not_zmtp(size: int) -> bytes:
+    """Random bytes that are not ZeroMQ's: a first byte of 0xff (1 in 256 of random ones) would start
+    a ZMTP greeting, and the rest could then read as a mechanism libzmq refuses by another name."""
+    junk = os.urandom(size)
+    return bytes([junk[0] % 0xFF]) + junk[1:]
+
+
 def _kib(pid: int, field: str) -> int:
     """A memory field of /proc/PID/status (``VmRSS``, ``VmHWM``: the peak), in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -86,7 +93,7 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
     for index in range(RAW_JUNK + RAW_SILENT):
         with socket.create_connection((host, int(port))) as raw:
             if index < RAW_JUNK:
-                raw.sendall(b"GET / HTTP/1.1\r\nHost: peer\r\n\r\n" if index % 2 else os.urandom(64 * 1024))
+                raw.sendall(b"GET / HTTP/1.1\r\nHost: peer\r\n\r\n" if index % 2 else _not_zmtp(64 * 1024))
                 _until_hung_up(raw)
     # at once: each announces a handshake command frame (flags 0x06: command, 8-byte size) of the
     # full frame limit and sends all of it but the last byte, which libzmq would wait for
