@@ -263,8 +263,10 @@ def test_clients_reconnect_to_a_restarted_gateway_and_the_rounds_go_on(tmp_path:
     at the round it was in, its clients' connections are learnt again from their next heartbeats
     (ZeroMQ redials), and every round up to the last closes with updates taken."""
     # Prepare
+    # (min_registered: no round opens before every client is back, so that each of them takes part
+    # in a round after the restart whatever the machine's load; with 3 of 4 a slow one missed all)
     files = make_federation(tmp_path / "fed", edges=4, rounds=8, fraction=1.0, min_clients=3,
-                            round_timeout_s=20.0, local_epochs=1)
+                            min_registered=4, round_timeout_s=20.0, local_epochs=1)
     edges = list(files.edge_configs)
     with processes(files) as run:
         run.start_all()
