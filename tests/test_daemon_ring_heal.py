@@ -62,9 +62,13 @@ def test_a_ring_cut_in_two_for_30_rounds_heals_and_every_peer_meets_the_bar(tmp_
         # nobody's genuine traffic was refused: no replay, sequence or epoch refusal
         refused = {"replay", "seq_jump", "epoch_jump", "old_epoch"} & set(peer["rejections"])
         assert not refused, peer["rejections"]
-    # the half behind caught up by jumping (the half ahead never had to)
+    # The half behind caught up by jumping. The half ahead usually never has to; but a jump's reach
+    # is time (twice the member's own pace since it last heard the sender), and on a loaded machine
+    # a member of the half behind may jump short of the others, stop waiting for its neighbour
+    # ahead (a laggard until heard in step), and the two halves then settle by short jumps on both
+    # sides (seen once at load 6: 8 rounds at p00). Never the cut's whole gap, though.
     skipped = {name: found[name]["metrics"].get("rounds_skipped", 0) for name in files.configs}
     assert any(skipped[n] > 0 for n in B), (skipped, describe(files))
-    assert all(skipped[n] == 0 for n in A), skipped
+    assert all(skipped[n] < AHEAD - BEHIND for n in A), skipped
     params = final_params(files)
     assert consensus_max_relative(params) < 1e-3, describe(files)
