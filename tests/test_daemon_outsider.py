@@ -30,6 +30,7 @@ import zmq
 from _daemon_support import CEILING_S, hold_at, make_network, peers, status, wait_for_files
 
 from peer.files.statefiles import read_status
+from peer.net.contexts import new_context
 from peer.runtime.netinit import NetworkFiles, load_roster
 
 pytestmark = pytest.mark.processes
@@ -134,7 +135,6 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
     target = roster.member("p00")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
     marks.mkdir()
-    context = zmq.Context()
     with peers(files) as processes:
         processes.start_all({name: [hold_at(HOLD_STEP, gate, marks, name)] for name in files.configs})
         wait_for_files(marks / f"{name}-held-{HOLD_STEP}" for name in files.configs)
@@ -143,12 +143,15 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
         before = status(files, "p00")
         assert before["curve"] is True and not before.get("transport_refused")
         peak_before_kib = _kib(pid, "VmHWM")
-        held = _attack(context, target.address, target.curve_key.encode())
-        peak_after_kib = _kib(pid, "VmHWM")
-        for raw in held:
-            raw.close()
-        after = _counted(files, "p00", before["transport_connections"].get("accepted", 0))
-        context.destroy(linger=0)
+        context = new_context()
+        try:
+            held = _attack(context, target.address, target.curve_key.encode())
+            peak_after_kib = _kib(pid, "VmHWM")
+            for raw in held:
+                raw.close()
+            after = _counted(files, "p00", before["transport_connections"].get("accepted", 0))
+        finally:
+            context.destroy(linger=0)
         gate.touch()
         assert processes.wait(CEILING_S), "the peers did not finish"
         codes = processes.exitcodes()
