@@ -47,6 +47,12 @@ driver's to decide, from accepted messages only (the routing id of an
 unverified frame says nothing about its sender): see peer/runtime/routes.py.
 The dialling side is peer/net/dial.py.
 
+Lifetime: a transport makes its own context (peer/net/contexts.py: one dropped
+unterminated cannot hang the process) and ends everything in ``close`` (also a
+context manager): every socket closed without lingering, the monitor and ZAP
+threads stopped and joined, the context terminated. A constructor that fails
+part way does the same for what it had opened before it raises.
+
 This module, peer/net/admission.py and peer/net/dial.py are the only ones that
 touch sockets; they know nothing about messages or algorithms.
 """
