@@ -629,8 +629,8 @@ def _start_authenticator(context: zmq.Context, gate: Gate) -> ThreadAuthenticato
     from zmq.auth.thread import ThreadAuthenticator
 
     authenticator = ThreadAuthenticator(context)
-    authenticator.start()
     try:
+        authenticator.start()   # (its thread may be up and its sockets open when this raises)
         authenticator.configure_curve_callback("*", credentials_provider=gate)
     except BaseException:
         authenticator.stop()
