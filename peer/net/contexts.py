@@ -18,6 +18,8 @@ A context from :func:`new_context` (every transport's, every test's):
 - gives every new socket ``LINGER`` 0, so a socket closed with messages queued (those sockets'
   finalisers, the sockets pyzmq opens for us: socket monitors, the ZAP authenticator's) never
   holds the termination up either;
+- is terminated by its owner through :func:`terminate`, which waits a bounded time: libzmq may
+  still be tearing a closed socket down, and a ``close`` must not hang its caller either;
 - is listed while open (:func:`open_contexts`), and one dropped unterminated leaves a note of where
   it was made (:func:`dropped_unterminated`). The test suite's guard (tests/conftest.py) fails the
   test that leaked one. Every transport terminates its own context in ``close``, so in a running
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -39,6 +42,7 @@ import zmq
 from zmq.sugar import context as pyzmq_context
 
 _HERE = "/peer/net/"    # frames of this package are skipped when naming where a context was made
+TERM_WAIT_S = 10.0      # terminate(): how long a transport's close waits for its context to end
 DROPPED_NOTES = 100     # notes of dropped contexts kept (a leak repeated in a loop stays readable)
 
 
@@ -73,8 +77,23 @@ class OwnedContext(zmq.Context):
 
 
 def new_context() -> zmq.Context:
-    """A fresh context for one owner, who terminates it (``term``) when done with it."""
+    """A fresh context for one owner, who terminates it (:func:`terminate`) when done with it."""
     return OwnedContext()
+
+
+def terminate(context: zmq.Context, wait_s: float = TERM_WAIT_S) -> bool:
+    """Terminate ``context`` after its owner closed every socket of it, waiting at most ``wait_s``:
+    True when it ended. libzmq can still be tearing a closed socket down (its connections, a ZAP
+    exchange); a termination that takes longer goes on in a daemon thread, with a warning, so that
+    closing a transport never hangs its caller (an open context is what the test guard reports)."""
+    ending = threading.Thread(target=context.term, name="hivemesh-term", daemon=True)
+    ending.start()
+    ending.join(wait_s)
+    if ending.is_alive():
+        warnings.warn(f"a ZeroMQ context still terminating after {wait_s} s (left to a thread)",
+                      ResourceWarning, stacklevel=2)
+        return False
+    return True
 
 
 def next_serial() -> int:

@@ -22,7 +22,7 @@ from collections import Counter
 
 import zmq
 
-from peer.net.contexts import new_context
+from peer.net.contexts import new_context, terminate
 from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
@@ -50,7 +50,7 @@ class DialTransport:
         try:
             self._socket = self._dial()
         except BaseException:
-            self._context.term()
+            terminate(self._context)
             raise
 
     def _dial(self) -> zmq.Socket:
@@ -166,7 +166,7 @@ class DialTransport:
             return
         self._closed = True
         self._socket.close(linger=0)
-        self._context.term()
+        terminate(self._context)
 
     def __enter__(self) -> DialTransport:
         return self

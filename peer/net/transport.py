@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from peer.net.admission import ConnectionMonitor, Gate, shut_down
-from peer.net.contexts import new_context
+from peer.net.contexts import new_context, terminate
 from topology.errors import HivemeshError
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class Transport:
                 self._own_context = context is None
                 self._context = context or new_context()
                 if self._own_context:
-                    undo.callback(self._context.term)       # last: once every socket is closed
+                    undo.callback(terminate, self._context)     # last: once every socket is closed
                 if curve is not None:
                     self._authenticator = _start_authenticator(self._context, self._gate)
                     undo.callback(self._authenticator.stop)
@@ -605,7 +605,7 @@ class Transport:
         if self._authenticator is not None:
             self._authenticator.stop()
         if self._own_context:
-            self._context.term()
+            terminate(self._context)
 
     def _close_listen_fd(self) -> None:
         if self._listen_fd is not None:
