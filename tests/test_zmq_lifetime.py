@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from peer.net.contexts import dropped_unterminated, new_context, next_serial, open_contexts
+from peer.net.contexts import dropped_unterminated, new_context, next_serial, open_contexts, terminate
 from peer.net.dial import DialTransport
 from peer.net.transport import CurveKeys, Transport, TransportError, listener_address, reserve_listeners
 
@@ -149,3 +149,19 @@ def test_the_registry_names_where_a_context_still_open_was_made() -> None:
 
 def _this() -> str:
     return sys._getframe(1).f_code.co_name
+
+
+def test_terminate_gives_up_waiting_and_leaves_the_rest_to_a_thread() -> None:
+    """A socket left open holds zmq_ctx_term for ever: ``terminate`` returns (False, with a warning)
+    after its wait; the termination ends as soon as the socket is closed."""
+    context = new_context()
+    forgotten = context.socket(zmq.DEALER)
+    with pytest.warns(ResourceWarning, match="still terminating"):
+        assert terminate(context, wait_s=0.2) is False
+    assert not context.closed
+    forgotten.close()
+    ending = [t for t in threading.enumerate() if t.name == "hivemesh-term"]
+    for thread in ending:
+        thread.join(CHILD_LIMIT_S)
+    assert context.closed
+    assert terminate(new_context()) is True
