@@ -87,6 +87,11 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
                 client.send_multipart(message, flags=zmq.NOBLOCK)
         # (kept open: a client that hangs up first would be counted as a handshake cut short)
         _until_ended(events, index, port, started_s)
+        # its monitor is no longer read: stopped, or once its queue filled libzmq's I/O thread,
+        # which all these clients share, would block on it for good (seen: every later outsider
+        # then waited out the ceiling, its refusal unread in the kernel, CLOSE-WAIT)
+        client.disable_monitor()
+        events.close(linger=0)
     for index in range(RAW_JUNK + RAW_SILENT):
         with socket.create_connection((host, int(port))) as raw:
             if index < RAW_JUNK:
