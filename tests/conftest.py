@@ -1,18 +1,25 @@
-"""Shared test set-up: one torch thread per process, `gpu` tests only where CUDA is, and no `hosts` test
-skipped."""
+"""Shared test set-up: one torch thread per process, `gpu` tests only where CUDA is, no `hosts` test
+skipped, and a guard that fails any test leaving a ZeroMQ context of ours unterminated
+(peer/net/contexts.py says why an unterminated one could hang a later, unrelated test)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+import sys
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
+if TYPE_CHECKING:
+    from peer.net.contexts import Made
+
 # Many small products on a shared 2-core machine: extra BLAS threads only contend.
 torch.set_num_threads(1)
 threadpool_limits(1)
+
+CONTEXTS = "peer.net.contexts"   # looked up, not imported: tests that never touch zmq stay zmq-free
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,3 +40,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and item.get_closest_marker("hosts") is not None and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"a 'hosts' test may not be skipped (issue 16): {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _zmq_contexts_terminated() -> Iterator[None]:
+    """Every ZeroMQ context made during the test (and its function-scoped fixtures: this fixture is
+    set up before them and torn down after them) is terminated by its end. A module-scoped
+    fixture's contexts are made before this runs and are checked at the session's end.
+    Costs a dictionary look-up per test, and a scan of the (few) live contexts where zmq is loaded."""
+    contexts = sys.modules.get(CONTEXTS)
+    since = contexts.next_serial() if contexts is not None else 0
+    yield
+    contexts = sys.modules.get(CONTEXTS)
+    if contexts is None:
+        return
+    leaks = _describe(contexts.open_contexts(since), contexts.dropped_unterminated(since))
+    if leaks:
+        pytest.fail(f"ZeroMQ context(s) left unterminated by this test (close every transport; "
+                    f"terminate every context you make):\n{leaks}", pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    contexts = sys.modules.get(CONTEXTS)
+    if contexts is None:
+        return
+    leaks = _describe(contexts.open_contexts(), [])
+    if leaks:
+        sys.stderr.write(f"\nZeroMQ context(s) still open at the end of the session:\n{leaks}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _describe(still_open: list[Made], dropped: list[Made]) -> str:
+    return "\n".join([f"  open:    made at {made.site}" for made in still_open]
+                     + [f"  dropped: made at {made.site} (collected unterminated)" for made in dropped])

@@ -43,6 +43,7 @@ from _daemon_support import (
     wait_for_files,
 )
 
+from peer.net.contexts import new_context
 from peer.net.transport import Transport, listener_address, reserve_listeners
 from peer.runtime.netinit import NetworkFiles, load_roster
 from protocols.identity import SIGNATURE_BYTES, Identity
@@ -58,7 +59,7 @@ class Tap(threading.Thread):
 
     def __init__(self, listener: socket.socket, forward_to: str, keep: int = 40) -> None:
         super().__init__(daemon=True)
-        self.context = zmq.Context()
+        self.context = new_context()
         self.inbox = self.context.socket(zmq.ROUTER)
         address = listener_address(listener)     # the address the roster gives p07
         self.inbox.setsockopt(zmq.USE_FD, listener.detach())
@@ -79,36 +80,38 @@ class Tap(threading.Thread):
         onward: dict[bytes, zmq.Socket] = {}
         assembling: dict[bytes, list[bytes]] = {}
         owed: dict[bytes, int] = {}
-        while not self.stopping.is_set():
-            if not poller.poll(50):
-                continue
-            connection, frame = self.inbox.recv_multipart()
-            if owed.get(connection, 0) == 0:
-                assembling[connection], owed[connection] = [frame], _announced(frame)
-            else:
-                assembling[connection].append(frame)
-                owed[connection] -= 1
-            if owed[connection]:
-                continue
-            frames = assembling.pop(connection)
-            if connection not in onward:
-                onward[connection] = self.context.socket(zmq.DEALER)
-                onward[connection].connect(self.forward_to)
-            outbox = onward[connection]
-            if self.tamper_budget > self.tampered and len(frames) > 1:
-                payload = bytearray(frames[1])
-                payload[len(payload) // 2] ^= 0x40
-                for part in [frames[0], bytes(payload), *frames[2:]]:
+        try:
+            while not self.stopping.is_set():
+                if not poller.poll(50):
+                    continue
+                connection, frame = self.inbox.recv_multipart()
+                if owed.get(connection, 0) == 0:
+                    assembling[connection], owed[connection] = [frame], _announced(frame)
+                else:
+                    assembling[connection].append(frame)
+                    owed[connection] -= 1
+                if owed[connection]:
+                    continue
+                frames = assembling.pop(connection)
+                if connection not in onward:
+                    onward[connection] = self.context.socket(zmq.DEALER)
+                    onward[connection].connect(self.forward_to)
+                outbox = onward[connection]
+                if self.tamper_budget > self.tampered and len(frames) > 1:
+                    payload = bytearray(frames[1])
+                    payload[len(payload) // 2] ^= 0x40
+                    for part in [frames[0], bytes(payload), *frames[2:]]:
+                        outbox.send(part)
+                    self.tampered += 1
+                for part in frames:
                     outbox.send(part)
-                self.tampered += 1
-            for part in frames:
-                outbox.send(part)
-            if len(self.captured) < self.keep:
-                self.captured.append(frames)
-        self.inbox.close(linger=0)
-        for outbox in onward.values():
-            outbox.close(linger=1000)
-        self.context.term()
+                if len(self.captured) < self.keep:
+                    self.captured.append(frames)
+        finally:     # (also when the test failed, or this thread did)
+            self.inbox.close(linger=0)
+            for outbox in onward.values():
+                outbox.close(linger=1000)
+            self.context.term()
 
 
 def _announced(header_message: bytes) -> int:

@@ -22,14 +22,17 @@ import os
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 from _daemon_support import CEILING_S, hold_at, make_network, peers, status, wait_for_files
+from zmq.utils.monitor import recv_monitor_message
 
 from peer.files.statefiles import read_status
+from peer.net.contexts import new_context
 from peer.runtime.netinit import NetworkFiles, load_roster
 
 pytestmark = pytest.mark.processes
@@ -42,6 +45,8 @@ HUGE_FRAME_BYTES = 16 * 1024 * 1024     # the wire's frame limit: a frame that s
 RSS_GROWTH_LIMIT_KIB = 64 * 1024
 ENDED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_DISCONNECTED)   # a client's connection ended
+CONNECTING = zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED  # traced only
+SLOW_OUTSIDER_S = 5.0   # an outsider's connection that takes longer to end is reported (_until_ended)
 
 
 def _not_zmtp(size: int) -> bytes:
@@ -73,6 +78,7 @@ def _junk_messages() -> list[list[bytes]]:
 def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socket.socket]:
     """The outsider's 50 connections, one at a time but for the last ones: those are held open at
     once, and returned."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
     for index in range(CURVE_OUTSIDERS + PLAINTEXT):
         client = context.socket(zmq.DEALER)
         client.linger = 0
@@ -80,16 +86,19 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
         if index < CURVE_OUTSIDERS:
             client.curve_publickey, client.curve_secretkey = zmq.curve_keypair()
             client.curve_serverkey = server_key
-        ended = client.get_monitor_socket(ENDED)
+        events = client.get_monitor_socket(ENDED | CONNECTING)
+        started_s = time.monotonic()
         client.connect(address)
         for message in _junk_messages():
             with contextlib.suppress(zmq.Again):     # (once refused it has no connection to queue on)
                 client.send_multipart(message, flags=zmq.NOBLOCK)
-        # (kept open: a client that hangs up first would be counted as a handshake cut short;
-        # on a loaded machine the peer's answer to one of them has been seen to take up to about
-        # 100 s, not yet explained: the wait is the process tests' ceiling, not a timing bet)
-        assert ended.poll(int(CEILING_S * 1000)), f"the peer neither refused nor dropped outsider {index}"
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        # (kept open: a client that hangs up first would be counted as a handshake cut short)
+        _until_ended(events, index, port, started_s)
+        # its monitor is no longer read: stopped, or once its queue filled libzmq's I/O thread,
+        # which all these clients share, would block on it for good (seen: every later outsider
+        # then waited out the ceiling, its refusal unread in the kernel, CLOSE-WAIT)
+        client.disable_monitor()
+        events.close(linger=0)
     for index in range(RAW_JUNK + RAW_SILENT):
         with socket.create_connection((host, int(port))) as raw:
             if index < RAW_JUNK:
@@ -111,6 +120,45 @@ def _attack(context: zmq.Context, address: str, server_key: bytes) -> list[socke
     for sender in senders:
         sender.join()
     return held
+
+
+def _until_ended(events: zmq.Socket, index: int, port: str, start: float) -> None:
+    """Wait, up to the process tests' ceiling, until outsider ``index``'s connection (dialled at
+    monotonic time ``start``) ended.
+
+    On a loaded machine the peer's answer to one outsider has been seen to come tens of seconds
+    (up to about 100 s) late, not yet explained. A wait beyond ``SLOW_OUTSIDER_S`` is therefore
+    reported (a warning, not a failure: this is no timing bet) with what would tell where the time
+    went: the client's connection events (``CONNECTED`` says TCP was up) and the peer's accept
+    queue at that moment (connections its libzmq had not accepted yet)."""
+    seen: list[str] = []
+    queued = ""
+    while True:
+        waited_s = time.monotonic() - start
+        if not queued and waited_s > SLOW_OUTSIDER_S:
+            queued = _accept_queue(int(port))
+        assert waited_s < CEILING_S, (f"the peer neither refused nor dropped outsider {index}; its "
+                                      f"connection's events: {seen}; accept queue: {queued}")
+        if not events.poll(1000):
+            continue
+        event = recv_monitor_message(events)
+        seen.append(f"{time.monotonic() - start:.2f} s {zmq.Event(event['event']).name}")
+        if event["event"] & ENDED:
+            break
+    if time.monotonic() - start > SLOW_OUTSIDER_S:
+        warnings.warn(f"outsider {index} ended only after {time.monotonic() - start:.1f} s: "
+                      f"events {seen}; the peer's accept queue after {SLOW_OUTSIDER_S} s: {queued}",
+                      stacklevel=2)
+
+
+def _accept_queue(port: int) -> str:
+    """Connections waiting in the accept queue of the listening socket on ``port`` (/proc/net/tcp:
+    a listener's rx_queue is its accept backlog)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":      # 0A: LISTEN
+            return str(int(fields[4].split(":")[1], 16))
+    return "no listener found"
 
 
 def _until_hung_up(raw: socket.socket) -> None:
@@ -141,7 +189,6 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
     target = roster.member("p00")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
     marks.mkdir()
-    context = zmq.Context()
     with peers(files) as processes:
         processes.start_all({name: [hold_at(HOLD_STEP, gate, marks, name)] for name in files.configs})
         wait_for_files(marks / f"{name}-held-{HOLD_STEP}" for name in files.configs)
@@ -150,12 +197,15 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
         before = status(files, "p00")
         assert before["curve"] is True and not before.get("transport_refused")
         peak_before_kib = _kib(pid, "VmHWM")
-        held = _attack(context, target.address, target.curve_key.encode())
-        peak_after_kib = _kib(pid, "VmHWM")
-        for raw in held:
-            raw.close()
-        after = _counted(files, "p00", before["transport_connections"].get("accepted", 0))
-        context.destroy(linger=0)
+        context = new_context()
+        try:
+            held = _attack(context, target.address, target.curve_key.encode())
+            peak_after_kib = _kib(pid, "VmHWM")
+            for raw in held:
+                raw.close()
+            after = _counted(files, "p00", before["transport_connections"].get("accepted", 0))
+        finally:
+            context.destroy(linger=0)
         gate.touch()
         assert processes.wait(CEILING_S), "the peers did not finish"
         codes = processes.exitcodes()

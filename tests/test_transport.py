@@ -15,6 +15,7 @@ import pytest
 import torch
 import zmq
 
+from peer.net.contexts import new_context
 from peer.net.transport import (
     Arrival,
     CurveKeys,
@@ -98,7 +99,8 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
 
 def test_a_multipart_arrival_is_counted_and_dropped(pair: tuple[Transport, Transport]) -> None:
     _, b = pair
-    raw = zmq.Context.instance().socket(zmq.DEALER)     # a client that sends what our wire never does
+    context = new_context()
+    raw = context.socket(zmq.DEALER)     # a client that sends what our wire never does
     raw.connect(b.listen)
     try:
         raw.send_multipart([b"header", bytes(1 << 20), b"signature"])
@@ -109,6 +111,7 @@ def test_a_multipart_arrival_is_counted_and_dropped(pair: tuple[Transport, Trans
         assert b.bytes_received == 6 + (1 << 20) + 9 + 6       # counted, never handed over
     finally:
         raw.close(linger=0)
+        context.term()
 
 
 def _oversized_frame_run(max_frame_bytes: int) -> tuple[list[bytes], int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from peer.net.contexts import new_context
 from peer.net.transport import (
     Arrival,
     CurveKeys,
@@ -108,7 +109,7 @@ def _receive_one(transport: Transport) -> list[zmq.Frame]:
 
 def test_every_refused_connection_is_counted_once_by_reason(server: tuple[Transport, Keys, Keys]) -> None:
     transport, own, _ = server
-    context = zmq.Context()
+    context = new_context()
     outsiders, plaintext, raw_junk, raw_silent = 6, 4, 10, 5
     try:
         clients = [_dealer(context, transport.listen, own[0], zmq.curve_keypair()) for _ in range(outsiders)]
@@ -171,7 +172,7 @@ def test_beyond_the_handshake_limit_the_oldest_handshakes_are_shut_down() -> Non
 
 def test_a_frame_carries_the_key_of_its_connection(server: tuple[Transport, Keys, Keys]) -> None:
     transport, own, member = server
-    context = zmq.Context()
+    context = new_context()
     try:
         client = _dealer(context, transport.listen, own[0], member)
         client.send(b"hello")
@@ -186,7 +187,7 @@ def test_a_frame_carries_the_key_of_its_connection(server: tuple[Transport, Keys
 def test_a_removed_members_open_connection_is_closed_and_its_key_refused(
         server: tuple[Transport, Keys, Keys]) -> None:
     transport, own, member = server
-    context = zmq.Context()
+    context = new_context()
     try:
         client = _dealer(context, transport.listen, own[0], member, reconnect_ms=50)  # it comes back
         client.send(b"hello")
@@ -205,7 +206,7 @@ def test_a_removed_members_open_connection_is_closed_and_its_key_refused(
 def test_a_message_on_a_connection_whose_key_left_is_dropped(server: tuple[Transport, Keys, Keys]) -> None:
     """The message was queued before the roster changed: its key is checked when it is read."""
     transport, own, member = server
-    context = zmq.Context()
+    context = new_context()
     try:
         client = _dealer(context, transport.listen, own[0], member)
         client.send(b"one")
@@ -226,7 +227,7 @@ def test_a_message_on_a_connection_whose_key_left_is_dropped(server: tuple[Trans
 def test_a_punished_member_is_disconnected_and_refused_for_the_cool_down(
         server: tuple[Transport, Keys, Keys]) -> None:
     transport, own, member = server
-    context = zmq.Context()
+    context = new_context()
     try:
         client = _dealer(context, transport.listen, own[0], member, reconnect_ms=50)
         client.send(b"hello")
@@ -251,7 +252,7 @@ def test_a_punished_member_is_disconnected_and_refused_for_the_cool_down(
 def test_an_oversize_frame_from_a_member_closes_its_connection_after_the_handshake(
         server: tuple[Transport, Keys, Keys]) -> None:
     transport, own, member = server
-    context = zmq.Context()
+    context = new_context()
     try:
         client = _dealer(context, transport.listen, own[0], member)
         client.send(b"hello")
@@ -275,7 +276,7 @@ def test_a_member_cannot_speak_through_another_members_connection(tmp_path: Path
                                      neighbours=daemon.parts.neighbours,
                                      curve=daemon._curve_keys(),
                                      listen_fd=files.listeners["p00"].detach())
-        context = zmq.Context()
+        context = new_context()
         try:
             p01 = Identity.load(files.keys["p01"])
             server_key = roster.member("p00").curve_key.encode()
@@ -343,7 +344,7 @@ def test_a_rekeyed_transport_serves_its_new_key_and_dials_with_it(handed_a_liste
                      listen_fd=os.dup(listener.fileno()) if handed_a_listener else None,
                      curve=CurveKeys(public_key=old[0], secret_key=old[1], server_keys={"m": member[0]},
                                      allowed_client_keys=frozenset({member[0]})))
-    context = zmq.Context()
+    context = new_context()
     try:
         ours.rekey(new[0], new[1])
         assert ours.curve_public_key == new[0]

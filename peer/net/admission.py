@@ -58,12 +58,14 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+STOP_WAIT_S = 5.0     # how long stop() waits for the monitor thread (it ends in milliseconds)
 _FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
 
@@ -153,7 +155,13 @@ class ConnectionMonitor:
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
         self._socket = inbox.get_monitor_socket(events)
         self._thread = threading.Thread(target=self._run, name="hivemesh-monitor", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            with contextlib.suppress(zmq.ZMQError):
+                inbox.disable_monitor()
+            self._socket.close(linger=0)
+            raise
 
     def _run(self) -> None:
         try:
@@ -236,10 +244,17 @@ class ConnectionMonitor:
                 self._early.add(fd)
 
     def stop(self) -> None:
-        """Stop monitoring (the thread sees MONITOR_STOPPED, closes its socket and ends)."""
+        """Stop monitoring: the thread sees MONITOR_STOPPED, closes its socket and ends; joined.
+        Call it before the inbox closes (a closed inbox can no longer stop its monitor; its
+        context's termination still ends the thread then). Idempotent."""
         with contextlib.suppress(zmq.ZMQError):
             self._inbox.disable_monitor()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=STOP_WAIT_S)
+        if self._thread.is_alive():
+            # never seen; if it were, the context's termination wakes the thread (ETERM), which
+            # then closes its socket: nothing hangs, but say so rather than hide a stuck thread
+            warnings.warn(f"socket monitor thread still running {STOP_WAIT_S} s after stop",
+                          ResourceWarning, stacklevel=2)
 
 
 def _protocol_error(value: int) -> str:

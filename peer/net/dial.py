@@ -22,6 +22,7 @@ from collections import Counter
 
 import zmq
 
+from peer.net.contexts import new_context, terminate
 from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
@@ -35,7 +36,8 @@ class DialTransport:
         """``curve``: (our public key, our secret key, the gateway's public key), Z85, for CurveZMQ."""
         self.config = config or TransportConfig()
         self.address = address
-        self._context = zmq.Context()
+        self._context = new_context()      # ours: terminated by close (or by __init__ failing)
+        self._closed = False
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -45,29 +47,35 @@ class DialTransport:
         self._pending: list[zmq.MessageTracker] = []
         self._curve = curve
         self.redialed = 0      # sockets replaced after no connection for reconnect_max_ms
-        self._socket = self._dial()
+        try:
+            self._socket = self._dial()
+        except BaseException:
+            terminate(self._context)
+            raise
 
     def _dial(self) -> zmq.Socket:
         self._dialed_s = time.monotonic()
         sock, cfg = self._context.socket(zmq.DEALER), self.config
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
-        sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes)
-        sock.setsockopt(zmq.RCVHWM, cfg.high_water_mark)
-        sock.setsockopt(zmq.SNDHWM, cfg.high_water_mark)
-        sock.setsockopt(zmq.IMMEDIATE, 1)    # no connection: a send fails now (counted), not queued
-        if self._curve is not None:
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
         try:
-            sock.connect(self.address)
-        except zmq.ZMQError as error:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+            sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes)
+            sock.setsockopt(zmq.RCVHWM, cfg.high_water_mark)
+            sock.setsockopt(zmq.SNDHWM, cfg.high_water_mark)
+            sock.setsockopt(zmq.IMMEDIATE, 1)    # no connection: a send fails now (counted), not queued
+            if self._curve is not None:
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self._curve
+            try:
+                sock.connect(self.address)
+            except zmq.ZMQError as error:
+                raise TransportError(f"bad gateway address {self.address!r}: {error.strerror}") from None
+        except BaseException:
             sock.close(linger=0)
-            self._context.term()
-            raise TransportError(f"bad gateway address {self.address!r}: {error.strerror}") from None
+            raise
         return sock
 
     def listening(self) -> tuple[str, ...]:
@@ -153,8 +161,12 @@ class DialTransport:
         return received
 
     def close(self) -> None:
+        """Close the socket without lingering and terminate this transport's context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._socket.close(linger=0)
-        self._context.term()
+        terminate(self._context)
 
     def __enter__(self) -> DialTransport:
         return self

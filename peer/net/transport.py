@@ -47,12 +47,19 @@ driver's to decide, from accepted messages only (the routing id of an
 unverified frame says nothing about its sender): see peer/runtime/routes.py.
 The dialling side is peer/net/dial.py.
 
+Lifetime: a transport makes its own context (peer/net/contexts.py: one dropped
+unterminated cannot hang the process) and ends everything in ``close`` (also a
+context manager): every socket closed without lingering, the monitor and ZAP
+threads stopped and joined, the context terminated. A constructor that fails
+part way does the same for what it had opened before it raises.
+
 This module, peer/net/admission.py and peer/net/dial.py are the only ones that
 touch sockets; they know nothing about messages or algorithms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -60,11 +67,16 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import zmq
 
 from peer.net.admission import ConnectionMonitor, Gate, shut_down
+from peer.net.contexts import new_context, terminate
 from topology.errors import HivemeshError
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 Frames = Sequence[bytes | bytearray | memoryview]
 
@@ -153,17 +165,18 @@ class Transport:
                  config: TransportConfig | None = None, curve: CurveKeys | None = None,
                  context: zmq.Context | None = None, listen_fd: int | None = None) -> None:
         """``listen_fd``: a TCP socket already bound to ``listen`` and listening (see
-        ``reserve_listeners``); the transport owns that descriptor from then on."""
+        ``reserve_listeners``); the transport owns that descriptor from then on (closed on failure
+        too). ``context``: a context the caller owns and terminates; by default the transport makes
+        its own (peer/net/contexts.py) and terminates it in :meth:`close`.
+
+        A failure part way (an address in use, a neighbour without a key) closes whatever was
+        opened, stops the threads started and terminates the transport's own context before it
+        raises: nothing is left for the garbage collector."""
         self.config = config or TransportConfig()
-        self._context = context or zmq.Context()
-        self._own_context = context is None
         self._curve = curve
-        self._authenticator: object | None = None
         self._server_keys: dict[str, bytes] = dict(curve.server_keys) if curve is not None else {}
         # the ZAP handler (its own thread) asks the gate; ``allow`` and ``punish`` change it
         self._gate = Gate(curve.allowed_client_keys if curve is not None else frozenset())
-        if curve is not None:
-            self._authenticator = _start_authenticator(self._context, self._gate)
         self.bytes_sent = 0
         self.bytes_sent_to: Counter[str] = Counter()    # by neighbour; sums to bytes_sent
         self.bytes_received = 0
@@ -174,54 +187,79 @@ class Transport:
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
         self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
-        # a rotation of our CURVE key binds the inbox afresh: a copy of a listening socket handed to
-        # us is kept for that, since whoever handed it over may still hold the port
-        self._listen_fd = os.dup(listen_fd) if listen_fd is not None else None
         port = listen.rsplit(":", 1)[-1]
         self._port = int(port) if port.isdigit() else None     # the local port of our connections
         self.replies_dropped: Counter[str] = Counter()  # replies not sent: "gone" (connection closed), "full"
         self._replies: list[zmq.MessageTracker] = []     # zero-copy reply frames still held by ZeroMQ
-        try:
+        self._closed = False
+        self._authenticator: ThreadAuthenticator | None = None
+        self._listen_fd: int | None = None
+        with contextlib.ExitStack() as undo:     # what to close if a step below fails, in reverse
+            try:
+                self._own_context = context is None
+                self._context = context or new_context()
+                if self._own_context:
+                    undo.callback(terminate, self._context)     # last: once every socket is closed
+                if curve is not None:
+                    self._authenticator = _start_authenticator(self._context, self._gate)
+                    undo.callback(self._authenticator.stop)
+                # a rotation of our CURVE key binds the inbox afresh: a copy of a listening socket
+                # handed to us is kept for that, since whoever handed it over may still hold the port
+                if listen_fd is not None:
+                    self._listen_fd = os.dup(listen_fd)
+                    undo.callback(self._close_listen_fd)
+            except BaseException:
+                if listen_fd is not None:       # ours from the start; _open_inbox takes it from here
+                    os.close(listen_fd)
+                raise
             self._inbox, self._monitor = self._open_inbox(listen, listen_fd)
-        except TransportError:
-            if self._authenticator is not None:
-                self._authenticator.stop()  # type: ignore[attr-defined]
-            if self._listen_fd is not None:
-                os.close(self._listen_fd)
-            raise
-        self.listen = listen
-        self._poller = zmq.Poller()
-        self._poller.register(self._inbox, zmq.POLLIN)
-        self._outboxes: dict[str, _Outbox] = {}
-        for name, address in sorted(neighbours.items()):
-            self._outboxes[name] = _Outbox(address, self._connect(name, address))
+            undo.callback(self._inbox.close, 0)
+            undo.callback(self._monitor.stop)
+            self.listen = listen
+            self._poller = zmq.Poller()
+            self._poller.register(self._inbox, zmq.POLLIN)
+            self._outboxes: dict[str, _Outbox] = {}
+            for name, address in sorted(neighbours.items()):
+                self._outboxes[name] = _Outbox(address, self._connect(name, address))
+                undo.callback(self._outboxes[name].socket.close, 0)
+            undo.pop_all()      # all open: from now on close() closes them
 
     # ------------------------------------------------------------- sockets
 
     def _open_inbox(self, listen: str, listen_fd: int | None) -> tuple[zmq.Socket, ConnectionMonitor]:
         """The ROUTER every member sends to, bound at ``listen``, with its connection monitor."""
-        inbox = self._context.socket(zmq.ROUTER)
-        self._configure(inbox)
-        # a reply to a connection that closed fails at once (counted) instead of vanishing silently
-        inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
-                                    max_handshaking=self.config.max_handshaking_connections)
-        inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
-        inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
-        if self._curve is not None:
-            inbox.curve_server = True
-            inbox.curve_secretkey = self._curve.secret_key
-            inbox.curve_publickey = self._curve.public_key
-        if listen_fd is not None:
-            inbox.setsockopt(zmq.USE_FD, listen_fd)
         try:
-            inbox.bind(listen)
-        except zmq.ZMQError as error:
-            monitor.stop()
-            inbox.close(linger=0)
+            inbox = self._context.socket(zmq.ROUTER)
+        except BaseException:
             if listen_fd is not None:
                 os.close(listen_fd)
-            raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
+            raise
+        monitor: ConnectionMonitor | None = None
+        try:
+            self._configure(inbox)
+            # a reply to a connection that closed fails at once (counted) instead of vanishing silently
+            inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
+                                        max_handshaking=self.config.max_handshaking_connections)
+            inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+            inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
+            if self._curve is not None:
+                inbox.curve_server = True
+                inbox.curve_secretkey = self._curve.secret_key
+                inbox.curve_publickey = self._curve.public_key
+            if listen_fd is not None:
+                inbox.setsockopt(zmq.USE_FD, listen_fd)
+            try:
+                inbox.bind(listen)
+            except zmq.ZMQError as error:
+                raise TransportError(f"cannot listen on {listen}: {error.strerror}") from None
+        except BaseException:
+            if monitor is not None:
+                monitor.stop()
+            inbox.close(linger=0)
+            if listen_fd is not None:       # never bound: still ours
+                os.close(listen_fd)
+            raise
         return inbox, monitor
 
     def _configure(self, sock: zmq.Socket) -> None:
@@ -554,17 +592,25 @@ class Transport:
     # ------------------------------------------------------------- close
 
     def close(self) -> None:
+        """Close every socket without lingering, stop the monitor and ZAP threads (joined), close the
+        kept listening descriptor and terminate the transport's own context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for outbox in self._outboxes.values():
             outbox.socket.close(linger=0)
         self._monitor.stop()
         self._inbox.close(linger=0)
+        self._close_listen_fd()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        if self._own_context:
+            terminate(self._context)
+
+    def _close_listen_fd(self) -> None:
         if self._listen_fd is not None:
             os.close(self._listen_fd)
             self._listen_fd = None
-        if self._authenticator is not None:
-            self._authenticator.stop()  # type: ignore[attr-defined]
-        if self._own_context:
-            self._context.term()
 
     def __enter__(self) -> Transport:
         return self
@@ -577,13 +623,18 @@ class TransportError(HivemeshError):
     """A socket could not be set up (address in use, malformed address, missing key)."""
 
 
-def _start_authenticator(context: zmq.Context, gate: Gate) -> object:
-    """A ZAP handler (its own thread, inside pyzmq) that asks ``gate`` about each CURVE key."""
+def _start_authenticator(context: zmq.Context, gate: Gate) -> ThreadAuthenticator:
+    """A ZAP handler (its own thread, inside pyzmq) that asks ``gate`` about each CURVE key;
+    stopped (its thread joined, its sockets closed) if it cannot be configured."""
     from zmq.auth.thread import ThreadAuthenticator
 
     authenticator = ThreadAuthenticator(context)
-    authenticator.start()
-    authenticator.configure_curve_callback("*", credentials_provider=gate)
+    try:
+        authenticator.start()   # (its thread may be up and its sockets open when this raises)
+        authenticator.configure_curve_callback("*", credentials_provider=gate)
+    except BaseException:
+        authenticator.stop()
+        raise
     return authenticator
 
 
