@@ -39,11 +39,11 @@ class SecAggConfig:
     clip_value: float = 1.0  # each coordinate is clipped to [-clip_value, clip_value] (update units)
     bits: int = 16  # per-client fixed-point width (sign included) inside the 32-bit ring
     max_clients: int = 1000  # the cohort size the ring must hold without overflow (checked against bits)
-    advertise_timeout_s: float = 30.0  # each round's deadline, from the moment the gateway opens it (s)
-    share_timeout_s: float = 30.0
-    masked_input_timeout_s: float = 60.0  # clients train before they send: the longest round
-    consistency_timeout_s: float = 30.0
-    unmask_timeout_s: float = 30.0
+    advertise_timeout_s: float = 30.0  # round 0's deadline (keys advertised), from when the gateway opens it
+    share_timeout_s: float = 30.0  # round 1's deadline (encrypted shares sent), from round 0's end
+    masked_input_timeout_s: float = 60.0  # round 2's (masked inputs): clients train before they send
+    consistency_timeout_s: float = 30.0  # round 3's (survivor set signed), from round 2's end
+    unmask_timeout_s: float = 30.0  # round 4's (shares that remove the masks), from round 3's end
 
     def __post_init__(self) -> None:
         self.validate()
