@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from protocols.roster import Roster
+    from protocols.roster import Member, Roster
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -141,12 +141,9 @@ def run_add(args: argparse.Namespace) -> int:
 
 def run_remove(args: argparse.Namespace) -> int:
     from peer.files import roster_file
-    from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
-    if args.name not in roster:
-        listed = ", ".join(roster.names) or "none"
-        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    _member(roster, args)
     edited = _revised(roster, roster.remove(args.name), args, new_file=False)
     roster_file.write(args.roster, edited)
     print(f"removed {args.name} from {args.roster}: {len(edited)} members ({_said(edited)})")
@@ -158,10 +155,7 @@ def run_set_address(args: argparse.Namespace) -> int:
     from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
-    member = roster.get(args.name)
-    if member is None:
-        listed = ", ".join(roster.names) or "none"
-        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    member = _member(roster, args)
     address = args.address if args.address.startswith("tcp://") else f"tcp://{args.address}"
     if member.role == "edge":
         raise RosterError(f"{args.name} is an edge client: it dials out and listens nowhere")
@@ -186,10 +180,7 @@ def run_rotate(args: argparse.Namespace) -> int:
     from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
-    member = roster.get(args.name)
-    if member is None:
-        listed = ", ".join(roster.names) or "none"
-        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    member = _member(roster, args)
     if args.effective_round < 1:
         raise RosterError(f"--effective-round must be >= 1 (a round no member has reached), not "
                           f"{args.effective_round}")
@@ -211,12 +202,9 @@ def run_rotate(args: argparse.Namespace) -> int:
 
 def run_revoke(args: argparse.Namespace) -> int:
     from peer.files import roster_file
-    from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
-    if args.name not in roster:
-        listed = ", ".join(roster.names) or "none"
-        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    _member(roster, args)
     edited = _revised(roster, roster.revoke(args.name), args, new_file=False)
     roster_file.write(args.roster, edited)
     print(f"revoked {args.name} in {args.roster}: its key is refused by every peer that reads the file; "
@@ -241,3 +229,14 @@ def run_show(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
     return 0
+
+
+def _member(roster: Roster, args: argparse.Namespace) -> Member:
+    """The roster's member ``args.name``, or a RosterError that lists the members there are."""
+    from protocols.roster import RosterError
+
+    member = roster.get(args.name)
+    if member is None:
+        listed = ", ".join(roster.names) or "none"
+        raise RosterError(f"{args.roster}: no member {args.name!r} (members: {listed})")
+    return member
