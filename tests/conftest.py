@@ -60,6 +60,14 @@ def _zmq_contexts_terminated() -> Iterator[None]:
                     f"terminate every context you make):\n{leaks}", pytrace=False)
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The multi-host fault suite's table (tests/_fault_report.py), when any of it ran."""
+    report = sys.modules.get("_fault_report")
+    if report is not None and report.REPORT.rows:
+        terminalreporter.section("multi-host fault report (issue 16)")
+        terminalreporter.write_line(report.table(report.REPORT.rows))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     contexts = sys.modules.get(CONTEXTS)
     if contexts is None:
