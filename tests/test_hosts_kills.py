@@ -6,15 +6,17 @@ peer`` per network namespace), with a checkpoint every ``EVERY`` steps (``--set
 checkpoint.every_steps``, as an operator overrides it). Each peer's output goes
 to ``logs/NAME.log`` beside the network folder, off its data disk, as a journal would.
 
-Kills: four, each of a peer chosen at random (``random.Random(seed)``; the seed
+Kills: five, each of a peer chosen at random (``random.Random(seed)``; the seed
 is printed and ``HIVEMESH_TEST_KILL_SEED`` replays it), with SIGKILL, then at
 once a restart on its host with the same command. Two land inside a periodic
 checkpoint write of two peers' first lives: one while the writer holds with only
 the tensors written (``temp_data``: a torn temporary), one while it holds with
 the copy complete but not renamed (``temp_complete``); the test hook
 ``HIVEMESH_TEST_CHECKPOINT_HOOK`` holds the writer and the test kills once the
-hook's mark file exists (no timing). Then one kill at a random instant (a
-random step) in each of the next two phases. Checked for every restart:
+hook's mark file exists (no timing). The torn one's restarted life is killed
+again inside its first write, torn too: the checkpoint of the step it adopted
+from its neighbours by state sync. Then one kill at a random instant (a random
+step) in each of the next two phases. Checked for every restart:
 
 - the step the killed process had reached: for a kill inside a write, the step
   in the name of the temporary it was writing (a save does not train); else the
@@ -26,7 +28,10 @@ random step) in each of the next two phases. Checked for every restart:
   process left, so a torn temporary is never what it loaded, and the log says
   the torn one was removed (or the complete one put in place);
 - lost = reached - resumed <= EVERY: the interval, counted from the last save,
-  and a jump by state sync is saved at once (peer/runtime/daemon.py);
+  and a jump by state sync is saved at once (peer/runtime/daemon.py). Killed
+  inside that save, a peer loses the jump (no write is durable before it is
+  done), but the jump was its neighbours' work: the restarted life syncs again,
+  to at least the step reached (checked; reported as its own row);
 - every other process exits 0, at the end every peer has accuracy >= 0.90 and
   the consensus distance (max relative) is < 1e-2; the peak RSS of a peer
   never killed at the end is at most 1.25 x its own early in the run + 50 MiB
@@ -101,6 +106,7 @@ WRITES = ("temp_data", "temp_complete")     # the kills inside a write: the writ
 WRITE_AT = (30, 60)             # (+ a random part) the first save of at least this step is held
 RSS_FACTOR, RSS_SLACK_MIB = 1.25, 50.0
 RESUMED = re.compile(r"(\w+): resumed from checkpoint at step (\d+)")
+SYNCED = re.compile(r"synced from \w+: round \d+, step (\d+)")
 BACK = re.compile(r"synced from |training on without state sync")
 
 
@@ -110,16 +116,21 @@ class Kill:
     point: str      # a SAVE_POINT the writer is held at (a first life's hook); "": a kill at a random
     step: int       # instant once the victim is this many steps past where its phase began
     phase: int      # index into PHASES: the ring holds at its end until the victim is back
+    adoption: bool = False  # held in the first save of the life restarted by the kill before: the
+    #                         checkpoint of the step it adopted from its neighbours (state sync)
 
 
 def plan(rng: random.Random) -> list[Kill]:
-    """Two kills inside a write, on two peers' first lives (a restarted life adopts its neighbours'
-    step, and that save is not the periodic one); then one kill at a random instant per phase."""
+    """Two kills inside a periodic write, on two peers' first lives; the torn one's restarted life
+    killed again inside the write of the state it adopts; then one kill at a random instant per phase."""
     points = list(WRITES)
     rng.shuffle(points)
     writers = rng.sample(range(PEERS - 1), len(WRITES))
-    kills = [Kill(v, point, at + rng.randrange(EVERY), 0)
-             for v, point, at in zip(writers, points, WRITE_AT, strict=True)]
+    kills = []
+    for victim, point, at in zip(writers, points, WRITE_AT, strict=True):
+        kills.append(Kill(victim, point, at + rng.randrange(EVERY), 0))
+        if point == "temp_data":
+            kills.append(Kill(victim, "temp_data", 0, 0, adoption=True))
     return kills + [Kill(rng.randrange(PEERS - 1), "", EVERY + rng.randrange(2 * EVERY), phase)
                     for phase in (1, 2)]
 
@@ -211,8 +222,9 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
     out = tmp_path / "net"
     (tmp_path / "logs").mkdir()
     never = tmp_path / "never"       # the gate of a held write: never opened (the writer is killed)
-    hooks = {k.victim: SaveHook(point=k.point, action="hold", at_step=k.step, gate=str(never),
-                                mark=str(tmp_path / f"held-{i}")) for i, k in enumerate(kills) if k.point}
+    hooks = {i: SaveHook(point=k.point, action="hold", at_step=k.step, gate=str(never),
+                         mark=str(tmp_path / f"held-{i}")) for i, k in enumerate(kills) if k.point}
+    first = {k.victim: hooks[i] for i, k in enumerate(kills) if k.point and not k.adoption}
 
     with Hosts(PEERS) as hosts:
         names = init_network(hosts, out, steps=STEPS)
@@ -222,7 +234,7 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
             return report(out, names, seed)
 
         with small_disk(out / "data" / full_name) as disk:
-            processes = {name: launch(hosts, i, out, name, hooks.get(i)) for i, name in enumerate(names)}
+            processes = {name: launch(hosts, i, out, name, first.get(i)) for i, name in enumerate(names)}
             started = time.monotonic()
 
             # early: every peer past the fill step, the full-disk one with checkpoints; the peak RSS then
@@ -235,7 +247,7 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
             filled_at = heard_step(out, names, full_name)
             before = [s for s, _ in list_checkpoints(disk / "checkpoints")]
 
-            lost: dict[str, list[int]] = {"": [], "write": []}
+            lost: dict[str, list[int]] = {"": [], "write": [], "adoption": []}
             back_s: list[float] = []     # restart -> synced, each kill
             began = 0      # the step the current phase began at
             for i, kill in enumerate(kills):
@@ -264,7 +276,8 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
                 offset = len(log_text(out, name).encode())
 
                 restarted = time.monotonic()
-                processes[name] = launch(hosts, kill.victim, out, name, None)
+                processes[name] = launch(hosts, kill.victim, out, name, hooks.get(i + 1) if i + 1 < len(kills)
+                                         and kills[i + 1].adoption else None)
                 wait_until(f"kill {i}: {name} back", partial(back, out, name, offset), processes, why)
                 back_s.append(time.monotonic() - restarted)
                 said = log_text(out, name, offset)
@@ -278,7 +291,10 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
                     assert resumed < reached and f"checkpoints: removed {held[0]}" in said, why()
                 if kill.point == "temp_complete":  # the complete one: put into place and loaded
                     assert resumed == reached and "recovered the complete checkpoint" in said, why()
-                lost["write" if kill.point else ""].append(reached - resumed)
+                if kill.adoption:   # the jump was its neighbours' work: synced again, not lost for good
+                    synced = [int(n) for n in SYNCED.findall(said)]
+                    assert synced and synced[0] >= reached, f"kill {i}: synced to {synced}\n{why()}"
+                lost["adoption" if kill.adoption else "write" if kill.point else ""].append(reached - resumed)
 
             # the full disk: it trained on (its neighbours heard its step go past the fill by more
             # than an interval, so saves were refused), the checkpoints it had are all there and the
@@ -315,7 +331,10 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
            note=f"checkpoint every {EVERY} steps; recovery: restart to synced, the slowest; seed {seed}")
     record("kill -9 inside a checkpoint write", injected=len(lost["write"]),
            survived=sum(n <= EVERY for n in lost["write"]) if alive else 0, steps_lost=lost["write"],
-           note="writer held at " + ", ".join(k.point for k in kills if k.point))
+           note="writer held at " + ", ".join(k.point for k in kills if k.point and not k.adoption))
+    record("kill -9 inside the checkpoint of a state-sync adoption", injected=len(lost["adoption"]),
+           survived=len(lost["adoption"]) if alive else 0, steps_lost=lost["adoption"],
+           note="torn (temp_data); lost = the jump, the neighbours' work, synced again at the restart")
     record("full disk (tmpfs)", injected=1, survived=int(full_ok),
            note=f"saves refused {full.get('checkpoint_failures')}, trained on, no checkpoint lost")
 
