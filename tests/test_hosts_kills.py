@@ -18,11 +18,11 @@ again inside its first write, torn too: the checkpoint of the step it adopted
 from its neighbours by state sync. Then one kill at a random instant (a random
 step) in each of the next two phases. Checked for every restart:
 
-- the step the killed process had reached: for a kill inside a write, the step
-  in the name of the temporary it was writing (a save does not train); else the
-  last status.json it wrote (refreshed every 0.2 s; each status write comes
-  after the loop's checkpoint decision for that step, so a status at step S
-  means a save at S - EVERY or later was done: the bound holds against it);
+- the step the killed process had reached: for a kill inside a write (held or
+  by chance), the step in the name of the temporary it was writing (a save does
+  not train); else the last status.json it wrote (refreshed every 0.2 s, after
+  the loop's checkpoint decision for that step; the process may have gone a
+  step or two further, which the loss measured leaves out);
 - the restarted process's log names the checkpoint it resumed from; it is the
   one ``load_latest`` verifies (sizes and digests) in the folder the dead
   process left, so a torn temporary is never what it loaded, and the log says
@@ -268,8 +268,10 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
                 reached = steps(out, [name])[name]     # the last status the dead process wrote
                 temporaries = [p.name for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]
                 held = [t for t in temporaries if t.endswith(f"-{process.pid}")]
-                if kill.point:     # the step of the write it was killed in (a save does not train)
-                    assert len(held) == 1, f"kill {i}: {temporaries}\n{why()}"
+                # killed inside a write (held there, or by chance): its step is the one reached (a save
+                # does not train), and may be newer than the last status
+                assert len(held) <= 1 and (held or not kill.point), f"kill {i}: {temporaries}\n{why()}"
+                if held:
                     reached = max(reached, int(held[0][len(TEMP_PREFIX):].split("-")[0]))
                 verified = load_latest(folder)   # read-only: what verifies, as a restart will see it
                 assert verified is not None, f"kill {i}: nothing to resume from\n{why()}"
@@ -339,6 +341,7 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
            note=f"saves refused {full.get('checkpoint_failures')}, trained on, no checkpoint lost")
 
     assert codes == dict.fromkeys(names, 0), f"{codes}\n{text}"
+    assert not [n for n in names if "Traceback" in log_text(out, n)], text
     assert all(n <= EVERY for n in lost[""] + lost["write"]), f"lost {lost}\n{text}"
     for name in names:
         assert final[name].get("step") == STEPS, text
