@@ -99,7 +99,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 PEERS, STEPS, EVERY = 4, 300, 10
 FULL = 3                        # the host whose data folder is a small tmpfs; never killed
-DISK = "4m"                     # a few checkpoints of digits-mlp (about 100 KB each) and status files
+DISK = "4m"                     # room for a few checkpoints of digits-mlp and the status files
 FILL_AT = 2 * EVERY             # the disk fills once the peer has a checkpoint of at least this step
 PHASES = (100, 200, STEPS - EVERY)  # every peer holds here until the test has the killed ones back
 WRITES = ("temp_data", "temp_complete")     # the kills inside a write: the writer held there
