@@ -449,9 +449,6 @@ class FederationRun:
             self.loss[member.name] = float(metrics["loss"])
             row = _round_row(member.name, index, report, self.engine.now_s, self.bytes_sent,
                              self.accuracy[member.name])
-            secure = server.secure if isinstance(server, FedAvgServer) else None
-            if secure is not None and index in secure.phase_s:  # SecAgg on: the time each round took
-                row["secagg_phase_s"] = dict(secure.phase_s[index])
             self.result.rounds.append(row)
             self._trace()
 
@@ -503,7 +500,8 @@ class FederationRun:
         self._secure_note()
 
     def _secure_note(self) -> None:
-        """SecAgg on: the bytes its messages cost (its time is in each round's closed_at_s)."""
+        """SecAgg on: the bytes its messages cost, by kind (each round's row has its phases' time and
+        bytes at the gateway: ``secagg_phases``)."""
         secure = self.config.secure_aggregation
         if secure is None:
             return
@@ -515,7 +513,8 @@ class FederationRun:
         self.result.notes.append(
             f"secure aggregation ({'masked' if secure.masking else 'quantised only, unmasked'}, "
             f"{secure.bits}-bit, clip {secure.clip_value:g}): {self.kind_bytes['secagg']} bytes of SecAgg "
-            "messages; the aggregate is the survivors' unweighted mean")
+            f"messages; the aggregate is the survivors' mean weighted by their samples (capped at "
+            f"{secure.weight_cap_samples})")
 
     def _privacy_note(self) -> None:
         """DP on: the budget the gateways spent (the largest, for several), as a metric and a note."""
@@ -552,6 +551,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
     if getattr(report, "epsilon", None) is not None:  # DP on: the budget spent so far, the clip norm used
         row["epsilon"] = report.epsilon
         row["clip_norm"] = report.clip_norm
+    if getattr(report, "secagg_phases", None):  # SecAgg on: each phase's time, messages and bytes
+        row["secagg_phases"] = report.secagg_phases
     return row
 
 

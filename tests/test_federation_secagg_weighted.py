@@ -1,0 +1,194 @@
+"""Secure aggregation's weighted mean and its phase costs (protocols/federation/secure.py).
+
+Under SecAgg the gateway sees only a sum, so a client weighs itself: it scales its clipped update
+by ``w / W`` (``w``: its sample count capped at ``weight_cap_samples`` = W) before quantising, and
+appends ``w`` as one more ring element; the gateway divides the summed scaled updates (times W)
+by the summed weight. These tests drive one gateway's ``SecureServer`` and five ``SecureClient``
+by hand over a list (no sockets, no simulator): the masked mean is plain FedAvg's weighted mean
+within the quantisation bound, it is the masking-off baseline's bit for bit, and its ring sum is
+exactly the sum of the clients' integers. Each round's five phases report their time (from the
+``now`` values given) and the bytes each way, and those add up to what crossed the list.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+
+from protocols.events import Action, Send, SetTimer
+from protocols.federation import FederationConfig, SecureAggregationConfig
+from protocols.federation.aggregate import fedavg
+from protocols.federation.secure import (
+    SecureClient,
+    SecureServer,
+    body_bytes,
+    mean_of_sum,
+    quantise_update,
+    ring_weight,
+)
+from protocols.messages import ClientUpdate, RoundStart, SecAggMessage
+from protocols.secagg import SecAggConfigError
+from protocols.secagg.fixedpoint import RING_MASK, levels
+from protocols.secagg.local import Roster
+
+NAMES = [f"e{i:03d}" for i in range(5)]
+SAMPLES = {"e000": 7, "e001": 120, "e002": 400, "e003": 1000, "e004": 5000}  # e004 above the cap
+NUMEL = 64
+PHASES = ["advertise", "share", "masked_input", "consistency", "unmask"]
+STEP_S = 0.25  # the list's delivery time: each message arrives this long after it was sent
+
+
+def config(*, masking: bool, cap: int = 1000) -> SecureAggregationConfig:
+    return SecureAggregationConfig(degree=4, clip_value=0.5, bits=16, max_clients=10, masking=masking,
+                                   weight_cap_samples=cap)
+
+
+def deltas(seed: int) -> dict[str, torch.Tensor]:
+    """Each client's delta, within the clip (so clipping does not move the mean)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {name: (torch.rand(NUMEL, generator=generator, dtype=torch.float64) - 0.5) * 0.9 for name in NAMES}
+
+
+def one_round(secure: SecureAggregationConfig, updates: dict[str, torch.Tensor]
+              ) -> tuple[torch.Tensor, SecureServer, int]:
+    """One FedAvg round's SecAgg between a gateway and the clients of ``updates``: the mean update,
+    the gateway's side, and the secagg body bytes that crossed the list (both ways)."""
+    roster = Roster(NAMES, seed=5)
+    like = torch.zeros(NUMEL, dtype=torch.float64)
+    server = SecureServer(secure, run_id="run", verify=roster.verify, like=like)
+    clients = {name: SecureClient(secure, name=name, server="gw", run_id="run", client_secret=bytes([i]) * 32,
+                                  sign=roster.signer(name), verify=roster.verify)
+               for i, name in enumerate(NAMES)}
+    meta, _ = server.open(0, NAMES, 0.0)
+    start = RoundStart(round=0, tensors={}, meta=meta, deadline_s=100.0)
+    queue: deque[tuple[float, str, Action]] = deque()  # (when, from, action)
+    for name in NAMES:
+        queue.extend((STEP_S, name, action) for action in clients[name].start(start, 0.0))
+    for name in NAMES:  # trained: the uploads go as soon as the shares are in (or, unmasked, now)
+        queue.extend((STEP_S, name, action)
+                     for action in clients[name].upload(0, updates[name], SAMPLES[name], 0.0))
+    carried, plain = 0, {}
+    while queue:
+        when, sender, action = queue.popleft()
+        if isinstance(action, SetTimer) or not isinstance(action, Send):
+            continue
+        message = action.message
+        if isinstance(message, ClientUpdate):  # masking off: the baseline, in the clear
+            plain[sender] = (server.decode_update(message), message.num_samples)
+            continue
+        assert isinstance(message, SecAggMessage)
+        carried += body_bytes(message)
+        if sender == "gw":
+            replies = clients[action.recipients[0]].receive(message, when)
+            queue.extend((when + STEP_S, action.recipients[0], reply) for reply in replies)
+        else:
+            actions, outcome = server.receive(sender, message, when)
+            queue.extend((when + STEP_S, "gw", reply) for reply in actions)
+            if outcome is not None:
+                assert outcome.mean is not None and outcome.survivors == tuple(NAMES), outcome
+    return server.aggregate(plain), server, carried
+
+
+def test_the_masked_mean_is_fedavgs_weighted_mean_within_the_quantisation_bound() -> None:
+    # Prepare
+    secure = config(masking=True)
+    updates = deltas(1)
+    weights = [ring_weight(SAMPLES[name], secure) for name in NAMES]
+    # Execute
+    masked, _, _ = one_round(secure, updates)
+    # Assert: FedAvg weighs by the counts capped at W (e004's 5000 counts 1000)
+    assert weights == [7, 120, 400, 1000, 1000]
+    expected = fedavg([updates[name] for name in NAMES], weights)
+    # each client rounds to within half a step c / L of its scaled update; in the mean: n c W / (2 L sum w)
+    step = secure.clip_value * secure.weight_cap_samples / levels(secure.bits)
+    bound = len(NAMES) * step / (2 * sum(weights))
+    error = float((masked - expected).abs().max())
+    assert error <= bound
+    # the negative control: the unweighted mean is far outside that bound
+    assert float((torch.stack(list(updates.values())).mean(0) - expected).abs().max()) > 20 * bound
+
+
+def test_masked_equals_the_unmasked_baseline_bit_for_bit_and_the_ring_sum_is_exact() -> None:
+    # Prepare
+    updates = deltas(2)
+    # Execute
+    masked, masked_server, _ = one_round(config(masking=True), updates)
+    plain, _, _ = one_round(config(masking=False), updates)
+    # Assert: the same integers in the same ring give the same mean, bit for bit
+    assert torch.equal(masked, plain)
+    integers = [quantise_update(updates[name], ring_weight(SAMPLES[name], config(masking=True)),
+                                config(masking=True)) for name in NAMES]
+    ring_sum = np.zeros(NUMEL + 1, dtype=np.int64)
+    for values in integers:
+        ring_sum = (ring_sum + values) & RING_MASK
+    assert int(ring_sum[-1]) == 7 + 120 + 400 + 1000 + 1000  # the weights, summed exactly
+    assert torch.equal(masked, mean_of_sum(ring_sum, len(NAMES), config(masking=True), masked))
+    assert masked_server.mean is not None and torch.equal(masked_server.mean, masked)
+
+
+def test_a_cap_of_one_is_the_unweighted_mean() -> None:
+    # Prepare / Execute
+    updates = deltas(3)
+    masked, _, _ = one_round(config(masking=True, cap=1), updates)
+    # Assert
+    unweighted = torch.stack([updates[name] for name in NAMES]).mean(0)
+    assert float((masked - unweighted).abs().max()) <= 0.5 / (2 * levels(16))
+
+
+def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
+    # Prepare / Execute
+    _, server, carried = one_round(config(masking=True), deltas(4))
+    costs = server.take_costs(0)
+    # Assert: five phases, in order; each took the list's two crossings or more (ask, answer)
+    assert list(costs) == PHASES
+    assert all(cost["duration_s"] >= STEP_S for cost in costs.values()), costs
+    assert all(cost["messages_received"] == len(NAMES) for cost in costs.values()), costs
+    assert [costs[phase]["messages_sent"] for phase in PHASES] == [5, 5, 5, 5, 0]  # unmask: no answer
+    assert sum(cost["bytes_sent"] + cost["bytes_received"] for cost in costs.values()) == carried
+    # the masked inputs: 4 bytes an element, the model and its weight, from each client
+    assert costs["masked_input"]["bytes_received"] >= len(NAMES) * 4 * (NUMEL + 1)
+    assert server.take_costs(0) == {}  # taken once
+
+
+def test_a_masked_sum_with_an_impossible_total_weight_is_not_a_mean() -> None:
+    # Prepare: 3 clients with W = 10 can weigh 3..30 in all
+    secure = config(masking=True, cap=10)
+    like = torch.zeros(4)
+    ring_sum = np.array([1, 2, 3, 4, 31], dtype=np.int64)
+    # Execute / Assert
+    assert mean_of_sum(ring_sum, 3, secure, like) is None
+    assert mean_of_sum(np.array([1, 2, 3, 4, 2]), 3, secure, like) is None
+    assert mean_of_sum(np.array([1, 2, 3, 4, 30]), 3, secure, like) is not None
+
+
+def test_a_plain_update_with_a_weight_outside_the_cap_is_refused() -> None:
+    # Prepare
+    server = SecureServer(config(masking=False, cap=10), run_id="run", verify=lambda *args: False,
+                          like=torch.zeros(3))
+    # Execute / Assert
+    server.decode_update(ClientUpdate(round=0, num_samples=5,
+                                      tensors={"q": torch.tensor([1.0, -2.0, 3.0, 10.0])}))
+    for weight in (0.0, 11.0, 2.5):
+        with pytest.raises(ValueError):
+            server.decode_update(ClientUpdate(round=0, num_samples=5,
+                                              tensors={"q": torch.tensor([1.0, -2.0, 3.0, weight])}))
+
+
+def test_the_weight_cap_is_checked_against_the_ring_and_the_federations_settings() -> None:
+    # Execute / Assert: 1000 clients of weight up to 2^22 overflow the 32-bit ring's weight element
+    with pytest.raises(SecAggConfigError, match="weight_cap_samples"):
+        SecureAggregationConfig(max_clients=1000, weight_cap_samples=1 << 22)
+    with pytest.raises(SecAggConfigError, match="weight_cap_samples must be an integer >= 1"):
+        SecureAggregationConfig(weight_cap_samples=0)
+    base = {"uplink": "identity", "min_clients": 3, "round_timeout_s": 200.0}
+    with pytest.raises(ValueError, match="weight_cap_samples = 1"):
+        FederationConfig(**base, aggregator="mean", secure_aggregation=SecureAggregationConfig())
+    unit = SecureAggregationConfig(weight_cap_samples=1)
+    FederationConfig(**base, aggregator="mean", secure_aggregation=unit)
+    with pytest.raises(ValueError, match=r"federation\.max_samples"):
+        FederationConfig(**base, max_samples=50, secure_aggregation=SecureAggregationConfig())
+    capped = SecureAggregationConfig(weight_cap_samples=50)
+    FederationConfig(**base, max_samples=50, secure_aggregation=capped)
