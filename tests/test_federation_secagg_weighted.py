@@ -141,6 +141,7 @@ def test_a_cap_of_one_is_the_unweighted_mean() -> None:
 def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     # Prepare / Execute
     _, server, carried = one_round(config(masking=True), deltas(4))
+    shown = server.status()
     costs = server.take_costs(0)
     # Assert: five phases, in order; each took the list's two crossings or more (ask, answer)
     assert list(costs) == PHASES
@@ -151,6 +152,18 @@ def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     # the masked inputs: 4 bytes an element, the model and its weight, from each client
     assert costs["masked_input"]["bytes_received"] >= len(NAMES) * 4 * (NUMEL + 1)
     assert server.take_costs(0) == {}  # taken once
+    assert shown == {"round": 0, "phase": "none", "phases": costs}  # the status showed them (round over)
+
+
+def test_the_status_shows_the_open_rounds_phase() -> None:
+    # Prepare
+    server = SecureServer(config(masking=True), run_id="run", verify=lambda *args: False,
+                          like=torch.zeros(3))
+    # Execute
+    server.open(7, NAMES, 10.0)
+    # Assert
+    assert server.status() == {"round": 7, "phase": "advertise", "phases": {"advertise": {
+        "duration_s": 0.0, "messages_received": 0, "bytes_received": 0, "messages_sent": 0, "bytes_sent": 0}}}
 
 
 def test_a_masked_sum_with_an_impossible_total_weight_is_not_a_mean() -> None:

@@ -47,6 +47,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -325,6 +326,14 @@ class SecureServer:
 
     def _cost(self, phase: ServerPhase) -> PhaseCost:
         return self.costs.setdefault(self.round_index, {}).setdefault(_phase_name(phase), PhaseCost())
+
+    def status(self) -> dict[str, Any]:
+        """The open round's SecAgg now (for the gateway's status): its phase ("none" when no
+        machine runs: masking off, or between rounds) and the costs of its phases so far."""
+        phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
+        costs = self.costs.get(self.round_index, {})
+        return {"round": self.round_index, "phase": phase,
+                "phases": {name: dataclasses.asdict(cost) for name, cost in costs.items()}}
 
     def take_costs(self, round_index: int) -> dict[str, dict[str, float]]:
         """Round ``round_index``'s phase costs as plain data (phase -> field -> value, in the order

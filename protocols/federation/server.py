@@ -206,7 +206,11 @@ class FedAvgServer(FederationServer):
         return self.round
 
     def _extra_status(self) -> dict[str, Any]:
-        return {"asked": list(self.asked), "wanted": self.wanted, "taken": sorted(self.taken)}
+        status: dict[str, Any] = {"asked": list(self.asked), "wanted": self.wanted,
+                                  "taken": sorted(self.taken)}
+        if self.secure is not None:  # the open round's SecAgg phase, and what its phases cost so far
+            status["secagg"] = self.secure.status()
+        return status
 
     def epsilon(self) -> float | None:
         """The privacy spent by the rounds closed so far (None: DP off; inf: no noise)."""
