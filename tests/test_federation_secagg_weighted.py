@@ -142,7 +142,7 @@ def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     # Prepare / Execute
     _, server, carried = one_round(config(masking=True), deltas(4))
     shown = server.status()
-    costs = server.take_costs(0)
+    costs = server.phase_costs(0)
     # Assert: five phases, in order; each took the list's two crossings or more (ask, answer)
     assert list(costs) == PHASES
     assert all(cost["duration_s"] >= STEP_S for cost in costs.values()), costs
@@ -151,8 +151,9 @@ def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     assert sum(cost["bytes_sent"] + cost["bytes_received"] for cost in costs.values()) == carried
     # the masked inputs: 4 bytes an element, the model and its weight, from each client
     assert costs["masked_input"]["bytes_received"] >= len(NAMES) * 4 * (NUMEL + 1)
-    assert server.take_costs(0) == {}  # taken once
-    assert shown == {"round": 0, "phase": "none", "phases": costs}  # the status showed them (round over)
+    assert shown == {"round": 0, "phase": "none", "phases": costs}  # the status shows them (round over)
+    server.open(1, NAMES, 10.0)
+    assert server.phase_costs(0) == {} and list(server.phase_costs(1)) == ["advertise"]  # the next round's
 
 
 def test_the_status_shows_the_open_rounds_phase() -> None:

@@ -232,8 +232,8 @@ class SecureServer:
         self.machine: SecAggServer | None = None
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
-        # round -> phase name -> its cost, in the order the phases ran (until the FedAvg round takes it)
-        self.costs: dict[int, dict[str, PhaseCost]] = {}
+        # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
+        self.costs: dict[str, PhaseCost] = {}
         self._phase_began_s = 0.0
 
     @property
@@ -257,6 +257,7 @@ class SecureServer:
         self._retire()
         self.round_index = round_index
         self.mean = None
+        self.costs = {}
         meta = {COHORT_META: ",".join(sorted(asked))}
         if not self.masking:
             return meta, []
@@ -267,7 +268,7 @@ class SecureServer:
         except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
             self.counters["secagg_round_not_started"] += 1
             return meta, []
-        self.costs[round_index] = {_phase_name(self.machine.phase): PhaseCost()}
+        self._cost(self.machine.phase)
         self._phase_began_s = now_s
         return meta, [SetTimer(self.timer_key(), self.machine.deadline_s)]
 
@@ -325,20 +326,20 @@ class SecureServer:
         return actions, SecureOutcome(result.survivors, result.dropped, self.mean)
 
     def _cost(self, phase: ServerPhase) -> PhaseCost:
-        return self.costs.setdefault(self.round_index, {}).setdefault(_phase_name(phase), PhaseCost())
+        return self.costs.setdefault(_phase_name(phase), PhaseCost())
 
     def status(self) -> dict[str, Any]:
-        """The open round's SecAgg now (for the gateway's status): its phase ("none" when no
-        machine runs: masking off, or between rounds) and the costs of its phases so far."""
+        """The latest round's SecAgg now (for the gateway's status): its phase ("none" when no
+        machine runs: masking off, or the round ended) and its phases' costs so far."""
         phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
-        costs = self.costs.get(self.round_index, {})
-        return {"round": self.round_index, "phase": phase,
-                "phases": {name: dataclasses.asdict(cost) for name, cost in costs.items()}}
+        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index)}
 
-    def take_costs(self, round_index: int) -> dict[str, dict[str, float]]:
+    def phase_costs(self, round_index: int) -> dict[str, dict[str, float]]:
         """Round ``round_index``'s phase costs as plain data (phase -> field -> value, in the order
-        the phases ran), forgotten here; {} when it ran no SecAgg (masking off, or not started)."""
-        return {phase: dataclasses.asdict(cost) for phase, cost in self.costs.pop(round_index, {}).items()}
+        the phases ran); {} when it ran no SecAgg (masking off, not started) or is not the latest."""
+        if round_index != self.round_index:
+            return {}
+        return {phase: dataclasses.asdict(cost) for phase, cost in self.costs.items()}
 
     def _retire(self) -> None:
         """The round's machine is done (or replaced): its counts go to ours."""

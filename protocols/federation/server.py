@@ -340,7 +340,7 @@ class FedAvgServer(FederationServer):
             refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm,
             epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
             clip_norm=clip_norm,
-            secagg_phases=self.secure.take_costs(self.round) if self.secure is not None else {})
+            secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else {})
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1
