@@ -552,7 +552,7 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
         row["epsilon"] = report.epsilon
         row["clip_norm"] = report.clip_norm
     if getattr(report, "secagg_phases", None):  # SecAgg on: each phase's time, messages and bytes
-        row["secagg_phases"] = report.secagg_phases
+        row["secagg_phases"] = list(report.secagg_phases)
     return row
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from peer.cli.status import _federation_lines
 from protocols.events import Action, Send, SetTimer
 from protocols.federation import FederationConfig, SecureAggregationConfig
 from protocols.federation.aggregate import fedavg
@@ -142,18 +143,18 @@ def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     # Prepare / Execute
     _, server, carried = one_round(config(masking=True), deltas(4))
     shown = server.status()
-    costs = server.phase_costs(0)
+    costs = {cost["phase"]: cost for cost in server.phase_costs(0)}
     # Assert: five phases, in order; each took the list's two crossings or more (ask, answer)
-    assert list(costs) == PHASES
+    assert [cost["phase"] for cost in server.phase_costs(0)] == PHASES
     assert all(cost["duration_s"] >= STEP_S for cost in costs.values()), costs
     assert all(cost["messages_received"] == len(NAMES) for cost in costs.values()), costs
     assert [costs[phase]["messages_sent"] for phase in PHASES] == [5, 5, 5, 5, 0]  # unmask: no answer
     assert sum(cost["bytes_sent"] + cost["bytes_received"] for cost in costs.values()) == carried
     # the masked inputs: 4 bytes an element, the model and its weight, from each client
     assert costs["masked_input"]["bytes_received"] >= len(NAMES) * 4 * (NUMEL + 1)
-    assert shown == {"round": 0, "phase": "none", "phases": costs}  # the status shows them (round over)
+    assert shown == {"round": 0, "phase": "none", "phases": server.phase_costs(0)}  # shown; the round is over
     server.open(1, NAMES, 10.0)
-    assert server.phase_costs(0) == {} and list(server.phase_costs(1)) == ["advertise"]  # the next round's
+    assert server.phase_costs(0) == [] and [cost["phase"] for cost in server.phase_costs(1)] == ["advertise"]
 
 
 def test_the_status_shows_the_open_rounds_phase() -> None:
@@ -163,8 +164,9 @@ def test_the_status_shows_the_open_rounds_phase() -> None:
     # Execute
     server.open(7, NAMES, 10.0)
     # Assert
-    assert server.status() == {"round": 7, "phase": "advertise", "phases": {"advertise": {
-        "duration_s": 0.0, "messages_received": 0, "bytes_received": 0, "messages_sent": 0, "bytes_sent": 0}}}
+    assert server.status() == {"round": 7, "phase": "advertise", "phases": [{
+        "phase": "advertise", "duration_s": 0.0, "messages_received": 0, "bytes_received": 0,
+        "messages_sent": 0, "bytes_sent": 0}]}
 
 
 def test_a_masked_sum_with_an_impossible_total_weight_is_not_a_mean() -> None:
@@ -206,3 +208,22 @@ def test_the_weight_cap_is_checked_against_the_ring_and_the_federations_settings
         FederationConfig(**base, max_samples=50, secure_aggregation=SecureAggregationConfig())
     capped = SecureAggregationConfig(weight_cap_samples=50)
     FederationConfig(**base, max_samples=50, secure_aggregation=capped)
+
+
+def test_hivemesh_status_shows_the_last_rounds_secagg_phases_and_the_open_ones() -> None:
+    # Prepare: a gateway's status.json ``federation`` after a masked round, the next one open
+    _, server, _ = one_round(config(masking=True), deltas(5))
+    phases = server.phase_costs(0)
+    server.open(1, NAMES, 10.0)
+    federation = {"mode": "sync", "round": 1, "phase": "open", "rounds_closed": 1, "asked": NAMES,
+                  "last_rounds": [{"round": 0, "closed_by": "secagg", "asked": NAMES, "taken": NAMES,
+                                   "secagg_phases": phases}],
+                  "secagg": server.status()}
+    # Execute
+    lines = _federation_lines(federation)
+    # Assert: one line per phase of round 0, with its time and what came in and went out
+    shown = [line.split() for line in lines if line.startswith("    secagg ")]
+    assert [words[1] for words in shown] == PHASES
+    assert shown[0][2:4] == [f"{phases[0]['duration_s']:.2f}", "s"]
+    assert f"({len(NAMES)})" in shown[2] and "(0)" in shown[4]  # 5 masked inputs in; no unmask answer
+    assert "  secagg round 1: phase advertise" in lines

@@ -27,7 +27,8 @@ daemon both reach it through FedAvgServer / FedAvgClient, never directly).
 * Phases: for each round the gateway counts each of the five phases' duration (from the ``now``
   values it is given), and the messages and body bytes received while it was open and sent when
   it closed (:class:`PhaseCost`); the FedAvg server puts them in the round's report
-  (``secagg_phases``: the daemon's ``rounds.jsonl`` and status, the simulator's report rows).
+  (``secagg_phases``, a list in the phases' order: the daemon's ``rounds.jsonl`` and status, the
+  simulator's report rows; the gateway's status also says which phase the open round is in).
 * Client (:class:`SecureClient`): on RoundStart it advertises its keys (while it trains); after
   training it weighs, clips and quantises its delta and hands it to its machine, which sends the
   masked input once the shares have come.
@@ -334,12 +335,13 @@ class SecureServer:
         phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
         return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index)}
 
-    def phase_costs(self, round_index: int) -> dict[str, dict[str, float]]:
-        """Round ``round_index``'s phase costs as plain data (phase -> field -> value, in the order
-        the phases ran); {} when it ran no SecAgg (masking off, not started) or is not the latest."""
+    def phase_costs(self, round_index: int) -> list[dict[str, Any]]:
+        """Round ``round_index``'s phase costs as plain data, in the order the phases ran (a list:
+        JSON files may sort an object's keys), each ``{"phase": name, **PhaseCost}``; [] when it
+        ran no SecAgg (masking off, not started) or is not the latest round."""
         if round_index != self.round_index:
-            return {}
-        return {phase: dataclasses.asdict(cost) for phase, cost in self.costs.items()}
+            return []
+        return [{"phase": phase, **dataclasses.asdict(cost)} for phase, cost in self.costs.items()]
 
     def _retire(self) -> None:
         """The round's machine is done (or replaced): its counts go to ours."""
