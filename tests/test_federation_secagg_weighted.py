@@ -7,12 +7,15 @@ by the summed weight. These tests drive one gateway's ``SecureServer`` and five 
 by hand over a list (no sockets, no simulator): the masked mean is plain FedAvg's weighted mean
 within the quantisation bound, it is the masking-off baseline's bit for bit, and its ring sum is
 exactly the sum of the clients' integers. Each round's five phases report their time (from the
-``now`` values given) and the bytes each way, and those add up to what crossed the list.
+``now`` values given) and the bytes each way, and those add up to what crossed the list. In the
+simulator, one round of ten clients on unequal shards moves the model as plain FedAvg does, within
+the quantisation bound.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,6 +37,8 @@ from protocols.messages import ClientUpdate, RoundStart, SecAggMessage
 from protocols.secagg import SecAggConfigError
 from protocols.secagg.fixedpoint import RING_MASK, levels
 from protocols.secagg.local import Roster
+from sim.federation import FederationRun
+from sim.scenario import scenario_from_dict
 
 NAMES = [f"e{i:03d}" for i in range(5)]
 SAMPLES = {"e000": 7, "e001": 120, "e002": 400, "e003": 1000, "e004": 5000}  # e004 above the cap
@@ -227,3 +232,40 @@ def test_hivemesh_status_shows_the_last_rounds_secagg_phases_and_the_open_ones()
     assert shown[0][2:4] == [f"{phases[0]['duration_s']:.2f}", "s"]
     assert f"({len(NAMES)})" in shown[2] and "(0)" in shown[4]  # 5 masked inputs in; no unmask answer
     assert "  secagg round 1: phase advertise" in lines
+
+
+def simulated(*, secure: dict[str, Any] | None) -> tuple[torch.Tensor, list[int]]:
+    """One FedAvg round of 10 digits-mlp clients on Dirichlet shares (unequal sizes) in the
+    simulator, with ``secure`` as its secure_aggregation (None: plain FedAvg, float32 deltas):
+    the global model after it, and the clients' sample counts."""
+    server: dict[str, Any] = {"rounds": 1, "fraction": 1.0, "min_clients": 10, "local_epochs": 1, "seed": 3,
+                              "uplink": "identity", "round_timeout_s": 40.0}
+    if secure is not None:
+        server["secure_aggregation"] = {"degree": 4, "clip_value": 1.0, "bits": 16, "max_clients": 10,
+                                        "advertise_timeout_s": 2.0, "share_timeout_s": 2.0,
+                                        "masked_input_timeout_s": 20.0, "consistency_timeout_s": 2.0,
+                                        "unmask_timeout_s": 2.0, **secure}
+    data = {"name": "weighted", "seed": 3, "duration_s": 5000.0, "task": {"name": "digits-mlp"},
+            "trainer": {"lr": 0.1, "batch_size": 32}, "partition": {"scheme": "dirichlet", "alpha": 0.5},
+            "links": {"latency_ms": 5.0, "bandwidth_mbps": 100.0}, "nodes": {"step_time_ms": 10.0},
+            "federation": {"gateways": 1, "clients": 10, "server": server}}
+    federation = FederationRun(scenario_from_dict(data))
+    federation.run()
+    gateway = federation.members[federation.gateways[0]].server
+    assert gateway is not None and gateway.counters["rounds_aggregated"] == 1
+    samples = [len(federation.trainers[name].shard) for name in federation.clients]
+    return gateway.params.detach().clone(), samples
+
+
+def test_a_simulated_secagg_round_moves_the_model_as_plain_fedavg_does_within_quantisation() -> None:
+    # Prepare / Execute: the same round, plain FedAvg (weighted by samples, float32), SecAgg+ with a
+    # cap above every shard, and SecAgg+ with W = 1 (the unweighted mean: the negative control)
+    plain, samples = simulated(secure=None)
+    weighted, _ = simulated(secure={"weight_cap_samples": 250})
+    unweighted, _ = simulated(secure={"weight_cap_samples": 1})
+    # Assert: unequal shards, all below the cap; SecAgg's model within the quantisation bound
+    # n c W / (2 L sum w) of FedAvg's (plus float32's rounding), the unweighted one far outside it
+    assert max(samples) <= 250 and max(samples) > 2 * min(samples), samples
+    bound = 10 * 1.0 * 250 / (2 * levels(16) * sum(samples)) + 1e-6
+    assert float((weighted - plain).abs().max()) <= bound
+    assert float((unweighted - plain).abs().max()) > 10 * bound
