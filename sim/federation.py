@@ -46,8 +46,9 @@ carries ``epsilon`` (spent so far) and ``clip_norm``; the result's ``metrics["ep
 and a note give the total (sim/report.py writes an infinite one as "inf"). With
 ``[federation.server.secure_aggregation]`` the five SecAgg rounds run inside each FedAvg round
 (protocols/federation/secure.py) as ``secagg`` messages over the same links; the clients' SecAgg
-identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` and a note
-give what they cost.
+identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` (and per
+message kind) and a note give what they cost on the links, and each round's row its five phases'
+time, messages and bytes at the gateway (``secagg_phases``, as in the daemon's ``rounds.jsonl``).
 """
 
 from __future__ import annotations
