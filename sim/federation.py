@@ -46,8 +46,9 @@ carries ``epsilon`` (spent so far) and ``clip_norm``; the result's ``metrics["ep
 and a note give the total (sim/report.py writes an infinite one as "inf"). With
 ``[federation.server.secure_aggregation]`` the five SecAgg rounds run inside each FedAvg round
 (protocols/federation/secure.py) as ``secagg`` messages over the same links; the clients' SecAgg
-identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` and a note
-give what they cost.
+identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` (and per
+message kind) and a note give what they cost on the links, and each round's row its five phases'
+time, messages and bytes at the gateway (``secagg_phases``, as in the daemon's ``rounds.jsonl``).
 """
 
 from __future__ import annotations
@@ -449,9 +450,6 @@ class FederationRun:
             self.loss[member.name] = float(metrics["loss"])
             row = _round_row(member.name, index, report, self.engine.now_s, self.bytes_sent,
                              self.accuracy[member.name])
-            secure = server.secure if isinstance(server, FedAvgServer) else None
-            if secure is not None and index in secure.phase_s:  # SecAgg on: the time each round took
-                row["secagg_phase_s"] = dict(secure.phase_s[index])
             self.result.rounds.append(row)
             self._trace()
 
@@ -503,7 +501,8 @@ class FederationRun:
         self._secure_note()
 
     def _secure_note(self) -> None:
-        """SecAgg on: the bytes its messages cost (its time is in each round's closed_at_s)."""
+        """SecAgg on: the bytes its messages cost, by kind (each round's row has its phases' time and
+        bytes at the gateway: ``secagg_phases``)."""
         secure = self.config.secure_aggregation
         if secure is None:
             return
@@ -515,7 +514,8 @@ class FederationRun:
         self.result.notes.append(
             f"secure aggregation ({'masked' if secure.masking else 'quantised only, unmasked'}, "
             f"{secure.bits}-bit, clip {secure.clip_value:g}): {self.kind_bytes['secagg']} bytes of SecAgg "
-            "messages; the aggregate is the survivors' unweighted mean")
+            f"messages; the aggregate is the survivors' mean weighted by their samples (capped at "
+            f"{secure.weight_cap_samples})")
 
     def _privacy_note(self) -> None:
         """DP on: the budget the gateways spent (the largest, for several), as a metric and a note."""
@@ -552,6 +552,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
     if getattr(report, "epsilon", None) is not None:  # DP on: the budget spent so far, the clip norm used
         row["epsilon"] = report.epsilon
         row["clip_norm"] = report.clip_norm
+    if getattr(report, "secagg_phases", None):  # SecAgg on: each phase's time, messages and bytes
+        row["secagg_phases"] = list(report.secagg_phases)
     return row
 
 

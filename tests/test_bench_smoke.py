@@ -86,7 +86,8 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "bench_secagg.py": [
         r"^SecAgg one round, update 1,000 elements",
-        r"^mode\s+n\s+k\s+t\s+client up KB\s+down KB\s+client ms\s+gateway MB",
+        r"^mode\s+n\s+k\s+t\s+client up KB\s+down KB\s+client ms\s+gateway MB\s+gateway s\s+FedAvg gw ms"
+        r"\s+gw CPU x FedAvg\s+x FedAvg",
         r"^secagg\+\s+10\s+9\s+5\s+[\d.]+",
         r"^plain\s+10\s+9\s+5\s+[\d.]+",
         r"^secagg\+\s+30\s+16\s+9\s+[\d.]+",

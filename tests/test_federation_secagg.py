@@ -23,7 +23,7 @@ from protocols.federation import FederationConfig, SecureAggregationConfig
 from protocols.federation.secure import SecureServer, unwrap, wrap
 from protocols.messages import ClientUpdate, SecAggMessage
 from protocols.secagg.messages import Malformed, SurvivorSet
-from sim.federation import FederationRun
+from sim.federation import HEADER_BYTES, FederationRun
 from sim.scenario import scenario_from_dict
 from sim.world import ScenarioResult
 
@@ -70,15 +70,24 @@ def test_masked_rounds_end_with_the_model_of_the_same_rounds_unmasked() -> None:
     assert counters["fedavg.secagg_taken_UnmaskShares"] == 30
     assert not any(key.startswith("fedavg.secagg_refused") for key in counters)
     # bytes and time of every SecAgg round are counted (the nine kinds' bytes add up to the total;
-    # each FedAvg round's row has the five phases' durations); the unmasked run sends none
+    # each FedAvg round's row has the five phases' durations, messages and bytes at the gateway,
+    # which add up to the total too: each message is its body plus the modelled header); the
+    # unmasked run sends none
     kinds = {k: v for k, v in masked.metrics.items() if k.startswith("bytes_secagg_")}
     assert len(kinds) == 9 and sum(kinds.values()) == masked.metrics["bytes_secagg"] > 0
-    assert kinds["bytes_secagg_MaskedInput"] >= 30 * 4 * masked.n_params  # 4 bytes a parameter
+    assert kinds["bytes_secagg_MaskedInput"] >= 30 * 4 * (masked.n_params + 1)  # 4 bytes a parameter, weight
     assert plain.metrics["bytes_secagg"] == 0
+    at_gateway = 0
     for row in masked.rounds:
-        phases = row["secagg_phase_s"]
-        assert list(phases) == ["advertise", "share", "masked_input", "consistency", "unmask"]
-        assert all(seconds > 0 for seconds in phases.values())
+        phases = row["secagg_phases"]
+        assert [cost["phase"] for cost in phases] == ["advertise", "share", "masked_input", "consistency",
+                                                      "unmask"]
+        assert all(cost["duration_s"] > 0 and cost["messages_received"] == 10 for cost in phases)
+        at_gateway += sum(cost["bytes_sent"] + cost["bytes_received"]
+                          + HEADER_BYTES * (cost["messages_sent"] + cost["messages_received"])
+                          for cost in phases)
+    assert at_gateway == masked.metrics["bytes_secagg"]
+    assert all("secagg_phases" not in row for row in plain.rounds)
     assert "fedavg.secagg_taken_MaskedInput" not in plain_counters
     assert masked.metrics["final_accuracy"] == plain.metrics["final_accuracy"]
 

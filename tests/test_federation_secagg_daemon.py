@@ -77,6 +77,21 @@ def test_ten_edges_masked_end_with_the_model_of_the_same_run_unmasked(tmp_path: 
     assert not any(key.startswith("secagg_refused") for key in counters), counters
     edge = status(masked_files, "e000")
     assert edge["client"]["secagg_sent_MaskedInput"] == 3 and edge["rejections"] == {}
+    # each round's record shows the five SecAgg phases' time, messages and bytes at the gateway, and
+    # so does the status's last round (the unmasked run: none); the status says the SecAgg round ended
+    masked_rounds = closed_rounds(masked_files)
+    for row in masked_rounds.values():
+        phases = row["secagg_phases"]
+        assert [cost["phase"] for cost in phases] == ["advertise", "share", "masked_input", "consistency",
+                                                      "unmask"], row
+        assert all(cost["messages_received"] == 10 and cost["bytes_received"] > 0 for cost in phases)
+        assert [cost["messages_sent"] for cost in phases] == [10, 10, 10, 10, 0]
+        assert all(cost["duration_s"] >= 0 for cost in phases)
+        assert phases[2]["bytes_received"] >= 10 * 4 * (masked.numel() + 1)  # the masked inputs
+    gateway = status(masked_files, GATEWAY)["federation"]
+    assert gateway["last_rounds"][-1]["secagg_phases"] == masked_rounds[2]["secagg_phases"]
+    assert gateway["secagg"] == {"round": 2, "phase": "none", "phases": masked_rounds[2]["secagg_phases"]}
+    assert all(row["secagg_phases"] == [] for row in closed_rounds(plain_files).values())
 
 
 def shared(files: FederationFiles, edge: str) -> bool:

@@ -208,6 +208,10 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
                      f"{', '.join(report.get('missing') or []) or '-'}, late "
                      f"{', '.join(report.get('late') or []) or '-'}")
+        lines += _secagg_lines(report.get("secagg_phases") or [])
+    secagg = federation.get("secagg")
+    if secagg:  # secure aggregation on: where the open round's SecAgg is
+        lines.append(f"  secagg round {secagg.get('round')}: phase {secagg.get('phase')}")
     lines.append("  clients:")
     for name, info in sorted((federation.get("clients") or {}).items()):
         contact = info.get("last_contact_s")
@@ -216,6 +220,14 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
     return lines
+
+
+def _secagg_lines(phases: list[dict[str, Any]]) -> list[str]:
+    """A closed round's SecAgg phases (its report's ``secagg_phases``): time and bytes at the gateway."""
+    return [f"    secagg {cost.get('phase', '?'):<12} {_num(cost.get('duration_s'), '.2f', ' s'):>9}  in "
+            f"{human_bytes(cost.get('bytes_received', 0))} ({cost.get('messages_received', 0)})  out "
+            f"{human_bytes(cost.get('bytes_sent', 0))} ({cost.get('messages_sent', 0)})"
+            for cost in phases]
 
 
 def render(status: dict[str, Any]) -> str:

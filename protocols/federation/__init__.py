@@ -18,7 +18,7 @@ driver owns, in place, and speak ``RoundStart`` / ``ClientUpdate`` /
   (``secure=``, with the roster's signature check) and each client a :class:`SecureClient`
   (its secret, its signer); the five SecAgg rounds then run inside each FedAvg round as
   ``SecAggMessage`` through the same Node path, and the round's aggregate is the survivors'
-  unweighted mean.
+  mean weighted by their samples (capped at ``weight_cap_samples``), as plain FedAvg's.
 - ``aggregate``: FedAvg, median, trimmed mean, Krum, multi-Krum, norm clipping;
   ``server_opt``: FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx's proximal term.
 

@@ -121,7 +121,8 @@ class FederationConfig:
 
     def _check_secure(self, secure: SecureAggregationConfig) -> None:
         """What SecAgg's sum needs: one synchronous round, every asked client's masks in it, an
-        uplink that carries no per-client scale, and an unweighted mean the gateway can take."""
+        uplink that carries no per-client scale, and a mean the gateway can take from a sum: each
+        client's weight capped at ``secure_aggregation.weight_cap_samples`` (federation/secure.py)."""
         try:
             check_compatible(mode=self.mode, uplink=self.uplink)
         except ValueError as error:
@@ -134,8 +135,16 @@ class FederationConfig:
                              "gateway (distributed DP is to come)")
         if self.aggregator not in ("fedavg", "mean"):
             raise ValueError(f"federation.aggregator {self.aggregator!r} cannot be used with "
-                             "secure_aggregation: the gateway sees only the sum (use fedavg or mean; the "
-                             "mean is unweighted)")
+                             "secure_aggregation: the gateway sees only the sum (use fedavg or mean)")
+        if self.aggregator == "mean" and secure.weight_cap_samples != 1:
+            raise ValueError("federation.aggregator 'mean' under secure_aggregation needs "
+                             "secure_aggregation.weight_cap_samples = 1 (every client weighs one), not "
+                             f"{secure.weight_cap_samples}")
+        if self.max_samples not in (0, secure.weight_cap_samples):
+            raise ValueError(f"federation.max_samples = {self.max_samples} must be 0 or equal "
+                             f"secure_aggregation.weight_cap_samples = {secure.weight_cap_samples}: under "
+                             "secure aggregation the clients cap their own weight (the gateway never sees "
+                             "num_samples), at weight_cap_samples")
         if self.clip_norm != 0:
             raise ValueError("federation.clip_norm must be 0 while secure_aggregation is on: the gateway "
                              "cannot clip a masked update (clients clip each coordinate to "

@@ -10,18 +10,32 @@ daemon both reach it through FedAvgServer / FedAvgClient, never directly).
 * Gateway (:class:`SecureServer`): at each round's open it says who was asked (RoundStart's meta
   ``secagg_cohort``: the client's ``cohort``) and starts a ``SecAggServer`` over them; the five
   client kinds go to it; its ``Deliver`` become Sends; one timer ``secagg/<round>`` follows its
-  deadline. When it ends, :class:`SecureOutcome` says who survived and the mean update: the sum
-  dequantised and divided by the number of survivors, **unweighted** (SecAgg sums; a weighted
-  mean would need each client to scale its update and append its weight, not done here).
-  ``round_timeout_s`` still bounds the whole round (the config checks it covers the five
-  deadlines): a round it closes first is not aggregated.
+  deadline. When it ends, :class:`SecureOutcome` says who survived and the mean update, weighted
+  by samples as plain FedAvg's (below). ``round_timeout_s`` still bounds the whole round (the
+  config checks it covers the five deadlines): a round it closes first is not aggregated.
+* Weights: SecAgg only sums, so each client weighs itself. Its weight is ``w = min(num_samples,
+  W)``, ``W = weight_cap_samples`` (FedAvg's sample cap: ``federation.max_samples`` must be 0 or
+  W); it clips its delta per coordinate to ``[-c, c]``, scales it by ``w / W`` and quantises it
+  (secagg.fixedpoint: ``|q| <= L = 2^(bits-1) - 1``, so the ring's no-overflow bound ``n L <
+  2^31`` is unchanged), and appends ``w`` as one more ring element. The gateway decodes the sum
+  of the first elements times ``W``, divided by the summed weight (:func:`mean_of_sum`): the
+  weighted mean, within ``n c W / (2 L sum w)`` per coordinate of the clipped updates' exact
+  one. The summed weight (at most ``max_clients W``, checked by the config to stay below 2^31)
+  is all the gateway learns beyond the sum; one outside ``[n, n W]`` fails the round
+  (``bad_weight_sum``). ``W = 1`` is the unweighted mean (``aggregator = "mean"`` needs it); a
+  client far below ``W`` uses ``L w / W`` of the levels, so set ``W`` near the largest shard.
+* Phases: for each round the gateway counts each of the five phases' duration (from the ``now``
+  values it is given), and the messages and body bytes received while it was open and sent when
+  it closed (:class:`PhaseCost`); the FedAvg server puts them in the round's report
+  (``secagg_phases``, a list in the phases' order: the daemon's ``rounds.jsonl`` and status, the
+  simulator's report rows; the gateway's status also says which phase the open round is in).
 * Client (:class:`SecureClient`): on RoundStart it advertises its keys (while it trains); after
-  training it clips and quantises its delta (secagg.fixedpoint) and hands it to its machine,
-  which sends the masked input once the shares have come.
-* ``masking = false`` (:class:`SecureAggregationConfig`): the same clipping and quantisation,
-  sent in the clear as a ClientUpdate of integers (as float32: exact for bits <= 24) and summed
-  in the same ring: the baseline a masked run must equal bit for bit. The gateway reads every
-  update then: it is for tests and comparisons, not privacy.
+  training it weighs, clips and quantises its delta and hands it to its machine, which sends the
+  masked input once the shares have come.
+* ``masking = false`` (:class:`SecureAggregationConfig`): the same weighting, clipping and
+  quantisation, sent in the clear as a ClientUpdate of integers (as float32: exact for bits <= 24
+  and weights <= 2^24) and summed in the same ring: the baseline a masked run must equal bit for
+  bit. The gateway reads every update then: it is for tests and comparisons, not privacy.
 
 Refusals and aborts of the secagg machines are added to the FedAvg server's / client's counters
 (``secagg_refused_<reason>``, ``secagg_abort_<reason>``, ``secagg_<counter>``) when their round
@@ -30,9 +44,11 @@ ends or is replaced.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -44,7 +60,7 @@ from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
 from protocols.secagg import SecAggClient, SecAggConfig, SecAggConfigError, SecAggServer
-from protocols.secagg.fixedpoint import RING_MASK, dequantise_sum, levels, quantise, to_signed
+from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, dequantise_sum, levels, quantise, to_signed
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -62,6 +78,7 @@ Sign = Callable[[bytes], bytes]
 Verify = Callable[[str, bytes, bytes], bool]
 COHORT_META = "secagg_cohort"  # RoundStart meta: the asked clients, comma-separated (names have no commas)
 PLAIN_BITS_MAX = 24  # masking off: quantised integers travel as float32, exact up to 2^24
+WEIGHT_SUM_MAX = (1 << (RING_BITS - 1)) - 1  # the survivors' summed weight decodes exactly up to here
 _CLIENT_KINDS = (AdvertiseKeys, ShareKeys, MaskedInput, ConsistencySignature, UnmaskShares)
 
 
@@ -70,12 +87,27 @@ class SecureAggregationConfig(SecAggConfig):
     """``[federation.secure_aggregation]``: protocols.secagg's settings, plus whether to mask."""
 
     masking: bool = True  # false: clip and quantise only, in the clear (a baseline; no privacy)
+    # W, samples: a client weighs min(num_samples, W) and scales its update by weight / W before
+    # quantising (a client at the cap gets all 2^(bits-1) - 1 levels); 1: the unweighted mean
+    weight_cap_samples: int = 1000
 
     def validate(self, num_clients: int | None = None) -> None:
         super().validate(num_clients)
         if not self.masking and self.bits > PLAIN_BITS_MAX:
             raise SecAggConfigError(f"secure_aggregation.bits must be <= {PLAIN_BITS_MAX} with masking = "
                                     f"false (integers travel as float32), not {self.bits}")
+        cap = self.weight_cap_samples
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise SecAggConfigError("secure_aggregation.weight_cap_samples must be an integer >= 1, "
+                                    f"not {cap!r}")
+        if self.max_clients * cap > WEIGHT_SUM_MAX:  # the summed weight is decoded as a signed ring value
+            raise SecAggConfigError(
+                f"secure_aggregation: {self.max_clients} clients of weight up to weight_cap_samples = {cap} "
+                f"can overflow the ring's weight coordinate (their sum must stay <= {WEIGHT_SUM_MAX}); "
+                "lower weight_cap_samples or max_clients")
+        if not self.masking and cap > 1 << PLAIN_BITS_MAX:
+            raise SecAggConfigError(f"secure_aggregation.weight_cap_samples must be <= 2^{PLAIN_BITS_MAX} "
+                                    f"with masking = false (the weight travels as float32), not {cap}")
 
     def total_timeout_s(self) -> float:
         """The five rounds' deadlines together: the longest a masked round can take (s)."""
@@ -116,16 +148,35 @@ def unwrap(message: SecAggMessage) -> SecAggWire | Malformed:
     return inner
 
 
-def quantise_update(delta: torch.Tensor, config: SecAggConfig) -> np.ndarray:
-    """A client's delta clipped and quantised into the ring (int64 in [0, 2^32))."""
-    return quantise(delta.detach().to("cpu", torch.float64).numpy(), clip_value=config.clip_value,
-                    bits=config.bits)
+def ring_weight(num_samples: int, config: SecureAggregationConfig) -> int:
+    """A client's weight in the ring: its sample count capped at ``weight_cap_samples`` (>= 1)."""
+    return max(1, min(num_samples, config.weight_cap_samples))
 
 
-def mean_of_sum(ring_sum: np.ndarray, count: int, config: SecAggConfig, like: torch.Tensor) -> torch.Tensor:
-    """The unweighted mean update of ``count`` clients from their sum in the ring, as ``like``."""
-    total = dequantise_sum(ring_sum, clip_value=config.clip_value, bits=config.bits)
-    return torch.from_numpy(total / count).to(like)
+def quantise_update(delta: torch.Tensor, weight: int, config: SecureAggregationConfig) -> np.ndarray:
+    """What a client puts in the ring (int64 in [0, 2^32)), ``numel + 1`` elements: its delta clipped
+    per coordinate, scaled by ``weight / weight_cap_samples`` and quantised; then ``weight`` itself."""
+    scaled = quantise(delta.detach().to("cpu", torch.float64).numpy(), clip_value=config.clip_value,
+                      bits=config.bits, scale=weight / config.weight_cap_samples)
+    return np.append(scaled, np.int64(weight))
+
+
+def mean_of_sum(ring_sum: np.ndarray, count: int, config: SecureAggregationConfig,
+                like: torch.Tensor) -> torch.Tensor | None:
+    """The weighted mean update of ``count`` clients from their sum in the ring, as ``like``: the
+    summed scaled updates times ``weight_cap_samples`` over the summed weight (the last element).
+    None when that summed weight is not one ``count`` clients can have sent, [count, count W]: a
+    client put something else in its weight's place, and the sum means nothing."""
+    total_weight = int(to_signed(ring_sum[-1:])[0])
+    cap = config.weight_cap_samples
+    if not count <= total_weight <= count * cap:
+        return None
+    total = dequantise_sum(ring_sum[:-1], clip_value=config.clip_value, bits=config.bits)
+    return torch.from_numpy(total * cap / total_weight).to(like)  # cap 1: total / count, as unweighted
+
+
+def _phase_name(phase: ServerPhase) -> str:
+    return phase.name.lower()
 
 
 def _tally(counters: Counter[str], prefix: str, counts: Mapping[str, int]) -> None:
@@ -134,6 +185,27 @@ def _tally(counters: Counter[str], prefix: str, counts: Mapping[str, int]) -> No
 
 
 # ------------------------------------------------------------------ the gateway's side
+
+
+@dataclass
+class PhaseCost:
+    """What one of a round's five SecAgg phases cost at the gateway. Time is from the ``now`` values
+    the gateway was given (from the phase's start to the message or deadline that closed it); bytes
+    are the secagg bodies (the envelope's header and signature are the driver's, so both drivers
+    count the same), received while the phase was open, sent when it closed (its answer: the key
+    roster, the forwarded shares, the survivor set, the proofs)."""
+
+    duration_s: float = 0.0  # 0 while open (a FedAvg round closed by its own deadline leaves one open)
+    messages_received: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    bytes_sent: int = 0
+
+
+def body_bytes(message: SecAggMessage) -> int:
+    """The bytes of a secagg message's body (what the phases count)."""
+    body = message.tensors.get("body")
+    return 0 if body is None else body.numel() * body.element_size()
 
 
 @dataclass(frozen=True)
@@ -161,8 +233,8 @@ class SecureServer:
         self.machine: SecAggServer | None = None
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
-        # round -> [(phase, seconds it took)], in order: the time each of the five rounds cost
-        self.phase_s: dict[int, list[tuple[str, float]]] = {}
+        # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
+        self.costs: dict[str, PhaseCost] = {}
         self._phase_began_s = 0.0
 
     @property
@@ -186,17 +258,18 @@ class SecureServer:
         self._retire()
         self.round_index = round_index
         self.mean = None
+        self.costs = {}
         meta = {COHORT_META: ",".join(sorted(asked))}
         if not self.masking:
             return meta, []
         try:
             self.machine = SecAggServer(self.config, run_id=self.run_id, round_index=round_index,
-                                        cohort=frozenset(asked), numel=self.like.numel(), verify=self.verify,
-                                        now_s=now_s)
+                                        cohort=frozenset(asked), numel=self.like.numel() + 1,  # + the weight
+                                        verify=self.verify, now_s=now_s)
         except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
             self.counters["secagg_round_not_started"] += 1
             return meta, []
-        self.phase_s[round_index] = []
+        self._cost(self.machine.phase)
         self._phase_began_s = now_s
         return meta, [SetTimer(self.timer_key(), self.machine.deadline_s)]
 
@@ -213,6 +286,9 @@ class SecureServer:
             self.counters["secagg_refused_wrong_kind"] += 1
             return [], None
         phase = self.machine.phase
+        cost = self._cost(phase)
+        cost.messages_received += 1
+        cost.bytes_received += body_bytes(message)
         return self._after(phase, self.machine.receive(sender, inner, now_s), now_s)
 
     def tick(self, key: str, now_s: float) -> tuple[list[Action], SecureOutcome | None]:
@@ -226,10 +302,18 @@ class SecureServer:
         """``phase``: the machine's before the message or tick that gave ``deliveries``."""
         machine = self.machine
         assert machine is not None
-        if machine.phase is not phase:  # ``phase`` closed: the time it took
-            self.phase_s[self.round_index].append((phase.name.lower(), now_s - self._phase_began_s))
+        cost = self._cost(phase)
+        sends = [Send((d.recipient,), wrap(self.round_index, d.message)) for d in deliveries]
+        for send in sends:  # ``phase``'s answer
+            assert isinstance(send.message, SecAggMessage)
+            cost.messages_sent += 1
+            cost.bytes_sent += body_bytes(send.message)
+        if machine.phase is not phase:  # ``phase`` closed: the time it took; the next one begins
+            cost.duration_s = now_s - self._phase_began_s
             self._phase_began_s = now_s
-        actions: list[Action] = [Send((d.recipient,), wrap(self.round_index, d.message)) for d in deliveries]
+            if not machine.finished:
+                self._cost(machine.phase)
+        actions: list[Action] = list(sends)
         if not machine.finished:
             return [*actions, SetTimer(self.timer_key(), machine.deadline_s)], None
         result = machine.result
@@ -237,7 +321,27 @@ class SecureServer:
         if result is None:
             return actions, SecureOutcome((), (), None, machine.failure)
         self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like)
+        if self.mean is None:  # a client put something else than its weight in the last element
+            self.counters["secagg_bad_weight_sum"] += 1
+            return actions, SecureOutcome((), (), None, "bad_weight_sum")
         return actions, SecureOutcome(result.survivors, result.dropped, self.mean)
+
+    def _cost(self, phase: ServerPhase) -> PhaseCost:
+        return self.costs.setdefault(_phase_name(phase), PhaseCost())
+
+    def status(self) -> dict[str, Any]:
+        """The latest round's SecAgg now (for the gateway's status): its phase ("none" when no
+        machine runs: masking off, or the round ended) and its phases' costs so far."""
+        phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
+        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index)}
+
+    def phase_costs(self, round_index: int) -> list[dict[str, Any]]:
+        """Round ``round_index``'s phase costs as plain data, in the order the phases ran (a list:
+        JSON files may sort an object's keys), each ``{"phase": name, **PhaseCost}``; [] when it
+        ran no SecAgg (masking off, not started) or is not the latest round."""
+        if round_index != self.round_index:
+            return []
+        return [{"phase": phase, **dataclasses.asdict(cost)} for phase, cost in self.costs.items()]
 
     def _retire(self) -> None:
         """The round's machine is done (or replaced): its counts go to ours."""
@@ -247,29 +351,34 @@ class SecureServer:
             self.machine = None
 
     def decode_update(self, update: ClientUpdate) -> torch.Tensor:
-        """A plain ClientUpdate's quantised integers (masking off); BadParts when it must be refused."""
+        """A plain ClientUpdate's quantised integers and weight (masking off: the model's size plus
+        one); BadParts when it must be refused."""
         if self.masking:
             raise BadParts("unmasked", "secure aggregation takes masked inputs only")
         values = update.tensors.get("q")
         if set(update.tensors) != {"q"} or values is None or values.dim() != 1 \
-                or values.numel() != self.like.numel() or values.dtype != torch.float32:
-            raise BadParts("shape", "expected one float32 vector 'q' of the model's size")
+                or values.numel() != self.like.numel() + 1 or values.dtype != torch.float32:
+            raise BadParts("shape", "expected one float32 vector 'q' of the model's size plus its weight")
         limit = levels(self.config.bits)
-        if not bool(torch.isfinite(values).all()) or bool((values.abs() > limit).any()) \
+        if not bool(torch.isfinite(values).all()) or bool((values[:-1].abs() > limit).any()) \
                 or not bool((values == values.round()).all()):
             raise BadParts("not_quantised", f"expected integers within +-{limit}")
+        if not 1 <= float(values[-1]) <= self.config.weight_cap_samples:
+            raise BadParts("bad_weight", f"expected a weight in [1, {self.config.weight_cap_samples}]")
         return values
 
     def aggregate(self, taken: Mapping[str, tuple[torch.Tensor, int]]) -> torch.Tensor:
-        """The round's mean update: the masked round's, or (masking off) the ring sum of the
-        taken integers, dequantised and divided by their number, exactly as a masked round does."""
+        """The round's mean update: the masked round's, or (masking off) the ring sum of the taken
+        integers and weights, decoded exactly as a masked round's (:func:`mean_of_sum`)."""
         if self.masking:
             assert self.mean is not None, "a masked round aggregates only after its SecureOutcome"
             return self.mean
-        total = np.zeros(self.like.numel(), dtype=np.int64)
+        total = np.zeros(self.like.numel() + 1, dtype=np.int64)
         for name in sorted(taken):
             total = (total + taken[name][0].to(torch.int64).numpy()) & RING_MASK
-        return mean_of_sum(total, len(taken), self.config, self.like)
+        mean = mean_of_sum(total, len(taken), self.config, self.like)
+        assert mean is not None, "decode_update checked every weight"
+        return mean
 
 
 # ------------------------------------------------------------------ the client's side
@@ -328,7 +437,7 @@ class SecureClient:
 
     def upload(self, round_index: int, delta: torch.Tensor, num_samples: int, now_s: float) -> list[Action]:
         """After training: the masked input (when the shares are in), or a plain quantised update."""
-        quantised = quantise_update(delta, self.config)
+        quantised = quantise_update(delta, ring_weight(num_samples, self.config), self.config)
         if not self.config.masking:
             signed = torch.from_numpy(to_signed(quantised)).to(torch.float32)
             return [Send((self.server,), ClientUpdate(round=round_index, num_samples=num_samples,

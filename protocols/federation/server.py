@@ -117,6 +117,9 @@ class RoundReport:
     update_norm: float  # L2 norm of the aggregate delta (0 when not aggregated)
     epsilon: float | None = None  # DP on: the privacy spent after this round (at the configured delta)
     clip_norm: float = 0.0  # DP on: the clip norm C this round's updates were clipped to
+    # SecAgg on (masking): per phase, in the order they ran, its name ("phase"), duration_s, and the
+    # messages and bytes each way at the gateway (secure.PhaseCost); [] otherwise
+    secagg_phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def report_row(report: Any) -> dict[str, Any]:
@@ -203,7 +206,11 @@ class FedAvgServer(FederationServer):
         return self.round
 
     def _extra_status(self) -> dict[str, Any]:
-        return {"asked": list(self.asked), "wanted": self.wanted, "taken": sorted(self.taken)}
+        status: dict[str, Any] = {"asked": list(self.asked), "wanted": self.wanted,
+                                  "taken": sorted(self.taken)}
+        if self.secure is not None:  # the open round's SecAgg phase, and what its phases cost so far
+            status["secagg"] = self.secure.status()
+        return status
 
     def epsilon(self) -> float | None:
         """The privacy spent by the rounds closed so far (None: DP off; inf: no noise)."""
@@ -332,7 +339,8 @@ class FedAvgServer(FederationServer):
             asked=self.asked, taken=taken, missing=missing, late=(),
             refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm,
             epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
-            clip_norm=clip_norm)
+            clip_norm=clip_norm,
+            secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else [])
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1

@@ -30,9 +30,9 @@ federation/, peer/ or sim/):
   numel=model size, verify=roster_verify, now_s=now)``; route the five client kinds to
   ``receive(sender, msg, now_s)``; map each ``Deliver`` to a Send; set a timer at ``deadline_s``
   and call ``tick(now_s)`` when it fires; when ``result`` is set, dequantise
-  ``result.ring_sum`` (fixedpoint.dequantise_sum) and divide by ``len(result.survivors)`` for the
-  mean update (SecAgg gives an unweighted sum: to weigh by samples, a client scales its update
-  and appends its weight as one more coordinate, so the gateway learns only the total weight).
+  ``result.ring_sum`` (fixedpoint.dequantise_sum) for the sum of the inputs (SecAgg gives a sum:
+  to weigh by samples, federation/secure.py has each client scale its update and append its weight
+  as one more element, so the gateway learns only the total weight, and divides by it).
   ``refused`` and ``counters`` go to the status/report like every other Counter.
 * client: on RoundStart create ``SecAggClient(..., cohort=asked, client_secret=32 secret bytes
   (os.urandom once per process in the daemon; keys are bound to run and round, so it may last),

@@ -5,7 +5,9 @@ A client's float update ``x`` is clipped per coordinate to ``[-c, c]`` and round
 and reduced mod 2^32 (two's complement: ``-1`` is ``2^32 - 1``). A sum of ``n`` such values lies in
 ``[-n L, n L]``; it decodes exactly as long as ``n L < 2^31`` (:func:`max_clients_for_bits`), which
 the config checks for its ``max_clients``. The step is ``c / L`` per coordinate per client, so the
-rounding error of a sum of ``n`` is at most ``n c / (2 L)``.
+rounding error of a sum of ``n`` is at most ``n c / (2 L)``. A ``scale`` in [0, 1] multiplies the
+clipped value before rounding (a weighted client's ``w / W``: protocols/federation/secure.py), so
+``|q| <= L`` and the bound above still hold.
 
 Rounding is to nearest (ties to even), deterministic: no randomness, so masking on and off give the
 same integers bit for bit.
@@ -30,13 +32,16 @@ def max_clients_for_bits(bits: int) -> int:
     return ((1 << (RING_BITS - 1)) - 1) // levels(bits)
 
 
-def quantise(update: np.ndarray, *, clip_value: float, bits: int) -> np.ndarray:
-    """Clip to [-clip_value, clip_value], round to ``bits``-bit signed integers, reduce into the ring
-    (int64 in [0, 2^32)). NaN is refused: a ValueError, not a silent zero."""
+def quantise(update: np.ndarray, *, clip_value: float, bits: int, scale: float = 1.0) -> np.ndarray:
+    """Clip to [-clip_value, clip_value], multiply by ``scale`` (in [0, 1]), round to ``bits``-bit
+    signed integers, reduce into the ring (int64 in [0, 2^32)). NaN is refused: a ValueError, not a
+    silent zero."""
     x = np.asarray(update, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError("an update to quantise must be finite")
-    scaled = np.clip(x, -clip_value, clip_value) * (levels(bits) / clip_value)
+    if not 0.0 <= scale <= 1.0:
+        raise ValueError(f"scale must be in [0, 1] (|q| <= L), not {scale}")
+    scaled = np.clip(x, -clip_value, clip_value) * (levels(bits) * scale / clip_value)
     return np.rint(scaled).astype(np.int64) & RING_MASK
 
 
