@@ -40,6 +40,8 @@ import torch
 
 from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
+from protocols.federation import distributed_dp
+from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
@@ -122,8 +124,9 @@ def quantise_update(delta: torch.Tensor, config: SecAggConfig) -> np.ndarray:
                     bits=config.bits)
 
 
-def mean_of_sum(ring_sum: np.ndarray, count: int, config: SecAggConfig, like: torch.Tensor) -> torch.Tensor:
-    """The unweighted mean update of ``count`` clients from their sum in the ring, as ``like``."""
+def mean_of_sum(ring_sum: np.ndarray, count: float, config: SecAggConfig, like: torch.Tensor) -> torch.Tensor:
+    """The unweighted mean update of ``count`` clients from their sum in the ring, as ``like``
+    (distributed DP: ``count`` is the expected cohort, not the survivors)."""
     total = dequantise_sum(ring_sum, clip_value=config.clip_value, bits=config.bits)
     return torch.from_numpy(total / count).to(like)
 
@@ -160,6 +163,10 @@ class SecureServer:
         self.round_index = -1
         self.machine: SecAggServer | None = None
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
+        # distributed DP (distributed_dp.py; the FedAvg server sets both): the clients' noise
+        # settings, and the open round's fixed denominator q N (None: divide by the survivors)
+        self.privacy: DifferentialPrivacyConfig | None = None
+        self.divide_by: float | None = None
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
         # round -> [(phase, seconds it took)], in order: the time each of the five rounds cost
         self.phase_s: dict[int, list[tuple[str, float]]] = {}
@@ -236,7 +243,8 @@ class SecureServer:
         self._retire()
         if result is None:
             return actions, SecureOutcome((), (), None, machine.failure)
-        self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like)
+        divisor = self.divide_by or len(result.survivors)
+        self.mean = mean_of_sum(result.ring_sum, divisor, self.config, self.like)
         return actions, SecureOutcome(result.survivors, result.dropped, self.mean)
 
     def _retire(self) -> None:
@@ -254,7 +262,8 @@ class SecureServer:
         if set(update.tensors) != {"q"} or values is None or values.dim() != 1 \
                 or values.numel() != self.like.numel() or values.dtype != torch.float32:
             raise BadParts("shape", "expected one float32 vector 'q' of the model's size")
-        limit = levels(self.config.bits)
+        limit = levels(self.config.bits) if self.privacy is None \
+            else distributed_dp.plain_limit(self.privacy, self.config)  # the noise share on top
         if not bool(torch.isfinite(values).all()) or bool((values.abs() > limit).any()) \
                 or not bool((values == values.round()).all()):
             raise BadParts("not_quantised", f"expected integers within +-{limit}")
@@ -269,7 +278,7 @@ class SecureServer:
         total = np.zeros(self.like.numel(), dtype=np.int64)
         for name in sorted(taken):
             total = (total + taken[name][0].to(torch.int64).numpy()) & RING_MASK
-        return mean_of_sum(total, len(taken), self.config, self.like)
+        return mean_of_sum(total, self.divide_by or len(taken), self.config, self.like)
 
 
 # ------------------------------------------------------------------ the client's side
@@ -293,6 +302,8 @@ class SecureClient:
         self.round_index = -1
         self.machine: SecAggClient | None = None
         self.counters: Counter[str] = Counter()
+        # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
+        self.privacy: DifferentialPrivacyConfig | None = None
 
     def drain(self) -> Counter[str]:
         counts, self.counters = self.counters, Counter()
@@ -328,7 +339,11 @@ class SecureClient:
 
     def upload(self, round_index: int, delta: torch.Tensor, num_samples: int, now_s: float) -> list[Action]:
         """After training: the masked input (when the shares are in), or a plain quantised update."""
-        quantised = quantise_update(delta, self.config)
+        if self.privacy is None:
+            quantised = quantise_update(delta, self.config)
+        else:  # distributed DP: clipped to C, quantised, plus this client's noise share
+            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index)
+            quantised = distributed_dp.noised_input(delta, self.privacy, self.config, noise)
         if not self.config.masking:
             signed = torch.from_numpy(to_signed(quantised)).to(torch.float32)
             return [Send((self.server,), ClientUpdate(round=round_index, num_samples=num_samples,
