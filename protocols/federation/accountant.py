@@ -16,6 +16,14 @@ filter below drops exactly those lines and nothing else.
 
 dp-accounting is imported when an accountant is made, not with this module: it takes about a
 second to import here, and every gateway and edge client imports protocols.federation.
+
+Distributed DP (under SecAgg, distributed_dp.py) is :class:`DistributedRoundAccountant`: a sum
+of discrete Gaussians is not a Gaussian, so dp-accounting has no event for it. One round's RDP
+is Kairouz, Liu and Steinke's bound (:func:`kls_epsilon`), Poisson sampling is Zhu and Wang's
+general amplification bound (:func:`poisson_subsampled_rdp`; dp-accounting's exact one is the
+Gaussian's only), both pure functions here; the composition over rounds and the conversion to
+(epsilon, delta) are dp-accounting's (``compute_epsilon``). Every step is an upper bound: see
+the functions and distributed_dp.round_epsilon for what is counted.
 """
 
 from __future__ import annotations

@@ -23,6 +23,12 @@ daemon both reach it through FedAvgServer / FedAvgClient, never directly).
   in the same ring: the baseline a masked run must equal bit for bit. The gateway reads every
   update then: it is for tests and comparisons, not privacy.
 
+Distributed DP (distributed_dp.py; ``privacy`` set by the FedAvg server and client from the
+federation config): the client's step between clipping and masking adds its noise share
+(``distributed_dp.noised_input`` instead of ``quantise_update``), and the gateway divides the
+decoded sum by ``divide_by``, the expected cohort ``q N``, instead of the survivors; masking off
+accepts integers up to ``distributed_dp.plain_limit`` (the noise on top of ``L``).
+
 Refusals and aborts of the secagg machines are added to the FedAvg server's / client's counters
 (``secagg_refused_<reason>``, ``secagg_abort_<reason>``, ``secagg_<counter>``) when their round
 ends or is replaced.

@@ -29,6 +29,10 @@ the expected cohort ``q N`` plus Gaussian noise, released even when few or none 
 (a round left out would tell how many took part). Adaptive clipping moves the clip norm after
 each round; ``epsilon``, the privacy spent so far at the configured ``delta``
 (protocols/federation/accountant.py), is in each round's report and in ``status``.
+With ``secure_aggregation`` on too, DP is distributed (protocols/federation/distributed_dp.py):
+the clients clip and noise their own updates, step 3 takes the SecAgg sum over ``q N`` (a round
+SecAgg could not sum releases the gateway's noise alone), and the accountant is
+``DistributedRoundAccountant``.
 
 4. After ``rounds`` rounds every registered client gets a ``RoundResult``
    with the final model, and ``Finished``; a client that registers later gets it
