@@ -41,6 +41,7 @@ from protocols.messages import SecAggMessage
 from protocols.secagg.fixedpoint import levels
 from protocols.secagg.local import Roster
 from protocols.secagg.messages import ShareKeys
+from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 
 GATEWAY = "gw"
@@ -262,3 +263,23 @@ def test_sensitivity_counts_the_rounding_of_every_coordinate() -> None:
     secure = SecureAggregationConfig(threshold=4, clip_value=2.0, bits=12)
     # Execute / Assert: C L / c + sqrt(d) / 2
     assert sensitivity_units(privacy, secure, 400) == pytest.approx(0.5 * 2047 / 2.0 + 10.0)
+
+
+def test_the_simulators_rows_and_report_carry_the_distributed_epsilon() -> None:
+    # Prepare: 10 digits-mlp clients, q = 0.5, t = 3, 3 rounds through sim/federation.py
+    data = ddp_scenario({"threshold": 3, "clip_value": 0.1, "max_clients": 10,
+                         "masked_input_timeout_s": 60.0}, {"clip_norm": 0.1})
+    data["federation"]["server"].update(rounds=3, local_epochs=1, round_timeout_s=400.0)
+    data.update(duration_s=5000.0, trainer={"lr": 0.1, "batch_size": 32},
+                links={"latency_ms": 5.0, "bandwidth_mbps": 100.0}, nodes={"step_time_ms": 10.0})
+    scenario = scenario_from_dict(data)
+    config = scenario.federation_config()
+    # Execute
+    result = run_scenario(scenario)
+    # Assert: every row's epsilon is the distributed accountant's for that many rounds, and so the report's
+    privacy, secure = config.differential_privacy, config.secure_aggregation
+    accountant = DistributedRoundAccountant(0.5, round_epsilon(privacy, secure, result.n_params), DELTA)
+    assert [row["epsilon"] for row in result.rounds] == [accountant.epsilon(r) for r in (1, 2, 3)]
+    assert any(row["closed_by"] == "secagg" for row in result.rounds)
+    assert result.metrics["epsilon"] == accountant.epsilon(3)
+    assert any("distributed under SecAgg" in note for note in result.notes)
