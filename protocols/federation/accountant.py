@@ -161,7 +161,13 @@ class DistributedRoundAccountant:
     addition over rounds, turned into epsilon by dp-accounting's ``compute_epsilon``.
 
     ``gateway_epsilon``: the same without amplification, per round a client took part in: the
-    gateway chooses the sample and sees who answers, so sampling hides nothing from it."""
+    gateway chooses the sample and sees who answers, so sampling hides nothing from it.
+
+    The approximation (not an upper bound in every respect): the amplified ``epsilon`` compares
+    a client's update added or not to the others' noise, as Kairouz et al.'s experiments do,
+    whereas a client that was not sampled also adds no noise share. ``gateway_epsilon`` has no
+    such gap: its neighbour replaces the client's update by zeros with its share still there,
+    which shifts the others' noise and nothing else."""
 
     def __init__(self, sampling_rate: float, round_epsilon: float, delta: float) -> None:
         self.sampling_rate = sampling_rate
