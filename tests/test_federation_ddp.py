@@ -33,7 +33,13 @@ from protocols.events import Action, Received, Send, SetTimer, Start, StartWork,
 from protocols.federation import FederationConfig, SecureAggregationConfig
 from protocols.federation.accountant import DistributedRoundAccountant, kls_epsilon, poisson_subsampled_rdp
 from protocols.federation.client import FedAvgClient
-from protocols.federation.distributed_dp import client_share_units, round_epsilon, sensitivity_units
+from protocols.federation.distributed_dp import (
+    client_share_units,
+    discrete_gaussian,
+    noise_generator,
+    round_epsilon,
+    sensitivity_units,
+)
 from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.secure import SecureClient, SecureServer, unwrap
 from protocols.federation.server import FedAvgServer
@@ -283,3 +289,15 @@ def test_the_simulators_rows_and_report_carry_the_distributed_epsilon() -> None:
     assert any(row["closed_by"] == "secagg" for row in result.rounds)
     assert result.metrics["epsilon"] == accountant.epsilon(3)
     assert any("distributed under SecAgg" in note for note in result.notes)
+
+
+def test_a_clients_noise_is_its_own_and_never_reused_across_rounds() -> None:
+    # Prepare
+    secret = hashlib.sha256(b"c00").digest()
+    draw = lambda key, run_id, r: discrete_gaussian(1000, 50.0, noise_generator(key, run_id, r))  # noqa: E731
+    # Execute / Assert: the same (secret, run, round) repeats (determinism in the simulator); any
+    # other round, run or secret gives other noise (a reused share would cancel in a difference)
+    assert torch.equal(draw(secret, "ddp", 3), draw(secret, "ddp", 3))
+    neighbour = hashlib.sha256(b"c01").digest()
+    others = [draw(secret, "ddp", 4), draw(secret, "other", 3), draw(neighbour, "ddp", 3)]
+    assert all(not torch.equal(draw(secret, "ddp", 3), other) for other in others)

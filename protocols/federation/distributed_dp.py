@@ -33,6 +33,9 @@ Canonne, Kamath and Steinke 2020); it decodes exactly while ``|sum| < 2^31``. Th
 ``n L + TAIL_SIGMAS sigma_i sqrt(n) < 2^31`` at ``n = max_clients``: the noise passes
 ``TAIL_SIGMAS`` of its deviations with probability at most ``2 exp(-TAIL_SIGMAS^2 / 2)``
 (about 4e-22 per coordinate and round at 10), so a wrap is negligible at any model size.
+
+Accounting: :func:`round_epsilon` is one round's bound (Kairouz et al.'s, for the others'
+shares), composed with Poisson sampling by accountant.DistributedRoundAccountant.
 """
 
 from __future__ import annotations
