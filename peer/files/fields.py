@@ -160,7 +160,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "
-          "RDP accountant over the rounds closed; `inf` without noise)"),
+          "RDP accountant over the rounds closed; distributed: Kairouz et al.'s bound, sampled by Zhu and "
+          "Wang's, composed and converted by dp-accounting; `inf` without noise)"),
     Field("federation.privacy.delta", "", "gauge", "the delta epsilon is stated at"),
     Field("federation.privacy.noise_multiplier", "", "gauge", "z: the noise's standard deviation over the "
           "clip norm"),

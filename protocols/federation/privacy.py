@@ -49,7 +49,8 @@ from protocols.rng import derive_seed
 
 @dataclass(frozen=True, kw_only=True)
 class DifferentialPrivacyConfig:
-    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway).
+    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway;
+    distributed, by the clients, when ``[federation.secure_aggregation]`` is on too: distributed_dp.py).
 
     While on, ``sampling_rate`` replaces ``[federation] fraction``, every round aggregates (noise
     alone when nobody answered: ``min_updates`` does not apply), clients' sample counts are not
