@@ -529,7 +529,16 @@ class FederationRun:
         self.result.notes.append(f"client-level DP: epsilon = {epsilon:.3g} at delta = {dp.delta:g} after "
                                  f"{rounds} rounds (noise multiplier {dp.noise_multiplier:g}, sampling rate "
                                  f"{dp.sampling_rate:g}, clip norm {dp.clip_norm:g}"
-                                 f"{', adaptive' if dp.adaptive else ''})")
+                                 f"{', adaptive' if dp.adaptive else ''}"
+                                 f"{self._distributed_words()})")
+
+    def _distributed_words(self) -> str:
+        secure = self.config.secure_aggregation
+        if secure is None:
+            return ""
+        return (f"; distributed under SecAgg: each client adds its discrete Gaussian share, calibrated "
+                f"to t + 1 = {secure.threshold + 1} survivors, and the sum is divided by q N, not by "
+                "the survivors")
 
 
 def _spread(vectors: list[torch.Tensor]) -> float:

@@ -352,7 +352,7 @@ def test_a_restored_server_keeps_its_clip_norm_and_epsilon() -> None:
     assert restored.epsilon() == server.epsilon() == RoundAccountant(0.1, 1.0, 1e-5).epsilon(3)
 
 
-# ---------------------------------------------------------------- distributed DP's shares (unwired)
+# ---------------------------------------------------------------- distributed DP's shares (wired)
 
 
 def test_discrete_gaussian_has_the_discrete_gaussians_shape_and_variance() -> None:

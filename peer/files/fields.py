@@ -160,7 +160,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "
-          "RDP accountant over the rounds closed; `inf` without noise)"),
+          "RDP accountant over the rounds closed; distributed: Kairouz et al.'s bound, sampled by Zhu and "
+          "Wang's, composed and converted by dp-accounting; `inf` without noise)"),
     Field("federation.privacy.delta", "", "gauge", "the delta epsilon is stated at"),
     Field("federation.privacy.noise_multiplier", "", "gauge", "z: the noise's standard deviation over the "
           "clip norm"),
@@ -169,6 +170,11 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.privacy.clip_norm", "", "gauge", "C: the clip norm of a client's update now "
           "(adaptive clipping moves it)"),
     Field("federation.privacy.rounds_accounted", "rounds", "counter", "rounds the accountant has composed"),
+    Field("federation.privacy.mechanism", "", "text", "central (the gateway adds the noise) or distributed "
+          "(with `[federation.secure_aggregation]`: each client adds a discrete Gaussian share)"),
+    Field("federation.privacy.epsilon_vs_gateway_per_round", "", "gauge", "distributed only: epsilon against "
+          "the gateway for each round a client takes part in (not amplified by sampling: the gateway sees "
+          "who takes part)"),
     Field("federation.clients", "", "nested", "per edge client, the rows `federation.clients.*` below "
           "(status.json only)"),
     Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "

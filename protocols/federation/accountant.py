@@ -16,12 +16,21 @@ filter below drops exactly those lines and nothing else.
 
 dp-accounting is imported when an accountant is made, not with this module: it takes about a
 second to import here, and every gateway and edge client imports protocols.federation.
+
+Distributed DP (under SecAgg, distributed_dp.py) is :class:`DistributedRoundAccountant`: a sum
+of discrete Gaussians is not a Gaussian, so dp-accounting has no event for it. One round's RDP
+is Kairouz, Liu and Steinke's bound (:func:`kls_epsilon`), Poisson sampling is Zhu and Wang's
+general amplification bound (:func:`poisson_subsampled_rdp`; dp-accounting's exact one is the
+Gaussian's only), both pure functions here; the composition over rounds and the conversion to
+(epsilon, delta) are dp-accounting's (``compute_epsilon``). Every step is an upper bound: see
+the functions and distributed_dp.round_epsilon for what is counted.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,4 +92,119 @@ class RoundAccountant:
 
         rdp_so_far = np.asarray(self._rdp, dtype=np.float64) * rounds
         epsilon, _ = rdp_privacy_accountant.compute_epsilon(self._orders, rdp_so_far, self.delta)
+        return float(epsilon)
+
+
+# ------------------------------------------------------------------ distributed DP (under SecAgg)
+
+INTEGER_ORDERS: tuple[int, ...] = (*range(2, 64), 80, 96, 128, 192, 256, 512)
+
+
+def kls_epsilon(*, sensitivity: float, share_stddev: float, summands: int, numel: int,
+                tau_summands: int) -> float:
+    """Kairouz, Liu and Steinke 2021 (Theorem 1): ``summands`` independent N_Z(0, s^2) per
+    coordinate of ``numel``, summed, hide an integer shift of L2 norm ``sensitivity`` with
+    Renyi divergence at most ``alpha eps^2 / 2`` at every order alpha (eps^2/2-concentrated DP),
+
+        eps = min(sqrt(D^2 / (n s^2) + tau d / 2),  D / (sqrt(n) s) + tau sqrt(d)),
+        tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k / (k + 1)),
+
+    for s >= 1/2. The first term is the Gaussian's (a sum of discrete Gaussians is not one);
+    tau is what the sum lacks, vanishing once s is more than a few units. ``tau_summands`` >=
+    ``summands`` makes tau an upper bound for any larger cohort (tau grows with n, the main
+    term falls), so one eps covers every cohort of at least ``summands``. Infinite for s = 0."""
+    if share_stddev == 0:
+        return math.inf
+    if share_stddev < 0.5:
+        raise ValueError(f"the bound needs a share of at least 1/2 unit, not {share_stddev}")
+    if summands < 1 or tau_summands < summands:
+        raise ValueError(f"need 1 <= summands <= tau_summands, not {summands}, {tau_summands}")
+    s2 = share_stddev ** 2
+    tau = 10.0 * sum(math.exp(-2 * math.pi ** 2 * s2 * k / (k + 1)) for k in range(1, tau_summands))
+    main = sensitivity / (math.sqrt(summands) * share_stddev)
+    return min(math.sqrt(main ** 2 + tau * numel / 2), main + tau * math.sqrt(numel))
+
+
+def poisson_subsampled_rdp(rdp: Callable[[int], float], rate: float, order: int) -> float:
+    """Zhu and Wang 2019 ("Poisson Subsampled Renyi Differential Privacy", Theorem 6): the RDP at
+    integer ``order`` >= 2 of any mechanism of RDP ``rdp(.)`` run on a Poisson sample of ``rate``,
+
+        1/(a-1) log[(1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^rdp(2)
+                    + 3 sum_{l=3}^a C(a,l) q^l (1-q)^(a-l) e^((l-1) rdp(l))],
+
+    an upper bound for every mechanism (the exact one dp-accounting computes exists for the
+    Gaussian only). Never above ``rdp(order)`` itself (sampling never hurts: quasi-convexity)."""
+    if order < 2:
+        raise ValueError(f"the bound is for integer orders >= 2, not {order}")
+    if rate >= 1.0:
+        return rdp(order)
+    a, q = order, rate
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    terms = [(a - 1) * log_1q + math.log(a * q - q + 1),
+             _log_comb(a, 2) + 2 * log_q + (a - 2) * log_1q + rdp(2)]
+    terms += [math.log(3) + _log_comb(a, j) + j * log_q + (a - j) * log_1q + (j - 1) * rdp(j)
+              for j in range(3, a + 1)]
+    top = max(terms)
+    bound = (top + math.log(sum(math.exp(t - top) for t in terms))) / (a - 1)
+    return min(bound, rdp(order))
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+class DistributedRoundAccountant:
+    """(epsilon, delta) after rounds of distributed DP: each round a Poisson sample of ``rate``
+    whose released sum hides any one client behind the distributed discrete Gaussian of the
+    others (Kairouz et al.'s eps per round, :func:`kls_epsilon`), amplified by Zhu and Wang's
+    general Poisson bound (:func:`poisson_subsampled_rdp`) at integer orders, composed by
+    addition over rounds, turned into epsilon by dp-accounting's ``compute_epsilon``.
+
+    ``gateway_epsilon``: the same without amplification, per round a client took part in: the
+    gateway chooses the sample and sees who answers, so sampling hides nothing from it.
+
+    The approximation (not an upper bound in every respect): the amplified ``epsilon`` compares
+    a client's update added or not to the others' noise, as Kairouz et al.'s experiments do,
+    whereas a client that was not sampled also adds no noise share. ``gateway_epsilon`` has no
+    such gap: its neighbour replaces the client's update by zeros with its share still there,
+    which shifts the others' noise and nothing else."""
+
+    def __init__(self, sampling_rate: float, round_epsilon: float, delta: float) -> None:
+        self.sampling_rate = sampling_rate
+        self.round_epsilon = round_epsilon  # Kairouz et al.'s eps: RDP alpha eps^2 / 2 per round
+        self.delta = delta
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        _quiet_unconverged_orders()
+        # Zhu and Wang's bound holds at integer orders; unsampled, the curve holds at every order
+        self._full_orders = tuple(rdp_privacy_accountant.RdpAccountant().orders)
+        self._orders: tuple[float, ...] = INTEGER_ORDERS if sampling_rate < 1 else self._full_orders
+        self._rdp = np.zeros(len(self._orders))
+        if math.isfinite(round_epsilon):
+            sampled = sampling_rate < 1
+            self._rdp = np.array([poisson_subsampled_rdp(self._curve, sampling_rate, int(a)) if sampled
+                                  else self._curve(a) for a in self._orders])
+
+    def _curve(self, order: float) -> float:
+        return order * self.round_epsilon ** 2 / 2
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at ``delta`` after ``rounds`` rounds (0: none spent; no noise: infinite)."""
+        return self._epsilon(rounds, self._orders, self._rdp)
+
+    def gateway_epsilon(self, participations: int) -> float:
+        """Epsilon against the gateway after a client took part in ``participations`` rounds."""
+        return self._epsilon(participations, self._full_orders,
+                             np.array([self._curve(a) for a in self._full_orders]))
+
+    def _epsilon(self, rounds: int, orders: tuple[float, ...], rdp: np.ndarray) -> float:
+        if rounds < 0:
+            raise ValueError(f"rounds must be >= 0, not {rounds}")
+        if rounds == 0:
+            return 0.0
+        if not math.isfinite(self.round_epsilon):
+            return math.inf
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, rdp * rounds, self.delta)
         return float(epsilon)

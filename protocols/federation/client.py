@@ -69,6 +69,8 @@ class FedAvgClient(Counted):
                              "SecureClient) and secure= needs it: this driver does not wire it")
         # the hooks below hand it RoundStart, its messages and the trained delta
         self.secure = secure
+        if secure is not None:  # distributed DP: its noise share goes in before masking
+            secure.privacy = config.differential_privacy
         if params.dim() != 1 or not params.is_floating_point():
             raise ValueError(f"params must be the trainer's flat 1-D float tensor, got {tuple(params.shape)}")
         if num_samples < 1 or steps_per_epoch < 1:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from protocols.compress import SpecError, from_spec
+from protocols.federation.distributed_dp import check_ring
 from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.secure import SecureAggregationConfig
 from protocols.federation.server_opt import ServerOptConfig
@@ -129,10 +130,8 @@ class FederationConfig:
             default = " (federation.uplink defaults to qsgd:bits=8: set uplink = \"identity\")" \
                 if self.uplink == "qsgd:bits=8" else ""
             raise ValueError(f"{error}{default}") from None
-        if self.differential_privacy is not None:
-            raise ValueError("federation.secure_aggregation cannot be used with "
-                             "federation.differential_privacy yet: central DP needs each update at the "
-                             "gateway (distributed DP is to come)")
+        if self.differential_privacy is not None:  # distributed DP: the clients add the noise
+            check_ring(self.differential_privacy, secure)
         if self.aggregator not in ("fedavg", "mean"):
             raise ValueError(f"federation.aggregator {self.aggregator!r} cannot be used with "
                              "secure_aggregation: the gateway sees only the sum (use fedavg or mean)")

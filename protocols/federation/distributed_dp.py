@@ -1,28 +1,144 @@
-"""Distributed DP's noise shares (not wired yet): what each client adds under secure aggregation.
+"""Distributed DP under secure aggregation: what each client adds, and what the ring must hold.
 
 Under SecAgg the gateway sees only the sum, so it cannot add the noise itself: each client adds a
 share before masking, and the shares sum to the noise the round needs. The sum lives in the
 ring Z_2^32 (protocols/secagg/), so the noise must be integer: the distributed discrete Gaussian
 (Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism for Federated
-Learning with Secure Aggregation"). Each client draws N_Z(0, sigma_i^2) per coordinate
-(:func:`discrete_gaussian`), with ``sigma_i`` from :func:`share_stddev`.
+Learning with Secure Aggregation"). A client (:func:`noised_input`):
+
+1. clips its delta to L2 norm ``C`` (privacy.clip; fixed C: adaptive clipping is refused under
+   SecAgg, its covered-or-not bit would need a secure sum of its own);
+2. quantises it into the ring (secagg.fixedpoint: ``L / c`` ring units per update unit, ``L`` the
+   ``bits``' levels, ``c`` the ``clip_value``; rounding to nearest, as without DP);
+3. adds ``N_Z(0, sigma_i^2)`` per coordinate (:func:`discrete_gaussian`), ``sigma_i`` =
+   :func:`client_share_units`, drawn from a generator only the client can seed
+   (:func:`noise_generator`: from the client's own 32-byte SecAgg secret, which the daemon draws
+   from the OS and the simulator derives per client from the scenario's seed);
+
+then masks and sends it. The gateway decodes the sum and divides it by the *expected* cohort
+``m = q N`` (as central DP does), so the mean's noise is ``z C / m`` when exactly the smallest
+cohort that can survive answers.
 
 Why the smallest cohort that can survive: a client cannot know how many others will still be
-there when the sum is unmasked. Calibrating its share to ``min_survivors`` (SecAgg's threshold
-t, at most the cohort) makes the noise of any cohort that completes at least the target; a
-larger surviving cohort only adds noise (more privacy, less accuracy).
+there when the sum is unmasked. The gateway unmasks only with at least ``t + 1`` masked inputs
+(secagg/server.py), so each share is calibrated to ``t + 1`` survivors
+(:func:`share_stddev`): any round that completes carries at least the target noise; a larger
+surviving cohort only adds noise (more privacy, less accuracy: ``sqrt(survivors / (t + 1))``
+times the target). ``t`` must therefore be fixed in the config (``secure_aggregation.threshold``):
+the automatic one depends on how many advertised keys, which a client learns only later.
 
-What is left for the wiring: the clients' own clipping and scaling into the ring (the noise is
-in the same integer units), and accounting for a sum of discrete Gaussians, which is close to,
-not exactly, a discrete Gaussian (Kairouz et al.'s bound; dp-accounting has no event for it, so
-the accountant must be given their RDP bound, not this module's Gaussian event).
+The ring (:func:`check_ring`): a sum of ``n`` clients is ``sum q_i + sum e_i`` with ``|q_i| <=
+L`` and the noise ``n sigma_i^2``-sub-Gaussian (a discrete Gaussian is ``sigma^2``-sub-Gaussian:
+Canonne, Kamath and Steinke 2020); it decodes exactly while ``|sum| < 2^31``. The check asks
+``n L + TAIL_SIGMAS sigma_i sqrt(n) < 2^31`` at ``n = max_clients``: the noise passes
+``TAIL_SIGMAS`` of its deviations with probability at most ``2 exp(-TAIL_SIGMAS^2 / 2)``
+(about 4e-22 per coordinate and round at 10), so a wrap is negligible at any model size.
+
+Accounting: :func:`round_epsilon` is one round's bound (Kairouz et al.'s, for the others'
+shares), composed with Poisson sampling by accountant.DistributedRoundAccountant.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+
+from protocols.federation.privacy import DifferentialPrivacyConfig, clip
+from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, levels, quantise
+
+if TYPE_CHECKING:  # secure.py imports this module
+    from protocols.federation.secure import SecureAggregationConfig
+
+TAIL_SIGMAS = 10.0  # the ring holds the noise to this many deviations: 2 exp(-50) ~ 4e-22 a coordinate
+PLAIN_EXACT = 1 << 24  # masking off: integers travel as float32, exact below 2^24
+
+
+def ring_units(secure: SecureAggregationConfig) -> float:
+    """Ring units per update unit: ``L / c`` (secagg.fixedpoint's scale)."""
+    return levels(secure.bits) / secure.clip_value
+
+
+def min_survivors(secure: SecureAggregationConfig) -> int:
+    """The smallest cohort whose sum the gateway unmasks: ``t + 1`` (t fixed: check_ring)."""
+    return secure.threshold + 1
+
+
+def client_share_units(privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig) -> float:
+    """sigma_i, one client's noise share in ring units: ``z C L / c / sqrt(t + 1)``."""
+    total = privacy.noise_multiplier * privacy.clip_norm * ring_units(secure)
+    return share_stddev(total, min_survivors(secure))
+
+
+def sensitivity_units(privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig,
+                      numel: int) -> float:
+    """The L2 norm one client's quantised update can have, in ring units: ``C L / c + sqrt(d) / 2``
+    (the clipped update scaled, plus rounding to nearest, which moves each of the ``d`` coordinates
+    by 1/2 at most; the per-coordinate clip to ``c`` only shortens it). An all-zero update
+    quantises to zeros, so this bounds what one client's data moves the sum by."""
+    return privacy.clip_norm * ring_units(secure) + math.sqrt(numel) / 2
+
+
+def check_ring(privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig) -> None:
+    """Refuse (ValueError naming the keys) what distributed DP cannot run with: adaptive clipping,
+    an automatic threshold, a share below half a ring unit (Kairouz et al.'s bound needs sigma >=
+    1/2), and bits, clients and noise that could wrap the ring (module docstring)."""
+    if privacy.adaptive:
+        raise ValueError("federation.differential_privacy.target_quantile must be 0 (fixed clipping) with "
+                         "secure_aggregation: adaptive clipping counts the updates within C, and under "
+                         "SecAgg that bit would need a secure sum of its own (not built)")
+    if secure.threshold == 0:
+        raise ValueError("secure_aggregation.threshold must be set (>= 2) with differential_privacy: each "
+                         "client calibrates its noise share to the t + 1 survivors the gateway needs, "
+                         "and the automatic t depends on who advertises keys, known only later")
+    if min_survivors(secure) > secure.max_clients:
+        raise ValueError(f"secure_aggregation.threshold = {secure.threshold} needs more survivors than "
+                         f"max_clients = {secure.max_clients}")
+    share = client_share_units(privacy, secure)
+    if privacy.noise_multiplier > 0 and share < 0.5:
+        raise ValueError(f"differential_privacy: each client's noise share would be {share:.3g} ring "
+                         "units, below the 1/2 the distributed discrete Gaussian's accounting needs; "
+                         "raise secure_aggregation.bits or differential_privacy.noise_multiplier")
+    n, limit = secure.max_clients, levels(secure.bits)
+    reach = n * limit + TAIL_SIGMAS * share * math.sqrt(n)
+    if reach >= 1 << (RING_BITS - 1):
+        raise ValueError(
+            f"secure_aggregation: {n} clients of {secure.bits} bits, each adding noise of {share:.4g} ring "
+            f"units, can wrap the {RING_BITS}-bit ring ({n} x {limit} + {TAIL_SIGMAS:g} x {share:.4g} x "
+            f"sqrt({n}) = {reach:.4g} >= 2^31); lower bits, max_clients or the noise")
+    if not secure.masking and limit + TAIL_SIGMAS * share >= PLAIN_EXACT:
+        raise ValueError(f"secure_aggregation: with masking = false a noised update ({limit} + "
+                         f"{TAIL_SIGMAS:g} x {share:.4g}) would not travel exactly as float32 (< 2^24); "
+                         "lower bits or the noise")
+
+
+def plain_limit(privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig) -> int:
+    """Masking off: the largest magnitude a noised plain update may carry (the gateway's check)."""
+    return levels(secure.bits) + math.ceil(TAIL_SIGMAS * client_share_units(privacy, secure))
+
+
+def noise_generator(client_secret: bytes, run_id: str, round_index: int) -> torch.Generator:
+    """The client's noise for one round, keyed by its own secret (the gateway cannot derive it).
+
+    SHA-256 of (secret, run id, round) seeds torch's Mersenne Twister: a statistical generator,
+    not a cryptographic one; its draws are only ever seen masked inside the sum."""
+    digest = hashlib.sha256(b"ddp-noise\x00" + client_secret + b"\x00" + run_id.encode() + b"\x00"
+                            + str(round_index).encode()).digest()
+    generator = torch.Generator()
+    generator.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return generator
+
+
+def noised_input(delta: torch.Tensor, privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig,
+                 generator: torch.Generator) -> np.ndarray:
+    """A client's delta clipped to ``C``, quantised into the ring and noised: int64 in [0, 2^32)."""
+    clipped, _ = clip(delta.detach().to("cpu", torch.float64), privacy.clip_norm)
+    quantised = quantise(clipped.numpy(), clip_value=secure.clip_value, bits=secure.bits)
+    noise = discrete_gaussian(quantised.size, client_share_units(privacy, secure), generator).numpy()
+    return (quantised + noise) & RING_MASK
 
 
 def share_stddev(total_stddev: float, min_survivors: int) -> float:
@@ -67,3 +183,18 @@ def _geometric(count: int, t: int, generator: torch.Generator) -> torch.Tensor:
     """Failures before a success of probability 1 - exp(-1/t): floor(-t log U), U in (0, 1]."""
     uniform = 1.0 - torch.rand(count, generator=generator, dtype=torch.float64)
     return torch.floor(-t * torch.log(uniform)).to(torch.int64)
+
+
+def round_epsilon(privacy: DifferentialPrivacyConfig, secure: SecureAggregationConfig, numel: int) -> float:
+    """Kairouz et al.'s eps for one round (accountant.kls_epsilon; RDP ``alpha eps^2 / 2``), for
+    the client it protects: the noise counted is the *others'* shares only, at least ``t`` of them
+    (the client's own share is its own, and counted as known to whoever attacks it), against the
+    rounding-inflated sensitivity (:func:`sensitivity_units`); tau is taken at ``max_clients``
+    summands, so the bound holds for every cohort the gateway can unmask. Infinite for z = 0."""
+    from protocols.federation.accountant import kls_epsilon
+
+    share = client_share_units(privacy, secure)
+    if share == 0:
+        return math.inf
+    return kls_epsilon(sensitivity=sensitivity_units(privacy, secure, numel), share_stddev=share,
+                       summands=secure.threshold, numel=numel, tau_summands=secure.max_clients)

@@ -28,10 +28,12 @@ Randomness: every draw comes from a generator keyed by (secret seed, gateway, ro
 it from the OS, the simulator derives it from the scenario's seed): the federation config's
 ``seed`` is shared with every client and would let them subtract the noise.
 
-Distributed DP under secure aggregation (not wired yet): each client adds its share of the
-noise before masking, in the ring, so the mechanism must be discrete;
-:func:`discrete_gaussian_share_stddev` calibrates a share to the smallest cohort that can
-survive a round and :func:`discrete_gaussian` draws it.
+Distributed DP, when ``[federation.secure_aggregation]`` is on too (distributed_dp.py): the
+gateway sees only the sum, so each client clips its own update to ``C`` and adds its share of
+the noise before masking, in the ring (a discrete Gaussian, calibrated to the smallest cohort
+the gateway can unmask); the gateway divides the sum by ``q N`` as here and adds nothing, except
+in a round SecAgg could not sum, which releases the gateway's noise alone (as an empty round
+does here). Sampling is this module's Poisson draw; adaptive clipping is refused there.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from protocols.rng import derive_seed
 
 @dataclass(frozen=True, kw_only=True)
 class DifferentialPrivacyConfig:
-    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway).
+    """``[federation.differential_privacy]``: present = client-level DP on (central, at the gateway;
+    distributed, by the clients, when ``[federation.secure_aggregation]`` is on too: distributed_dp.py).
 
     While on, ``sampling_rate`` replaces ``[federation] fraction``, every round aggregates (noise
     alone when nobody answered: ``min_updates`` does not apply), clients' sample counts are not

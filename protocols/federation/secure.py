@@ -37,6 +37,14 @@ daemon both reach it through FedAvgServer / FedAvgClient, never directly).
   and weights <= 2^24) and summed in the same ring: the baseline a masked run must equal bit for
   bit. The gateway reads every update then: it is for tests and comparisons, not privacy.
 
+Distributed DP (distributed_dp.py; ``privacy`` set by the FedAvg server and client from the
+federation config): the client's step between clipping and masking adds its noise share
+(``distributed_dp.noised_input`` instead of ``quantise_update``), and the gateway divides the
+decoded sum by ``divide_by``, the expected cohort ``q N``, instead of the summed weight: DP-FedAvg's
+fixed denominator, so every client weighs 1 (its update unscaled, its weight element 1, never
+noised) whatever ``weight_cap_samples`` says; masking off accepts integers up to
+``distributed_dp.plain_limit`` (the noise on top of ``L``) and a weight of 1 only.
+
 Refusals and aborts of the secagg machines are added to the FedAvg server's / client's counters
 (``secagg_refused_<reason>``, ``secagg_abort_<reason>``, ``secagg_<counter>``) when their round
 ends or is replaced.
@@ -56,6 +64,8 @@ import torch
 
 from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
+from protocols.federation import distributed_dp
+from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
@@ -161,17 +171,22 @@ def quantise_update(delta: torch.Tensor, weight: int, config: SecureAggregationC
     return np.append(scaled, np.int64(weight))
 
 
-def mean_of_sum(ring_sum: np.ndarray, count: int, config: SecureAggregationConfig,
-                like: torch.Tensor) -> torch.Tensor | None:
+def mean_of_sum(ring_sum: np.ndarray, count: int, config: SecureAggregationConfig, like: torch.Tensor,
+                divide_by: float | None = None) -> torch.Tensor | None:
     """The weighted mean update of ``count`` clients from their sum in the ring, as ``like``: the
     summed scaled updates times ``weight_cap_samples`` over the summed weight (the last element).
     None when that summed weight is not one ``count`` clients can have sent, [count, count W]: a
-    client put something else in its weight's place, and the sum means nothing."""
+    client put something else in its weight's place, and the sum means nothing.
+
+    Distributed DP (``divide_by``, the expected cohort q N): every client weighs 1 and its update is
+    not scaled, so the summed weight must be ``count`` and the sum is divided by ``divide_by``."""
     total_weight = int(to_signed(ring_sum[-1:])[0])
-    cap = config.weight_cap_samples
+    cap = 1 if divide_by is not None else config.weight_cap_samples
     if not count <= total_weight <= count * cap:
         return None
     total = dequantise_sum(ring_sum[:-1], clip_value=config.clip_value, bits=config.bits)
+    if divide_by is not None:
+        return torch.from_numpy(total / divide_by).to(like)
     return torch.from_numpy(total * cap / total_weight).to(like)  # cap 1: total / count, as unweighted
 
 
@@ -232,6 +247,10 @@ class SecureServer:
         self.round_index = -1
         self.machine: SecAggServer | None = None
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
+        # distributed DP (distributed_dp.py; the FedAvg server sets both): the clients' noise
+        # settings, and the open round's fixed denominator q N (None: divide by the survivors)
+        self.privacy: DifferentialPrivacyConfig | None = None
+        self.divide_by: float | None = None
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
         # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
         self.costs: dict[str, PhaseCost] = {}
@@ -320,7 +339,8 @@ class SecureServer:
         self._retire()
         if result is None:
             return actions, SecureOutcome((), (), None, machine.failure)
-        self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like)
+        self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like,
+                                self.divide_by)
         if self.mean is None:  # a client put something else than its weight in the last element
             self.counters["secagg_bad_weight_sum"] += 1
             return actions, SecureOutcome((), (), None, "bad_weight_sum")
@@ -359,12 +379,14 @@ class SecureServer:
         if set(update.tensors) != {"q"} or values is None or values.dim() != 1 \
                 or values.numel() != self.like.numel() + 1 or values.dtype != torch.float32:
             raise BadParts("shape", "expected one float32 vector 'q' of the model's size plus its weight")
-        limit = levels(self.config.bits)
+        limit = levels(self.config.bits) if self.privacy is None \
+            else distributed_dp.plain_limit(self.privacy, self.config)  # the noise share on top
         if not bool(torch.isfinite(values).all()) or bool((values[:-1].abs() > limit).any()) \
                 or not bool((values == values.round()).all()):
             raise BadParts("not_quantised", f"expected integers within +-{limit}")
-        if not 1 <= float(values[-1]) <= self.config.weight_cap_samples:
-            raise BadParts("bad_weight", f"expected a weight in [1, {self.config.weight_cap_samples}]")
+        weight_max = 1 if self.privacy is not None else self.config.weight_cap_samples  # DP: all weigh 1
+        if not 1 <= float(values[-1]) <= weight_max:
+            raise BadParts("bad_weight", f"expected a weight in [1, {weight_max}]")
         return values
 
     def aggregate(self, taken: Mapping[str, tuple[torch.Tensor, int]]) -> torch.Tensor:
@@ -376,7 +398,7 @@ class SecureServer:
         total = np.zeros(self.like.numel() + 1, dtype=np.int64)
         for name in sorted(taken):
             total = (total + taken[name][0].to(torch.int64).numpy()) & RING_MASK
-        mean = mean_of_sum(total, len(taken), self.config, self.like)
+        mean = mean_of_sum(total, len(taken), self.config, self.like, self.divide_by)
         assert mean is not None, "decode_update checked every weight"
         return mean
 
@@ -402,6 +424,8 @@ class SecureClient:
         self.round_index = -1
         self.machine: SecAggClient | None = None
         self.counters: Counter[str] = Counter()
+        # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
+        self.privacy: DifferentialPrivacyConfig | None = None
 
     def drain(self) -> Counter[str]:
         counts, self.counters = self.counters, Counter()
@@ -437,7 +461,12 @@ class SecureClient:
 
     def upload(self, round_index: int, delta: torch.Tensor, num_samples: int, now_s: float) -> list[Action]:
         """After training: the masked input (when the shares are in), or a plain quantised update."""
-        quantised = quantise_update(delta, ring_weight(num_samples, self.config), self.config)
+        if self.privacy is None:
+            quantised = quantise_update(delta, ring_weight(num_samples, self.config), self.config)
+        else:  # distributed DP: clipped to C, quantised, plus this client's noise share; weight 1
+            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index)
+            quantised = np.append(distributed_dp.noised_input(delta, self.privacy, self.config, noise),
+                                  np.int64(1))
         if not self.config.masking:
             signed = torch.from_numpy(to_signed(quantised)).to(torch.float32)
             return [Send((self.server,), ClientUpdate(round=round_index, num_samples=num_samples,

@@ -29,6 +29,10 @@ the expected cohort ``q N`` plus Gaussian noise, released even when few or none 
 (a round left out would tell how many took part). Adaptive clipping moves the clip norm after
 each round; ``epsilon``, the privacy spent so far at the configured ``delta``
 (protocols/federation/accountant.py), is in each round's report and in ``status``.
+With ``secure_aggregation`` on too, DP is distributed (protocols/federation/distributed_dp.py):
+the clients clip and noise their own updates, step 3 takes the SecAgg sum over ``q N`` (a round
+SecAgg could not sum releases the gateway's noise alone), and the accountant is
+``DistributedRoundAccountant``.
 
 4. After ``rounds`` rounds every registered client gets a ``RoundResult``
    with the final model, and ``Finished``; a client that registers later gets it
@@ -81,8 +85,8 @@ from protocols.events import (
     SetTimer,
     TimerFired,
 )
-from protocols.federation import privacy
-from protocols.federation.accountant import RoundAccountant, epsilon_json
+from protocols.federation import distributed_dp, privacy
+from protocols.federation.accountant import DistributedRoundAccountant, RoundAccountant, epsilon_json
 from protocols.federation.common import combine, sample
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureOutcome, SecureServer
@@ -159,7 +163,7 @@ class FedAvgServer(FederationServer):
         self.opened_at_s = 0.0
         # differential privacy (None: off)
         self.privacy = config.differential_privacy
-        self.accountant: RoundAccountant | None = None
+        self.accountant: RoundAccountant | DistributedRoundAccountant | None = None
         self.dp_clip_norm = 0.0  # C for the next round closed (adaptive clipping moves it)
         self.expected = 0.0  # the open round's expected cohort q N: the mean's fixed denominator
         if self.privacy is not None:
@@ -167,15 +171,23 @@ class FedAvgServer(FederationServer):
                 raise ValueError("differential privacy needs the gateway's secret_seed: the federation's "
                                  "seed is shared with every client")
             self.secret_seed = secret_seed
-            self.accountant = RoundAccountant(self.privacy.sampling_rate, self.privacy.noise_multiplier,
-                                              self.privacy.delta)
             self.dp_clip_norm = self.privacy.clip_norm
+            if config.secure_aggregation is None:
+                self.accountant = RoundAccountant(self.privacy.sampling_rate, self.privacy.noise_multiplier,
+                                                  self.privacy.delta)
+            else:  # distributed DP: the clients' discrete noise shares (distributed_dp.py)
+                self.accountant = DistributedRoundAccountant(
+                    self.privacy.sampling_rate,
+                    distributed_dp.round_epsilon(self.privacy, config.secure_aggregation, params.numel()),
+                    self.privacy.delta)
         # secure aggregation (None: off): the hooks below hand it the round's open, its messages and
         # timers, the updates' decoding and the aggregate; the logic is protocols/federation/secure.py
         if (config.secure_aggregation is None) != (secure is None):
             raise ValueError("federation.secure_aggregation needs the server's secure side (secure=, a "
                              "SecureServer) and secure= needs it: this driver does not wire it")
         self.secure = secure
+        if secure is not None:
+            secure.privacy = self.privacy
 
     @property
     def finished(self) -> bool:
@@ -222,9 +234,13 @@ class FedAvgServer(FederationServer):
         if self.privacy is None or epsilon is None:
             return {}
         dp = self.privacy
-        return {"epsilon": epsilon_json(epsilon), "delta": dp.delta,
-                "noise_multiplier": dp.noise_multiplier, "sampling_rate": dp.sampling_rate,
-                "clip_norm": self.dp_clip_norm, "rounds_accounted": self.round}
+        status = {"epsilon": epsilon_json(epsilon), "delta": dp.delta,
+                  "noise_multiplier": dp.noise_multiplier, "sampling_rate": dp.sampling_rate,
+                  "clip_norm": self.dp_clip_norm, "rounds_accounted": self.round,
+                  "mechanism": "central" if self.secure is None else "distributed"}
+        if isinstance(self.accountant, DistributedRoundAccountant):  # the gateway sees who takes part
+            status["epsilon_vs_gateway_per_round"] = epsilon_json(self.accountant.gateway_epsilon(1))
+        return status
 
     # ------------------------------------------------------------ events
 
@@ -278,6 +294,8 @@ class FedAvgServer(FederationServer):
             self.asked = privacy.poisson_sample(self.secret_seed, self.round, self.registered, rate)
             self.wanted = len(self.asked)
             self.expected = rate * registered
+            if self.secure is not None:  # distributed DP: the sum over q N, as central DP's
+                self.secure.divide_by = max(self.expected, 1e-12)
         else:
             self.wanted = self.config.clients_per_round(registered)
             asking = self.config.asked_per_round(registered)
@@ -324,8 +342,13 @@ class FedAvgServer(FederationServer):
         norm = 0.0
         clip_norm = self.dp_clip_norm
         if aggregated:
-            delta = self._private_mean() if self.privacy is not None else self.secure.aggregate(self.taken) \
-                if self.secure is not None else combine(self.config, self.taken)
+            if self.secure is not None and self.taken:  # distributed DP too: the clients noised it
+                delta = self.secure.aggregate(self.taken)
+            elif self.privacy is not None:  # central DP, or a DP round SecAgg could not sum: noise alone
+                delta = self._private_mean()
+            else:
+                delta = self.secure.aggregate(self.taken) if self.secure is not None \
+                    else combine(self.config, self.taken)
             norm = float(torch.linalg.vector_norm(delta))
             new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
             self.params.copy_(new)
