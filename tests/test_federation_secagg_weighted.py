@@ -25,6 +25,7 @@ from peer.cli.status import _federation_lines
 from protocols.events import Action, Send, SetTimer
 from protocols.federation import FederationConfig, SecureAggregationConfig
 from protocols.federation.aggregate import fedavg
+from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.secure import (
     SecureClient,
     SecureServer,
@@ -269,3 +270,23 @@ def test_a_simulated_secagg_round_moves_the_model_as_plain_fedavg_does_within_qu
     bound = 10 * 1.0 * 250 / (2 * levels(16) * sum(samples)) + 1e-6
     assert float((weighted - plain).abs().max()) <= bound
     assert float((unweighted - plain).abs().max()) > 10 * bound
+
+
+def test_under_distributed_dp_every_client_weighs_one_whatever_the_cap() -> None:
+    # Prepare: DP-FedAvg divides by the expected cohort, so a weight above 1 would bias the mean
+    server = SecureServer(config(masking=False, cap=10), run_id="run", verify=lambda *args: False,
+                          like=torch.zeros(3))
+    server.privacy = DifferentialPrivacyConfig(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.5)
+    server.divide_by = 4.0
+    def plain(values: list[float], num_samples: int) -> ClientUpdate:
+        return ClientUpdate(round=0, num_samples=num_samples, tensors={"q": torch.tensor(values)})
+
+    # Execute
+    taken = {"a": (server.decode_update(plain([4.0, -8.0, 0.0, 1.0], 5)), 5),
+             "b": (server.decode_update(plain([4.0, 8.0, 0.0, 1.0], 50)), 50)}
+    # Assert: the plain sum over q N, not a weighted mean; a weight of 2 is refused
+    expected = mean_of_sum(np.array([8, 0, 0, 2]), 2, server.config, torch.zeros(3), 4.0)
+    assert expected is not None and torch.equal(server.aggregate(taken), expected)
+    assert mean_of_sum(np.array([8, 0, 0, 3]), 2, server.config, torch.zeros(3), 4.0) is None
+    with pytest.raises(ValueError):
+        server.decode_update(plain([1.0, 1.0, 1.0, 2.0], 5))
