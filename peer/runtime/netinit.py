@@ -210,7 +210,9 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     Gateways are members with role ``gateway`` and an address (``[federation]`` in their config
     makes ``hivemesh peer`` a gateway); edge clients have role ``edge``, no address, and an
     ``edge.toml``-style config naming their gateway (peer/files/federation_layout.py: contiguous
-    blocks, client i of E belongs to gateway i * G // E, as in a simulated federation). The
+    blocks, client i of E belongs to gateway i * G // E, as in a simulated federation; each
+    gateway's ``[peer] clients`` lists its block, except a lone gateway's, which serves every
+    edge member of the roster, later ones included). The
     ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
     ``hosts``: one address per gateway instead of ``host`` (edge clients have none).
     """
@@ -219,8 +221,10 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     gateway_names, edge_names = federation_names(gateways, edges)
     gateway_of = {name: layout_gateway_of(index, gateways=gateways, edges=edges)
                   for index, name in enumerate(edge_names)}
+    # one gateway names no clients: it serves every edge member of the roster, in every version, so
+    # an edge client added while it runs (`hivemesh roster add --role edge`) is served without a restart
     own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
-           for gateway in gateway_names}
+           for gateway in gateway_names} if gateways > 1 else {}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
                            sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own,
