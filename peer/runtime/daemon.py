@@ -55,7 +55,8 @@ pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left, and the transport admits the new roster's curve
-keys only, shutting down a leaver's open connections.
+keys only, shutting down a leaver's open connections. A gateway whose config
+names no clients serves the new version's edge clients from its round on.
 
 Only members reach the decoder (``[peer] curve``, on by default): a message is
 opened only if its connection's CURVE key (ZAP's User-Id) is still admitted,

@@ -63,7 +63,11 @@ removed ones forgotten at that round (a removed member leaves: ``Finished``), an
 the new version revokes is forgotten at once, not at the round: never sent to,
 waited for (``NeighbourDown``) or verified again; a member that reads its own
 revocation leaves at once. A version that gives a member another key without
-the old key's signature is not taken (``roster_key_change_unsigned``).
+the old key's signature is not taken (``roster_key_change_unsigned``). A member
+whose roles serve the roster's edge clients (``clients_from_roster``: a gateway
+whose config names none) serves each version's ``edge`` members from its round
+on: one added is known (registered when heard), one removed is ``NeighbourDown``
+for the roles.
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
