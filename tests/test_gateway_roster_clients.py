@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from peer.cli.init import default_network
-from peer.runtime.netinit import create_federation
+from peer.runtime.netinit import GATEWAY_CHECKPOINT_ROUNDS, create_federation
 from peer.runtime.peerconfig import load_peer_config
 from protocols.events import Event, NeighbourDown, NeighbourUp
 from protocols.identity import Identity
@@ -123,10 +123,13 @@ def test_a_gateway_that_names_its_clients_keeps_them_through_a_roster_change() -
     assert registered(server) == []
 
 
-def test_a_lone_gateway_names_no_clients_and_several_name_their_blocks(tmp_path: Path) -> None:
+def test_init_a_lone_gateway_serves_the_rosters_edges_and_checkpoints_each_round(tmp_path: Path) -> None:
     network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
                               steps=10, seed=0, partition="iid", alpha=0.5)
     lone = create_federation(tmp_path / "one", gateways=1, edges=3, network=network, federation={"rounds": 2})
     two = create_federation(tmp_path / "two", gateways=2, edges=4, network=network, federation={"rounds": 2})
     assert load_peer_config(lone.network.configs["gw0"]).peer.clients == ()
     assert load_peer_config(two.network.configs["gw0"]).peer.clients == ("e000", "e001")
+    # a gateway's checkpoint interval is in rounds: one a round
+    every = load_peer_config(lone.network.configs["gw0"]).checkpoint.every_steps
+    assert every == GATEWAY_CHECKPOINT_ROUNDS == 1

@@ -10,15 +10,17 @@ tuned in every file alike (the loopback federation tests' run: 30 rounds of 5 of
 eNNN.toml`` on hosts 1-5, two a host (through ``ip netns exec``, tests/_netns.py).
 
 Faults, placed on progress (the gateway's ``rounds.jsonl``):
-- after round ``KILL_AFTER`` closed, ``kill -9`` of the gateway, then the same command again
-  on its host. The edge clients carry on (ZeroMQ redials; their ``gateway_timeout_s``, 120 s,
-  is far longer than the restart) and none exits but with 0; the gateway resumes from its
-  checkpoint, written every ``CHECKPOINT_ROUNDS`` rounds, so it closes again at most that
-  many rounds it had closed before (its lost rounds);
-- once the restarted gateway closed a round, ``hivemesh keygen`` and ``hivemesh roster add
-  e010 --role edge --effective-round R`` (R: a round the gateway has not reached), e010's
-  config written beside the others', and ``hivemesh edge`` started on host 5: the running
-  gateway reads the roster file, serves e010 from then on, and e010 is taken in a later round.
+- once ``JOIN_AFTER`` rounds closed, ``hivemesh keygen`` and ``hivemesh roster add e010 --role
+  edge --effective-round R`` (R: a round the gateway has yet to reach), e010's config a copy of
+  e009's with its name, and ``hivemesh edge`` started on host 5: the running gateway (which
+  names no clients: it serves the roster's) reads the roster file and serves e010 from round R
+  on; e010 must be taken in a round >= R;
+- once ``KILL_AFTER`` rounds closed (and more than a checkpoint interval past R), ``kill -9`` of
+  the gateway, then, once e010 is up, the same command again on its host. The edge clients
+  carry on (ZeroMQ redials; their ``gateway_timeout_s``, 120 s, is far longer than the
+  restart) and none exits but with 0; the gateway resumes from its checkpoint, written every
+  round (what ``init`` writes for a gateway), so it closes again at most one round it had
+  closed before (its lost rounds, the report's "steps lost").
 
 At the end every process exited 0, the gateway closed every round 0-29 and its global model
 meets the loopback bar (>= 0.90).
@@ -45,13 +47,14 @@ from _netns import Hosts
 from peer.cli.main import main
 from peer.files import tomlout
 from peer.files.statefiles import read_status
+from peer.runtime.netinit import GATEWAY_CHECKPOINT_ROUNDS
 
 pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 HOSTS, EDGES, ROUNDS = 6, 10, 30
 JOIN_AFTER = 2             # e010 is added once this many rounds closed
 KILL_AFTER = 8             # the gateway is killed once this many rounds closed
-CHECKPOINT_ROUNDS = 2      # the gateway's checkpoint interval, in rounds (its steps)
+CHECKPOINT_ROUNDS = GATEWAY_CHECKPOINT_ROUNDS   # the gateway's interval in what init writes (rounds)
 CEILING_S = 240.0          # no healthy run comes near it
 GATEWAY, JOINER = "gw0", "e010"
 # the loopback federation tests' run (tests/_federation_support.py), the same in every file
@@ -60,7 +63,7 @@ FEDERATION = {"fraction": 0.5, "min_clients": 5, "local_epochs": 2, "max_samples
 TRAINER = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
 GATEWAY_SETS = {"peer.progress": "false", "peer.eval_every_steps": 0, "peer.heartbeat_interval_s": 0.5,
                 "peer.neighbour_timeout_s": 30.0, "peer.start_timeout_s": 120.0, "peer.finish_grace_s": 2.0,
-                "peer.status_interval_s": 0.2, "checkpoint.every_steps": CHECKPOINT_ROUNDS}
+                "peer.status_interval_s": 0.2}
 EDGE_OPTIONS = {"progress": False, "heartbeat_interval_s": 0.5, "neighbour_timeout_s": 30.0,
                 "gateway_timeout_s": 120.0}
 
