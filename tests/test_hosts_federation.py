@@ -178,8 +178,10 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         others = {name: process for name, process in processes.items() if name != GATEWAY}
         wait_until(f"{JOINER} up", lambda: read_status(out / "data" / JOINER) is not None, out, others)
         processes[GATEWAY] = start(hosts, 0, out, GATEWAY, gateway_command(out))
+        restarted_at = time.monotonic()
         wait_until("the restarted gateway closed a round", lambda: len(rounds(out)) > written, out, processes)
-        recovery_s = time.monotonic() - killed_at
+        recovery_s = time.monotonic() - restarted_at     # the fault is over once it is started again
+        down_s = restarted_at - killed_at
         again = [row["round"] for row in rounds(out)[written:]]
 
         codes = wait_for_exit(processes)
@@ -192,9 +194,9 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
     by_round = {row["round"]: row for row in closed}
     repeated = len(closed) - len(by_round)
     resumed = re.search(r"resumed from checkpoint at step (\d+)", log)
-    print(f"\n{JOINER} added from round {effective}; gateway killed after {reached} rounds, "
-          f"{recovery_s:.1f} s to its first round closed again ({again[:3]}...), {repeated} rounds "
-          f"closed twice; {resumed and resumed[0]}; whole run {took_s:.1f} s")
+    print(f"\n{JOINER} added from round {effective}; gateway killed after {reached} rounds, down "
+          f"{down_s:.1f} s, then {recovery_s:.1f} s to its first round closed again ({again[:3]}...), "
+          f"{repeated} rounds closed twice; {resumed and resumed[0]}; whole run {took_s:.1f} s")
     assert codes == dict.fromkeys(processes, 0), f"{codes}\n{report}"
     assert sorted(by_round) == list(range(ROUNDS)), report
     assert resumed is not None, log
@@ -206,6 +208,7 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
     gateway = read_status(out / "data" / GATEWAY) or {}
     assert gateway["accuracy"] >= 0.90, report
     record("gateway kill -9 + restart under 10 edges", injected=1, survived=1, steps_lost=[lost],
-           recovery_s=recovery_s, note=f"rounds lost <= checkpoint interval {CHECKPOINT_ROUNDS}")
+           recovery_s=recovery_s, note=f"rounds lost <= checkpoint interval ({CHECKPOINT_ROUNDS}); "
+                                       "recovery: restart to its first round closed, torch import included")
     record("edge added while running", injected=1, survived=1,
            note=f"{JOINER} taken in {len(joined)} of rounds {effective}-{ROUNDS - 1}")
