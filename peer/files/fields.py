@@ -95,7 +95,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           label="direction"),
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
     Field("checkpoint_step", "steps", "gauge",
-          "step of the newest checkpoint this start wrote or resumed from (-1: none yet)"),
+          "step of the newest checkpoint this start wrote or resumed from (-1: none yet; a gateway's "
+          "steps are its rounds)"),
     Field("checkpoints_written", "checkpoints", "counter", "checkpoints written (periodic, after a jump of "
           "the step by a state sync or a catch-up, and at the end)"),
     Field("checkpoint_failures", "checkpoints", "counter",

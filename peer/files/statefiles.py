@@ -208,13 +208,15 @@ class CheckpointStore:
         except OSError as error:
             return [f"cannot clean up {self.directory}: {os_error_reason(error)}"]
 
-    def save(self, trainer_state: dict[str, Any], protocol_state: Any, extra: dict[str, Any]) -> str:
-        """Write one checkpoint; "" when written, else why not (the peer trains on)."""
+    def save(self, trainer_state: dict[str, Any], protocol_state: Any, extra: dict[str, Any], *,
+             step: int | None = None) -> str:
+        """Write one checkpoint (``step``: its name; None: the trainer's step); "" when written, else
+        why not (the peer trains on)."""
         from peer.train.checkpoint import save
 
         try:
             path = save(self.directory, trainer_state, protocol_state, extra=extra, keep=self.keep,
-                        at_point=self.at_point)
+                        at_point=self.at_point, step=step)
         except OSError as error:
             reason = os_error_reason(error)
             self.failures[reason.partition(":")[0] or "OSError"] += 1

@@ -24,6 +24,7 @@ from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
 from protocols.events import Machine
 from protocols.identity import Identity
+from protocols.node.membership import served_clients
 from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
@@ -213,12 +214,12 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
     if trainer.mixed.numel() != trainer.flat_params.numel():   # (a model with floating buffers)
         raise ConfigError(f"{config.source}: key 'network.trainer.buffers': a gateway's global model is "
                           "the parameters its clients train: use \"local\"", key="network.trainer.buffers")
-    edges = tuple(m.name for m in roster.with_role("edge"))
+    edges = served_clients(roster)
     unknown = [name for name in config.peer.clients if name not in edges]
     if unknown:
         raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
                           f"on the roster {config.roster_path}", key="peer.clients")
-    clients = tuple(config.peer.clients) or edges
+    clients = tuple(config.peer.clients) or edges    # none named: the roster's, in every version
     # the root of the DP draws (who is asked, the noise): this gateway's alone, fresh at every start
     secret_seed = secrets.randbits(63)
     secure = None

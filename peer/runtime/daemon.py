@@ -55,7 +55,8 @@ pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left, and the transport admits the new roster's curve
-keys only, shutting down a leaver's open connections.
+keys only, shutting down a leaver's open connections. A gateway whose config
+names no clients serves the new version's edge clients from its round on.
 
 Only members reach the decoder (``[peer] curve``, on by default): a message is
 opened only if its connection's CURVE key (ZAP's User-Id) is still admitted,
@@ -85,7 +86,8 @@ interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
 
 Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
 clears what a dead writer left (a complete copy is put back in place) before
-anything is loaded; the schedule counts ``every_steps`` from the step on disk,
+anything is loaded; the schedule counts ``every_steps`` from the step on disk
+(a gateway's steps are its machine's, one per gossip round: it trains nothing),
 and a step that jumps (``SetTrainerStep``: an adopted state sync, a catch-up)
 is written at once, so a kill loses at most the interval. A save that fails (a
 full disk) is said once (``cannot checkpoint: ...``), counted in the status,
@@ -277,7 +279,7 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
             roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
-            clients=self.parts.clients)
+            clients=self.parts.clients, clients_from_roster=not config.peer.clients)
         # a gateway: what its gossip machine's work is, and the connection each edge client dialled
         self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
                              if self.parts.server is not None and config.federation is not None else None)
@@ -784,7 +786,7 @@ class PeerDaemon:
         every = self.config.peer.eval_every_steps
         if every and self.trainer.step - max(self._last_eval_step, 0) >= every:
             self._evaluate()
-        if self.schedule.should_save(self.trainer.step, now):
+        if self.schedule.should_save(self._work_done(), now):
             self._checkpoint(final=False)
         self._write_status()
 
@@ -882,10 +884,16 @@ class PeerDaemon:
         endpoint_state = extra.get("endpoint")
         if isinstance(endpoint_state, dict):
             self.endpoint.restore_state(endpoint_state)
-        self.status.say(f"{self.name}: resumed from checkpoint at step {self.trainer.step} "
+        self.status.say(f"{self.name}: resumed from checkpoint at step {self._work_done()} "
                         f"(epoch {self.parts.epoch})")
-        self.schedule.saved(self.trainer.step, self.now())  # the interval counts from what is on disk
+        self.schedule.saved(self._work_done(), self.now())  # the interval counts from what is on disk
         return True
+
+    def _work_done(self) -> int:
+        """What the checkpoint interval counts (and a checkpoint is named by): the trainer's steps,
+        or on a gateway, which trains nothing, its machine's (one per gossip round, a FedAvg round
+        its work), so a killed gateway loses at most ``every_steps`` rounds."""
+        return self.machine.position[1] if self.gateway_work is not None else self.trainer.step
 
     def _checkpoint(self, *, final: bool) -> bool:
         """Write one; False when it could not be (a full disk: said when it starts failing and
@@ -896,8 +904,8 @@ class PeerDaemon:
         failing = self.store.error
         reason = self.store.save(self.trainer.state_dict(), self._protocol_state(),
                                  {"endpoint": self.endpoint.export_state(), "final": final,
-                                  "epoch": self.parts.epoch})
-        self.schedule.saved(self.trainer.step, self.now())  # a failure is tried again an interval on
+                                  "epoch": self.parts.epoch}, step=self._work_done())
+        self.schedule.saved(self._work_done(), self.now())  # a failure is tried again an interval on
         if reason and reason != failing:
             self._warn(f"cannot checkpoint: {reason}")
         elif not reason and failing:

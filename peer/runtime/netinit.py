@@ -199,6 +199,11 @@ class FederationFiles:
     gateway_of: dict[str, str]      # edge client name -> its gateway
 
 
+# a gateway's checkpoint interval, in rounds (its steps): a round is the clients' training, long
+# beside saving one model, so a checkpoint per round is cheap and a kill -9 loses at most one
+GATEWAY_CHECKPOINT_ROUNDS = 1
+
+
 def create_federation(out: str | Path, *, gateways: int, edges: int, network: Mapping[str, Any],
                       federation: Mapping[str, Any], host: str = "127.0.0.1", base_port: int = 0,
                       reserve: bool = False, peer_options: Mapping[str, Any] | None = None,
@@ -210,20 +215,26 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     Gateways are members with role ``gateway`` and an address (``[federation]`` in their config
     makes ``hivemesh peer`` a gateway); edge clients have role ``edge``, no address, and an
     ``edge.toml``-style config naming their gateway (peer/files/federation_layout.py: contiguous
-    blocks, client i of E belongs to gateway i * G // E, as in a simulated federation). The
+    blocks, client i of E belongs to gateway i * G // E, as in a simulated federation; each
+    gateway's ``[peer] clients`` lists its block, except a lone gateway's, which serves every
+    edge member of the roster, later ones included). The
     ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
-    ``hosts``: one address per gateway instead of ``host`` (edge clients have none).
+    ``hosts``: one address per gateway instead of ``host`` (edge clients have none). A gateway
+    checkpoints every :data:`GATEWAY_CHECKPOINT_ROUNDS` rounds unless ``sections`` says otherwise.
     """
     if gateways < 1 or edges < 1:
         raise HivemeshError("a federation needs at least one gateway and one edge client")
     gateway_names, edge_names = federation_names(gateways, edges)
     gateway_of = {name: layout_gateway_of(index, gateways=gateways, edges=edges)
                   for index, name in enumerate(edge_names)}
+    # one gateway names no clients: it serves every edge member of the roster, in every version, so
+    # an edge client added while it runs (`hivemesh roster add --role edge`) is served without a restart
     own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
-           for gateway in gateway_names}
+           for gateway in gateway_names} if gateways > 1 else {}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
-                           sections={**dict(sections or {}), "federation": dict(federation)}, own_options=own,
+                           sections={"checkpoint": {"every_steps": GATEWAY_CHECKPOINT_ROUNDS},
+                                     **dict(sections or {}), "federation": dict(federation)}, own_options=own,
                            hosts=hosts)
     roster = roster_file.read(files.roster)
     members = [dataclass_replace(m, role="gateway") for m in roster.members]

@@ -170,3 +170,11 @@ class Connect:
 
     roster: Roster
     neighbours: tuple[str, ...]
+
+
+def served_clients(roster: Roster) -> tuple[str, ...]:
+    """The edge clients a gateway that names none in its config serves under ``roster``: every
+    ``edge`` member, in roster (name) order. So an edge client added by a roster version is served from
+    that version's round on, and one removed is no longer asked, without a restart; the same at
+    start-up (peer/runtime/assemble.py)."""
+    return tuple(member.name for member in roster.with_role("edge"))

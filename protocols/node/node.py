@@ -63,7 +63,11 @@ removed ones forgotten at that round (a removed member leaves: ``Finished``), an
 the new version revokes is forgotten at once, not at the round: never sent to,
 waited for (``NeighbourDown``) or verified again; a member that reads its own
 revocation leaves at once. A version that gives a member another key without
-the old key's signature is not taken (``roster_key_change_unsigned``).
+the old key's signature is not taken (``roster_key_change_unsigned``). A member
+whose roles serve the roster's edge clients (``clients_from_roster``: a gateway
+whose config names none) serves each version's ``edge`` members from its round
+on: one added is known (registered when heard), one removed is ``NeighbourDown``
+for the roles.
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
@@ -101,7 +105,7 @@ from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest,
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
-from protocols.node.membership import Connect, Membership, UnsignedKeyChange
+from protocols.node.membership import Connect, Membership, UnsignedKeyChange, served_clients
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
@@ -128,9 +132,11 @@ class Node(Generic[N]):
 
     def __init__(self, name: str, machine: Machine, *, neighbours: Mapping[str, N], config: NodeConfig,
                  early_per_neighbour: int, answer_source: AnswerSource,
-                 roles: Mapping[str, Role] | None = None, clients: Iterable[str] = ()) -> None:
+                 roles: Mapping[str, Role] | None = None, clients: Iterable[str] = (),
+                 clients_from_roster: bool = False) -> None:
         """``roles``: what the member holds beside its machine, by name; ``clients``: the members
-        those roles serve (see the module docstring)."""
+        those roles serve (see the module docstring); ``clients_from_roster``: they are the roster's
+        ``edge`` members, in every version (a gateway whose config names none)."""
         self.name = name
         self.machine = machine
         self.roles: dict[str, Role] = dict(sorted((roles or {}).items()))
@@ -145,6 +151,7 @@ class Node(Generic[N]):
         self.neighbourhood: Neighbourhood[N] = Neighbourhood(neighbours, timeout_s=config.neighbour_timeout_s)
         served = {name: Neighbour() for name in clients if name not in names}
         self.clients: Neighbourhood[Neighbour] = Neighbourhood(served, timeout_s=config.neighbour_timeout_s)
+        self.clients_from_roster = clients_from_roster
         self.answer_source = answer_source
         self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
         self.started = False
@@ -556,7 +563,27 @@ class Node(Generic[N]):
         self._follow(keep)
         return [Connect(roster, keep),
                 Note(f"roster version {roster.version} in effect from round {roster.effective_round} "
-                     f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}")]
+                     f"(we are at {round_now}): neighbours {', '.join(keep) or 'none'}"),
+                *self._serve(roster, now)]
+
+    def _serve(self, roster: Roster, now: float) -> list[NodeAction]:
+        """From a version's round on, a member that serves the roster's edge clients serves its
+        ``edge`` members: one added is known (not up until heard: its next heartbeat registers it),
+        one removed is gone for the roles (``NeighbourDown``: not asked again)."""
+        if not self.clients_from_roster:
+            return []
+        edges = served_clients(roster)
+        added = [name for name in edges if self.clients.join(name, Neighbour())]
+        removed = [name for name in self.clients.names() if name not in edges]
+        actions: list[NodeAction] = []
+        for name in removed:
+            self.clients.forget(name)
+            if self._live():
+                actions += self._roles(NeighbourDown(name), now)
+        if added or removed:
+            actions.append(Note(f"edge clients from roster version {roster.version}: added "
+                                f"{', '.join(added) or 'none'}, removed {', '.join(removed) or 'none'}"))
+        return actions
 
     def _leave(self, why: str, roster: Roster) -> list[NodeAction]:
         """No neighbour any more, and done (``roster``: what the endpoint verifies against meanwhile)."""

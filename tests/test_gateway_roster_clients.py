@@ -1,0 +1,135 @@
+"""A gateway's edge clients follow the roster while it runs (issue 16, item 3): one whose config
+names no clients serves every ``edge`` member of each roster version from that version's round on
+(protocols/node/node.py, ``served_clients`` in protocols/node/membership.py), so an edge client
+added by ``hivemesh roster add --role edge`` is registered by its next heartbeat without a
+restart, and one removed is no longer asked. A gateway that names its clients keeps them. And a
+gateway's checkpoints count its rounds (it trains nothing, so its trainer's step never moves).
+The same in real processes across hosts: tests/test_hosts_federation.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peer.cli.init import default_network
+from peer.runtime.netinit import GATEWAY_CHECKPOINT_ROUNDS, create_federation
+from peer.runtime.peerconfig import load_peer_config
+from protocols.events import Event, NeighbourDown, NeighbourUp
+from protocols.identity import Identity
+from protocols.messages import ClientUpdate, Heartbeat, Message
+from protocols.node import Neighbour, Node, NodeConfig, Note
+from protocols.node.membership import served_clients
+from protocols.roster import Member, Roster
+from topology import build
+
+GATEWAYS = ("gw0", "gw1")
+EFFECTIVE_ROUND = 5
+KEYS: dict[str, Identity] = {}
+
+
+def roster_of(edges: tuple[str, ...], **version: int) -> Roster:
+    gateways = tuple(Member(name=name, public_id=KEYS.setdefault(name, Identity.generate()).public_id,
+                            role="gateway", address=f"tcp://127.0.0.1:{9000 + i}")
+                     for i, name in enumerate(GATEWAYS))
+    clients = tuple(Member(name=name, public_id=KEYS.setdefault(name, Identity.generate()).public_id,
+                           role="edge", address="") for name in edges)
+    return Roster(gateways + clients, **version)
+
+
+class Machine:
+    """A gossip machine stand-in at a settable round (the Node's routing is what is tested)."""
+
+    accepts: frozenset[type[Message]] = frozenset()
+
+    def __init__(self) -> None:
+        self.position = (0, 0)
+
+    def handle(self, event: Event, now: float) -> list[Any]:
+        return []
+
+    def set_graph(self, topology: Any) -> None:
+        pass
+
+
+class Server:
+    """A FedAvg server stand-in: records who registers and leaves."""
+
+    accepts = frozenset({ClientUpdate})
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def handle(self, event: Event, now: float) -> list[Any]:
+        self.events.append(event)
+        return []
+
+
+def gateway(*, clients: tuple[str, ...], from_roster: bool) -> tuple[Node[Neighbour], Machine, Server]:
+    machine, server = Machine(), Server()
+    node: Node[Neighbour] = Node("gw0", machine, neighbours={"gw1": Neighbour()},  # type: ignore[arg-type]
+                                 config=NodeConfig(), early_per_neighbour=2,
+                                 answer_source=lambda: (torch.zeros(2), 0), roles={"fedavg": server},
+                                 clients=clients, clients_from_roster=from_roster)
+    node.set_membership(roster_of(("e00", "e01")), build("ring", GATEWAYS))
+    node.start(0.0)
+    return node, machine, server
+
+
+def registered(server: Server) -> list[tuple[str, str]]:
+    return [(type(e).__name__, e.name) for e in server.events if isinstance(e, NeighbourUp | NeighbourDown)]
+
+
+def test_served_clients_are_the_rosters_edge_members() -> None:
+    assert served_clients(roster_of(("e01", "e00", "e07"))) == ("e00", "e01", "e07")
+    assert served_clients(roster_of(())) == ()
+
+
+def test_an_edge_added_to_the_roster_is_served_from_its_round_and_a_removed_one_is_let_go() -> None:
+    # Prepare: gw0 serves e00 and e01 (the roster's); version 2 adds e02 and removes e00 from round 5
+    node, machine, server = gateway(clients=("e00", "e01"), from_roster=True)
+    node.receive("e00", Heartbeat(step=0, loss=0.0), 0.5)
+    v2 = roster_of(("e01", "e02"), version=2, effective_round=EFFECTIVE_ROUND)
+    node.change_membership(v2, build("ring", GATEWAYS), 1.0, make_neighbour=Neighbour)
+    # Execute: before round 5, e02's heartbeat registers nothing
+    early = node.receive("e02", Heartbeat(step=0, loss=0.0), 1.5)
+    # Assert
+    assert early == [] and node.clients.names() == ("e00", "e01")
+    assert node.all_rejections()["heartbeat_not_neighbour"] == 1
+    # Execute: the machine reaches round 5 (any event it handles), then e02 beats
+    machine.position = (EFFECTIVE_ROUND, 0)
+    settled = node.handle(object(), 2.0)  # type: ignore[arg-type]
+    node.receive("e02", Heartbeat(step=0, loss=0.0), 2.5)
+    # Assert: e02 known and registered by its heartbeat; e00 gone for the server
+    assert Note("edge clients from roster version 2: added e02, removed e00") in settled
+    assert node.clients.names() == ("e01", "e02")
+    assert registered(server) == [("NeighbourUp", "e00"), ("NeighbourDown", "e00"), ("NeighbourUp", "e02")]
+
+
+def test_a_gateway_that_names_its_clients_keeps_them_through_a_roster_change() -> None:
+    # Prepare: gw0's config names e00 alone
+    node, machine, server = gateway(clients=("e00",), from_roster=False)
+    v2 = roster_of(("e00", "e01", "e02"), version=2, effective_round=EFFECTIVE_ROUND)
+    # Execute
+    node.change_membership(v2, build("ring", GATEWAYS), 1.0, make_neighbour=Neighbour)
+    machine.position = (EFFECTIVE_ROUND, 0)
+    settled = node.handle(object(), 2.0)  # type: ignore[arg-type]
+    node.receive("e02", Heartbeat(step=0, loss=0.0), 2.5)
+    # Assert
+    assert node.clients.names() == ("e00",)
+    assert not any(isinstance(a, Note) and a.text.startswith("edge clients") for a in settled)
+    assert registered(server) == []
+
+
+def test_init_a_lone_gateway_serves_the_rosters_edges_and_checkpoints_each_round(tmp_path: Path) -> None:
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=10, seed=0, partition="iid", alpha=0.5)
+    lone = create_federation(tmp_path / "one", gateways=1, edges=3, network=network, federation={"rounds": 2})
+    two = create_federation(tmp_path / "two", gateways=2, edges=4, network=network, federation={"rounds": 2})
+    assert load_peer_config(lone.network.configs["gw0"]).peer.clients == ()
+    assert load_peer_config(two.network.configs["gw0"]).peer.clients == ("e000", "e001")
+    # a gateway's checkpoint interval is in rounds: one a round
+    every = load_peer_config(lone.network.configs["gw0"]).checkpoint.every_steps
+    assert every == GATEWAY_CHECKPOINT_ROUNDS == 1
