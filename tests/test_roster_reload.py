@@ -4,8 +4,9 @@ The CLI finds the running peer by the PID in its data directory's *held* lock
 (peer/runtime/datalock.py ``holder``) and sends it SIGHUP; the daemon's next
 periodic pass reads the file whatever its modification time says
 (``RosterWatch.poll(force=True)``). A free lock, or no lock file, is a clear
-error: nothing is signalled. The process test at the end sends SIGHUP to a
-real peer and reads what it said.
+error: nothing is signalled. The process test at the end writes a new roster
+version whose modification time does not change (what the peers' own look
+cannot see), reloads two running peers, and reads what they said and applied.
 """
 
 from __future__ import annotations
@@ -103,23 +104,36 @@ def test_reload_sends_sighup_to_the_process_holding_the_data_directory(
 
 
 @pytest.mark.processes
-def test_a_running_peer_rereads_its_roster_on_reload_and_says_what_it_found(tmp_path: Path) -> None:
+def test_running_peers_read_an_edit_their_clock_missed_on_reload_and_say_what_they_found(tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=2, steps=40)
     marks = tmp_path / "marks"
     marks.mkdir()
     release = tmp_path / "release"
+    names = ["p00", "p01"]
     with peers(files) as processes:
-        for name in ("p00", "p01"):
+        for name in names:
             processes.start(name, [hold_at(10, release, marks, name)])
-        wait_for_locks(files, processes, ["p00", "p01"])
-        wait_for_files(marks / f"{name}-held-10" for name in ("p00", "p01"))
-        assert main(["roster", "reload", "--config", str(files.configs["p00"])]) == 0
-        wait_for_log(files, "p00", "SIGHUP: roster")
+        wait_for_locks(files, processes, names)
+        wait_for_files(marks / f"{name}-held-10" for name in names)
+        # the next version, written so that its modification time does not change (a coarse file
+        # system): the peers' own look at the file cannot see it, only a reload can
+        before = files.roster.stat()
+        roster_file.write(files.roster, roster_file.read(files.roster).revised(30))
+        os.utime(files.roster, ns=(before.st_atime_ns, before.st_mtime_ns))
+        for name in names:
+            assert main(["roster", "reload", "--config", str(files.configs[name])]) == 0
+        for name in names:
+            wait_for_log(files, name, "SIGHUP: roster")
+        assert main(["roster", "reload", "--data-dir", str(files.out / "data" / "p00")]) == 0
+        wait_for_log(files, "p00", "re-read: nothing new (version 2)")
         release.touch()
         assert processes.wait(120)
         codes = processes.exitcodes()
     assert codes == {"p00": 0, "p01": 0}
-    log = (files.out / "data" / "p00" / "peer.log").read_text()
-    assert f"SIGHUP: roster {files.roster} re-read: nothing new (version 1)" in log, log
-    assert status(files, "p00")["roster_reloads"] == 1 and status(files, "p00")["roster_version"] == 1
-    assert status(files, "p01")["roster_reloads"] == 0
+    for name in names:
+        log = (files.out / "data" / name / "peer.log").read_text()
+        assert f"SIGHUP: roster {files.roster} re-read: version 2 (effective from round 30)" in log, log
+        assert "roster version 2 in effect from round 30" in log, log
+        assert status(files, name)["roster_version"] == 2
+        assert status(files, name)["rejections"].get("roster_version_mismatch", 0) == 0
+    assert status(files, "p00")["roster_reloads"] == 2 and status(files, "p01")["roster_reloads"] == 1
