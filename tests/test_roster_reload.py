@@ -104,7 +104,8 @@ def test_reload_sends_sighup_to_the_process_holding_the_data_directory(
 
 
 @pytest.mark.processes
-def test_running_peers_read_an_edit_their_clock_missed_on_reload_and_say_what_they_found(tmp_path: Path) -> None:
+def test_running_peers_read_an_edit_their_clock_missed_on_reload_and_say_what_they_found(
+        tmp_path: Path) -> None:
     files = make_network(tmp_path / "net", peers=2, steps=40)
     marks = tmp_path / "marks"
     marks.mkdir()
