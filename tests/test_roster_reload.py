@@ -103,6 +103,23 @@ def test_reload_sends_sighup_to_the_process_holding_the_data_directory(
             child.wait()
 
 
+def test_reload_refuses_an_edge_clients_folder_and_signals_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data, got = tmp_path / "data", tmp_path / "got-sighup"
+    data.mkdir()
+    (data / "status.json").write_text('{"name": "e000", "role": "edge"}')
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(data), str(got)],
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        wait_for_files([data / "ready"])
+        assert main(["roster", "reload", "--data-dir", str(data)]) == 2
+        assert "is edge client e000's" in capsys.readouterr().err
+        assert child.poll() is None and not got.exists()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
 @pytest.mark.processes
 def test_running_peers_read_an_edit_their_clock_missed_on_reload_and_say_what_they_found(
         tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ directory to re-read its roster file now: it sends the peer SIGHUP, found by the
 directory's held lock (peer/runtime/datalock.py). Running peers also notice a changed file on
 their own within a second; reload is for an operator who wants it taken now, and sees the peer
 say what it found (``SIGHUP: roster ... re-read: version N``) in its log. No peer running there
-is an error.
+is an error, and so is an edge client's folder (its status says ``role = "edge"``): an edge
+client reads the roster when it starts, and SIGHUP would end it.
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ def run_reload(args: argparse.Namespace) -> int:
     import os
     import signal
 
+    from peer.files.statefiles import read_status
     from peer.runtime.datalock import holder
     from topology.errors import HivemeshError
 
@@ -244,6 +246,10 @@ def run_reload(args: argparse.Namespace) -> int:
         data_dir, roster, who = config.data_dir, f" ({config.roster_path})", f"peer {config.peer.name}"
     else:
         data_dir, roster, who = Path(args.data_dir), "", "the peer"
+    found = read_status(data_dir) or {}
+    if found.get("role") == "edge":    # SIGHUP would end it (its default action): an edge does not reload
+        raise HivemeshError(f"{data_dir} is edge client {found.get('name')}'s: an edge client reads the "
+                            "roster when it starts; restart it to apply a roster change")
     pid = holder(data_dir)
     if pid is None:
         raise HivemeshError(f"no peer is running on data directory {data_dir}: nothing to reload (a peer "
