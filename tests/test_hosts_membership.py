@@ -164,6 +164,7 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
         _reload(out, names, 2, f"adds {JOINER}", JOIN_ROUND)
         gates[HOLD_JOIN].touch()
         _wait_for_marks(marks, names, HOLD_SYNC, processes, out)
+        joiner_started = time.monotonic()
         processes[JOINER] = start_peer(hosts, JOINER_HOST, out, JOINER,
                                        [_hold(HOLD_LEAVE, gates[HOLD_LEAVE], marks, JOINER)])
         members = [*names, JOINER]
@@ -173,6 +174,7 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
             assert time.monotonic() < deadline and processes[JOINER].poll() is None, describe(out, members)
             time.sleep(0.05)
         joined_after = time.monotonic() - started
+        sync_s = time.monotonic() - joiner_started     # a fresh process (imports torch), then state sync
         gates[HOLD_SYNC].touch()
 
         # 2. removal: version 3 removes the leaver from LEAVE_ROUND; it never gets the file
@@ -212,13 +214,17 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
 
     # the removal: the leaver ran on and kept trying; its old neighbours refused it and applied nothing
     assert leaver_alive and leaver_code == 0, f"leaver alive {leaver_alive}, exit {leaver_code}\n{leaver_log}"
-    refused_after, shut = {}, {}
+    refused_after, shut, messages_refused = {}, {}, {}
     for name in old_neighbours:
         last = _status(out, name)
         assert last["bytes_received_from"].get(LEAVER) == settled[name]["bytes_received_from"].get(LEAVER), \
             f"{name} accepted bytes from {LEAVER} after step {SETTLED}\n{report}"
         refused_after[name] = (last["transport_refused"].get("not_on_roster", 0)
                                - settled[name]["transport_refused"].get("not_on_roster", 0))
+        # its messages for rounds from LEAVE_ROUND on that came before its connection was shut (as many
+        # as were in flight: said, not asserted)
+        messages_refused[name] = sum(last["rejections"].get(reason, 0)
+                                     for reason in ("roster_version_mismatch", "unknown_sender"))
         connections = last["transport_connections"]
         shut[name] = (connections.get("closed_removed_from_roster", 0)
                       + connections.get("closed_not_admitted", 0))
@@ -236,16 +242,19 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
     accuracy = {name: round(_status(out, name)["accuracy"], 3) for name in staying}
     print(f"joined after {joined_after:.1f} s, finished after {finished_after:.1f} s; accuracy {accuracy}, "
           f"consensus {consensus:.2e}; "
-          f"{LEAVER}'s handshakes refused after the round: {refused_after}, connections shut: {shut}; "
+          f"{LEAVER}'s handshakes refused after the round: {refused_after}, connections shut: {shut}, "
+          f"messages refused: {messages_refused}; "
           f"slow host sent {sent_mbit:.2f} Mbit/s, received {received_mbit:.2f} Mbit/s, "
           f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f}")
     assert sent_mbit <= MAX_MBIT and received_mbit <= MAX_MBIT, report
 
     record("peer joins while running (roster reload)", injected=1, survived=1,
-           note=f"{JOINER} synced and trained to step {STEPS}; reload on {len(names)} running peers")
+           note=f"{JOINER} started and synced in {sync_s:.1f} s, trained to step {STEPS}; SIGHUP reload on "
+                f"{len(names)} running peers")
     record("member removed while running", injected=1, survived=1,
            note=f"{LEAVER} ran on: {sum(refused_after.values())} handshakes refused (not_on_roster), "
-                f"{sum(shut.values())} connections shut, 0 bytes accepted after step {SETTLED}")
+                f"{sum(shut.values())} connections shut, {sum(messages_refused.values())} messages refused, "
+                f"0 bytes accepted after step {SETTLED}")
     record("slow host, 1 Mbit/s tbf", injected=1, survived=1,
            note=f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f} on the others; "
                 f"{sent_mbit:.2f} Mbit/s out, {received_mbit:.2f} in")
