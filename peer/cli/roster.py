@@ -11,6 +11,14 @@ its key: every peer refuses that key as soon as it reads the file, and leaves th
 its graph from ``--effective-round`` on. ``set-address NAME HOST:PORT`` moves a peer or
 gateway to another address (another host): the member listens there from its next start,
 and running peers dial it there as soon as they read the file.
+
+``reload --config PEER.toml`` (or ``--data-dir DIR``) tells the peer running on that data
+directory to re-read its roster file now: it sends the peer SIGHUP, found by the PID in the
+directory's held lock (peer/runtime/datalock.py). Running peers also notice a changed file on
+their own within a second; reload is for an operator who wants it taken now, and sees the peer
+say what it found (``SIGHUP: roster ... re-read: version N``) in its log. No peer running there
+is an error, and so is an edge client's folder (its status says ``role = "edge"``): an edge
+client reads the roster when it starts, and SIGHUP would end it.
 """
 
 from __future__ import annotations
@@ -84,6 +92,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     revoke.add_argument("name", help="member name")
     _effective_round(revoke)
     revoke.set_defaults(func=run_revoke)
+
+    reload = actions.add_parser(
+        "reload", help="make a running peer re-read its roster file now (SIGHUP)",
+        description="Send SIGHUP to the peer running on a data directory: it re-reads its roster file at "
+                    "once and says what it found in its log. Copy the edited roster to the peer's host "
+                    "first; a version is applied from its effective round.")
+    where = reload.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", metavar="PEER.toml", help="the running peer's config file")
+    where.add_argument("--data-dir", metavar="DIR",
+                       help="the running peer's data folder, instead of its config")
+    reload.set_defaults(func=run_reload)
 
     show = actions.add_parser("show", help="print the members")
     show.add_argument("--roster", required=True, metavar="FILE", help="roster TOML file")
@@ -209,6 +228,40 @@ def run_revoke(args: argparse.Namespace) -> int:
     roster_file.write(args.roster, edited)
     print(f"revoked {args.name} in {args.roster}: its key is refused by every peer that reads the file; "
           f"{len(edited)} members ({_said(edited)})")
+    return 0
+
+
+def run_reload(args: argparse.Namespace) -> int:
+    import os
+    import signal
+
+    from peer.files.statefiles import read_status
+    from peer.runtime.datalock import holder
+    from topology.errors import HivemeshError
+
+    if args.config:
+        from peer.runtime.peerconfig import load_peer_config
+
+        config = load_peer_config(args.config)
+        data_dir, roster, who = config.data_dir, f" ({config.roster_path})", f"peer {config.peer.name}"
+    else:
+        data_dir, roster, who = Path(args.data_dir), "", "the peer"
+    found = read_status(data_dir) or {}
+    if found.get("role") == "edge":    # SIGHUP would end it (its default action): an edge does not reload
+        raise HivemeshError(f"{data_dir} is edge client {found.get('name')}'s: an edge client reads the "
+                            "roster when it starts; restart it to apply a roster change")
+    pid = holder(data_dir)
+    if pid is None:
+        raise HivemeshError(f"no peer is running on data directory {data_dir}: nothing to reload (a peer "
+                            "reads its roster when it starts)")
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        raise HivemeshError(f"{data_dir}: the peer (pid {pid}) has just exited: nothing to reload") from None
+    except PermissionError:
+        raise HivemeshError(f"{data_dir}: not allowed to signal the peer (pid {pid}): run as its "
+                            "user") from None
+    print(f"sent SIGHUP to {who} (pid {pid}): it re-reads its roster{roster} now; its log says what it found")
     return 0
 
 

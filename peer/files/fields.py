@@ -106,6 +106,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "why the last checkpoint could not be written (empty once one is written again)"),
     Field("status_write_failures", "writes", "counter",
           "status.json or metrics.jsonl writes that failed, by errno", label="reason"),
+    Field("roster_version", "", "gauge", "the latest roster version this peer has read (applied from its "
+          "effective round on)"),
+    Field("roster_reloads", "reloads", "counter",
+          "times the roster file was re-read on SIGHUP (`hivemesh roster reload`)"),
     Field("waiting_for", "", "text",
           "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`)"),
     Field("absent_at_start", "events", "counter",

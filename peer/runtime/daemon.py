@@ -57,6 +57,10 @@ Node, which applies it from its ``effective_round`` and answers ``Connect``
 who is new and drops who left, and the transport admits the new roster's curve
 keys only, shutting down a leaver's open connections. A gateway whose config
 names no clients serves the new version's edge clients from its round on.
+SIGHUP (``hivemesh roster reload``) makes the next periodic pass read the file
+at once, changed or not, and say what it found (``SIGHUP: roster ... re-read``);
+a SIGHUP that arrives before the daemon's handler is in place is ignored, never
+fatal (the first pass reads the file anyway).
 
 Only members reach the decoder (``[peer] curve``, on by default): a message is
 opened only if its connection's CURVE key (ZAP's User-Id) is still admitted,
@@ -81,8 +85,9 @@ the data folder: one line per round, its report and accuracy); the status's
 refused, and each client's last contact and bytes each way; with differential
 privacy on, its ``privacy`` block and each round's ``epsilon`` the budget spent.
 
-SIGINT/SIGTERM: the loop ends at the next turn (no training step or send is
-interrupted halfway), waits for sends in flight, writes a checkpoint, exits 0.
+SIGHUP: re-read the roster now (above). SIGINT/SIGTERM: the loop ends at the
+next turn (no training step or send is interrupted halfway), waits for sends in
+flight, writes a checkpoint, exits 0.
 
 Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
 clears what a dead writer left (a complete copy is put back in place) before
@@ -214,6 +219,7 @@ class Counters:
     client_bytes_sent: Counter[str] = field(default_factory=Counter)      # a gateway's, by edge client
     client_bytes_received: Counter[str] = field(default_factory=Counter)  # accepted, by edge client
     client_unreachable: Counter[str] = field(default_factory=Counter)     # no connection learnt yet / gone
+    roster_reloads: int = 0            # SIGHUPs acted on (`hivemesh roster reload`)
 
 
 class PeerDaemon:
@@ -295,6 +301,7 @@ class PeerDaemon:
         self._timer_ids = itertools.count()
         self._work: list[int] = []
         self._stop_signal: int | None = None
+        self._reload_asked = False     # SIGHUP: the roster file is read at the next periodic pass
         self._last_loss = math.nan
         self._last_eval: dict[str, float] = {}
         self._last_eval_step = -1
@@ -393,8 +400,12 @@ class PeerDaemon:
         def stop(signum: int, frame: FrameType | None) -> None:
             self._stop_signal = signum
 
+        def reload(signum: int, frame: FrameType | None) -> None:
+            self._reload_asked = True     # acted on between steps, never inside the handler
+
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGHUP, reload)
 
     # ------------------------------------------------------------------ phases
 
@@ -793,8 +804,18 @@ class PeerDaemon:
     # ------------------------------------------------------------------ membership
 
     def _follow_roster(self) -> None:
-        """A new roster version in the file goes to the Node, which applies it at its round."""
-        found = self.roster_watch.poll(self.now())
+        """A new roster version in the file goes to the Node, which applies it at its round; on SIGHUP
+        the file is read now, and what was found is said."""
+        forced, self._reload_asked = self._reload_asked, False
+        found = self.roster_watch.poll(self.now(), force=forced)
+        if forced:
+            self.counters.roster_reloads += 1
+            held = self.roster_watch.roster
+            what = (f"version {found.roster.version} (effective from round {found.roster.effective_round})"
+                    if isinstance(found, NewVersion) else
+                    "cannot be used" if isinstance(found, Unusable) else
+                    f"nothing new (version {held.version})")
+            self.status.say(f"{self.name}: SIGHUP: roster {self.roster_watch.path} re-read: {what}")
         if isinstance(found, Unusable):
             self._warn(found.reason)
         elif isinstance(found, NewVersion):
@@ -1000,6 +1021,8 @@ class PeerDaemon:
             "checkpoint_failures": dict(self.store.failures),
             "checkpoint_error": self.store.error,
             "status_write_failures": dict(self.status.failures),
+            "roster_version": self.roster_watch.roster.version,
+            "roster_reloads": self.counters.roster_reloads,
             "waiting_for": (waiting_line(self.node.neighbourhood.presence())
                             if self.state == "waiting for neighbours" else ""),
             "absent_at_start": dict(self.counters.absent_at_start),
@@ -1073,6 +1096,9 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
     bound to the peer's address (peer.runtime.launch); ``metrics_port``: instead of the config's
     ``[peer] metrics_port``. Test hooks come from the environment."""
     ensure_logging()
+    # until the daemon's own handler is in place (it reads the roster then anyway), a `hivemesh roster
+    # reload` must not kill a peer that is still starting (SIGHUP's default action)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load_peer_config(config_path, overrides)   # overrides: `hivemesh peer --set`
         if metrics_port is not None:

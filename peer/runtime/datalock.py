@@ -7,6 +7,10 @@ failed on the port. So the peer takes ``DATA_DIR/lock`` first, with
 ``flock`` (released by the kernel when the process dies, however it dies: a
 SIGKILLed peer leaves no stale lock), and writes its PID into it for the
 message the second one prints.
+
+The same PID is how ``hivemesh roster reload`` finds the running peer to send
+SIGHUP to (:func:`holder`): a lock still held names a live process, which a
+stale PID file could not promise.
 """
 
 from __future__ import annotations
@@ -46,3 +50,27 @@ class DataDirLock:
         if self._handle is not None:
             self._handle.close()     # closing the descriptor drops the flock
             self._handle = None
+
+
+def holder(data_dir: Path) -> int | None:
+    """The PID of the process that holds ``data_dir``'s lock now; None when nobody holds it.
+
+    The lock is probed, not trusted as a PID file: a free lock (the peer stopped, however) means no
+    process to signal, even if a PID is still written there. The probe holds the lock for
+    microseconds; a peer starting at that instant is refused as in use, and says so."""
+    path = data_dir / LOCK_FILE
+    try:
+        handle = path.open("r")
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            written = handle.read().strip()
+            if not written.isdigit():
+                raise HivemeshError(f"{path} is held but names no PID yet (a peer starting?): "
+                                    "try again") from None
+            return int(written)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return None

@@ -7,6 +7,12 @@ again, and a later version is handed to the Node (protocols/node/membership.py),
 which applies it from round R on like every other member. What cannot be used
 (unreadable, an older version, the same version with other members) is said
 once per change of the file, and the peer runs on with what it has.
+
+``poll(now, force=True)`` reads the file at once, whatever its modification
+time says: what the daemon does on SIGHUP (``hivemesh roster reload``), for an
+operator who wants the edit taken now, or whose file system keeps coarse
+times. The first poll always reads the file: an edit made while the peer was
+starting (after it read its roster, before the watch began) is not missed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class RosterWatch:
         self.path = Path(path)
         self.roster = roster
         self.every_s = every_s
-        self._stamp = self._modified()
+        self._stamp: int | None = None   # the first poll reads the file (see the module docstring)
         self._next_s = 0.0
 
     def _modified(self) -> int | None:
@@ -45,13 +51,14 @@ class RosterWatch:
         except OSError:
             return None
 
-    def poll(self, now: float) -> NewVersion | Unusable | None:
-        """What changed since the last look (``now``: the daemon's clock, s); None: nothing."""
-        if now < self._next_s:
+    def poll(self, now: float, *, force: bool = False) -> NewVersion | Unusable | None:
+        """What changed since the last look (``now``: the daemon's clock, s); None: nothing.
+        ``force``: read the file now, even if it seems unchanged (SIGHUP)."""
+        if now < self._next_s and not force:
             return None
         self._next_s = now + self.every_s
         stamp = self._modified()
-        if stamp is None or stamp == self._stamp:
+        if not force and (stamp is None or stamp == self._stamp):
             return None
         self._stamp = stamp
         try:
