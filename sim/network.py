@@ -123,7 +123,12 @@ class PartitionSpec:
     receiving machine drops what is stale), through the link alone: a held
     connection does not hold up its members' NICs for their other links. A connection that sent nothing
     into the cut was never held. 0: what is sent across the cut is dropped,
-    and the links carry again at ``end_s``.
+    and the links carry again at ``end_s``. ``reconnect_after_s`` (finite)
+    models a transport that gives a silent connection up and dials afresh
+    (ZeroMQ's ZMTP heartbeat timeout): ``reconnect_after_s`` after the first
+    message into the cut, a new connection carries at once if the partition
+    has healed by then, so the link carries again at the earlier of that and
+    the retransmission.
     """
 
     start_s: float           # simulated time the links are cut
@@ -131,12 +136,15 @@ class PartitionSpec:
     groups: tuple[tuple[str, ...], ...] = ()  # members in different groups cannot talk
     edges: tuple[tuple[str, ...], ...] = ()   # pairs of members that cannot talk, either way
     retransmit_rto_s: float = 0.0  # TCP's first retransmission timeout; 0: messages across are dropped
+    reconnect_after_s: float = math.inf  # a held connection is dialled afresh after this long silent
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):
             raise ValueError(f"a partition needs 0 <= start_s < end_s, got {self.start_s}..{self.end_s}")
         if not (math.isfinite(self.retransmit_rto_s) and self.retransmit_rto_s >= 0):
             raise ValueError(f"retransmit_rto_s must be >= 0, got {self.retransmit_rto_s}")
+        if not self.reconnect_after_s > 0:
+            raise ValueError(f"reconnect_after_s must be > 0, got {self.reconnect_after_s}")
         if not self.groups and not self.edges:
             raise ValueError("a partition needs 'groups' or 'edges'")
         for edge in self.edges:
@@ -157,7 +165,7 @@ class PartitionSpec:
         while retransmit_s < self.end_s:
             timeout_s *= 2.0
             retransmit_s += timeout_s
-        return retransmit_s
+        return min(retransmit_s, max(self.end_s, first_s + self.reconnect_after_s))
 
     def active(self, now_s: float) -> bool:
         return self.start_s <= now_s < self.end_s

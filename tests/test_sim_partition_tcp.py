@@ -26,6 +26,16 @@ def test_the_link_carries_again_at_the_first_retransmission_after_the_heal() -> 
     assert PartitionSpec(start_s=10.0, end_s=12.0, groups=(("a",), ("b",))).resume_s(10.0) == 12.0
 
 
+def test_a_connection_dialled_afresh_carries_once_healed_if_that_is_sooner() -> None:
+    def resume(end_s: float) -> float:
+        return PartitionSpec(start_s=10.0, end_s=end_s, groups=(("a",), ("b",)), retransmit_rto_s=0.2,
+                             reconnect_after_s=5.0).resume_s(10.0)
+
+    assert resume(14.0) == pytest.approx(15.0)     # dialled afresh at 15.0, before the retransmission at 16.2
+    assert resume(15.5) == pytest.approx(15.5)     # given up at 15.0, the new connection carries at the heal
+    assert resume(12.0) == pytest.approx(13.0)     # the retransmission at 13.0 comes first
+
+
 def test_what_is_sent_into_the_cut_is_held_not_lost() -> None:
     net = network(0.2)
     assert net.transmit("a", "b", 1000, 9.0).arrival_s == pytest.approx(9.0 + 0.001 + 8e-6)
@@ -50,3 +60,5 @@ def test_without_a_timeout_the_cut_drops_and_the_heal_is_at_once() -> None:
 def test_a_negative_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="retransmit_rto_s"):
         PartitionSpec(start_s=0.0, end_s=1.0, groups=(("a",),), retransmit_rto_s=-0.1)
+    with pytest.raises(ValueError, match="reconnect_after_s"):
+        PartitionSpec(start_s=0.0, end_s=1.0, groups=(("a",),), reconnect_after_s=0.0)
