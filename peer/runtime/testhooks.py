@@ -20,7 +20,9 @@ what happens when the peer reaches it, before it trains further:
   ``seconds`` of its clock: the round's ``WorkDone`` waits (messages and
   heartbeats go on) until ``steps * seconds`` after its training began, as the
   simulator's modelled compute time does (``[nodes] step_time_ms`` / ``speed``);
-  a slow device for a process test, on top of a host's real speed.
+  a slow device for a process test, on top of a host's real speed. A peer
+  honours it too, as slower compute would: it blocks in its training until
+  then, so a test's timeline in steps holds on a fast machine and a slow one.
 
 When a hook fires, the peer first creates the file ``mark`` (if given), so a
 test waits on files, not on time. Hooks come from the environment variable
