@@ -20,8 +20,8 @@ an operator would), then trains on with its other neighbour;
 ``neighbour_timeout_s`` (30 s) is longer than the split, so nobody is reported
 down. Measured: the halves go on drifting apart after the heal, until the cut
 connections carry again: at TCP's next retransmission (0.2 s doubling: 3.0 s,
-then 6.2 s after the cut) or when ZeroMQ, silent for its heartbeat timeout
-(5 s), dials afresh, whichever is first; then they re-converge in a few
+then 6.2 s after the cut) or when ZeroMQ, silent past its heartbeat timeout
+(about 5.6 s, :func:`reconnect_after_s`), dials afresh, whichever is first; then they re-converge in a few
 rounds. ``SPLIT_S`` keeps the heal away from 3.0 s, where which of the two
 carries first would be a coin toss. The re-convergence time (protocols.consensus
 ``reconvergence_time_s``) is measured from the heal.
@@ -107,6 +107,14 @@ def real_series(trace: Path, names: list[str]) -> list[tuple[float, int, float]]
     return sorted(points)
 
 
+def reconnect_after_s(transport: TransportConfig) -> float:
+    """How long after a connection's last traffic ZeroMQ dials afresh: a PING goes out at the next
+    heartbeat (half an interval later, on average), the connection is closed when no answer came in
+    the heartbeat timeout, and the first reconnect follows."""
+    waited_ms = transport.zmtp_heartbeat_ms / 2 + transport.zmtp_heartbeat_timeout_ms + transport.reconnect_ms
+    return waited_ms / 1000
+
+
 def edit(config: Path, table: str, **settings: object) -> None:
     """Set ``settings`` in ``[table]`` of a peer file (replacing a key already there), as an operator
     edits it."""
@@ -181,7 +189,7 @@ def test_a_split_ring_reconverges_as_the_simulator_predicts(tmp_path: Path,
         faults={"partitions": [{"start_s": cut_s, "end_s": heal_s,
                                 "groups": [[names[i] for i in group] for group in GROUPS],
                                 "retransmit_rto_s": RTO_S,
-                                "reconnect_after_s": TransportConfig().zmtp_heartbeat_timeout_ms / 1000.0}]})
+                                "reconnect_after_s": reconnect_after_s(TransportConfig())}]})
     result = GossipRun(build_world(scenario)).run()
     simulated = result.trace
     sim_times, sim_distances = [p.time_s for p in simulated], [p.consensus_rms for p in simulated]
