@@ -83,8 +83,8 @@ from sim.world import build_world
 
 pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
-PEERS, STEPS, LOCAL_STEPS, FINAL_ROUNDS = 4, 4500, 50, 10   # local SGD: a round every 50 steps
-PRE_FAULT_STEP, CUT_STEP, APART_STEPS = 1500, 2000, 200     # pre-fault window: step 1500 to the cut
+PEERS, STEPS, LOCAL_STEPS, FINAL_ROUNDS = 4, 6000, 50, 10   # local SGD: a round every 50 steps
+PRE_FAULT_STEP, CUT_STEP, APART_STEPS = 3000, 3500, 200     # pre-fault window: step 3000 to the cut
 GROUPS = [[0, 1], [2, 3]]
 DEADLINE_S = 0.5        # a cut neighbour is waited for once, this long, then trained without
 SPLIT_S = 4.6           # the split's length, if the halves made APART_STEPS by then (see below)
