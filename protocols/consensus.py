@@ -16,13 +16,26 @@ members sorted by name, so results are reproducible).
 
 One vector is a consensus of one (0). When x̄ = 0, the relative distance
 falls back to the absolute max_i ||x_i||, rather than dividing by zero.
+
+After a fault, :func:`reconvergence_time_s` says how long the network took to
+agree again, from a series of (time, distance) samples: the multi-host fault
+suite measures it on real peers and asks the simulator to predict it (issue
+16), both with this one function. Re-converged means *for good*: from that
+sample on, the median distance over a trailing window stays below
+``REBOUND_FACTOR`` times its median before the fault, to the end of the
+series; a dip that rises again does not count. The window (seconds) smooths
+the noise of single samples; the median ignores an outlier or two.
 """
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Sequence
 
 import torch
+
+REBOUND_FACTOR = 1.5    # "agrees again": windowed median below 1.5x the pre-fault median (issue 16)
 
 
 def _deviations(vectors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,3 +58,40 @@ def max_relative_distance(vectors: Sequence[torch.Tensor]) -> float:
     deviations, mean = _deviations(vectors)
     scale = float(torch.linalg.vector_norm(mean)) or 1.0
     return float(deviations.max()) / scale
+
+
+def reconvergence_time_s(times_s: Sequence[float], distances: Sequence[float], *,
+                         pre_fault_s: tuple[float, float], heal_s: float, window_s: float,
+                         factor: float = REBOUND_FACTOR) -> float | None:
+    """Seconds from ``heal_s`` to the first sample from which the trailing median stays re-converged.
+
+    ``times_s`` (increasing) and ``distances`` are one series, in any one unit each. The bar is
+    ``factor`` x the median of the samples with ``pre_fault_s[0] <= t < pre_fault_s[1]``. A sample's
+    trailing median is over the samples with ``t - window_s < t' <= t`` (itself at least, so
+    samples from before the heal count in the first windows after it). The answer is ``t - heal_s``
+    of the earliest sample at or after ``heal_s`` whose trailing median, and that of every later
+    sample, is below the bar; None if the last sample's is not (it never re-converged), or if no
+    sample follows the heal. A ValueError if the pre-fault window holds no sample.
+    """
+    if len(times_s) != len(distances):
+        raise ValueError(f"{len(times_s)} times but {len(distances)} distances")
+    if any(b < a for a, b in itertools.pairwise(times_s)):
+        raise ValueError("times_s must not decrease")
+    if not window_s > 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    before = [d for t, d in zip(times_s, distances, strict=True) if pre_fault_s[0] <= t < pre_fault_s[1]]
+    if not before:
+        raise ValueError(f"no sample in the pre-fault window {pre_fault_s}")
+    bar = factor * statistics.median(before)
+    found: float | None = None
+    start = 0   # the first sample of the current trailing window
+    for index, now in enumerate(times_s):
+        while times_s[start] <= now - window_s:
+            start += 1
+        if now < heal_s:
+            continue
+        if statistics.median(distances[start:index + 1]) < bar:
+            found = now - heal_s if found is None else found
+        else:
+            found = None        # it rose again: a later sample must start the streak afresh
+    return found

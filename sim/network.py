@@ -28,7 +28,9 @@ counter-based (keyed by the scenario seed, the link and the message's index
 on that link), never drawn from a shared generator, so the same messages
 meet the same fate whatever order the engine ran other work in. A lost
 message still used the bandwidth along its way (it was sent); a message
-sent across a cut edge of an active partition never leaves.
+sent across a cut edge of an active partition never leaves, unless the
+partition models TCP (``retransmit_rto_s``): then it is held, and leaves when
+TCP's retransmission back-off lets the connection carry again.
 """
 
 from __future__ import annotations
@@ -109,16 +111,40 @@ class PartitionSpec:
     ``groups``: members in different groups cannot talk (members named in no
     group form one more group together). ``edges``: these pairs cannot talk,
     in either direction. Give one or both.
+
+    ``retransmit_rto_s`` > 0 models TCP connections rather than lost
+    datagrams: nothing sent across the cut is lost, it is held, and a held
+    connection carries again only at its sender's next retransmission after
+    the heal. The timeout starts at ``retransmit_rto_s`` (Linux: a 200 ms
+    floor on a LAN) at the connection's first message into the cut and
+    doubles after each retransmission lost, so the link carries again at the
+    first ``first + rto (2^k - 1)`` at or after ``end_s``
+    (:meth:`resume_s`), and then delivers everything held, in order (the
+    receiving machine drops what is stale), through the link alone: a held
+    connection does not hold up its members' NICs for their other links. A connection that sent nothing
+    into the cut was never held. 0: what is sent across the cut is dropped,
+    and the links carry again at ``end_s``. ``reconnect_after_s`` (finite)
+    models a transport that gives a silent connection up and dials afresh
+    (ZeroMQ's ZMTP heartbeat timeout): ``reconnect_after_s`` after the first
+    message into the cut, a new connection carries at once if the partition
+    has healed by then, so the link carries again at the earlier of that and
+    the retransmission.
     """
 
     start_s: float           # simulated time the links are cut
     end_s: float = math.inf  # a partition that never heals unless told otherwise
     groups: tuple[tuple[str, ...], ...] = ()  # members in different groups cannot talk
     edges: tuple[tuple[str, ...], ...] = ()   # pairs of members that cannot talk, either way
+    retransmit_rto_s: float = 0.0  # TCP's first retransmission timeout; 0: messages across are dropped
+    reconnect_after_s: float = math.inf  # a held connection is dialled afresh after this long silent
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):
             raise ValueError(f"a partition needs 0 <= start_s < end_s, got {self.start_s}..{self.end_s}")
+        if not (math.isfinite(self.retransmit_rto_s) and self.retransmit_rto_s >= 0):
+            raise ValueError(f"retransmit_rto_s must be >= 0, got {self.retransmit_rto_s}")
+        if not self.reconnect_after_s > 0:
+            raise ValueError(f"reconnect_after_s must be > 0, got {self.reconnect_after_s}")
         if not self.groups and not self.edges:
             raise ValueError("a partition needs 'groups' or 'edges'")
         for edge in self.edges:
@@ -130,6 +156,16 @@ class PartitionSpec:
                 if name in seen:
                     raise ValueError(f"member {name!r} is in two partition groups")
                 seen.add(name)
+
+    def resume_s(self, first_s: float) -> float:
+        """When a connection whose first message into the cut was at ``first_s`` carries again."""
+        if not self.retransmit_rto_s or math.isinf(self.end_s):
+            return self.end_s
+        retransmit_s, timeout_s = first_s + self.retransmit_rto_s, self.retransmit_rto_s
+        while retransmit_s < self.end_s:
+            timeout_s *= 2.0
+            retransmit_s += timeout_s
+        return min(retransmit_s, max(self.end_s, first_s + self.reconnect_after_s))
 
     def active(self, now_s: float) -> bool:
         return self.start_s <= now_s < self.end_s
@@ -214,6 +250,8 @@ class Network:
         self.partitions = tuple(partitions)
         self._links: dict[tuple[str, str], FifoLink] = {}
         self.dropped: Counter[str] = Counter()
+        self.held = 0   # messages a partition with retransmit_rto_s held until its links carried again
+        self._first_held: dict[tuple[int, str, str], float] = {}    # (partition, src, dst) -> first_s
         # Only limited NICs are stages; a member absent here (or unlimited) adds nothing to a path.
         nics = nics or {}
         self._uplinks = {name: NicQueue(nic.uplink_mbps) for name, nic in sorted(nics.items())
@@ -235,11 +273,33 @@ class Network:
     def partitioned(self, src: str, dst: str, now_s: float) -> bool:
         return any(p.active(now_s) and p.cuts(src, dst) for p in self.partitions)
 
+    def _held_until(self, src: str, dst: str, now_s: float) -> float:
+        """When a message sent at ``now_s`` leaves, given partitions that hold rather than drop (the
+        latest ``resume_s`` of those holding this link; ``now_s`` if none)."""
+        leaves_s = now_s
+        for index, partition in enumerate(self.partitions):
+            if not (partition.retransmit_rto_s and partition.start_s <= now_s and partition.cuts(src, dst)):
+                continue
+            key = (index, src, dst)
+            if key not in self._first_held and now_s < partition.end_s:
+                self._first_held[key] = now_s
+            if key in self._first_held:
+                leaves_s = max(leaves_s, partition.resume_s(self._first_held[key]))
+        return leaves_s
+
     def transmit(self, src: str, dst: str, nbytes: int, now_s: float) -> Transfer:
         """Send ``nbytes`` from ``src`` to ``dst`` at ``now_s``: when it arrives, or why it never does."""
-        if self.partitioned(src, dst, now_s):
+        if any(p.active(now_s) and p.cuts(src, dst) and not p.retransmit_rto_s for p in self.partitions):
             self.dropped["partitioned"] += 1
             return Transfer(None, "partitioned")
+        leaves_s = self._held_until(src, dst, now_s)
+        if leaves_s > now_s:
+            # held in its own connection's buffer, not in the NICs' queues (which would make the
+            # member's other connections wait for this one's retransmission): the link's FIFO only
+            self.held += 1
+            link = self.link(src, dst)
+            _, last_bit_s = link.carry(nbytes, leaves_s, leaves_s)
+            return Transfer(link.in_order(last_bit_s))
         link = self.link(src, dst)
         index = link.messages
         spec = link.spec

@@ -49,6 +49,8 @@ fault schedule keyed by rounds (protocols/node/schedule.py, which the simulator
 honours too) fires at the work point of a round, before its steps are trained:
 holds, a SIGTERM stop, a flood of state-sync requests, and cuts whose
 neighbours go down and up for the machine by the schedule, never by a timeout.
+A test may also have the peer write its parameters every few steps (a params
+trace), to follow the consensus distance over time.
 
 Membership changes without a restart (peer/runtime/rosterwatch.py): the periodic
 pass re-reads the roster file when it changed; a later version goes to the
@@ -142,8 +144,10 @@ from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import (
     Hook,
     Hooks,
+    ParamsWriter,
     ScheduleFiles,
     hooks_from_environment,
+    params_writer_from_environment,
     protocol_version_from_environment,
     save_point_from_environment,
     schedule_from_environment,
@@ -228,11 +232,13 @@ class PeerDaemon:
     def __init__(self, config: PeerConfig, *, parts: Parts | None = None, listen_fd: int | None = None,
                  hooks: Sequence[Hook] = (),
                  schedule_for: Callable[[str], ScheduleFiles | None] | None = None,
-                 protocol_version: int | None = None, at_save_point: SavePoint | None = None) -> None:
+                 protocol_version: int | None = None, at_save_point: SavePoint | None = None,
+                 params_trace: ParamsWriter | None = None) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
         ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name,
         ``protocol_version``: the highest protocol version spoken, as by a member not yet upgraded,
-        ``at_save_point``: a test hook inside checkpoint writes (peer.runtime.testhooks)."""
+        ``at_save_point``: a test hook inside checkpoint writes, ``params_trace``: a test's record of the
+        parameters over time (both peer.runtime.testhooks)."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -272,6 +278,7 @@ class PeerDaemon:
         self._listen_fd = listen_fd
         self._dialled = dict(self.parts.neighbours)   # name -> the address its socket dials
         self.hooks = Hooks(hooks)
+        self.params_trace = params_trace
         self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._was_held = False      # the schedule held the last work point
         self._warned: set[str] = set()      # the machine's warnings already said
@@ -682,7 +689,12 @@ class PeerDaemon:
             return
         if self.transport.pending_sends():
             self.transport.wait_sent()    # training changes the parameters in place
+        if self.params_trace is not None:
+            self.params_trace.at_work_point(self.trainer.step, self.trainer.flat_params)
+        began = time.monotonic()
         loss = self.trainer.run_steps(steps)
+        if self.hooks.step_pace_s:  # a test's slower machine: the steps take that long, as compute would
+            time.sleep(max(0.0, began + steps * self.hooks.step_pace_s - time.monotonic()))
         self._last_loss = loss
         self._feed(WorkDone(steps, loss))
 
@@ -1112,7 +1124,8 @@ def run_peer(config_path: str, *, quiet: bool = False, listen_fd: int | None = N
         return PeerDaemon(config, listen_fd=listen_fd, hooks=hooks_from_environment(),
                           schedule_for=schedule_from_environment,
                           protocol_version=protocol_version_from_environment(),
-                          at_save_point=save_point_from_environment()).run()
+                          at_save_point=save_point_from_environment(),
+                          params_trace=params_writer_from_environment(config.peer.name)).run()
     except HivemeshError as error:
         print(f"hivemesh: error: {error}", file=sys.stderr, flush=True)
         return 2

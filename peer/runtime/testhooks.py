@@ -20,7 +20,9 @@ what happens when the peer reaches it, before it trains further:
   ``seconds`` of its clock: the round's ``WorkDone`` waits (messages and
   heartbeats go on) until ``steps * seconds`` after its training began, as the
   simulator's modelled compute time does (``[nodes] step_time_ms`` / ``speed``);
-  a slow device for a process test, on top of a host's real speed.
+  a slow device for a process test, on top of a host's real speed. A peer
+  honours it too, as slower compute would: it blocks in its training until
+  then, so a test's timeline in steps holds on a fast machine and a slow one.
 
 When a hook fires, the peer first creates the file ``mark`` (if given), so a
 test waits on files, not on time. Hooks come from the environment variable
@@ -33,6 +35,12 @@ object, :class:`SaveHook`): at one of peer/train/checkpoint.py's ``SAVE_POINTS``
 of at least step ``at_step``, the writer creates ``mark`` (if given), then SIGKILLs
 itself (``kill``) or waits until the file ``gate`` exists (``hold``), so a test kills
 a peer inside a write, at an instant it chose, without timing it.
+
+A peer's parameters over time (``HIVEMESH_TEST_PARAMS_TRACE``, a JSON object,
+:class:`ParamsTrace`): every ``every_steps`` steps, at the work point, it writes
+its flat parameters, step and wall clock to ``folder/NAME/STEP.pt``, from which a
+multi-host test computes the consensus distance over time
+(:func:`read_params_trace`).
 
 A fault schedule keyed by rounds (protocols/node/schedule.py, the one the
 simulator honours too) comes from ``HIVEMESH_TEST_SCHEDULE``: a JSON object
@@ -55,6 +63,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+import torch
 
 from peer.train.checkpoint import SAVE_POINTS, SavePoint
 from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
@@ -288,3 +298,73 @@ def schedule_from_environment(name: str) -> ScheduleFiles | None:
         return ScheduleFiles(from_plain(plain["faults"]), name, Path(plain["progress"]))
     except (ValueError, TypeError, KeyError) as error:
         raise HivemeshError(f"{SCHEDULE_VARIABLE}: {error!r}") from None
+
+
+# ------------------------------------------------------------ the parameters over time, for a test
+
+
+PARAMS_VARIABLE = "HIVEMESH_TEST_PARAMS_TRACE"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamsTrace:
+    """Every ``every_steps`` trainer steps, at the work point (the round's messages sent, its steps
+    not yet trained, as the simulator's trace sees members), a peer writes its flat parameters, its
+    step and the wall clock to ``folder/NAME/STEP.pt``. A multi-host test computes the consensus
+    distance over time from these (issue 16): status.json holds no parameters, and polling
+    checkpoints would race the writer. ``time.time()`` is one clock for every host of one machine."""
+
+    folder: str
+    every_steps: int
+
+    def __post_init__(self) -> None:
+        if not self.folder:
+            raise ValueError("a params trace needs a folder")
+        if self.every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {self.every_steps}")
+
+
+def params_trace_json(trace: ParamsTrace) -> str:
+    """The value of ``HIVEMESH_TEST_PARAMS_TRACE`` for ``trace``."""
+    return json.dumps({"folder": trace.folder, "every_steps": trace.every_steps})
+
+
+class ParamsWriter:
+    """One peer's side of a :class:`ParamsTrace`."""
+
+    def __init__(self, trace: ParamsTrace, name: str) -> None:
+        self.folder = Path(trace.folder) / name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.every_steps = trace.every_steps
+        self._written = -1
+
+    def at_work_point(self, step: int, params: torch.Tensor) -> None:
+        """Write ``params`` if ``step`` is due (once per step: a held round comes back to it)."""
+        if step % self.every_steps or step == self._written:
+            return
+        self._written = step
+        flat = params.detach().to("cpu", torch.float32).clone()
+        record = {"step": step, "time_s": time.time(), "params": flat}
+        handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".params.")
+        with os.fdopen(handle, "wb") as out:
+            torch.save(record, out)
+        os.replace(temporary, self.folder / f"{step}.pt")   # whole or not at all: the test reads any time
+
+
+def read_params_trace(folder: Path, name: str) -> dict[int, tuple[float, torch.Tensor]]:
+    """What ``name`` wrote under ``folder``: step -> (wall-clock seconds, flat parameters)."""
+    found: dict[int, tuple[float, torch.Tensor]] = {}
+    for path in sorted((folder / name).glob("*.pt")):
+        record = torch.load(path, weights_only=True)
+        found[int(record["step"])] = (float(record["time_s"]), record["params"])
+    return found
+
+
+def params_writer_from_environment(name: str) -> ParamsWriter | None:
+    text = os.environ.get(PARAMS_VARIABLE, "")
+    if not text:
+        return None
+    try:
+        return ParamsWriter(ParamsTrace(**json.loads(text)), name)
+    except (ValueError, TypeError) as error:
+        raise HivemeshError(f"{PARAMS_VARIABLE}: {error}") from None
