@@ -30,7 +30,7 @@ from protocols.federation import (
 )
 from protocols.federation.accountant import RoundAccountant
 from protocols.federation.distributed_dp import discrete_gaussian, share_stddev
-from protocols.federation.privacy import clip, next_clip_norm, poisson_sample
+from protocols.federation.privacy import clip, next_clip_norm, noised_centred_count, poisson_sample
 from protocols.messages import ClientUpdate, RoundStart
 from protocols.rng import torch_generator
 
@@ -245,9 +245,68 @@ def test_update_noise_multiplier_leaves_the_total_at_z() -> None:
 
 
 def test_next_clip_norm_moves_geometrically_toward_the_target_share() -> None:
-    assert next_clip_norm(1.0, 8.0, 10.0, 0.5, 0.2) == pytest.approx(math.exp(-0.2 * 0.3))  # too many covered
-    assert next_clip_norm(1.0, 2.0, 10.0, 0.5, 0.2) == pytest.approx(math.exp(0.2 * 0.3))
-    assert next_clip_norm(1.0, 5.0, 10.0, 0.5, 0.2) == 1.0
+    # the centred count: 8 of 10 covered is 8 - 5 = 3, a share of 3 / 10 + 1/2 = 0.8
+    assert next_clip_norm(1.0, 3.0, 10.0, 0.5, 0.2) == pytest.approx(math.exp(-0.2 * 0.3))  # too many covered
+    assert next_clip_norm(1.0, -3.0, 10.0, 0.5, 0.2) == pytest.approx(math.exp(0.2 * 0.3))
+    assert next_clip_norm(1.0, 0.0, 10.0, 0.5, 0.2) == 1.0
+
+
+def test_one_client_moves_the_count_query_by_half_whatever_its_bit() -> None:
+    """The sensitivity the accounting assumes (1/2): with the same noise draw, one client more,
+    covered or not, moves the released sum by exactly 1/2 (a raw 0/1 count would move by 1)."""
+    def released(covered: int, taken: int) -> float:
+        return noised_centred_count(covered, taken, 3.0, torch_generator(SECRET, "gw", 7, "dp-count"))
+
+    for covered, taken in [(0, 0), (3, 5), (5, 5), (2, 9)]:
+        base = released(covered, taken)
+        assert released(covered + 1, taken + 1) - base == pytest.approx(0.5, abs=1e-12)
+        assert released(covered, taken + 1) - base == pytest.approx(-0.5, abs=1e-12)
+    with pytest.raises(ValueError, match="covered <= taken"):
+        released(6, 5)
+
+
+def test_the_server_steps_c_by_the_centred_count_over_the_expected_cohort() -> None:
+    # Prepare: no noise at all (z = 0, sigma_b = 0), so C's steps show the statistic itself;
+    # 20 clients at q = 0.5 (m = 10, cohorts of varying size); client i's norm is i / 10
+    config = dp_config(rounds=12, noise_multiplier=0.0, clip_norm=1.0, sampling_rate=0.5,
+                       target_quantile=0.5, count_noise_stddev=0.0)
+    server = dp_server(config, clients=20)
+
+    def reply(name: str, round_index: int) -> torch.Tensor:
+        return torch.tensor([int(name[1:]) / 10, 0.0, 0.0, 0.0], dtype=torch.float64)
+
+    # Execute
+    drive(server, reply)
+    # Assert: C_next = C exp(-eta ((covered - n/2) / m + 1/2 - target)), n the updates taken
+    cohort_sizes = set()
+    for r in range(11):
+        report = server.reports[r]
+        covered = sum(int(n[1:]) / 10 <= report.clip_norm for n in report.taken)
+        share = (covered - len(report.taken) / 2) / 10 + 0.5
+        assert server.reports[r + 1].clip_norm == pytest.approx(
+            report.clip_norm * math.exp(-0.2 * (share - 0.5)), rel=1e-12), r
+        cohort_sizes.add(len(report.taken))
+    assert cohort_sizes - {10}, "some cohort differs from m, where the centred and raw counts part"
+
+
+@pytest.mark.parametrize(("q", "z", "sigma_b", "rounds"),
+                         [(0.1, 1.0, 1.0, 100), (0.1, 1.0, 5.0, 100), (0.5, 0.7, 0.4, 30),
+                          (0.01, 2.0, 1.5, 500)])
+def test_adaptive_clipping_is_accounted_with_the_two_queries_it_actually_runs(
+        q: float, z: float, sigma_b: float, rounds: int) -> None:
+    """Finding 4 of review 13: the reported epsilon (one Gaussian of multiplier z a round) equals
+    dp-accounting's composition of the queries as run on the same Poisson sample: the update, of
+    sensitivity C and noise z_update C, and the centred count, of sensitivity 1/2 (the test above)
+    and noise sigma_b, so multiplier sigma_b / (1/2)."""
+    dp = DifferentialPrivacyConfig(noise_multiplier=z, clip_norm=1.0, sampling_rate=q,
+                                   target_quantile=0.5, count_noise_stddev=sigma_b)
+    reported = RoundAccountant(q, dp.noise_multiplier, dp.delta).epsilon(rounds)
+    actual = RdpAccountant()
+    actual.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(dp.update_noise_multiplier()),
+        dp_accounting.GaussianDpEvent(dp.count_noise_stddev / 0.5)])), rounds)
+    assert reported == pytest.approx(float(actual.get_epsilon(dp.delta)), rel=1e-6)
+    assert dp.update_noise_multiplier() > z  # the update's own noise pays for the count
 
 
 def test_adaptive_clipping_finds_the_median_update_norm() -> None:

@@ -164,9 +164,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "after the end), final_answer_limited (at most one per client per round_timeout_s)", label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
-    Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta` (dp-accounting's "
-          "RDP accountant over the rounds closed; distributed: Kairouz et al.'s bound, sampled by Zhu and "
-          "Wang's, composed and converted by dp-accounting; `inf` without noise)"),
+    Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta`, amplified by "
+          "sampling (central: dp-accounting's RDP bound over the rounds closed; distributed: an "
+          "approximation, not a proven bound: Kairouz et al.'s per-round bound sampled by Zhu and Wang's, "
+          "ignoring that an unsampled client adds no noise share; `inf` without noise)"),
     Field("federation.privacy.delta", "", "gauge", "the delta epsilon is stated at"),
     Field("federation.privacy.noise_multiplier", "", "gauge", "z: the noise's standard deviation over the "
           "clip norm"),
@@ -178,8 +179,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.privacy.mechanism", "", "text", "central (the gateway adds the noise) or distributed "
           "(with `[federation.secure_aggregation]`: each client adds a discrete Gaussian share)"),
     Field("federation.privacy.epsilon_vs_gateway_per_round", "", "gauge", "distributed only: epsilon against "
-          "the gateway for each round a client takes part in (not amplified by sampling: the gateway sees "
-          "who takes part)"),
+          "the gateway for each round a client takes part in, a proven bound (not amplified by sampling: "
+          "the gateway sees who takes part)"),
     Field("federation.clients", "", "nested", "per edge client, the rows `federation.clients.*` below "
           "(status.json only)"),
     Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "

@@ -22,8 +22,19 @@ of discrete Gaussians is not a Gaussian, so dp-accounting has no event for it. O
 is Kairouz, Liu and Steinke's bound (:func:`kls_epsilon`), Poisson sampling is Zhu and Wang's
 general amplification bound (:func:`poisson_subsampled_rdp`; dp-accounting's exact one is the
 Gaussian's only), both pure functions here; the composition over rounds and the conversion to
-(epsilon, delta) are dp-accounting's (``compute_epsilon``). Every step is an upper bound: see
-the functions and distributed_dp.round_epsilon for what is counted.
+(epsilon, delta) are dp-accounting's (``compute_epsilon``). Which of its two figures is proven:
+
+- ``gateway_epsilon`` (the status's ``epsilon_vs_gateway_per_round``, not amplified) is an upper
+  bound: each step is one (Kairouz et al.'s per-round RDP for the neighbour that replaces a
+  client's update by zeros while its share is still added, a pure shift of the others' noise;
+  RDP composition; dp-accounting's conversion). See distributed_dp.round_epsilon for what is
+  counted.
+- ``epsilon`` (amplified by Poisson sampling) is an approximation, not a proven bound: Zhu and
+  Wang's amplification is an upper bound for whatever base mechanism it is given, but the curve
+  given is that pure shift, whereas in the protocol a client that was not sampled adds no share
+  either, so with and without it the released sum differs in its noise's variance too (one
+  share in at least t + 1) and not by a shift alone. Kairouz et al.'s experiments make the same
+  simplification. DistributedRoundAccountant says why no cheap bound replaces it.
 """
 
 from __future__ import annotations
@@ -163,11 +174,16 @@ class DistributedRoundAccountant:
     ``gateway_epsilon``: the same without amplification, per round a client took part in: the
     gateway chooses the sample and sees who answers, so sampling hides nothing from it.
 
-    The approximation (not an upper bound in every respect): the amplified ``epsilon`` compares
-    a client's update added or not to the others' noise, as Kairouz et al.'s experiments do,
-    whereas a client that was not sampled also adds no noise share. ``gateway_epsilon`` has no
-    such gap: its neighbour replaces the client's update by zeros with its share still there,
-    which shifts the others' noise and nothing else."""
+    Which is proven: ``gateway_epsilon`` is an upper bound (its neighbour replaces the client's
+    update by zeros with its share still there, a pure shift of the others' noise, exactly what
+    Kairouz et al.'s Theorem 1 bounds). ``epsilon`` is an approximation, not a proven bound: it
+    applies the amplification to that same shift, as Kairouz et al.'s experiments do, whereas in
+    the protocol a client that was not sampled adds no noise share either, so the two outcomes
+    also differ in the noise's variance (and a released sum of d coordinates shows its variance
+    well: roughly how many took part). Bounding that honestly means bounding the divergence
+    between sums of n and n + 1 discrete Gaussian shares in d dimensions (or accounting the
+    cohort size as released), neither of which this accountant does; the figure is labelled so
+    in the status field and the README rather than dressed as a bound."""
 
     def __init__(self, sampling_rate: float, round_epsilon: float, delta: float) -> None:
         self.sampling_rate = sampling_rate

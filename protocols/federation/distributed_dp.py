@@ -35,7 +35,9 @@ Canonne, Kamath and Steinke 2020); it decodes exactly while ``|sum| < 2^31``. Th
 (about 4e-22 per coordinate and round at 10), so a wrap is negligible at any model size.
 
 Accounting: :func:`round_epsilon` is one round's bound (Kairouz et al.'s, for the others'
-shares), composed with Poisson sampling by accountant.DistributedRoundAccountant.
+shares), composed with Poisson sampling by accountant.DistributedRoundAccountant: unamplified
+a proven bound (``epsilon_vs_gateway_per_round``), amplified an approximation (accountant.py
+says why).
 """
 
 from __future__ import annotations

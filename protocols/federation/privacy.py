@@ -14,14 +14,21 @@ output changes little whether or not any one client took part, because
    (:func:`noised_mean`); ``z`` is the noise multiplier.
 
 Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive
-Clipping"): ``C`` follows the ``target_quantile`` of the updates' norms. Each round counts the
-updates whose norm was at most ``C``, adds Gaussian noise ``count_noise_stddev`` to the count
-(the count is a query on the clients' data too), and moves ``C`` geometrically
-(:func:`next_clip_norm`). The two queries together cost what one Gaussian query of multiplier
-``z`` costs when the update's own multiplier is raised to
-``z_update = (z^-2 - (2 sigma_b)^-2)^-1/2`` (:meth:`DifferentialPrivacyConfig.update_noise_multiplier`),
-so the accountant (protocols/federation/accountant.py) sees one event per round:
-``PoissonSampledDpEvent(q, GaussianDpEvent(z))``.
+Clipping"): ``C`` follows the ``target_quantile`` of the updates' norms. The count of the
+updates within ``C`` is a query on the clients' data too, so it is released noised, and in the
+form Andrew et al. analyse: each update taken gives a bit ``b`` (1: within ``C``) shifted to
+``b - 1/2``, the shifted bits are summed and N(0, sigma_b^2) is added (:func:`noised_centred_count`).
+One client added or removed moves that sum by 1/2 at most (a raw 0/1 count would move by 1,
+twice the sensitivity, four times the RDP). The covered share is then estimated as
+``sum / m + 1/2`` with ``m = q N`` the expected cohort, and ``C`` moves geometrically
+(:func:`next_clip_norm`). Both queries run on the same Poisson sample: the update with
+multiplier ``z_update`` (sensitivity ``C``), the shifted count with multiplier ``2 sigma_b``
+(sensitivity 1/2). A pair of Gaussian queries costs exactly what one Gaussian of multiplier
+``(z_update^-2 + (2 sigma_b)^-2)^-1/2`` costs, so the update's multiplier is raised to
+``z_update = (z^-2 - (2 sigma_b)^-2)^-1/2`` (:meth:`DifferentialPrivacyConfig.update_noise_multiplier`;
+it exists when ``2 sigma_b > z``) and the accountant (protocols/federation/accountant.py) sees
+one event per round, ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, equal to dp-accounting's
+own composition of the two queries as run (tests/test_federation_dp.py checks both).
 
 Randomness: every draw comes from a generator keyed by (secret seed, gateway, round, purpose)
 (protocols/rng.py), never from a global one. The secret seed is the driver's (the daemon draws
@@ -69,7 +76,8 @@ class DifferentialPrivacyConfig:
     # C should cover (0.5: the median norm)
     target_quantile: float = 0.0
     clip_learning_rate: float = 0.2  # eta_C: C moves by exp(-eta_C (covered - target)) a round
-    # sigma_b: the noise on the count of covered updates (clients); it must exceed z / 2.
+    # sigma_b: the noise on the count of covered updates (clients), a sum of bits shifted to +-1/2
+    # (sensitivity 1/2, so its multiplier is 2 sigma_b); it must exceed z / 2.
     # Andrew et al. use the expected cohort / 20
     count_noise_stddev: float = 0.0
 
@@ -144,15 +152,20 @@ def noised_mean(clipped: Sequence[torch.Tensor], *, like: torch.Tensor, expected
     return (total / expected + noise).to(like.dtype).to(like.device)
 
 
-def noised_count(count: int, stddev: float, generator: torch.Generator) -> float:
-    """``count`` plus N(0, stddev^2): the covered-updates query of adaptive clipping."""
-    return count + stddev * float(torch.randn((), generator=generator, dtype=torch.float64))
+def noised_centred_count(covered: int, taken: int, stddev: float, generator: torch.Generator) -> float:
+    """Adaptive clipping's count query: the sum over the ``taken`` updates of (bit - 1/2), where
+    ``covered`` of the bits are 1, plus N(0, stddev^2). Adding or removing one client moves the
+    sum by exactly 1/2 whatever its bit, which is the sensitivity the accounting assumes."""
+    if not 0 <= covered <= taken:
+        raise ValueError(f"need 0 <= covered <= taken, not {covered}, {taken}")
+    return covered - taken / 2 + stddev * float(torch.randn((), generator=generator, dtype=torch.float64))
 
 
-def next_clip_norm(clip_norm: float, noisy_covered: float, expected: float, target_quantile: float,
+def next_clip_norm(clip_norm: float, noisy_centred_count: float, expected: float, target_quantile: float,
                    learning_rate: float) -> float:
-    """Andrew et al.'s geometric step: ``C exp(-eta (covered / m - target))``. More updates within
-    C than the target share shrink C; fewer grow it."""
-    covered_share = noisy_covered / expected
+    """Andrew et al.'s geometric step: ``C exp(-eta (covered_share - target))``, the covered share
+    estimated as ``noisy_centred_count / m + 1/2`` (``m`` the expected cohort; unbiased when the
+    cohort has its expected size). More updates within C than the target share shrink C; fewer
+    grow it."""
+    covered_share = noisy_centred_count / expected + 0.5
     return clip_norm * math.exp(-learning_rate * (covered_share - target_quantile))
-

@@ -414,8 +414,9 @@ class FedAvgServer(FederationServer):
         delta = privacy.noised_mean(clipped, like=self.params, expected=expected, stddev=stddev,
                                     generator=noise)
         if dp.adaptive:
-            count = privacy.noised_count(covered, dp.count_noise_stddev,
-                                         torch_generator(self.secret_seed, self.name, self.round, "dp-count"))
+            count = privacy.noised_centred_count(covered, len(clipped), dp.count_noise_stddev,
+                                                 torch_generator(self.secret_seed, self.name, self.round,
+                                                                 "dp-count"))
             self.dp_clip_norm = privacy.next_clip_norm(self.dp_clip_norm, count, expected, dp.target_quantile,
                                                        dp.clip_learning_rate)
         self.counters["dp_updates_clipped"] += len(clipped) - covered
