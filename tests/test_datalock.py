@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _daemon_support import CEILING_S, make_network, peers, wait_for_locks
+from _daemon_support import CEILING_S, make_network, peers, wait_for_files, wait_for_locks
 
 from peer.runtime.datalock import DataDirLock
 from topology.errors import HivemeshError
@@ -41,6 +41,7 @@ def test_a_second_peer_on_a_running_peers_directory_is_refused_and_changes_nothi
         processes.start("p00")      # alone, it waits for p01 (start_timeout_s): it holds its directory
         pid = processes.processes["p00"].pid
         wait_for_locks(files, processes, ["p00"])
+        wait_for_files([data / "epoch"])   # written just after the lock is taken
         epoch_before = (data / "epoch").read_text()
         second = subprocess.run([*_hivemesh(), "peer", "--config", str(files.configs["p00"])],
                                 capture_output=True, text=True, timeout=CEILING_S)
