@@ -51,10 +51,13 @@ def table(rows: Sequence[FaultRow]) -> str:
     def seconds(value: float | None) -> str:
         return "–" if value is None else f"{value:.1f}"
 
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")   # a pipe in a cell would split it
+
     lines = ["| fault | injected | survived | steps lost per restart | recovery (s) | simulator (s) | note |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         lost = ", ".join(str(n) for n in row.steps_lost) if row.steps_lost else "–"
-        lines.append(f"| {row.fault} | {row.injected} | {row.survived} | {lost} | {seconds(row.recovery_s)} "
-                     f"| {seconds(row.predicted_s)} | {row.note} |")
+        lines.append(f"| {cell(row.fault)} | {row.injected} | {row.survived} | {lost} "
+                     f"| {seconds(row.recovery_s)} | {seconds(row.predicted_s)} | {cell(row.note)} |")
     return "\n".join(lines)
