@@ -422,6 +422,8 @@ class SecureClient:
         self.sign = sign
         self.verify = verify
         self.round_index = -1
+        self.attempt = -1  # machines started for round_index, minus one: every one gets fresh secrets
+        self.revealed: dict[str, str] = {}  # round_index's reveals over all its attempts (peer -> kind)
         self.machine: SecAggClient | None = None
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
@@ -432,9 +434,19 @@ class SecureClient:
         return counts
 
     def start(self, start: RoundStart, now_s: float) -> list[Action]:
-        """RoundStart taken: advertise this round's keys (masking on)."""
+        """RoundStart taken: advertise this round's keys (masking on). The same round asked again
+        (a gateway restored from a checkpoint re-asks its open round; a hostile one may do it at
+        will) is a new attempt: new keys, masks and noise, and the reveals of the earlier attempts
+        still bind (secagg/client.py's consistency rule). An older round is refused."""
+        if start.round < self.round_index:
+            self.counters["secagg_refused_old_round"] += 1
+            return []
         self._retire()
-        self.round_index = start.round
+        if start.round == self.round_index:
+            self.attempt += 1
+            self.counters["secagg_round_restarted"] += 1
+        else:
+            self.round_index, self.attempt, self.revealed = start.round, 0, {}
         if not self.config.masking:
             return []
         cohort = start.meta.get(COHORT_META)
@@ -443,7 +455,8 @@ class SecureClient:
             return []
         self.machine = SecAggClient(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
                                     cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
-                                    sign=self.sign, verify=self.verify)
+                                    sign=self.sign, verify=self.verify, attempt=self.attempt,
+                                    revealed=self.revealed)
         return self._send(self.machine.start(now_s))
 
     def receive(self, message: SecAggMessage, now_s: float) -> list[Action]:
@@ -464,7 +477,8 @@ class SecureClient:
         if self.privacy is None:
             quantised = quantise_update(delta, ring_weight(num_samples, self.config), self.config)
         else:  # distributed DP: clipped to C, quantised, plus this client's noise share; weight 1
-            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index)
+            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index,
+                                                   attempt=max(self.attempt, 0))
             quantised = np.append(distributed_dp.noised_input(delta, self.privacy, self.config, noise),
                                   np.int64(1))
         if not self.config.masking:
