@@ -16,21 +16,29 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from protocols.events import Received, Send, Start, WorkDone
+from protocols.events import Action, Received, Send, Start, WorkDone
 from protocols.federation.distributed_dp import discrete_gaussian, noise_generator
 from protocols.federation.secure import SecureClient, unwrap
-from protocols.messages import RoundStart
+from protocols.messages import RoundStart, SecAggMessage
 from protocols.secagg import ClientPhase, SecAggClient, SecAggConfig, SecAggConfigError, crypto, quantise
 from protocols.secagg.client import share_index
 from protocols.secagg.fixedpoint import RING_MASK
 from protocols.secagg.local import LocalRound
-from protocols.secagg.messages import AdvertiseKeys, ConsistencyProof, KeyRoster, UnmaskShares
+from protocols.secagg.messages import (
+    AdvertiseKeys,
+    ConsistencyProof,
+    ForwardedShares,
+    KeyRoster,
+    MaskedInput,
+    UnmaskShares,
+)
 from protocols.secagg.server import Deliver
 from tests.test_federation_ddp import GATEWAY, Federation, configs
 
@@ -100,6 +108,35 @@ def test_combine_secret_refuses_an_index_split_secret_never_hands_out(indices: t
     assert crypto.combine_secret(shares[:3], 3, 6) == secret
 
 
+def test_a_client_aborts_on_a_share_that_carries_another_index_than_its_sender_owes_it() -> None:
+    # Prepare: c1 (dishonest) re-encrypts the share it sends c0 under the index 0
+    inputs = {name: quantise(np.zeros(4), clip_value=1.0, bits=16) for name in NAMES}
+    local = LocalRound(SecAggConfig(), inputs, run_id="own-index", round_index=1)
+    c0, c1 = local.clients["c0"], local.clients["c1"]
+
+    def forge(deliveries: list[Deliver]) -> list[Deliver]:
+        out = []
+        for delivery in deliveries:
+            message = delivery.message
+            if delivery.recipient == "c0" and isinstance(message, ForwardedShares):
+                public = crypto.load_public(c0.secrets.cipher_public)
+                assert public is not None
+                plaintext = (0).to_bytes(4, "big") + bytes(2 * crypto.SHARE_BYTES)
+                forged = crypto.encrypt_share(c1.secrets.cipher_key, public, run_id="own-index",
+                                              round_index=1, sender="c1", recipient="c0", plaintext=plaintext)
+                message = replace(message, ciphertexts=tuple(
+                    (sender, forged if sender == "c1" else ciphertext)
+                    for sender, ciphertext in message.ciphertexts))
+            out.append(Deliver(delivery.recipient, message))
+        return out
+
+    # Execute
+    local.run(tamper=forge)
+    # Assert: c0 stops before masking; nothing it holds could rebuild a secret wrongly
+    assert c0.phase is ClientPhase.ABORTED and c0.aborts == {"bad_share": 1}
+    assert not any(isinstance(m, MaskedInput) for m in local.sent["c0"])
+
+
 # ------------------------------------------------------------------ 2. a round asked twice
 
 
@@ -110,10 +147,10 @@ def _round_start(fed: Federation) -> RoundStart:
     raise AssertionError("no RoundStart")
 
 
-def _advert(actions: list[object]) -> AdvertiseKeys:
+def _advert(actions: Sequence[Action]) -> AdvertiseKeys:
     for action in actions:
-        if isinstance(action, Send):
-            inner = unwrap(action.message)  # type: ignore[arg-type]
+        if isinstance(action, Send) and isinstance(action.message, SecAggMessage):
+            inner = unwrap(action.message)
             if isinstance(inner, AdvertiseKeys):
                 return inner
     raise AssertionError("no AdvertiseKeys")
@@ -192,8 +229,8 @@ def test_a_fixed_threshold_that_is_not_a_majority_of_k_is_a_config_error(
     # Execute / Assert
     with pytest.raises(SecAggConfigError, match=f"threshold = {settings['threshold']} is not a strict "
                                                 f"majority of the up to {largest_k} neighbours"):
-        SecAggConfig(**settings)  # type: ignore[arg-type]
-    SecAggConfig(**{**settings, "threshold": largest_k // 2 + 1})  # type: ignore[arg-type]
+        SecAggConfig(**settings)
+    SecAggConfig(**{**settings, "threshold": largest_k // 2 + 1})
 
 
 def test_the_automatic_threshold_is_a_strict_majority_at_every_cohort() -> None:

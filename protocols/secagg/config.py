@@ -99,6 +99,10 @@ class SecAggConfig:
         if num_clients is not None:
             if num_clients < 3:
                 raise SecAggConfigError(f"secure aggregation needs at least 3 clients, not {num_clients}")
+            if num_clients < self.roster_floor():
+                raise SecAggConfigError(f"{num_clients} clients are fewer than the {self.roster_floor()} "
+                                        "a client accepts in its key roster (secure_aggregation.min_roster, "
+                                        "or threshold + 1)")
             if num_clients > self.max_clients:
                 raise SecAggConfigError(f"{num_clients} clients exceed secure_aggregation.max_clients = "
                                         f"{self.max_clients} (the ring's overflow bound)")
