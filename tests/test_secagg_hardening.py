@@ -179,6 +179,29 @@ def test_a_round_started_twice_advertises_fresh_keys_and_masks_and_draws_fresh_n
     assert not torch.equal(draws[0], draws[1])
 
 
+def test_a_round_asked_again_after_the_client_sent_its_masked_input_gets_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a whole masked round, its RoundStarts recorded
+    fed = Federation(configs(z=1.0, clients=5, threshold=3), clients=5, numel=4)
+    starts: list[RoundStart] = []
+    act = fed._act
+
+    def recording(owner: str, actions: list[Action]) -> None:
+        starts.extend(a.message for a in actions if isinstance(a, Send) and isinstance(a.message, RoundStart))
+        act(owner, actions)
+
+    monkeypatch.setattr(fed, "_act", recording)
+    fed.run()
+    secure = fed.clients[fed.names[0]].secure
+    assert isinstance(secure, SecureClient) and secure.input_sent
+    secure.drain()
+    # Execute: the gateway asks that round again
+    actions = secure.start(starts[-1], fed.now)
+    # Assert: no second masked input (nor keys) for one round: its noised update is released once
+    assert actions == [] and secure.machine is None
+    assert secure.drain() == {"secagg_round_restarted": 1, "secagg_refused_round_already_input": 1}
+
+
 def test_an_older_round_is_refused_by_the_secure_side() -> None:
     # Prepare: a client that took round 0
     fed = Federation(configs(z=0.0, clients=5, threshold=3), clients=5, numel=4)

@@ -424,6 +424,7 @@ class SecureClient:
         self.round_index = -1
         self.attempt = -1  # machines started for round_index, minus one: every one gets fresh secrets
         self.revealed: dict[str, str] = {}  # round_index's reveals over all its attempts (peer -> kind)
+        self.input_sent = False  # whether an attempt at round_index sent its masked input
         self.machine: SecAggClient | None = None
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
@@ -437,7 +438,10 @@ class SecureClient:
         """RoundStart taken: advertise this round's keys (masking on). The same round asked again
         (a gateway restored from a checkpoint re-asks its open round; a hostile one may do it at
         will) is a new attempt: new keys, masks and noise, and the reveals of the earlier attempts
-        still bind (secagg/client.py's consistency rule). An older round is refused."""
+        still bind (secagg/client.py's consistency rule). Once an attempt sent its masked input, the
+        round is over for this client: a second masked input of the same round would be a second
+        release of its update (its DP noise is accounted once per round), so later attempts get
+        nothing. An older round is refused."""
         if start.round < self.round_index:
             self.counters["secagg_refused_old_round"] += 1
             return []
@@ -446,8 +450,11 @@ class SecureClient:
             self.attempt += 1
             self.counters["secagg_round_restarted"] += 1
         else:
-            self.round_index, self.attempt, self.revealed = start.round, 0, {}
+            self.round_index, self.attempt, self.revealed, self.input_sent = start.round, 0, {}, False
         if not self.config.masking:
+            return []
+        if self.input_sent:
+            self.counters["secagg_refused_round_already_input"] += 1
             return []
         cohort = start.meta.get(COHORT_META)
         if not isinstance(cohort, str) or self.name not in cohort.split(","):
@@ -493,6 +500,7 @@ class SecureClient:
     def _send(self, messages: Sequence[SecAggWire]) -> list[Action]:
         for message in messages:  # what it sent (a status shows how far its round went)
             self.counters[f"secagg_sent_{type(message).__name__}"] += 1
+            self.input_sent |= isinstance(message, MaskedInput)
         return [Send((self.server,), wrap(self.round_index, m)) for m in messages]
 
     def _retire(self) -> None:

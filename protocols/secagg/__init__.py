@@ -57,7 +57,9 @@ v gave its k neighbours; ``roster_floor`` is F, a number every client has from i
   it again on their roster), so two groups of neighbours told different survivor sets cannot both
   reach t. Every attempt at a round (a gateway re-asking it) uses fresh keys, masks and noise
   (crypto.RoundSecrets' ``attempt``, counted by the client), so differencing two attempts or
-  collecting one kind of share in each opens nothing. Share indices are checked (server.py), so
+  collecting one kind of share in each opens nothing; and a client that sent its masked input in
+  one attempt takes no part in later ones (federation/secure.py), so one round releases its
+  update once. Share indices are checked (server.py), so
   a forged index can neither hang the gateway nor slip a wrong secret into the sum.
 * A gateway colluding with c clients: the gateway chooses whose adverts each client sees, but a
   client refuses a roster of fewer than F, so v's k and t are at least those of F clients. The
