@@ -238,8 +238,9 @@ def test_noise_survives_three_of_ten_gone_after_sharing_keys() -> None:
 
 def ddp_scenario(secure: dict[str, Any], privacy: dict[str, Any] | None = None) -> dict[str, Any]:
     privacy = {"noise_multiplier": 1.0, "clip_norm": 1.0, "sampling_rate": 0.5, **(privacy or {})}
+    secure = {"threshold": 4, "degree": 6, **secure}  # k <= 6 < 2t
     server = {"min_clients": 3, "uplink": "identity", "round_timeout_s": 200.0,
-              "differential_privacy": privacy, "secure_aggregation": {"threshold": 4, **secure}}
+              "differential_privacy": privacy, "secure_aggregation": secure}
     return {"name": "ddp", "seed": 1, "duration_s": 100.0, "task": {"name": "digits-mlp"},
             "federation": {"gateways": 1, "clients": 10, "server": server}}
 
@@ -266,14 +267,14 @@ def test_settings_that_could_wrap_the_ring_or_cannot_be_accounted_are_config_err
 def test_sensitivity_counts_the_rounding_of_every_coordinate() -> None:
     # Prepare
     privacy = DifferentialPrivacyConfig(noise_multiplier=1.0, clip_norm=0.5)
-    secure = SecureAggregationConfig(threshold=4, clip_value=2.0, bits=12)
+    secure = SecureAggregationConfig(degree=6, threshold=4, clip_value=2.0, bits=12)
     # Execute / Assert: C L / c + sqrt(d) / 2
     assert sensitivity_units(privacy, secure, 400) == pytest.approx(0.5 * 2047 / 2.0 + 10.0)
 
 
 def test_the_simulators_rows_and_report_carry_the_distributed_epsilon() -> None:
-    # Prepare: 10 digits-mlp clients, q = 0.5, t = 3, 3 rounds through sim/federation.py
-    data = ddp_scenario({"threshold": 3, "clip_value": 0.1, "max_clients": 10,
+    # Prepare: 10 digits-mlp clients, q = 0.5, t = 3 of k <= 4 (2t > k), 3 rounds through sim/federation.py
+    data = ddp_scenario({"threshold": 3, "degree": 4, "clip_value": 0.1, "max_clients": 10,
                          "masked_input_timeout_s": 60.0}, {"clip_norm": 0.1})
     data["federation"]["server"].update(rounds=3, local_epochs=1, round_timeout_s=400.0)
     data.update(duration_s=5000.0, trainer={"lr": 0.1, "batch_size": 32},

@@ -24,9 +24,9 @@ CEILING_S = 240.0
 
 
 def test_a_gateway_under_distributed_dp_reports_its_epsilon_and_sums_every_round(tmp_path: Path) -> None:
-    # Prepare: 4 clients all asked (q = 1) in 3 rounds, plain SecAgg with t = 2
+    # Prepare: 4 clients all asked (q = 1) in 3 rounds, plain SecAgg with t = 2 (max_clients = 4: k <= 3 < 2t)
     privacy = {"noise_multiplier": 1.2, "clip_norm": 0.5, "sampling_rate": 1.0, "delta": 1e-5}
-    secure = {"threshold": 2, "clip_value": 0.5, "bits": 16, "max_clients": 10, "advertise_timeout_s": 15.0,
+    secure = {"threshold": 2, "clip_value": 0.5, "bits": 16, "max_clients": 4, "advertise_timeout_s": 15.0,
               "share_timeout_s": 15.0, "masked_input_timeout_s": 20.0, "consistency_timeout_s": 15.0,
               "unmask_timeout_s": 15.0}
     files = make_federation(tmp_path / "fed", edges=4, rounds=3, min_clients=4, min_registered=4,

@@ -24,7 +24,7 @@ BITS = 16
 
 CONFIGS = {
     "plain k=n-1": SecAggConfig(clip_value=CLIP, bits=BITS),  # auto degree at n=10 is n - 1
-    "secagg+ k=6": SecAggConfig(degree=6, threshold=3, clip_value=CLIP, bits=BITS),
+    "secagg+ k=8 t=5": SecAggConfig(degree=8, threshold=5, clip_value=CLIP, bits=BITS),  # 2t > k
     "secagg+ k=8": SecAggConfig(degree=8, clip_value=CLIP, bits=BITS),
 }
 
@@ -76,7 +76,7 @@ def test_the_decoded_sum_is_the_float_sum_within_the_rounding_step() -> None:
     rng = np.random.default_rng(11)
     floats = {name: rng.uniform(-2 * CLIP, 2 * CLIP, NUMEL) for name in NAMES}  # half get clipped
     inputs = {name: quantise(x, clip_value=CLIP, bits=BITS) for name, x in floats.items()}
-    result = LocalRound(CONFIGS["secagg+ k=6"], inputs).run()
+    result = LocalRound(CONFIGS["secagg+ k=8 t=5"], inputs).run()
     assert result is not None
     decoded = dequantise_sum(result.ring_sum, clip_value=CLIP, bits=BITS)
     clipped_sum = np.sum([np.clip(x, -CLIP, CLIP) for x in floats.values()], axis=0)

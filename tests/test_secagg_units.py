@@ -146,10 +146,10 @@ def test_the_masking_graph_is_symmetric_regular_and_follows_the_keys() -> None:
 def test_shamir_rebuilds_from_any_threshold_shares_only() -> None:
     secret = hashlib.sha256(b"secret").digest()
     shares = crypto.split_secret(secret, 3, 6)
-    assert crypto.combine_secret(shares[3:], 3) == secret
-    assert crypto.combine_secret([shares[0], shares[2], shares[5], shares[1]], 3) == secret
-    assert crypto.combine_secret(shares[:2], 3) is None
-    assert crypto.combine_secret(shares[:2], 2) != secret  # two shares of a 3-threshold say nothing
+    assert crypto.combine_secret(shares[3:], 3, 6) == secret
+    assert crypto.combine_secret([shares[0], shares[2], shares[5], shares[1]], 3, 6) == secret
+    assert crypto.combine_secret(shares[:2], 3, 6) is None
+    assert crypto.combine_secret(shares[:2], 2, 6) != secret  # two shares of a 3-threshold say nothing
 
 
 def test_a_share_opens_only_for_its_recipient_and_context() -> None:
@@ -245,7 +245,7 @@ def test_the_gateway_counts_forged_replayed_and_misplaced_messages() -> None:
 
 
 def test_deadlines_close_rounds_with_whoever_answered() -> None:
-    local = _local(advertise_timeout_s=10.0)
+    local = _local(advertise_timeout_s=10.0, min_roster=4)  # 4 of 6 advertise in time
     server = local.server
     for name in NAMES[:4]:
         server.receive(name, local.clients[name].start(0.0)[0], 0.0)
@@ -257,7 +257,7 @@ def test_deadlines_close_rounds_with_whoever_answered() -> None:
 
 
 def test_a_threshold_above_the_shrunken_degree_fails_the_round() -> None:
-    config = SecAggConfig(threshold=5)  # fine for 10 clients (k = 9), not for 5 (k = 4)
+    config = SecAggConfig(threshold=5, max_clients=10)  # fine for 10 clients (k = 9), not for 5 (k = 4)
     config.validate(10)
     assert config.runs_with(10) and config.runs_with(6) and not config.runs_with(5)
     rng = np.random.default_rng(0)

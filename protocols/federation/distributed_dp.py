@@ -122,13 +122,16 @@ def plain_limit(privacy: DifferentialPrivacyConfig, secure: SecureAggregationCon
     return levels(secure.bits) + math.ceil(TAIL_SIGMAS * client_share_units(privacy, secure))
 
 
-def noise_generator(client_secret: bytes, run_id: str, round_index: int) -> torch.Generator:
-    """The client's noise for one round, keyed by its own secret (the gateway cannot derive it).
+def noise_generator(client_secret: bytes, run_id: str, round_index: int, *,
+                    attempt: int = 0) -> torch.Generator:
+    """The client's noise for one attempt at one round, keyed by its own secret (the gateway cannot
+    derive it). ``attempt`` is the client's own count of the times it was asked this round
+    (federation/secure.py): two attempts drawing the same noise would cancel it in a difference.
 
-    SHA-256 of (secret, run id, round) seeds torch's Mersenne Twister: a statistical generator,
-    not a cryptographic one; its draws are only ever seen masked inside the sum."""
+    SHA-256 of (secret, run id, round, attempt) seeds torch's Mersenne Twister: a statistical
+    generator, not a cryptographic one; its draws are only ever seen masked inside the sum."""
     digest = hashlib.sha256(b"ddp-noise\x00" + client_secret + b"\x00" + run_id.encode() + b"\x00"
-                            + str(round_index).encode()).digest()
+                            + str(round_index).encode() + b"\x00" + str(attempt).encode()).digest()
     generator = torch.Generator()
     generator.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
     return generator

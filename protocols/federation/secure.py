@@ -422,6 +422,9 @@ class SecureClient:
         self.sign = sign
         self.verify = verify
         self.round_index = -1
+        self.attempt = -1  # machines started for round_index, minus one: every one gets fresh secrets
+        self.revealed: dict[str, str] = {}  # round_index's reveals over all its attempts (peer -> kind)
+        self.input_sent = False  # whether an attempt at round_index sent its masked input
         self.machine: SecAggClient | None = None
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
@@ -432,10 +435,26 @@ class SecureClient:
         return counts
 
     def start(self, start: RoundStart, now_s: float) -> list[Action]:
-        """RoundStart taken: advertise this round's keys (masking on)."""
+        """RoundStart taken: advertise this round's keys (masking on). The same round asked again
+        (a gateway restored from a checkpoint re-asks its open round; a hostile one may do it at
+        will) is a new attempt: new keys, masks and noise, and the reveals of the earlier attempts
+        still bind (secagg/client.py's consistency rule). Once an attempt sent its masked input, the
+        round is over for this client: a second masked input of the same round would be a second
+        release of its update (its DP noise is accounted once per round), so later attempts get
+        nothing. An older round is refused."""
+        if start.round < self.round_index:
+            self.counters["secagg_refused_old_round"] += 1
+            return []
         self._retire()
-        self.round_index = start.round
+        if start.round == self.round_index:
+            self.attempt += 1
+            self.counters["secagg_round_restarted"] += 1
+        else:
+            self.round_index, self.attempt, self.revealed, self.input_sent = start.round, 0, {}, False
         if not self.config.masking:
+            return []
+        if self.input_sent:
+            self.counters["secagg_refused_round_already_input"] += 1
             return []
         cohort = start.meta.get(COHORT_META)
         if not isinstance(cohort, str) or self.name not in cohort.split(","):
@@ -443,7 +462,8 @@ class SecureClient:
             return []
         self.machine = SecAggClient(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
                                     cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
-                                    sign=self.sign, verify=self.verify)
+                                    sign=self.sign, verify=self.verify, attempt=self.attempt,
+                                    revealed=self.revealed)
         return self._send(self.machine.start(now_s))
 
     def receive(self, message: SecAggMessage, now_s: float) -> list[Action]:
@@ -464,7 +484,8 @@ class SecureClient:
         if self.privacy is None:
             quantised = quantise_update(delta, ring_weight(num_samples, self.config), self.config)
         else:  # distributed DP: clipped to C, quantised, plus this client's noise share; weight 1
-            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index)
+            noise = distributed_dp.noise_generator(self.client_secret, self.run_id, round_index,
+                                                   attempt=max(self.attempt, 0))
             quantised = np.append(distributed_dp.noised_input(delta, self.privacy, self.config, noise),
                                   np.int64(1))
         if not self.config.masking:
@@ -479,6 +500,7 @@ class SecureClient:
     def _send(self, messages: Sequence[SecAggWire]) -> list[Action]:
         for message in messages:  # what it sent (a status shows how far its round went)
             self.counters[f"secagg_sent_{type(message).__name__}"] += 1
+            self.input_sent |= isinstance(message, MaskedInput)
         return [Send((self.server,), wrap(self.round_index, m)) for m in messages]
 
     def _retire(self) -> None:

@@ -35,29 +35,46 @@ federation/, peer/ or sim/):
   as one more element, so the gateway learns only the total weight, and divides by it).
   ``refused`` and ``counters`` go to the status/report like every other Counter.
 * client: on RoundStart create ``SecAggClient(..., cohort=asked, client_secret=32 secret bytes
-  (os.urandom once per process in the daemon; keys are bound to run and round, so it may last),
-  sign=identity.sign, verify=roster_verify)``, send ``start(now_s)``; after training, send
+  (os.urandom once per process in the daemon; keys are bound to run, round and attempt, so it may
+  last), sign=identity.sign, verify=roster_verify, attempt=how many machines it started for this
+  round before, revealed=one dict shared by those attempts)``, send ``start(now_s)``; after
+  training, send
   ``provide_input(quantise(update), now_s)``; route the four gateway kinds to ``receive``.
   ``aborts`` and ``refused`` are its Counters.
 * wire: ``messages.to_wire``/``from_wire`` give msgpack-able maps; the envelope signs them and
   proves the sender, which the gateway passes to ``receive``.
 
-Threat model, in short (t is per neighbourhood: a secret of client v is rebuilt from t of the
-shares v gave its k neighbours). The gateway learns the sum over the survivors U3 (at least t + 1
-clients), who dropped at which round, and message sizes; each masked input is uniform in the ring
-to it. To unmask one survivor v it would need t shares of v's self-mask seed *and* t of v's mask
-key; an honest neighbour gives at most one of the two for v, so a gateway that lies about who
-dropped, helped by c colluding neighbours of v, gets both only if 2t <= k + c. The default
-t = floor(k/2) + 1 covers a lying gateway alone (c = 0); against a lying gateway with up to c
-colluding clients in a neighbourhood, set t > (k + c) / 2 (Bonawitz et al.'s t > 2k/3 for c < k/3).
-Colluding clients alone never see a masked input, so they learn nothing. Clients colluding with
-a gateway that follows the protocol learn nothing beyond the sum and their own inputs while fewer
-than t of them sit among any honest client's k neighbours (with t of v's neighbours they hold v's
-mask key, and the gateway gets v's self-mask seed anyway): in plain SecAgg that is t - 1 clients
-in all; in SecAgg+ the graph follows the fresh keys, so a small group rarely gathers t around one
-victim. Not covered: a client that sends garbage (it
-corrupts the sum undetectably: SecAgg hides inputs, it does not check them), and what the sums
-of several rounds over changing cohorts reveal by differencing (client-level DP is the defence).
+Threat model (t and k are per neighbourhood: a secret of client v is rebuilt from t of the shares
+v gave its k neighbours; ``roster_floor`` is F, a number every client has from its own config).
+
+* What the gateway learns, whatever it does: the sum over the survivors U3 (at least t + 1
+  clients), who dropped at which round, and message sizes; each masked input is uniform in the
+  ring to it. To unmask one survivor v it needs t shares of v's self-mask seed *and* t of v's mask
+  key, for the same attempt at the same round.
+* Why a gateway alone cannot get both: an honest neighbour reveals at most one of the two for v
+  (the consistency rule, kept across every attempt at a round: client.py), and 2t > k (config.py
+  refuses a fixed t that is not a strict majority of every k ``max_clients`` allows; clients check
+  it again on their roster), so two groups of neighbours told different survivor sets cannot both
+  reach t. Every attempt at a round (a gateway re-asking it) uses fresh keys, masks and noise
+  (crypto.RoundSecrets' ``attempt``, counted by the client), so differencing two attempts or
+  collecting one kind of share in each opens nothing; and a client that sent its masked input in
+  one attempt takes no part in later ones (federation/secure.py), so one round releases its
+  update once. Share indices are checked (server.py), so
+  a forged index can neither hang the gateway nor slip a wrong secret into the sum.
+* A gateway colluding with c clients: the gateway chooses whose adverts each client sees, but a
+  client refuses a roster of fewer than F, so v's k and t are at least those of F clients. The
+  colluders among v's neighbours hold v's two secrets outright when c >= t, that is at least
+  ``threshold_for(F)`` (3 with the default F = 5). A gateway that also lies about who dropped needs
+  fewer: v's two secrets open when c >= 2t - k, which with the automatic t (floor(k/2) + 1) is 1
+  or 2 colluding neighbours of v. Against a lying gateway with up to c colluders, fix t >
+  (k + c) / 2 at the largest k (Bonawitz et al.'s t > 2k/3 for c < k/3). In plain SecAgg every
+  client is every client's neighbour; in SecAgg+ the graph follows a hash of the advertised keys,
+  which a gateway can re-draw by leaving adverts out, so do not count on the graph to keep
+  colluders apart from a hostile gateway.
+* Colluding clients alone never see a masked input, so they learn nothing.
+* Not covered: a client that sends garbage (it corrupts the sum undetectably: SecAgg hides inputs,
+  it does not check them), and what the sums of several rounds over changing cohorts reveal by
+  differencing (client-level DP is the defence).
 """
 
 from protocols.secagg.client import ClientPhase, SecAggClient

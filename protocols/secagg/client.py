@@ -11,23 +11,36 @@ phase              message              checks (abort reason)                   
 =================  ===================  =====================================================  =========
 ADVERTISED         KeyRoster            each advert from the cohort, once, signature valid     ShareKeys
                                         (``bad_advert``); ours unaltered (``own_keys_altered``);
-                                        >= 3 clients and t <= k (``too_few_clients``)
-SHARED             ForwardedShares      senders are our neighbours, each decrypts              MaskedInput
-                                        (``bad_share``); >= t of them (``too_few_neighbours``)  (with input)
+                                        at least our own floor (``roster_below_floor``), at
+                                        most max_clients (``roster_above_max``); t <= k < 2t
+                                        (``threshold_unsafe``)
+SHARED             ForwardedShares      senders are our neighbours, each decrypts and carries  MaskedInput
+                                        the index its sender owes us (``bad_share``); >= t of  (with input)
+                                        them (``too_few_neighbours``)
 MASKED             SurvivorSet          we are in it, it lies within the senders of shares     Consistency-
                                         (``survivors_not_shared``), >= t neighbours in it       Signature
                                         (``too_few_survivors``)
 SIGNED             ConsistencyProof     every signer in our survivor set and every signature   UnmaskShares
                                         over *our* set (``survivor_sets_disagree``); >= t
-                                        neighbours signed (``too_few_signatures``)
+                                        neighbours signed (``too_few_signatures``); no peer
+                                        whose other share an earlier attempt revealed
+                                        (``would_reveal_both``)
 =================  ===================  =====================================================  =========
 
 The client sets no timers: the gateway's deadlines decide who is in, and a driver simply drops the
 machine when the federation round it belongs to ends (a late message then reaches nothing).
 
 The consistency rule: for each neighbour v that shared with us, we reveal v's self-mask-seed share
-if v is in the survivor set we signed, else v's mask-key share, never both (``revealed`` records
-which; a second reveal for one peer would raise, it cannot happen in one round's machine).
+if v is in the survivor set we signed, else v's mask-key share, never both. ``revealed`` records
+which, and the driver hands the same record to every attempt at one round (a gateway may ask a
+round again: federation/secure.py counts the attempts), so a later attempt that would reveal the
+other kind for a peer aborts before revealing anything.
+
+The roster floor: the gateway chooses whose adverts a client sees, so it could send a client v a
+roster of v and two colluders (k = 2, t = 2) and hand them both of v's secrets. A client therefore
+refuses a roster below ``config.roster_floor()`` (``min_roster``, from its own config): since t
+never shrinks as the roster grows, the gateway and its colluders need at least
+``threshold_for(roster_floor())`` of v's neighbours to rebuild v's secrets.
 """
 
 from __future__ import annotations
@@ -56,6 +69,14 @@ from protocols.secagg.messages import (
     UnmaskShares,
 )
 
+
+def share_index(holders: frozenset[str], holder: str) -> int:
+    """The Shamir index a client gives ``holder`` among its ``holders`` (its masking neighbours):
+    1 + its place in name order, as :func:`crypto.split_secret` numbers them. The gateway checks
+    the index of every revealed share against it (server.py)."""
+    return sorted(holders).index(holder) + 1
+
+
 Sign = Callable[[bytes], bytes]  # this member's Ed25519 signature of the bytes
 Verify = Callable[[str, bytes, bytes], bool]  # (member, signature, data) -> valid under its roster key
 
@@ -80,7 +101,12 @@ class SecAggClient:
     """A client's SecAgg round: advertise, share, mask, sign the survivors, reveal shares."""
 
     def __init__(self, config: SecAggConfig, *, name: str, run_id: str, round_index: int,
-                 cohort: frozenset[str], client_secret: bytes, sign: Sign, verify: Verify) -> None:
+                 cohort: frozenset[str], client_secret: bytes, sign: Sign, verify: Verify,
+                 attempt: int = 0, revealed: dict[str, str] | None = None) -> None:
+        """``attempt``: how many machines this client started for this round before (it keeps the
+        count; the gateway cannot reset it), so this one's secrets are fresh. ``revealed``: what
+        those earlier attempts revealed, peer -> kind, shared and updated (the consistency rule
+        holds across attempts)."""
         self.config = config
         self.name = name
         self.run_id = run_id
@@ -88,13 +114,16 @@ class SecAggClient:
         self.cohort = cohort  # the clients the gateway asked this round (from the federation's RoundStart)
         self.sign = sign
         self.verify = verify
-        self.secrets = crypto.RoundSecrets(client_secret, run_id, round_index, name)
+        self.attempt = attempt
+        self.secrets = crypto.RoundSecrets(client_secret, run_id, round_index, name, attempt)
         self.phase = ClientPhase.IDLE
         self.aborts: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
-        self.revealed: dict[str, str] = {}  # peer -> "self_seed" | "mask_key"
+        # peer -> "self_seed" | "mask_key", over every attempt at this round
+        self.revealed: dict[str, str] = {} if revealed is None else revealed
         self.threshold = 0
         self.neighbours: frozenset[str] = frozenset()
+        self._graph: dict[str, frozenset[str]] = {}
         self._adverts: dict[str, AdvertiseKeys] = {}
         # sender -> (share index, its mask-key share, its self-seed share)
         self._held: dict[str, tuple[int, bytes, bytes]] = {}
@@ -166,13 +195,18 @@ class SecAggClient:
                                                                        self.secrets.mask_public):
             return self._abort("own_keys_altered")
         n = len(adverts)
-        if not self.config.runs_with(n):
-            return self._abort("too_few_clients")
+        if n < self.config.roster_floor():  # a gateway shrinking our neighbourhood (and t) for its colluders
+            return self._abort("roster_below_floor")
+        if n > self.config.max_clients:  # more than the ring holds (and k, with it, past the checked range)
+            return self._abort("roster_above_max")
+        if not self.config.runs_with(n):  # t > k, or 2t <= k: a lying gateway could get both secrets
+            return self._abort("threshold_unsafe")
         self._adverts = adverts
         self.threshold = self.config.threshold_for(n)
         seed = graph_seed(self.run_id, self.round_index,
                           {name: (a.cipher_public, a.mask_public) for name, a in adverts.items()})
-        self.neighbours = neighbours(seed, sorted(adverts), self.config.degree_for(n))[self.name]
+        self._graph = neighbours(seed, sorted(adverts), self.config.degree_for(n))
+        self.neighbours = self._graph[self.name]
         holders = sorted(self.neighbours)
         key_shares = crypto.split_secret(self.secrets.mask_private, self.threshold, len(holders))
         seed_shares = crypto.split_secret(self.secrets.self_seed, self.threshold, len(holders))
@@ -203,6 +237,8 @@ class SecAggClient:
             if plaintext is None or len(plaintext) != 4 + 2 * crypto.SHARE_BYTES:
                 return self._abort("bad_share")
             index = int.from_bytes(plaintext[:4], "big")
+            if index != share_index(self._graph[sender], self.name):  # what we would reveal must rebuild
+                return self._abort("bad_share")
             held[sender] = (index, plaintext[4:36], plaintext[36:])
         if len(held) < self.threshold:
             return self._abort("too_few_neighbours")
@@ -250,13 +286,15 @@ class SecAggClient:
             signers.add(signer)
         if len(signers & self.neighbours) < self.threshold:
             return self._abort("too_few_signatures")
+        kinds = {peer: "self_seed" if peer in self._survivors else "mask_key" for peer in sorted(self._held)}
+        if any(self.revealed.get(peer, kind) != kind for peer, kind in kinds.items()):
+            # an earlier attempt at this round revealed the other kind for one of these peers
+            return self._abort("would_reveal_both")
+        self.revealed.update(kinds)
         self_seed_shares: list[tuple[str, int, bytes]] = []
         mask_key_shares: list[tuple[str, int, bytes]] = []
-        for peer in sorted(self._held):
+        for peer, kind in kinds.items():
             index, key_share, seed_share = self._held[peer]
-            kind = "self_seed" if peer in self._survivors else "mask_key"
-            if self.revealed.setdefault(peer, kind) != kind:
-                raise AssertionError(f"consistency rule: both shares of {peer} would be revealed")
             if kind == "self_seed":
                 self_seed_shares.append((peer, index, seed_share))
             else:

@@ -3,6 +3,11 @@
 One frozen dataclass, checked once (``validate``) with errors that name the key. ``threshold`` and
 ``degree`` depend on the cohort, so :meth:`SecAggConfig.degree_for` and
 :meth:`SecAggConfig.threshold_for` resolve them for ``n`` clients that advertised keys.
+
+Safety against a gateway that lies about who dropped needs ``2t > k`` (client.py's consistency
+rule then leaves it at most one of each client's two secrets): the automatic t is a strict
+majority of k, a fixed t is refused unless it is one at the largest k ``max_clients`` allows, and
+every client checks it again on the roster it is sent (:meth:`SecAggConfig.runs_with`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ class SecAggConfig:
 
     degree: int = 0  # k, masking neighbours per client; 0: SecAgg+ auto (degree_for); >= n-1: plain SecAgg
     threshold: int = 0  # t, shares that rebuild a secret; 0: a strict majority of the k neighbours
+    # the smallest key roster a client accepts (roster_floor: at most max_clients, at least t + 1
+    # with t fixed); every client holds it from its own config, so a gateway cannot shrink a
+    # client's neighbourhood, and with it t, below it: with 5, a gateway needs >= 3 colluders
+    min_roster: int = 5
     clip_value: float = 1.0  # each coordinate is clipped to [-clip_value, clip_value] (update units)
     bits: int = 16  # per-client fixed-point width (sign included) inside the 32-bit ring
     max_clients: int = 1000  # the cohort size the ring must hold without overflow (checked against bits)
@@ -58,6 +67,17 @@ class SecAggConfig:
         if self.threshold == 1:
             raise SecAggConfigError("secure_aggregation.threshold must be >= 2: with 1 share any single "
                                     "neighbour (or the gateway holding one) learns the secret")
+        if self.min_roster < 3:
+            raise SecAggConfigError(f"secure_aggregation.min_roster must be >= 3, not {self.min_roster}: "
+                                    "a sum of two tells each the other's input")
+        if self.threshold and 2 * self.threshold <= self.degree_for(self.max_clients):
+            k = self.degree_for(self.max_clients)
+            raise SecAggConfigError(
+                f"secure_aggregation.threshold = {self.threshold} is not a strict majority of the up to "
+                f"{k} neighbours a client has (degree = {self.degree or 'auto'}, max_clients = "
+                f"{self.max_clients}): a gateway telling two halves of them different survivor sets "
+                f"could rebuild both of a client's secrets; set threshold > {k / 2:g}, or a smaller "
+                "degree")
         if not (self.clip_value > 0 and math.isfinite(self.clip_value)):
             raise SecAggConfigError("secure_aggregation.clip_value must be > 0 and finite, "
                                     f"not {self.clip_value}")
@@ -79,6 +99,10 @@ class SecAggConfig:
         if num_clients is not None:
             if num_clients < 3:
                 raise SecAggConfigError(f"secure aggregation needs at least 3 clients, not {num_clients}")
+            if num_clients < self.roster_floor():
+                raise SecAggConfigError(f"{num_clients} clients are fewer than the {self.roster_floor()} "
+                                        "a client accepts in its key roster (secure_aggregation.min_roster, "
+                                        "or threshold + 1)")
             if num_clients > self.max_clients:
                 raise SecAggConfigError(f"{num_clients} clients exceed secure_aggregation.max_clients = "
                                         f"{self.max_clients} (the ring's overflow bound)")
@@ -86,6 +110,9 @@ class SecAggConfig:
             if self.threshold > k:
                 raise SecAggConfigError(f"secure_aggregation.threshold = {self.threshold} exceeds the "
                                         f"{k} neighbours each of {num_clients} clients has")
+            if 2 * self.threshold_for(num_clients) <= k:
+                raise SecAggConfigError(f"secure_aggregation.threshold = {self.threshold} is not a strict "
+                                        f"majority of the {k} neighbours each of {num_clients} clients has")
 
     def degree_for(self, num_clients: int) -> int:
         """k for ``num_clients``: the configured degree rounded up to even (a Harary ring needs it),
@@ -94,14 +121,24 @@ class SecAggConfig:
         wanted = self.degree if self.degree else 2 * math.ceil(1.5 * math.log2(max(num_clients, 2)))
         return full if wanted >= full else min(full, wanted + wanted % 2)
 
+    def roster_floor(self) -> int:
+        """The fewest advertised clients a round goes on with: ``min_roster`` (no more than
+        ``max_clients``, the most a roster may hold) and, with t fixed, t + 1 (the survivors a sum
+        needs)."""
+        return max(min(self.min_roster, self.max_clients), self.threshold + 1 if self.threshold else 0)
+
     def runs_with(self, num_clients: int) -> bool:
-        """Whether a round can go on with ``num_clients`` advertised: at least 3, and t <= k (each
-        client has at least t neighbours to hold its shares)."""
-        return num_clients >= 3 and self.threshold_for(num_clients) <= self.degree_for(num_clients)
+        """Whether a round can go on with ``num_clients`` advertised: at least :meth:`roster_floor`
+        and at most ``max_clients`` (the ring's bound; k grows with n), t <= k (each client has at
+        least t neighbours to hold its shares) and 2t > k (two disjoint groups of neighbours, told
+        different survivor sets, can never both reach t)."""
+        t, k = self.threshold_for(num_clients), self.degree_for(num_clients)
+        return self.roster_floor() <= num_clients <= self.max_clients and t <= k < 2 * t
 
     def threshold_for(self, num_clients: int) -> int:
         """t for ``num_clients``: the configured one, or floor(k/2) + 1 (a strict majority of the k
-        neighbours, so two disjoint groups of honest neighbours can never both reach it)."""
+        neighbours, so two disjoint groups of honest neighbours can never both reach it). Never
+        smaller for more clients (k grows with n), so a floor on the roster is a floor on t."""
         return self.threshold or self.degree_for(num_clients) // 2 + 1
 
 

@@ -56,16 +56,22 @@ def derive(key_material: bytes, *info: bytes | str | int) -> bytes:
 
 
 class RoundSecrets:
-    """One client's secrets for one round, all derived from its injected ``client_secret``."""
+    """One client's secrets for one attempt at one round, all derived from its injected
+    ``client_secret``. ``attempt`` counts the machines this client started for the round (a gateway
+    restored from a checkpoint, or a hostile one, may ask the same round again): the client keeps
+    it, so no key, mask or share is ever used in two attempts either."""
 
-    def __init__(self, client_secret: bytes, run_id: str, round_index: int, member: str) -> None:
+    def __init__(self, client_secret: bytes, run_id: str, round_index: int, member: str,
+                 attempt: int = 0) -> None:
         if len(client_secret) != KEY_BYTES:
             raise ValueError(f"a client secret has {KEY_BYTES} bytes, not {len(client_secret)}")
+        if attempt < 0:
+            raise ValueError(f"an attempt is counted from 0, not {attempt}")
         self.cipher_key = X25519PrivateKey.from_private_bytes(
-            derive(client_secret, "cipher-key", run_id, round_index, member))
+            derive(client_secret, "cipher-key", run_id, round_index, attempt, member))
         self.mask_key = X25519PrivateKey.from_private_bytes(
-            derive(client_secret, "mask-key", run_id, round_index, member))
-        self.self_seed = derive(client_secret, "self-seed", run_id, round_index, member)
+            derive(client_secret, "mask-key", run_id, round_index, attempt, member))
+        self.self_seed = derive(client_secret, "self-seed", run_id, round_index, attempt, member)
 
     @property
     def cipher_public(self) -> bytes:
@@ -175,10 +181,21 @@ def split_secret(secret: bytes, threshold: int, holders: int) -> list[tuple[int,
     return [(index, a + b) for (index, a), (_, b) in zip(low, high, strict=True)]
 
 
-def combine_secret(shares: Sequence[tuple[int, bytes]], threshold: int) -> bytes | None:
+def combine_secret(shares: Sequence[tuple[int, bytes]], threshold: int, holders: int) -> bytes | None:
     """The 32-byte secret from at least ``threshold`` shares (exactly ``threshold`` of them are used,
-    as pycryptodome requires); None with fewer, or with a share that is not 32 bytes."""
-    chosen = sorted({index: share for index, share in shares}.items())[:threshold]
+    as pycryptodome requires); None with fewer, or with a share that is not 32 bytes.
+
+    ValueError when an index is not one :func:`split_secret` hands out for ``holders`` (1 to
+    ``holders``), or two shares claim one index: pycryptodome's GF(2^128) arithmetic never returns
+    on a negative index, and an index 0 or out of range rebuilds a wrong secret without a word."""
+    by_index: dict[int, bytes] = {}
+    for index, share in shares:
+        if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index <= holders:
+            raise ValueError(f"share index {index!r} is outside 1..{holders}")
+        if index in by_index:
+            raise ValueError(f"two shares claim index {index}")
+        by_index[index] = share
+    chosen = sorted(by_index.items())[:threshold]
     if len(chosen) < threshold or any(len(share) != SHARE_BYTES for _, share in chosen):
         return None
     low = Shamir.combine([(index, share[:16]) for index, share in chosen])

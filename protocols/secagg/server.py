@@ -23,13 +23,17 @@ advert with keys that are not X25519 keys           ``bad_keys``
 shares not addressed exactly to its neighbours      ``bad_shares``
 masked input of the wrong length                    ``bad_input``
 consistency signature not over the announced set    ``bad_signature``
-unmask shares of the wrong kind, owner or length    ``bad_unmask``
+unmask shares of the wrong kind, owner, length, or  ``bad_unmask``
+an index not the one the owner gave that sender
 ==================================================  =====================
 
 At the close of unmasking, with at least ``t`` shares per secret, the gateway rebuilds each
 survivor's self-mask seed and each dropped (U2 minus U3) client's mask key (checked against the key
 it advertised), removes those masks, and holds the sum in ``result``. A round that cannot go on
 (too few clients at a close, a secret with fewer than ``t`` shares) ends ``FAILED`` with ``failure``.
+Share indices are checked twice (a wrong one must never reach pycryptodome, whose GF(2^128) code
+loops forever on a negative index and silently rebuilds a wrong secret from one out of range):
+on arrival (``bad_unmask``) and in ``crypto.combine_secret`` (``failed_bad_share_index``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from enum import Enum
 import numpy as np
 
 from protocols.secagg import crypto
+from protocols.secagg.client import share_index
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.fixedpoint import from_bytes, ring_add, ring_sub
 from protocols.secagg.graph import graph_seed, neighbours
@@ -225,8 +230,10 @@ class SecAggServer:
         dropped = self.shares.keys() - self.survivors
         for entries, owners in ((message.self_seed_shares, self.survivors),
                                 (message.mask_key_shares, dropped)):
-            for owner, _, share in entries:
+            for owner, index, share in entries:
                 if owner not in owners or sender not in self.graph[owner] or len(share) != crypto.SHARE_BYTES:
+                    return False
+                if index != share_index(self.graph[owner], sender):  # the index its owner gave it
                     return False
         owners_named = [owner for owner, _, _ in message.self_seed_shares + message.mask_key_shares]
         return len(owners_named) == len(set(owners_named))
@@ -289,6 +296,15 @@ class SecAggServer:
             (peer, self.signatures[peer]) for peer in sorted(self.signatures.keys() & self.graph[name]))))
             for name in sorted(self.signatures)]
 
+    def _combine(self, owner: str, shares: list[tuple[int, bytes]]) -> bytes | str:
+        """``owner``'s secret rebuilt from ``shares``, or why not: ``too_few_shares``, or
+        ``bad_share_index`` (``_unmask_ok`` refuses those; this is the second line)."""
+        try:
+            secret = crypto.combine_secret(shares, self.threshold, len(self.graph[owner]))
+        except ValueError:
+            return "bad_share_index"
+        return "too_few_shares" if secret is None else secret
+
     def _close_unmask(self) -> list[Deliver]:
         self_seed: dict[str, list[tuple[int, bytes]]] = {name: [] for name in self.survivors}
         dropped = self.shares.keys() - self.survivors
@@ -302,15 +318,15 @@ class SecAggServer:
         for name in sorted(self.survivors):
             ring_add(total, self.inputs[name])
         for name in sorted(self_seed):
-            seed = crypto.combine_secret(self_seed[name], self.threshold)
-            if seed is None:
-                return self._fail("too_few_shares")
+            seed = self._combine(name, self_seed[name])
+            if isinstance(seed, str):
+                return self._fail(seed)
             ring_sub(total, crypto.expand_mask(crypto.self_mask_key(
                 seed, run_id=self.run_id, round_index=self.round_index, member=name), self.numel))
         for name in sorted(mask_key):
-            private = crypto.combine_secret(mask_key[name], self.threshold)
-            if private is None:
-                return self._fail("too_few_shares")
+            private = self._combine(name, mask_key[name])
+            if isinstance(private, str):
+                return self._fail(private)
             if crypto.x25519_public_of(private) != self.adverts[name].mask_public:
                 return self._fail("bad_reconstruction")
             for peer in sorted(self.graph[name] & self.survivors):
