@@ -129,7 +129,8 @@ def edit(config: Path, table: str, **settings: object) -> None:
             current = line.strip("[] ")
         elif current == table and "=" in line and line.split("=")[0].strip() in settings:
             key = line.split("=")[0].strip()
-            lines[index], _ = f"{key} = {json.dumps(settings[key])}", placed.add(key)
+            lines[index] = f"{key} = {json.dumps(settings[key])}"
+            placed.add(key)
     header = lines.index(f"[{table}]")
     lines[header + 1:header + 1] = [f"{k} = {json.dumps(v)}" for k, v in settings.items() if k not in placed]
     config.write_text("\n".join(lines) + "\n")
