@@ -14,7 +14,10 @@ A driver only — no protocol maths. One thread, one loop:
 
 Before anything may change a tensor in place (training, or any event the
 machine handles, since mixing happens there) the driver waits until ZeroMQ
-has released every zero-copy frame it was given (``Transport.wait_sent``).
+has released every zero-copy frame it was given (``Transport.wait_sent``), for
+at most the round deadline (``deadline_s``, when shorter than ``[transport]
+send_timeout_s``): what a neighbour that stopped reading still holds is then
+abandoned and counted, so a cut cable never stalls a peer for longer.
 
 The wire's two driver hooks (peer/net/digests.py): payload digests are computed
 on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
@@ -136,7 +139,7 @@ from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
-from peer.net.transport import Transport, TransportError
+from peer.net.transport import Transport, TransportConfig, TransportError
 from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
@@ -344,7 +347,9 @@ class PeerDaemon:
         resumed = self._resumed = self._restore()
         try:
             self.transport = Transport(listen=self._listen_address(), neighbours=self.parts.neighbours,
-                                       config=self.config.transport, curve=self._curve_keys(),
+                                       config=transport_config(self.config.transport,
+                                                               self.config.gossip.deadline_s),
+                                       curve=self._curve_keys(),
                                        listen_fd=self._listen_fd)
         except TransportError as error:
             # name where the address came from: the peer's own listen key, else its roster entry
@@ -640,7 +645,10 @@ class PeerDaemon:
         self._carry_out(self.node.handle(event, self.now()))
 
     def _wait_sent(self) -> None:
-        """The machine mixes (and a state sync adopts) in place: tensors still being sent must go first."""
+        """The machine mixes (and a state sync adopts) in place: tensors still being sent must go first.
+
+        At most the round deadline (:func:`transport_config`): a neighbour that stopped reading (a
+        cut cable) has its sends abandoned (counted in ``abandoned``) instead of holding up every step."""
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()
@@ -687,8 +695,7 @@ class PeerDaemon:
             if done:
                 self._feed(WorkDone(steps, 0.0))
             return
-        if self.transport.pending_sends():
-            self.transport.wait_sent()    # training changes the parameters in place
+        self._wait_sent()    # training changes the parameters in place
         if self.params_trace is not None:
             self.params_trace.at_work_point(self.trainer.step, self.trainer.flat_params)
         began = time.monotonic()
@@ -931,9 +938,7 @@ class PeerDaemon:
     def _checkpoint(self, *, final: bool) -> bool:
         """Write one; False when it could not be (a full disk: said when it starts failing and
         when it writes again, counted in the status; the peer trains on, the older ones stay)."""
-        assert self.transport is not None
-        if self.transport.pending_sends():
-            self.transport.wait_sent()
+        self._wait_sent()
         failing = self.store.error
         reason = self.store.save(self.trainer.state_dict(), self._protocol_state(),
                                  {"endpoint": self.endpoint.export_state(), "final": final,
@@ -1085,6 +1090,18 @@ class PeerDaemon:
 
     def _warn(self, text: str) -> None:
         self.status.warn(f"{self.name}: warning: {text}")
+
+
+def transport_config(transport: TransportConfig, deadline_s: float) -> TransportConfig:
+    """``[transport]`` with ``send_timeout_s`` at most the round deadline (``[network.gossip]
+    deadline_s``): how long the loop waits for its zero-copy sends (``wait_sent``, and the rest of a
+    message whose first frames filled the queue) before it may change a tensor.
+
+    The round machine waits that long for a missing neighbour and then goes on without it, so a
+    neighbour that stopped reading (a partition: its queue fills, its frames stay ours) must not
+    hold the peer longer either; waiting ``send_timeout_s`` (30 s) stalled every peer of a split
+    ring. What is still queued then is abandoned and counted (``abandoned`` in the transport)."""
+    return dataclasses.replace(transport, send_timeout_s=min(transport.send_timeout_s, deadline_s))
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:

@@ -1,0 +1,50 @@
+"""A neighbour that stops reading holds a peer at most its round deadline (issue 16: a split ring
+stood still for ``send_timeout_s``, 30 s, with D-PSGD), on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from peer.net.transport import Transport, TransportConfig, listener_address, reserve_listeners
+from peer.runtime.daemon import transport_config
+
+pytestmark = pytest.mark.processes
+
+
+def test_the_send_timeout_is_the_round_deadline_when_that_is_shorter() -> None:
+    default = TransportConfig()
+    assert transport_config(default, deadline_s=0.5).send_timeout_s == 0.5
+    assert transport_config(default, deadline_s=120.0).send_timeout_s == default.send_timeout_s
+    assert transport_config(default, deadline_s=0.5).high_water_mark == default.high_water_mark
+
+
+def test_sends_to_a_neighbour_that_stopped_reading_are_abandoned_after_the_deadline() -> None:
+    """``b`` never reads: ``a``'s queue and the sockets' buffers fill, ``a``'s frames stay in
+    flight; ``wait_sent`` gives them up after the deadline (counted), not after 30 s."""
+    la, lb = reserve_listeners(2)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
+    config = transport_config(TransportConfig(high_water_mark=4), deadline_s=0.5)
+    a = Transport(listen=a_addr, neighbours={"b": b_addr}, listen_fd=la.detach(), config=config)
+    b = Transport(listen=b_addr, neighbours={"a": a_addr}, listen_fd=lb.detach())
+    try:
+        frame = bytes(1 << 20)
+        connected, refused = False, 0
+        for _ in range(1000):       # until connected, then until the buffers are full: 5 drops in a row
+            sent = a.send("b", [frame])
+            connected = connected or sent
+            refused = 0 if sent else refused + connected
+            if refused == 5:
+                break
+            if not sent:
+                time.sleep(0.05)
+        assert connected and a.dropped["b"] > 0 and a.pending_sends() > 0
+        began = time.monotonic()
+        a.wait_sent()
+        waited_s = time.monotonic() - began
+        assert a.abandoned["b"] > 0 and a.pending_sends() == 0
+        assert waited_s < TransportConfig().send_timeout_s / 2   # the deadline (+ 1 s to release), not 30 s
+    finally:
+        a.close()
+        b.close()
