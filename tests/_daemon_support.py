@@ -174,3 +174,15 @@ def describe(files: NetworkFiles) -> str:
         brief = {k: found.get(k) for k in keys}
         parts.append(f"{name}: {json.dumps(brief)}\n{log_tail(files, name, 6)}")
     return "\n".join(parts)
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSON-lines file a process is appending to (``rounds.jsonl``), in the
+    order written; a line still being written ends the list. [] while the file does not exist."""
+    found = []
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            break
+    return found

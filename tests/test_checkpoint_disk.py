@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from peer.runtime.daemon import PeerDaemon
 from peer.runtime.netinit import NetworkFiles
 from peer.runtime.peerconfig import load_peer_config
 from peer.train import checkpoint
+from tests import _disk
 from tests._daemon_support import make_network
 from tests.test_daemon_limits import RecordingTransport
 
@@ -112,25 +112,8 @@ def test_the_daemon_trains_on_and_reports_when_it_cannot_checkpoint(
 @pytest.fixture
 def small_disk(network: NetworkFiles) -> Iterator[Path]:
     """p00's data folder on its own 2 MiB tmpfs (unmounted at the end, whatever happens)."""
-    folder = load_peer_config(network.configs["p00"]).data_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], check=True)
-    try:
+    with _disk.small_disk(load_peer_config(network.configs["p00"]).data_dir, "2m") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def fill(folder: Path) -> Path:
-    """Write a file until the disk is full; its path."""
-    filler = folder / "filler"
-    with filler.open("wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError as error:
-            assert error.errno == errno.ENOSPC
-    return filler
 
 
 def test_a_real_full_disk_then_a_restart_on_it(small_disk: Path, network: NetworkFiles) -> None:
@@ -138,7 +121,7 @@ def test_a_real_full_disk_then_a_restart_on_it(small_disk: Path, network: Networ
     try:
         peer.trainer.run_steps(5)
         assert peer._checkpoint(final=False)
-        filler = fill(small_disk)
+        filler = _disk.fill(small_disk)
         peer.trainer.run_steps(5)
         assert not peer._checkpoint(final=False)
         assert peer.store.failures == {"ENOSPC": 1} and peer.store.step == 5

@@ -4,12 +4,12 @@ slow devices made by test hooks (peer/runtime/testhooks.py ``signflip`` and ``pa
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _daemon_support import json_lines
 from _federation_support import (
     CEILING_S,
     GATEWAY,
@@ -151,14 +151,7 @@ BUFFERED: dict[str, Any] = {**SYNC, "mode": "fedbuff", "rounds": 60, "concurrenc
 def aggregations(files: Any) -> list[dict[str, Any]]:
     """The aggregations a gateway has written so far (``rounds.jsonl``: a FedAvg round or a FedBuff
     version per line, with the global accuracy after it; a line being written is not read)."""
-    path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
-    found = []
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            break
-    return found
+    return json_lines(files.network.out / "data" / GATEWAY / "rounds.jsonl")
 
 
 def reached(rows: list[dict[str, Any]], bar: float = 0.90) -> bool:

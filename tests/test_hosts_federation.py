@@ -28,7 +28,6 @@ meets the loopback bar (>= 0.90).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _daemon_support import json_lines
 from _fault_report import record
 from _hosts_support import ENVIRONMENT, PORT, wait_for_exit
 from _netns import Hosts
@@ -105,14 +105,7 @@ def start(hosts: Hosts, host: int, out: Path, name: str, argv: list[str]) -> sub
 def rounds(out: Path) -> list[dict[str, Any]]:
     """The gateway's closed rounds, in the order written (``rounds.jsonl``; a line being written is
     not read)."""
-    path = out / "data" / GATEWAY / "rounds.jsonl"
-    found = []
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            break
-    return found
+    return json_lines(out / "data" / GATEWAY / "rounds.jsonl")
 
 
 def wait_until(what: str, condition: Any, out: Path, processes: dict[str, subprocess.Popen[bytes]]) -> None:

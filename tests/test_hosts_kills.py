@@ -57,21 +57,20 @@ until the kills are done. About 90 s on the shared 2-core machine at load 10.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import pytest
 from _daemon_support import CEILING_S, consensus_max_relative
+from _disk import fill, small_disk
 from _fault_report import record
 from _hosts_support import (
     ENVIRONMENT,
@@ -133,30 +132,6 @@ def plan(rng: random.Random) -> list[Kill]:
             kills.append(Kill(victim, "temp_data", 0, 0, adoption=True))
     return kills + [Kill(rng.randrange(PEERS - 1), "", EVERY + rng.randrange(2 * EVERY), phase)
                     for phase in (1, 2)]
-
-
-@contextmanager
-def small_disk(folder: Path) -> Iterator[Path]:
-    """``folder`` on its own tmpfs of ``DISK`` (unmounted at the end, whatever happens)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def fill(folder: Path) -> Path:
-    """Write a file until the disk is full; its path."""
-    filler = folder / "filler"
-    with filler.open("wb", buffering=0) as handle:
-        for chunk in (1 << 16, 1 << 12):
-            try:
-                while True:
-                    handle.write(b"\0" * chunk)
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
-    return filler
 
 
 def gate(out: Path, phase: int) -> Path:
@@ -233,7 +208,7 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
         def why() -> str:
             return report(out, names, seed)
 
-        with small_disk(out / "data" / full_name) as disk:
+        with small_disk(out / "data" / full_name, DISK) as disk:
             processes = {name: launch(hosts, i, out, name, first.get(i)) for i, name in enumerate(names)}
             started = time.monotonic()
 
