@@ -119,6 +119,58 @@ def test_one_senders_word_moves_the_machine_only_as_far_as_the_sender_could_have
     assert fresh.catch_up == 0 and fresh.inbox == {}
 
 
+def test_a_member_that_starts_beyond_the_window_behind_catches_up_at_its_compute_rate() -> None:
+    # Seen in a multi-host D-PSGD ring: p01 started at round 0 on a stale heartbeat while its two
+    # neighbours ran on past the buffer window. Every message it heard was far ahead, so no round of
+    # its own ever closed complete, so it had no step rate, so every claim was refused
+    # (catch_up_refused ~9000) and it trained alone at one round per deadline, 88 steps of 4500.
+    # Prepare: p00 on a ring of 4, its step 0.1 s, deadline 1 s; p01 and p03 are at round 50 when it
+    # starts and go on at a round per 0.5 s (p00 is a laggard to them: they do not wait).
+    params = torch.zeros(2, dtype=torch.float64)
+    config = GossipConfig(total_steps=1000, max_rounds_ahead=2, deadline_s=1.0)
+    machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
+    assert isinstance(machine, RoundMachine)
+    timers: dict[str, float] = {}
+
+    def feed(event: Any, now: float) -> None:
+        for a in machine.handle(event, now):
+            if isinstance(a, SetTimer):
+                timers[a.key] = a.at
+
+    def theirs(now: float) -> int:
+        return 50 + int(now / 0.5)
+
+    # Execute: 8 s of the member's life, each round its work, then both neighbours' current round,
+    # then its deadline if still waiting.
+    feed(Start(), 0.0)
+    now = 0.0
+    while now < 8.0:
+        began = machine.round
+        now += 0.1
+        feed(WorkDone(1, 0.0), now)
+        now += 0.4
+        for j in ("p01", "p03"):
+            feed(Received(j, _push(theirs(now), torch.zeros(2, dtype=torch.float64))), now)
+        if machine.round == began:
+            key = f"gossip-deadline:{began}"
+            now = max(now, timers.pop(key))
+            feed(TimerFired(key), now)
+    # Assert: it jumped to where they are (at twice its compute rate it gains on them), and once in
+    # step its rounds close complete, not alone at a deadline each.
+    assert machine.counters["rounds_skipped"] > 0
+    assert abs(machine.round - theirs(now)) <= config.max_rounds_ahead + 1
+    assert machine.counters["rounds_alone"] < 10
+    assert machine.reach.timed  # a round closed complete: the network's pace is measured again
+    # The compute rate is taken only from rounds a deadline closed: in round 0, its work done and its
+    # neighbours' messages not in yet, a far claim (a liar's) still moves nothing.
+    fresh = make_machine(config, name="p00", topology=build("ring:4"), params=torch.zeros(2))
+    assert isinstance(fresh, RoundMachine)
+    fresh.handle(Start(), 0.0)
+    fresh.handle(WorkDone(1, 0.0), 0.001)
+    fresh.handle(Received("p01", _push(fresh.last_round, torch.zeros(2))), 0.5)
+    assert fresh.catch_up == 0 and fresh.counters["catch_up_refused"] == 1
+
+
 def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows() -> None:
     # exponential:8: p00 has 5 in-neighbours, so f = 1 and the second-highest of their claims is a
     # round some honest one is in. No step of ours is timed: the time bound allows nothing.

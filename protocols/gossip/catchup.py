@@ -20,13 +20,23 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
   on the network (1 ms of compute in 15 ms rounds), a neighbour heard every
   round would otherwise reach 30 rounds ahead at each message. The median, so
   that a held round, or one closed at once on buffered messages, does not set
-  it.
+  it. Until a round has closed complete, the rate is that of our local work
+  alone (``StartWork`` to ``WorkDone``), taken in the rounds a deadline closed
+  short of a message (not before one: a liar's claim in round 0 would move us
+  as many steps as a network-bound round is long in steps of compute). A
+  member that starts more than the buffer window behind its neighbours (at
+  round 0 on a stale heartbeat while they ran on) never closes a round
+  complete, since every message it hears is far ahead; with no rate at all it
+  refused every claim and trained alone at one round per deadline for the
+  whole run. Its compute rate is the closest honest bound it has (nobody
+  trains faster than twice it), and it serves only until a round closes
+  complete.
   A claim within that reach is believed and becomes the sender's new
   reference; a claim beyond it is credited only to the reach (the reference is
   kept, so repeating the claim gains nothing but time). No round measured
-  yet: no reach beyond the reference. A ring's only help across a cut is its
-  one neighbour there: the half behind catches up through this rule, at the
-  rate of the reach.
+  yet (none closed complete, none closed by its deadline): no reach beyond
+  the reference. A ring's only help across a cut is its one neighbour there:
+  the half behind catches up through this rule, at the rate of the reach.
 * **Evidence.** Where the in-degree ``d`` allows (``d >= 2f + 1``, with ``f``
   the Byzantine in-neighbours tolerated, ``byzantine_neighbours``: by default
   1 where ``d >= 3``, else 0), claims from ``f + 1`` distinct in-neighbours
@@ -92,6 +102,7 @@ class Reach:
     def __init__(self, *, speedup: float = SPEEDUP) -> None:
         self.speedup = speedup
         self.timed: deque[float] = deque(maxlen=ROUNDS_TIMED)  # seconds per step of our last rounds
+        self.computed: deque[float] = deque(maxlen=ROUNDS_TIMED)  # seconds per step of our local work
         self.origin: Reference | None = None  # our own position at Start
         self.believed: dict[str, Reference] = {}
 
@@ -100,16 +111,26 @@ class Reach:
         self.origin = Reference(float(steps_done), now)
         self.believed = {}
         self.timed.clear()
+        self.computed.clear()
 
     def worked(self, steps: int, seconds: float) -> None:
         """Our own training round of ``steps`` local steps took ``seconds``, start to close."""
         if steps > 0 and seconds > 0 and math.isfinite(seconds):
             self.timed.append(seconds / steps)
 
+    def worked_alone(self, steps: int, seconds: float) -> None:
+        """Our local work of ``steps`` steps took ``seconds`` (``StartWork`` to ``WorkDone``) in a
+        round its deadline closed short of a message: the rate until a round has closed complete."""
+        if steps > 0 and seconds > 0 and math.isfinite(seconds):
+            self.computed.append(seconds / steps)
+
     @property
     def step_s(self) -> float | None:
-        """Our time per step (the median of the rounds timed), None before the first."""
-        return statistics.median(self.timed) if self.timed else None
+        """Our time per step: the median of the rounds timed, else of our local work alone (no round
+        closed complete yet), None before either."""
+        if self.timed:
+            return statistics.median(self.timed)
+        return statistics.median(self.computed) if self.computed else None
 
     def reach(self, sender: str, now: float) -> float:
         """The farthest position (steps) ``sender`` can be at ``now``."""

@@ -158,6 +158,7 @@ class RoundMachine(MachineBase):
         self.step_norm = 0.0  # "after": ||x_after - x_before|| of this round's local steps
         self.reach = Reach()  # how far each in-neighbour's word may move us (catchup.py)
         self.round_began_s: float | None = None  # when this training round began (our step rate)
+        self.work_s: float | None = None  # how long this round's local steps took (StartWork to WorkDone)
 
     # ------------------------------------------------------------ maths hooks
 
@@ -206,6 +207,8 @@ class RoundMachine(MachineBase):
                     self.counters["unexpected_event"] += 1
                     return []
                 self.phase = Phase.WAITING
+                if self.round_began_s is not None:
+                    self.work_s = now - self.round_began_s
                 return self._settle(now, self._after_work())
             case Received(sender=sender, message=ParamPush() as message):
                 return self._on_message(sender, message, now)
@@ -227,7 +230,7 @@ class RoundMachine(MachineBase):
 
     def _on_start(self, now: float) -> list[Action]:
         self.reach.started(self.steps_done, now)  # a new life: its clock starts here
-        self.round_began_s = None
+        self.round_began_s, self.work_s = None, None
         match self.phase:
             case Phase.IDLE:
                 self.start_s = now
@@ -466,7 +469,11 @@ class RoundMachine(MachineBase):
             # our pace in company: not a round its deadline closed (a member cut off waits out one
             # per deadline, and would never catch up at twice that), nor one left for a jump
             self.reach.worked(self.round_steps, now - self.round_began_s)
-        self.round_began_s = None
+        elif self.work_s is not None and self.catch_up <= t:
+            # closed by its deadline short of a message: our compute rate, the reach until a round
+            # closes complete (a member that started beyond the window behind never has one: catchup.py)
+            self.reach.worked_alone(self.round_steps, self.work_s)
+        self.round_began_s, self.work_s = None, None
         box = self.inbox.pop(t, {})
         missing = {j for j in self._live(t) if j not in box}
         self._count("missed_deadline", len(missing))
