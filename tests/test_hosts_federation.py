@@ -11,7 +11,8 @@ eNNN.toml`` on hosts 1-5, two a host (through ``ip netns exec``, tests/_netns.py
 
 Faults, placed on progress (the gateway's ``rounds.jsonl``):
 - once ``JOIN_AFTER`` rounds closed, ``hivemesh keygen`` and ``hivemesh roster add e010 --role
-  edge --effective-round R`` (R: a round the gateway has yet to reach), e010's config a copy of
+  edge --effective-round R`` (R: a round the gateway has yet to reach: a test hook holds it before
+  R until e010 is up, so a fast machine cannot close every round first), e010's config a copy of
   e009's with its name, and ``hivemesh edge`` started on host 5: the running gateway (which
   names no clients: it serves the roster's) reads the roster file and serves e010 from round R
   on; e010 must be taken in a round >= R;
@@ -48,11 +49,13 @@ from peer.cli.main import main
 from peer.files import tomlout
 from peer.files.statefiles import read_status
 from peer.runtime.netinit import GATEWAY_CHECKPOINT_ROUNDS
+from peer.runtime.testhooks import ENVIRONMENT_VARIABLE, Hook, hooks_json
 
 pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 HOSTS, EDGES, ROUNDS = 6, 10, 30
 JOIN_AFTER = 2             # e010 is added once this many rounds closed
+EFFECTIVE = JOIN_AFTER + 2  # ... from this round on (the gateway holds before it until e010 is up)
 KILL_AFTER = 8             # the gateway is killed once this many rounds closed
 CHECKPOINT_ROUNDS = GATEWAY_CHECKPOINT_ROUNDS   # the gateway's interval in what init writes (rounds)
 CEILING_S = 240.0          # no healthy run comes near it
@@ -93,13 +96,15 @@ def edge_command(out: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "peer", "edge", "--config", str(out / f"{name}.toml"), "--quiet"]
 
 
-def start(hosts: Hosts, host: int, out: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+def start(hosts: Hosts, host: int, out: Path, name: str, argv: list[str],
+          hooks: list[Hook] | None = None) -> subprocess.Popen[bytes]:
     data = out / "data" / name
     data.mkdir(parents=True, exist_ok=True)
     log = data / "peer.log"
     with log.open("a") as handle:
         handle.write(f"--- started on host {host}\n")
-    return hosts.popen(host, argv, log=log, env={**os.environ, **ENVIRONMENT}, cwd=out)
+    return hosts.popen(host, argv, log=log, env={**os.environ, **ENVIRONMENT,
+                                                 ENVIRONMENT_VARIABLE: hooks_json(hooks or [])}, cwd=out)
 
 
 def rounds(out: Path) -> list[dict[str, Any]]:
@@ -141,14 +146,18 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         for name in edges:
             tune(out / f"{name}.toml", "edge")
         began = time.monotonic()
-        processes = {GATEWAY: start(hosts, 0, out, GATEWAY, gateway_command(out))}
+        # the gateway holds before round EFFECTIVE until the joiner is up (a test hook; a gateway's
+        # hooks count its rounds), so a fast machine cannot close the rounds left before it is
+        joiner_up = tmp_path / "joiner-up"
+        processes = {GATEWAY: start(hosts, 0, out, GATEWAY, gateway_command(out),
+                                    [Hook(at_step=EFFECTIVE, action="hold", gate=str(joiner_up))])}
         processes |= {name: start(hosts, edge_host(i), out, name, edge_command(out, name))
                       for i, name in enumerate(edges)}
 
         # Execute 1: an 11th edge client joins the running federation by a roster update, from a
         # round the gateway has yet to reach, and its device starts
         wait_until(f"{JOIN_AFTER} rounds closed", lambda: len(rounds(out)) >= JOIN_AFTER, out, processes)
-        effective = len(rounds(out)) + 2
+        effective = EFFECTIVE
         assert main(["keygen", "--out", str(out / "keys" / f"{JOINER}.key")]) == 0
         assert main(["roster", "add", JOINER, "--roster", str(out / "roster.toml"), "--key",
                      str(out / "keys" / f"{JOINER}.key"), "--role", "edge",
@@ -156,6 +165,11 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         config = (out / f"{edges[-1]}.toml").read_text().replace(edges[-1], JOINER)
         (out / f"{JOINER}.toml").write_text(config)
         processes[JOINER] = start(hosts, HOSTS - 1, out, JOINER, edge_command(out, JOINER))
+        gateway_log = out / "data" / GATEWAY / "peer.log"
+        wait_until("the gateway read roster version 2", lambda: "roster version 2" in gateway_log.read_text(),
+                   out, processes)
+        wait_until(f"{JOINER} up", lambda: read_status(out / "data" / JOINER) is not None, out, processes)
+        joiner_up.touch()
 
         # Execute 2: kill -9 the gateway once KILL_AFTER rounds closed; start it again on its host
         # once the joiner is up (its import of torch takes longer than the rounds left would)

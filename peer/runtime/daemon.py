@@ -506,8 +506,9 @@ class PeerDaemon:
             self._periodic()
 
     def _held(self) -> bool:
-        """A test hook holds training at this step (or has just stopped the peer)."""
-        held = (self.hooks.holding(self.trainer.step, self.now()) or self._work_point()
+        """A test hook holds training at this step (a gateway's: its rounds, as its checkpoints
+        count them) (or has just stopped the peer)."""
+        held = (self.hooks.holding(self._work_done(), self.now()) or self._work_point()
                 or self._stop_signal is not None)
         self.state = "held by a test hook" if held else "training"
         return held

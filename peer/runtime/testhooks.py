@@ -4,7 +4,8 @@ A process test needs its faults at known points of a run: a peer killed right
 after step 110, every peer held at step 60 until a late joiner has synced. A
 sleep in the test cannot give that (on a loaded machine 300 steps take 2 s or
 20 s), so the daemon honours hooks instead. Each hook names a trainer step and
-what happens when the peer reaches it, before it trains further:
+what happens when the peer reaches it, before it trains further (a gateway,
+which trains nothing, counts its rounds instead, as its checkpoints do):
 
 - ``hold``: stop training (messages, heartbeats, state-sync answers and
   status go on) until the file ``gate`` exists;
