@@ -20,9 +20,10 @@ step) in each of the next two phases. Checked for every restart:
 
 - the step the killed process had reached: for a kill inside a write (held or
   by chance), the step in the name of the temporary it was writing (a save does
-  not train); else the last status.json it wrote (refreshed every 0.2 s, after
-  the loop's checkpoint decision for that step; the process may have gone a
-  step or two further, which the loss measured leaves out);
+  not train); else the later of the last status.json it wrote (refreshed every
+  0.2 s) and its newest complete checkpoint (a save can follow the last
+  status); the process may have gone a step or two further, which the loss
+  measured leaves out;
 - the restarted process's log names the checkpoint it resumed from; it is the
   one ``load_latest`` verifies (sizes and digests) in the folder the dead
   process left, so a torn temporary is never what it loaded, and the log says
@@ -250,6 +251,8 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
                     reached = max(reached, int(held[0][len(TEMP_PREFIX):].split("-")[0]))
                 verified = load_latest(folder)   # read-only: what verifies, as a restart will see it
                 assert verified is not None, f"kill {i}: nothing to resume from\n{why()}"
+                # a complete checkpoint newer than the last status: the process got at least that far
+                reached = max(reached, verified.step)
                 offset = len(log_text(out, name).encode())
 
                 restarted = time.monotonic()
