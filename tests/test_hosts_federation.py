@@ -55,7 +55,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 HOSTS, EDGES, ROUNDS = 6, 10, 30
 JOIN_AFTER = 2             # e010 is added once this many rounds closed
-EFFECTIVE = JOIN_AFTER + 2  # ... from this round on (the gateway holds before it until e010 is up)
+EFFECTIVE = JOIN_AFTER + 2  # ... from this round on; the gateway holds before the next until e010 is up
 KILL_AFTER = 8             # the gateway is killed once this many rounds closed
 CHECKPOINT_ROUNDS = GATEWAY_CHECKPOINT_ROUNDS   # the gateway's interval in what init writes (rounds)
 CEILING_S = 240.0          # no healthy run comes near it
@@ -146,11 +146,13 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         for name in edges:
             tune(out / f"{name}.toml", "edge")
         began = time.monotonic()
-        # the gateway holds before round EFFECTIVE until the joiner is up (a test hook; a gateway's
-        # hooks count its rounds), so a fast machine cannot close the rounds left before it is
+        # the gateway holds before round EFFECTIVE + 1 until the joiner is up (a test hook; a gateway's
+        # hooks count its rounds), so a fast machine cannot close the rounds left before it is; the
+        # joiner starts once round EFFECTIVE has begun: from then on the gateway admits its key (a
+        # handshake refused before that would leave it to ZeroMQ's reconnect backoff)
         joiner_up = tmp_path / "joiner-up"
         processes = {GATEWAY: start(hosts, 0, out, GATEWAY, gateway_command(out),
-                                    [Hook(at_step=EFFECTIVE, action="hold", gate=str(joiner_up))])}
+                                    [Hook(at_step=EFFECTIVE + 1, action="hold", gate=str(joiner_up))])}
         processes |= {name: start(hosts, edge_host(i), out, name, edge_command(out, name))
                       for i, name in enumerate(edges)}
 
@@ -164,10 +166,11 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
                      "--effective-round", str(effective)]) == 0
         config = (out / f"{edges[-1]}.toml").read_text().replace(edges[-1], JOINER)
         (out / f"{JOINER}.toml").write_text(config)
-        processes[JOINER] = start(hosts, HOSTS - 1, out, JOINER, edge_command(out, JOINER))
         gateway_log = out / "data" / GATEWAY / "peer.log"
         wait_until("the gateway read roster version 2", lambda: "roster version 2" in gateway_log.read_text(),
                    out, processes)
+        wait_until(f"round {EFFECTIVE} closed", lambda: len(rounds(out)) > EFFECTIVE, out, processes)
+        processes[JOINER] = start(hosts, HOSTS - 1, out, JOINER, edge_command(out, JOINER))
         wait_until(f"{JOINER} up", lambda: read_status(out / "data" / JOINER) is not None, out, processes)
         joiner_up.touch()
 
