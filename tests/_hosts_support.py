@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -101,3 +101,14 @@ def describe(out: Path, names: Sequence[str]) -> str:
         parts.append(f"{name}: step {found.get('step')} accuracy {found.get('accuracy')} "
                      f"metrics {found.get('metrics')} rejections {found.get('rejections')} {links}\n{tail}")
     return "\n".join(parts)
+
+
+def wait_until(what: str, ready: Callable[[], object], processes: Mapping[str, subprocess.Popen[bytes]],
+               why: Callable[[], str]) -> None:
+    """Poll ``ready()`` until true (up to the ceiling); fails at once if a process exited (says ``why()``)."""
+    deadline = time.monotonic() + CEILING_S
+    while not ready():
+        assert time.monotonic() < deadline, f"{what}: not in {CEILING_S} s\n{why()}"
+        exited = {n: p.returncode for n, p in processes.items() if p.poll() is not None}
+        assert not exited, f"{what}: exited {exited}\n{why()}"
+        time.sleep(0.05)

@@ -43,6 +43,7 @@ import pytest
 from _daemon_support import json_lines
 from _fault_report import record
 from _hosts_support import ENVIRONMENT, PORT, wait_for_exit
+from _hosts_support import wait_until as shared_wait_until
 from _netns import Hosts
 
 from peer.cli.main import main
@@ -114,12 +115,7 @@ def rounds(out: Path) -> list[dict[str, Any]]:
 
 
 def wait_until(what: str, condition: Any, out: Path, processes: dict[str, subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + CEILING_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {CEILING_S} s\n{story(out, processes)}"
-        exited = {n: p.returncode for n, p in processes.items() if p.poll() is not None}
-        assert not exited, f"{what}: exited {exited}\n{story(out, processes)}"
-        time.sleep(0.1)
+    shared_wait_until(what, condition, processes, lambda: story(out, processes))
 
 
 def story(out: Path, names: Any) -> str:

@@ -64,13 +64,12 @@ import random
 import re
 import subprocess
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import pytest
-from _daemon_support import CEILING_S, consensus_max_relative
+from _daemon_support import consensus_max_relative
 from _disk import fill, small_disk
 from _fault_report import record
 from _hosts_support import (
@@ -81,6 +80,7 @@ from _hosts_support import (
     peer_command,
     steps,
     wait_for_exit,
+    wait_until,
 )
 from _netns import Hosts
 
@@ -163,17 +163,6 @@ def log_text(out: Path, name: str, offset: int = 0) -> str:
 def report(out: Path, names: list[str], seed: int) -> str:
     tails = "\n".join(f"--- {n}.log\n" + "\n".join(log_text(out, n).splitlines()[-12:]) for n in names)
     return f"seed {seed} (HIVEMESH_TEST_KILL_SEED={seed} replays it)\n{describe(out, names)}\n{tails}"
-
-
-def wait_until(what: str, ready: Callable[[], object], processes: Mapping[str, subprocess.Popen[bytes]],
-               why: Callable[[], str]) -> None:
-    """Poll ``ready()`` until true; fails at once if a process exited."""
-    deadline = time.monotonic() + CEILING_S
-    while not ready():
-        assert time.monotonic() < deadline, f"{what}: not in {CEILING_S} s\n{why()}"
-        exited = {n: p.returncode for n, p in processes.items() if p.poll() is not None}
-        assert not exited, f"{what}: exited {exited}\n{why()}"
-        time.sleep(0.05)
 
 
 def reached_step(out: Path, name: str, step: int) -> bool:
