@@ -133,3 +133,24 @@ def test_init_a_lone_gateway_serves_the_rosters_edges_and_checkpoints_each_round
     # a gateway's checkpoint interval is in rounds: one a round
     every = load_peer_config(lone.network.configs["gw0"]).checkpoint.every_steps
     assert every == GATEWAY_CHECKPOINT_ROUNDS == 1
+
+
+def test_a_member_without_roles_serves_no_edge_client_from_the_roster() -> None:
+    # Prepare: a plain gossip peer (no FedAvg role) whose config names no clients, as the daemon builds
+    # every peer without [peer] clients; the roster gains an edge client
+    machine = Machine()
+    node: Node[Neighbour] = Node("gw0", machine, neighbours={"gw1": Neighbour()},  # type: ignore[arg-type]
+                                 config=NodeConfig(), early_per_neighbour=2,
+                                 answer_source=lambda: (torch.zeros(2), 0), clients_from_roster=True)
+    node.set_membership(roster_of(("e00",)), build("ring", GATEWAYS))
+    node.start(0.0)
+    v2 = roster_of(("e00", "e01"), version=2, effective_round=EFFECTIVE_ROUND)
+    node.change_membership(v2, build("ring", GATEWAYS), 1.0, make_neighbour=Neighbour)
+    machine.position = (EFFECTIVE_ROUND, 0)
+    # Execute
+    settled = node.handle(object(), 2.0)  # type: ignore[arg-type]
+    node.receive("e01", Heartbeat(step=0, loss=0.0), 2.5)
+    # Assert: nothing to serve them with, so no edge client is taken in, and its heartbeat is refused
+    assert node.clients.names() == ()
+    assert not any(isinstance(a, Note) and a.text.startswith("edge clients") for a in settled)
+    assert node.all_rejections()["heartbeat_not_neighbour"] == 1

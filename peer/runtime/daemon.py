@@ -295,7 +295,8 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
             roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
-            clients=self.parts.clients, clients_from_roster=not config.peer.clients)
+            clients=self.parts.clients,
+            clients_from_roster=self.parts.server is not None and not config.peer.clients)
         # a gateway: what its gossip machine's work is, and the connection each edge client dialled
         self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
                              if self.parts.server is not None and config.federation is not None else None)

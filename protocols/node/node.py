@@ -136,7 +136,7 @@ class Node(Generic[N]):
                  clients_from_roster: bool = False) -> None:
         """``roles``: what the member holds beside its machine, by name; ``clients``: the members
         those roles serve (see the module docstring); ``clients_from_roster``: they are the roster's
-        ``edge`` members, in every version (a gateway whose config names none)."""
+        ``edge`` members, in every version (a gateway whose config names none; ignored without roles)."""
         self.name = name
         self.machine = machine
         self.roles: dict[str, Role] = dict(sorted((roles or {}).items()))
@@ -151,7 +151,9 @@ class Node(Generic[N]):
         self.neighbourhood: Neighbourhood[N] = Neighbourhood(neighbours, timeout_s=config.neighbour_timeout_s)
         served = {name: Neighbour() for name in clients if name not in names}
         self.clients: Neighbourhood[Neighbour] = Neighbourhood(served, timeout_s=config.neighbour_timeout_s)
-        self.clients_from_roster = clients_from_roster
+        # only roles serve clients: a plain gossip peer (no role) takes no edge member in, whatever it is
+        # told, so an edge's heartbeat to it stays refused (heartbeat_not_neighbour)
+        self.clients_from_roster = clients_from_roster and bool(self.roles)
         self.answer_source = answer_source
         self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
         self.started = False
