@@ -120,6 +120,39 @@ def test_reload_refuses_an_edge_clients_folder_and_signals_nothing(
         child.wait()
 
 
+_STARTING_EDGE = """
+import sys
+from pathlib import Path
+import peer.runtime.edge as edge
+from peer.cli.main import main
+from peer.runtime.datalock import DataDirLock
+data = Path(sys.argv[1])
+
+class Starting:
+    # an edge client holds its folder first, then builds its model (seconds) before any status says
+    # "edge": an operator's reload meanwhile finds only a held lock
+    def __init__(self, config, **options):
+        self.lock = DataDirLock(data)
+        main(["roster", "reload", "--data-dir", str(data)])
+
+    def run(self):
+        return 0
+
+edge.load_edge_config = lambda path: None
+edge.EdgeClient = Starting
+sys.exit(edge.run_edge("edge.toml"))
+"""
+
+
+def test_an_edge_client_still_starting_survives_a_reload_of_its_folder(tmp_path: Path) -> None:
+    # Execute: SIGHUP reaches the edge client before its first status names it an edge
+    child = subprocess.run([sys.executable, "-c", _STARTING_EDGE, str(tmp_path / "data")],
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                           capture_output=True, text=True, timeout=120)
+    # Assert: ignored (its default action would end the client), the client ran to its end
+    assert child.returncode == 0, (child.returncode, child.stderr)
+
+
 @pytest.mark.processes
 def test_running_peers_read_an_edit_their_clock_missed_on_reload_and_say_what_they_found(
         tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ directory's held lock (peer/runtime/datalock.py). Running peers also notice a ch
 their own within a second; reload is for an operator who wants it taken now, and sees the peer
 say what it found (``SIGHUP: roster ... re-read: version N``) in its log. No peer running there
 is an error, and so is an edge client's folder (its status says ``role = "edge"``): an edge
-client reads the roster when it starts, and SIGHUP would end it.
+client reads the roster when it starts (it ignores SIGHUP).
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def run_reload(args: argparse.Namespace) -> int:
     else:
         data_dir, roster, who = Path(args.data_dir), "", "the peer"
     found = read_status(data_dir) or {}
-    if found.get("role") == "edge":    # SIGHUP would end it (its default action): an edge does not reload
+    if found.get("role") == "edge":    # an edge does not reload (it ignores SIGHUP): say so, not 'sent'
         raise HivemeshError(f"{data_dir} is edge client {found.get('name')}'s: an edge client reads the "
                             "roster when it starts; restart it to apply a roster change")
     pid = holder(data_dir)

@@ -40,6 +40,8 @@ status (state ``gave up``), says why with its counters, and exits
 :data:`peer.runtime.daemon.EXIT_STRANDED` (3).
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
+SIGHUP is ignored from the start: an edge client reads its roster when it
+starts, and a `hivemesh roster reload` aimed at its folder must not end it.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
 sampled client mid-round that way, without sleeps, makes a client an attacker
@@ -389,6 +391,9 @@ class EdgeClient:
 def run_edge(config_path: str, *, quiet: bool = False) -> int:
     """Load the config, run the client, return the exit code (errors as one line on stderr)."""
     ensure_logging()
+    # an edge client reads its roster when it starts, and takes no SIGHUP: a `hivemesh roster reload`
+    # aimed at its folder (before its first status names it an edge) must not end it (SIGHUP's default)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load_edge_config(config_path)
         if quiet:
