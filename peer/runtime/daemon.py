@@ -844,10 +844,12 @@ class PeerDaemon:
                 topology = peer_topology(self.config, found.roster)
             except HivemeshError as error:
                 self._warn(f"roster version {found.roster.version} not applied: {error}")
-                return
-            self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
-            self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
-                                                        make_neighbour=NeighbourInfo))
+            else:
+                self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
+                self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
+                                                            make_neighbour=NeighbourInfo))
+            # not applied (refused by the Node, or no graph): the status shows the version in use
+            self.roster_watch.held(self.node.membership.current)
 
     def _connect(self, connect: Connect) -> None:
         """The Node's new roster and neighbour set: verify against it, dial who is new or moved, drop who
