@@ -154,3 +154,27 @@ def test_a_member_without_roles_serves_no_edge_client_from_the_roster() -> None:
     assert node.clients.names() == ()
     assert not any(isinstance(a, Note) and a.text.startswith("edge clients") for a in settled)
     assert node.all_rejections()["heartbeat_not_neighbour"] == 1
+
+
+def test_a_fedbuff_gateway_counts_its_model_versions_for_its_checkpoints(tmp_path: Path) -> None:
+    # Prepare: a FedBuff gateway's pieces (its gossip machine has one round, the whole buffered run, so
+    # its machine's steps stay 0 until the end); its server has applied 3 buffers
+    from peer.runtime.daemon import PeerDaemon
+    from tests._federation_support import make_federation
+    from tests.test_daemon_limits import RecordingTransport
+
+    files = make_federation(tmp_path / "fed", edges=3, mode="fedbuff", rounds=10, min_clients=1,
+                            buffer_size=2)
+    gateway = PeerDaemon(load_peer_config(files.network.configs["gw0"]))
+    gateway.transport = RecordingTransport()  # type: ignore[assignment]
+    try:
+        assert gateway.gateway_work is not None
+        now = gateway.now()
+        assert not gateway.schedule.should_save(gateway._work_done(), now)
+        gateway.gateway_work.server.version = 3     # type: ignore[union-attr]
+        # Execute, Assert: its checkpoints follow the versions (one a version, as init sets), and are
+        # named by them
+        assert gateway.schedule.should_save(gateway._work_done(), now)
+        assert gateway._checkpoint(final=False) and gateway.store.step == 3
+    finally:
+        gateway.parts.lock.release()

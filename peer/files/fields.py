@@ -96,7 +96,7 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
     Field("checkpoint_step", "steps", "gauge",
           "step of the newest checkpoint this start wrote or resumed from (-1: none yet; a gateway's "
-          "steps are its rounds)"),
+          "steps are its rounds, a FedBuff gateway's its rounds plus its model versions)"),
     Field("checkpoints_written", "checkpoints", "counter", "checkpoints written (periodic, after a jump of "
           "the step by a state sync or a catch-up, and at the end)"),
     Field("checkpoint_failures", "checkpoints", "counter",

@@ -97,7 +97,7 @@ flight, writes a checkpoint, exits 0.
 Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
 clears what a dead writer left (a complete copy is put back in place) before
 anything is loaded; the schedule counts ``every_steps`` from the step on disk
-(a gateway's steps are its machine's, one per gossip round: it trains nothing),
+(a gateway's steps are its rounds: it trains nothing; under FedBuff its model versions too),
 and a step that jumps (``SetTrainerStep``: an adopted state sync, a catch-up)
 is written at once, so a kill loses at most the interval. A save that fails (a
 full disk) is said once (``cannot checkpoint: ...``), counted in the status,
@@ -935,9 +935,12 @@ class PeerDaemon:
 
     def _work_done(self) -> int:
         """What the checkpoint interval counts (and a checkpoint is named by): the trainer's steps,
-        or on a gateway, which trains nothing, its machine's (one per gossip round, a FedAvg round
-        its work), so a killed gateway loses at most ``every_steps`` rounds."""
-        return self.machine.position[1] if self.gateway_work is not None else self.trainer.step
+        or on a gateway, which trains nothing, its rounds (``GatewayWork.rounds_done``: its machine's
+        steps, one per gossip round, a FedAvg round its work; under FedBuff its model versions too),
+        so a killed gateway loses at most ``every_steps`` rounds."""
+        if self.gateway_work is not None:
+            return self.gateway_work.rounds_done(self.machine.position[1])
+        return self.trainer.step
 
     def _checkpoint(self, *, final: bool) -> bool:
         """Write one; False when it could not be (a full disk: said when it starts failing and
