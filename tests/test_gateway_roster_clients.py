@@ -178,3 +178,13 @@ def test_a_fedbuff_gateway_counts_its_model_versions_for_its_checkpoints(tmp_pat
         assert gateway._checkpoint(final=False) and gateway.store.step == 3
     finally:
         gateway.parts.lock.release()
+
+
+def test_a_checkpoint_table_given_to_init_keeps_the_gateways_interval_in_rounds(tmp_path: Path) -> None:
+    # a [checkpoint] table that names only keep: the interval stays one a round, not the default 100
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=10, seed=0, partition="iid", alpha=0.5)
+    files = create_federation(tmp_path / "fed", gateways=1, edges=2, network=network,
+                              federation={"rounds": 2}, sections={"checkpoint": {"keep": 3}})
+    checkpoint = load_peer_config(files.network.configs["gw0"]).checkpoint
+    assert (checkpoint.every_steps, checkpoint.keep) == (GATEWAY_CHECKPOINT_ROUNDS, 3)
