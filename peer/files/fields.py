@@ -105,7 +105,7 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("checkpoint_error", "", "text",
           "why the last checkpoint could not be written (empty once one is written again)"),
     Field("status_write_failures", "writes", "counter",
-          "status.json or metrics.jsonl writes that failed, by errno", label="reason"),
+          "status.json, metrics.jsonl or TensorBoard writes that failed, by errno", label="reason"),
     Field("roster_version", "", "gauge", "the latest roster version this peer has read (applied from its "
           "effective round on)"),
     Field("roster_reloads", "reloads", "counter",

@@ -386,7 +386,7 @@ class PeerDaemon:
             if metrics is not None:
                 metrics.close()
             if self.scalars is not None:
-                self.scalars.close()
+                self.status.guarded("tensorboard", self.scalars.close)
             self.transport.close()
             self.digester.close()
             self.status.close()
@@ -905,8 +905,9 @@ class PeerDaemon:
         self._last_eval_step = self.trainer.step
         snapshot = self._snapshot()
         self.status.metric_line(snapshot)
-        if self.scalars is not None:
-            self.scalars.write(snapshot)
+        scalars = self.scalars
+        if scalars is not None:     # a full disk: lost and counted (status_write_failures), as a line is
+            self.status.guarded("tensorboard", lambda: scalars.write(snapshot))
 
     # ------------------------------------------------------------------ persistence
 
