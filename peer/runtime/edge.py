@@ -374,6 +374,10 @@ class EdgeClient:
                 "loss": self._last_loss, "num_samples": len(self.trainer.shard),
                 "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
                 "listening": list(self.transport.listening()),
+                # handshakes the gateway refused (``auth``: its roster does not admit us, yet or any
+                # more), each followed by a redial after a backoff (peer/net/dial.py)
+                "handshake_refused": dict(self.transport.handshake_refused),
+                "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
