@@ -140,7 +140,7 @@ from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportConfig, TransportError
-from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
+from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -295,7 +295,8 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
             roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
-            clients=self.parts.clients, clients_from_roster=not config.peer.clients)
+            clients=self.parts.clients,
+            serving=gateway_serving(config, self.name) if self.parts.server is not None else None)
         # a gateway: what its gossip machine's work is, and the connection each edge client dialled
         self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
                              if self.parts.server is not None and config.federation is not None else None)
