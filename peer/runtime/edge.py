@@ -124,6 +124,9 @@ class EdgeClient:
         if gateway is None or gateway.role != "gateway":
             raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
                                 f"the roster {config.roster_path}")
+        if member.gateway and member.gateway != edge.gateway:   # it would never be asked into a round
+            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r}, but the roster "
+                                f"{config.roster_path} gives {edge.name} to gateway {member.gateway!r}")
         self.gateway = edge.gateway
         self.address = tcp_address(edge.gateway_address or gateway.address)
         self.curve: tuple[bytes, bytes, bytes] | None = None
