@@ -21,7 +21,8 @@ JOINERS = ("e002", "e005")      # the last of gw0's block (e000-e002) and of gw1
 def scenario(**server: Any) -> dict[str, Any]:
     return {"name": "fed-join", "seed": 5, "duration_s": 5000.0, "task": {"name": "digits-mlp"},
             "trainer": {"lr": 0.1, "batch_size": 32}, "partition": {"scheme": "iid"},
-            "links": {"latency_ms": 5.0, "bandwidth_mbps": 100.0}, "nodes": {"step_time_ms": 100.0},   # rounds of ~1 s, heartbeats every 1 s
+            "links": {"latency_ms": 5.0, "bandwidth_mbps": 100.0},
+            "nodes": {"step_time_ms": 100.0},   # rounds of ~1 s: a heartbeat (1 s) registers a joiner in time
             "federation": {"gateways": 2, "clients": 3,
                            "server": {"rounds": 8, "fraction": 1.0, "min_clients": 2, "local_epochs": 1,
                                       "seed": 3, **server}}}
