@@ -60,8 +60,10 @@ pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left, and the transport admits the new roster's curve
-keys only, shutting down a leaver's open connections. A gateway whose config
-names no clients serves the new version's edge clients from its round on.
+keys only, shutting down a leaver's open connections. A gateway serves the new
+version's edge clients (``Serving`` in protocols/node/membership.py: those its
+config lists, or every one if it lists none, and those whose roster entry
+names it) from its round on; their keys are admitted at once.
 SIGHUP (``hivemesh roster reload``) makes the next periodic pass read the file
 at once, changed or not, and say what it found (``SIGHUP: roster ... re-read``);
 a SIGHUP that arrives before the daemon's handler is in place is ignored, never
