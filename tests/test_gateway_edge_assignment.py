@@ -19,6 +19,11 @@ import torch
 
 from peer.cli.main import main
 from peer.files import roster_file
+from peer.runtime.assemble import gateway_serving
+from peer.runtime.edge import EdgeClient
+from peer.runtime.edgeconfig import load_edge_config
+from peer.runtime.netinit import load_roster
+from peer.runtime.peerconfig import load_peer_config
 from protocols.events import Event
 from protocols.identity import Identity
 from protocols.messages import ClientUpdate, Heartbeat, Message
@@ -26,6 +31,7 @@ from protocols.node import Neighbour, Node, NodeConfig, Note
 from protocols.node.membership import Connect, Serving
 from protocols.roster import Member, Roster
 from topology import build
+from topology.errors import HivemeshError
 
 GATEWAYS = ("gw0", "gw1")
 EFFECTIVE_ROUND = 5
@@ -200,3 +206,23 @@ def test_roster_add_names_an_edge_clients_gateway(tmp_path: Path) -> None:
     written = roster_file.read(path)
     assert (written.version, written.effective_round, written.member("e010").gateway) == (2, 4, "gw1")
     assert Serving("gw0", ("e00",)).clients(written) == ("e00",)     # gw1's, not gw0's
+
+
+def test_a_joiner_named_for_gw1_is_gw1s_at_start_up_and_its_config_must_agree(tmp_path: Path) -> None:
+    # Prepare: init's two gateways list e000-e001 and e002-e003; e010 is added for gw1
+    out = tmp_path / "fed"
+    assert main(["init", "--gateways", "2", "--edges", "4", "--rounds", "3", "--out", str(out)]) == 0
+    key = out / "keys" / "e010.key"
+    assert main(["keygen", "--out", str(key)]) == 0
+    assert main(["roster", "add", "e010", "--roster", str(out / "roster.toml"), "--key", str(key),
+                 "--role", "edge", "--gateway", "gw1", "--effective-round", "2"]) == 0
+    roster = load_roster(out / "roster.toml")
+    # Execute / Assert: a gateway (re)started now serves by the same rule
+    served = {name: gateway_serving(load_peer_config(out / f"{name}.toml"), name).clients(roster)
+              for name in GATEWAYS}
+    assert served == {"gw0": ("e000", "e001"), "gw1": ("e002", "e003", "e010")}
+    # an edge config copied from gw0's client, its gateway left as gw0: refused at start, named
+    config = (out / "e000.toml").read_text().replace("e000", "e010")
+    (out / "e010.toml").write_text(config)
+    with pytest.raises(HivemeshError, match="gives e010 to gateway 'gw1'"):
+        EdgeClient(load_edge_config(out / "e010.toml"))
