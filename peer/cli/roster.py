@@ -277,7 +277,8 @@ def run_show(args: argparse.Namespace) -> int:
     revoked = f", {len(roster.revoked)} key(s) revoked" if roster.revoked else ""
     print(f"{args.roster}: {_said(roster)}{revoked}")
     rows = [("NAME", "ROLE", "ADDRESS", "CURVE", "PUBLIC ID")]
-    rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no",
+    rows += [(m.name, m.role, m.address or (f"(gateway {m.gateway})" if m.gateway else "-"),
+              "yes" if m.curve_key else "no",
               m.public_id + (f" (rotated at round {m.rotated_at_round})" if m.rotated_from else ""))
              for m in roster]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
