@@ -1,0 +1,75 @@
+"""An edge client joins a running two-gateway federation on 127.0.0.1 (issue 16, item 3), as an
+operator adds one: ``hivemesh roster add e010 --role edge --gateway gw1 --effective-round R``,
+``hivemesh roster reload`` of both gateways, e010's config a copy of gw1's client e002's, and
+``hivemesh edge`` at once, before round R. Neither gateway's config changes (each lists its own
+block of clients, as ``hivemesh init`` writes them): gw1 serves e010 because its roster entry
+names it (``Serving``, protocols/node/membership.py); gw0 never does. The same Node rule in-process:
+tests/test_gateway_edge_assignment.py; one gateway across hosts: tests/test_hosts_federation.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _federation_support import make_federation, status, wait_until
+
+from peer.cli.main import main
+from peer.runtime.launch import PeerProcesses
+from peer.runtime.testhooks import Hook
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+ROUNDS, EFFECTIVE = 6, 3
+JOINER = "e010"
+
+
+def rounds_of(out: Path, gateway: str) -> dict[int, dict[str, Any]]:
+    path = out / "data" / gateway / "rounds.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {row["round"]: row for row in map(json.loads, lines)}
+
+
+def test_an_edge_client_joins_the_gateway_its_roster_entry_names_while_the_federation_runs(
+        tmp_path: Path) -> None:
+    # Prepare: gw0 lists e000, e001; gw1 lists e002, e003 (init's blocks); every client asked each round
+    files = make_federation(tmp_path / "fed", edges=4, gateways=2, rounds=ROUNDS, fraction=1.0, min_clients=2,
+                            local_epochs=1, max_samples=200, partition="iid")
+    out = files.network.out
+    joiner_in = tmp_path / "joiner-in"
+    # both gateways hold before round EFFECTIVE - 1 until e010 has connected: it dials before its round
+    holds = {gateway: [Hook(at_step=EFFECTIVE - 1, action="hold", gate=str(joiner_in))]
+             for gateway in ("gw0", "gw1")}
+    edges = {**files.edge_configs, JOINER: out / f"{JOINER}.toml"}
+    with PeerProcesses(files.network.configs, listeners=dict(files.network.listeners), edges=edges) as run:
+        for name in [*files.network.configs, *files.edge_configs]:
+            run.start(name, holds.get(name, ()))
+        wait_until("round 0 closed", lambda: 0 in rounds_of(out, "gw1"), files)
+        # Execute: the operator's commands, then e010's device starts at once
+        key = out / "keys" / f"{JOINER}.key"
+        assert main(["keygen", "--out", str(key)]) == 0
+        assert main(["roster", "add", JOINER, "--roster", str(files.network.roster), "--key", str(key),
+                     "--role", "edge", "--gateway", "gw1", "--effective-round", str(EFFECTIVE)]) == 0
+        (out / f"{JOINER}.toml").write_text(files.edge_configs["e002"].read_text().replace("e002", JOINER))
+        for gateway in ("gw0", "gw1"):
+            assert main(["roster", "reload", "--config", str(files.network.configs[gateway])]) == 0
+        run.start(JOINER)
+        wait_until(f"{JOINER} connected", lambda: status(files, JOINER).get("handshakes", 0) >= 1, files)
+        wait_until(f"gw1 heard {JOINER} before its round",
+                   lambda: status(files, "gw1").get("rejections", {}).get("client_not_served_yet", 0) >= 1,
+                   files)
+        closed_before = len(rounds_of(out, "gw1"))
+        joiner_in.touch()
+        assert run.wait(timeout_s=240.0), run.alive()
+        codes = run.exitcodes()
+    # Assert
+    assert codes == dict.fromkeys(edges.keys() | files.network.configs.keys(), 0), codes
+    assert closed_before < EFFECTIVE
+    gw0, gw1 = rounds_of(out, "gw0"), rounds_of(out, "gw1")
+    assert sorted(gw0) == sorted(gw1) == list(range(ROUNDS))
+    joined = [r for r, row in gw1.items() if JOINER in row["taken"]]
+    assert joined and min(joined) >= EFFECTIVE, gw1
+    assert all(set(row["taken"]) <= {"e000", "e001"} for row in gw0.values()), gw0
+    assert all(set(row["taken"]) <= {"e002", "e003", JOINER} for row in gw1.values()), gw1
