@@ -38,9 +38,12 @@ def test_an_edge_client_joins_the_gateway_its_roster_entry_names_while_the_feder
     files = make_federation(tmp_path / "fed", edges=4, gateways=2, rounds=ROUNDS, fraction=1.0, min_clients=2,
                             local_epochs=1, max_samples=200, partition="iid")
     out = files.network.out
-    joiner_in = tmp_path / "joiner-in"
-    # both gateways hold before round EFFECTIVE - 1 until e010 has connected: it dials before its round
-    holds = {gateway: [Hook(at_step=EFFECTIVE - 1, action="hold", gate=str(joiner_in))]
+    joiner_in, joiner_registered = tmp_path / "joiner-in", tmp_path / "joiner-registered"
+    # both gateways hold before round EFFECTIVE - 1 until e010 has connected (it dials before its
+    # round), and before round EFFECTIVE until gw1 registered it (from that round on: the next
+    # heartbeat does it, and these rounds are shorter than a heartbeat interval)
+    holds = {gateway: [Hook(at_step=EFFECTIVE - 1, action="hold", gate=str(joiner_in)),
+                       Hook(at_step=EFFECTIVE, action="hold", gate=str(joiner_registered))]
              for gateway in ("gw0", "gw1")}
     edges = {**files.edge_configs, JOINER: out / f"{JOINER}.toml"}
     with PeerProcesses(files.network.configs, listeners=dict(files.network.listeners), edges=edges) as run:
@@ -62,6 +65,10 @@ def test_an_edge_client_joins_the_gateway_its_roster_entry_names_while_the_feder
                    files)
         closed_before = len(rounds_of(out, "gw1"))
         joiner_in.touch()
+        wait_until(f"gw1 registered {JOINER} at round {EFFECTIVE}",
+                   lambda: JOINER in status(files, "gw1").get("federation", {}).get("registered", []), files)
+        assert len(rounds_of(out, "gw1")) == EFFECTIVE     # (held before it: none of its rounds closed yet)
+        joiner_registered.touch()
         assert run.wait(timeout_s=240.0), run.alive()
         codes = run.exitcodes()
     # Assert
@@ -70,6 +77,6 @@ def test_an_edge_client_joins_the_gateway_its_roster_entry_names_while_the_feder
     gw0, gw1 = rounds_of(out, "gw0"), rounds_of(out, "gw1")
     assert sorted(gw0) == sorted(gw1) == list(range(ROUNDS))
     joined = [r for r, row in gw1.items() if JOINER in row["taken"]]
-    assert joined and min(joined) >= EFFECTIVE, gw1
+    assert joined == list(range(EFFECTIVE, ROUNDS)), gw1      # every client is asked in every round
     assert all(set(row["taken"]) <= {"e000", "e001"} for row in gw0.values()), gw0
     assert all(set(row["taken"]) <= {"e002", "e003", JOINER} for row in gw1.values()), gw1
