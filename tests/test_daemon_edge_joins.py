@@ -1,15 +1,23 @@
 """An edge client joins a running two-gateway federation on 127.0.0.1 (issue 16, item 3), as an
 operator adds one: ``hivemesh roster add e010 --role edge --gateway gw1 --effective-round R``,
-``hivemesh roster reload`` of both gateways, e010's config a copy of gw1's client e002's, and
-``hivemesh edge`` at once, before round R. Neither gateway's config changes (each lists its own
-block of clients, as ``hivemesh init`` writes them): gw1 serves e010 because its roster entry
-names it (``Serving``, protocols/node/membership.py); gw0 never does. The same Node rule in-process:
-tests/test_gateway_edge_assignment.py; one gateway across hosts: tests/test_hosts_federation.py.
+e010's config a copy of gw1's client e002's, ``hivemesh edge`` on the device, and the new roster
+to the gateways with ``hivemesh roster reload``. Neither gateway's config changes (each lists its
+own block of clients, as ``hivemesh init`` writes them): gw1 serves e010 because its roster entry
+names it (``Serving``, protocols/node/membership.py); gw0 never does.
+
+The device gets the new roster first, so e010 dials before its gateway has read it: the gateway
+refuses the handshake (``not_on_roster``), and libzmq never retries a refused handshake, so
+e010 redials on its own after a short backoff (peer/net/dial.py) and is in as soon as the gateway
+has read the roster, before its round; it is served from that round on. The same Node rule
+in-process: tests/test_gateway_edge_assignment.py; one gateway across hosts:
+tests/test_hosts_federation.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +58,26 @@ def test_an_edge_client_joins_the_gateway_its_roster_entry_names_while_the_feder
         for name in [*files.network.configs, *files.edge_configs]:
             run.start(name, holds.get(name, ()))
         wait_until("round 0 closed", lambda: 0 in rounds_of(out, "gw1"), files)
-        # Execute: the operator's commands, then e010's device starts at once
+        # Execute: the operator's commands; the device holds the new roster first and starts
         key = out / "keys" / f"{JOINER}.key"
+        device_roster = out / "device-roster.toml"
+        shutil.copy(files.network.roster, device_roster)
         assert main(["keygen", "--out", str(key)]) == 0
-        assert main(["roster", "add", JOINER, "--roster", str(files.network.roster), "--key", str(key),
+        assert main(["roster", "add", JOINER, "--roster", str(device_roster), "--key", str(key),
                      "--role", "edge", "--gateway", "gw1", "--effective-round", str(EFFECTIVE)]) == 0
-        (out / f"{JOINER}.toml").write_text(files.edge_configs["e002"].read_text().replace("e002", JOINER))
+        config = files.edge_configs["e002"].read_text().replace("e002", JOINER)
+        (out / f"{JOINER}.toml").write_text(config.replace('"roster.toml"', f'"{device_roster.name}"'))
+        run.start(JOINER)
+        wait_until(f"gw1 refused {JOINER}'s handshake",
+                   lambda: status(files, JOINER).get("handshake_refused", {}).get("auth", 0) >= 1, files)
+        # ... then the gateways' host gets it too (whole: a rename), and they re-read it
+        shutil.copy(device_roster, out / "roster.toml.new")
+        os.replace(out / "roster.toml.new", files.network.roster)
         for gateway in ("gw0", "gw1"):
             assert main(["roster", "reload", "--config", str(files.network.configs[gateway])]) == 0
-        run.start(JOINER)
-        wait_until(f"{JOINER} connected", lambda: status(files, JOINER).get("handshakes", 0) >= 1, files)
+        wait_until(f"{JOINER} redialled and connected",
+                   lambda: status(files, JOINER).get("handshakes", 0) >= 1, files)
+        assert status(files, JOINER)["redialed"] >= 1
         wait_until(f"gw1 heard {JOINER} before its round",
                    lambda: status(files, "gw1").get("rejections", {}).get("client_not_served_yet", 0) >= 1,
                    files)
