@@ -34,6 +34,17 @@ What the driver models, on the engine's virtual clock:
   rounds to pause between: its gateway's machine is alone in its graph and its
   work is the whole buffered run.
 
+Membership changes as in the daemon, through the same Node: the run holds a
+roster (gateways and edge clients, keys from the scenario's seed; clients named
+in ``joining`` are not on it yet) and :meth:`FederationRun.change_roster` makes
+every gateway learn a later version now, as a gateway that reads its roster
+file does. Each gateway serves the edge members that
+protocols/node/membership.py's ``Serving`` gives it (its own block of clients,
+as ``hivemesh init`` lists them; a joiner by its roster entry, which names its
+gateway) from the version's round on: a joiner's heartbeats before that round
+are counted ``client_not_served_yet``, from it on they register it and it is
+asked into rounds.
+
 The run ends when every gateway is done (its last round closed, its last gossip rounds played)
 and the final models it sent (``RoundResult``) have arrived, so each client ends holding the
 federation's model as a real edge client does (tests/test_sim_vs_real_federation.py compares them).
@@ -59,7 +70,7 @@ import hashlib
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,13 +106,16 @@ from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
 from protocols.messages import Message, RoundResult, SecAggMessage
 from protocols.node import Neighbour, Node
+from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
+from protocols.roster import Member as RosterMember
+from protocols.roster import Roster as MemberRoster
 from protocols.secagg.local import Roster
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
-from sim.node import work_seconds
+from sim.node import sim_identity, work_seconds
 from sim.scenario import ScenarioConfig
 from sim.world import Progress, ScenarioResult, TracePoint
 from topology import build
@@ -140,7 +154,11 @@ class Member:
 class FederationRun:
     """One federation scenario, start to end."""
 
-    def __init__(self, scenario: ScenarioConfig, progress: Progress | None = None) -> None:
+    def __init__(self, scenario: ScenarioConfig, progress: Progress | None = None, *,
+                 joining: Collection[str] = ()) -> None:
+        """``joining``: clients not on the roster at the start (a later version adds them:
+        :meth:`roster_adding`, :meth:`change_roster`); they run from the start, as a device an operator
+        turned on early does."""
         self.scenario = scenario
         self.section = scenario.federation
         self.config: FederationConfig = scenario.federation_config()
@@ -149,6 +167,11 @@ class FederationRun:
         self.gateways = self.section.gateway_names()
         self.clients = self.section.client_names()
         self._check_names()
+        self.joining = tuple(name for name in self.clients if name in set(joining))
+        if len(self.joining) != len(set(joining)):
+            unknown = sorted(set(joining) - set(self.clients))
+            raise ConfigError(f"joining clients {unknown} are not clients of {scenario.source}")
+        self.roster = self._roster()
         node_config = scenario.nodes.node_config()
         self.node_config = node_config
         _, trainers = build_trainers(scenario.network(), scenario.trainer_config(), members=self.clients)
@@ -158,6 +181,7 @@ class FederationRun:
                                   wanted=self.clients[:1])
         self.evaluator = spare[self.clients[0]]
         self.initial = self.evaluator.flat_params.detach().clone()  # every gateway starts from it
+        self.topologies: dict[str, Any] = {}   # each gateway's gossip graph (a roster change keeps it)
         nodes = scenario.nodes
         nics = {name: NicSpec(**{key: float(nodes.nic.get(name, {}).get(key, getattr(nodes, key)))
                                  for key in ("uplink_mbps", "downlink_mbps")})
@@ -199,16 +223,54 @@ class FederationRun:
                                       f"(clients are {self.clients[0]}..{self.clients[-1]}, "
                                       f"gateways {', '.join(self.gateways)})", key=f"{key}.{name}")
 
+    def _roster(self) -> MemberRoster:
+        """Version 1: the gateways (nominal addresses: nothing is dialled here) and the clients not
+        joining later; keys from the scenario's seed."""
+        gateways = tuple(RosterMember(name=name, public_id=sim_identity(self.scenario.seed, name).public_id,
+                                      role="gateway", address=f"tcp://127.0.0.1:{20000 + i}")
+                         for i, name in enumerate(self.gateways))
+        return MemberRoster((*gateways, *(self._edge_entry(name) for name in self.clients
+                                           if name not in self.joining)))
+
+    def _edge_entry(self, name: str) -> RosterMember:
+        """A client's roster entry; a joiner's names its gateway (``hivemesh roster add --gateway``), the
+        others are listed by their gateway's config (``hivemesh init``'s blocks)."""
+        gateway = self.section.gateway_of(self.clients.index(name)) if name in self.joining else ""
+        public_id = sim_identity(self.scenario.seed, name).public_id
+        return RosterMember(name=name, public_id=public_id, role="edge", gateway=gateway)
+
+    def roster_adding(self, names: Collection[str], *, effective_round: int) -> MemberRoster:
+        """The next version of the roster: ``names`` (joining clients) added, from ``effective_round``."""
+        current = self.roster
+        added = tuple(self._edge_entry(name) for name in self.clients if name in set(names))
+        return dataclasses.replace(current, members=(*current.members, *added), version=current.version + 1,
+                                   effective_round=effective_round)
+
+    def change_roster(self, roster: MemberRoster) -> None:
+        """Every gateway learns roster version ``roster`` now (as a daemon that re-reads its roster
+        file) and applies it from its ``effective_round``; the clients carry on."""
+        self.roster = roster
+        now = self.engine.now_s
+        for name in self.gateways:
+            member = self.members[name]
+            self._carry_out(member, member.node.change_membership(roster, self.topologies[name], now,
+                                                                  make_neighbour=Neighbour))
+
     def _gateway(self, name: str) -> Member:
         params = self.initial.clone()
         sync = self.config.mode == "sync"
         gossip = sync and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         members = self.gateways if gossip else (name,)
         topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
+        self.topologies[name] = topology
         total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds, mode=self.config.mode)
         machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
                                params=params)
-        own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
+        # its config's list (hivemesh init's block of clients; one gateway alone lists none); a joiner
+        # is served by its roster entry from its version's round (protocols/node/membership.py)
+        block = tuple(c for i, c in enumerate(self.clients)
+                      if self.section.gateway_of(i) == name and c not in self.joining)
+        serving = Serving(name, block if len(self.gateways) > 1 else ())
         # the DP draws' root: the gateway's own in the daemon (from the OS), here the scenario's
         secret = derive_seed(self.scenario.seed, name, 0, "dp-secret")
         secure = None
@@ -220,7 +282,8 @@ class FederationRun:
         node: Node[Neighbour] = Node(
             name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
             early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
-            clients=own)
+            clients=serving.clients(self.roster), serving=serving)
+        node.set_membership(self.roster, topology)
         return Member(name, node, server=server,
                       work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds))
 

@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     who.add_argument("--key", metavar="FILE", help="read the public id and curve key from this key file")
     add.add_argument("--role", default="peer", choices=("peer", "gateway", "edge"), help="default: peer")
     add.add_argument("--address", default="", help="tcp://HOST:PORT (required for peers and gateways)")
+    add.add_argument("--gateway", default="", help="an edge client's gateway (its name): the gateway that "
+                     "serves it while running, whatever the gateways' [peer] clients list")
     add.add_argument("--curve-key", default="", help="the member's CurveZMQ public key (Z85)")
     _effective_round(add)
     add.set_defaults(func=run_add)
@@ -148,7 +150,7 @@ def run_add(args: argparse.Namespace) -> int:
         raise RosterError(f"{args.roster}: member {args.name!r} is already listed; remove it first")
     try:
         member = Member(name=args.name, public_id=public_id, role=args.role, address=args.address,
-                        curve_key=curve_key)
+                        curve_key=curve_key, gateway=args.gateway)
     except ValueError as error:
         raise RosterError(f"member {args.name!r}: {error}") from None
     new_file = not Path(args.roster).exists()
@@ -275,7 +277,8 @@ def run_show(args: argparse.Namespace) -> int:
     revoked = f", {len(roster.revoked)} key(s) revoked" if roster.revoked else ""
     print(f"{args.roster}: {_said(roster)}{revoked}")
     rows = [("NAME", "ROLE", "ADDRESS", "CURVE", "PUBLIC ID")]
-    rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no",
+    rows += [(m.name, m.role, m.address or (f"(gateway {m.gateway})" if m.gateway else "-"),
+              "yes" if m.curve_key else "no",
               m.public_id + (f" (rotated at round {m.rotated_at_round})" if m.rotated_from else ""))
              for m in roster]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

@@ -60,8 +60,10 @@ pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left, and the transport admits the new roster's curve
-keys only, shutting down a leaver's open connections. A gateway whose config
-names no clients serves the new version's edge clients from its round on.
+keys only, shutting down a leaver's open connections. A gateway serves the new
+version's edge clients (``Serving`` in protocols/node/membership.py: those its
+config lists, or every one if it lists none, and those whose roster entry
+names it) from its round on; their keys are admitted at once.
 SIGHUP (``hivemesh roster reload``) makes the next periodic pass read the file
 at once, changed or not, and say what it found (``SIGHUP: roster ... re-read``);
 a SIGHUP that arrives before the daemon's handler is in place is ignored, never
@@ -140,7 +142,7 @@ from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportConfig, TransportError
-from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
+from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -296,7 +298,7 @@ class PeerDaemon:
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
             roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
             clients=self.parts.clients,
-            clients_from_roster=self.parts.server is not None and not config.peer.clients)
+            serving=gateway_serving(config, self.name) if self.parts.server is not None else None)
         # a gateway: what its gossip machine's work is, and the connection each edge client dialled
         self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
                              if self.parts.server is not None and config.federation is not None else None)

@@ -126,6 +126,9 @@ class EdgeClient:
         if gateway is None or gateway.role != "gateway":
             raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
                                 f"the roster {config.roster_path}")
+        if member.gateway and member.gateway != edge.gateway:   # it would never be asked into a round
+            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r}, but the roster "
+                                f"{config.roster_path} gives {edge.name} to gateway {member.gateway!r}")
         self.gateway = edge.gateway
         self.address = tcp_address(edge.gateway_address or gateway.address)
         self.curve: tuple[bytes, bytes, bytes] | None = None
@@ -376,6 +379,10 @@ class EdgeClient:
                 "loss": self._last_loss, "num_samples": len(self.trainer.shard),
                 "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
                 "listening": list(self.transport.listening()),
+                # handshakes the gateway refused (``auth``: its roster does not admit us, yet or any
+                # more), each followed by a redial after a backoff (peer/net/dial.py)
+                "handshake_refused": dict(self.transport.handshake_refused),
+                "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
