@@ -7,6 +7,9 @@ process on its host, with the process tests' timings given as ``--set`` (an
 operator's overrides): a neighbour is reported down after 30 s of silence, and
 status.json is refreshed every 0.2 s so that a test reads fresh steps. Each
 peer's output goes to ``DATA_DIR/peer.log``, as with the loopback helpers.
+
+:class:`RssTrace` follows every host process's resident memory over a run, so
+that a test checks it does not grow without bound (issue 16, item 4).
 """
 
 from __future__ import annotations
@@ -122,8 +125,8 @@ def wait_until(what: str, ready: Callable[[], object], processes: Mapping[str, s
 # ---------------------------------------------------------------------------- resident memory
 
 RSS_SAMPLE_S = 0.5          # how often each process's VmRSS is read: a few small files, no cost to a test
-RSS_GROWTH_MIB = 16.0       # the most a process's RSS may grow after its warm-up; a leak of every message
-                            # (digits-mlp: 40 KB, 2 neighbours, 300 steps) would be 24 MiB; measured: < 1
+RSS_GROWTH_MIB = 16.0       # the most a process's RSS may grow after its warm-up: keeping every message
+                            # received (digits-mlp: 38 KB, 2 a step, 300 steps) would be 22 MiB; measured < 2
 RSS_STARTING = ("starting", "waiting for neighbours", "syncing", "registered")   # states before the work
 RSS_WARM_SAMPLES = 5        # the reference: the median of a life's first samples after its warm-up
 RSS_MIN_SAMPLES = 12        # a life with fewer samples after its warm-up is too short to judge
@@ -229,6 +232,7 @@ class RssTrace:
                 f"{life.working_s:.0f} s, {life.slope_mib_per_min:+.2f} MiB/min" for life in lives]
         print(f"RSS after warm-up ({test}): {', '.join(said)}; {short} lives too short to judge")
         _RSS_CHECKED.extend((test, life) for life in lives)
+        _RSS_UNJUDGED[test] = short
         _record_rss()
         assert lives, f"{test}: no life ran long enough after its warm-up to judge its RSS"
         grown = [life for life in lives if life.growth_mib > RSS_GROWTH_MIB]
@@ -237,6 +241,7 @@ class RssTrace:
 
 
 _RSS_CHECKED: list[tuple[str, RssLife]] = []     # every life checked in this session, by test
+_RSS_UNJUDGED: dict[str, int] = {}                # by test: lives too short after their warm-up
 
 
 def _record_rss() -> None:
@@ -249,4 +254,5 @@ def _record_rss() -> None:
            survived=sum(life.growth_mib <= RSS_GROWTH_MIB for _, life in _RSS_CHECKED),
            note="largest growth per test (MiB): " + ", ".join(f"{t} {g:+.1f}" for t, g in worst.items())
                 + f" (bound {RSS_GROWTH_MIB:.0f}); steepest slope {steepest:+.2f} MiB/min; "
-                  f"VmRSS every {RSS_SAMPLE_S} s, each process life")
+                  f"VmRSS every {RSS_SAMPLE_S} s, each process life "
+                  f"({sum(_RSS_UNJUDGED.values())} too short to judge)")
