@@ -128,6 +128,7 @@ RSS_SAMPLE_S = 0.5          # how often each process's VmRSS is read: a few smal
 RSS_GROWTH_MIB = 16.0       # the most a process's RSS may grow after its warm-up: keeping every message
                             # received (digits-mlp: 38 KB, 2 a step, 300 steps) would be 22 MiB; measured < 2
 RSS_STARTING = ("starting", "waiting for neighbours", "syncing", "registered")   # states before the work
+RSS_SLOPE_MIN_S = 30.0      # the table's slopes: of lives at least this long (over seconds: noise)
 RSS_WARM_SAMPLES = 5        # the reference: the median of a life's first samples after its warm-up
 RSS_MIN_SAMPLES = 12        # a life with fewer samples after its warm-up is too short to judge
 RSS_ROW = "resident memory (RSS) after warm-up"
@@ -185,8 +186,10 @@ class RssTrace:
     changes it (a restart is a new life: a new pid under the same name), until all of them have
     exited. A life's warm-up (torch's import, the data, the model, the first messages: RSS climbs to
     about 350 MiB) ends once its own status.json (its pid, in ``out/data/NAME``) says it is past
-    ``RSS_STARTING``; only samples from then on count. The peak (``ru_maxrss``, status.json's
-    ``memory_peak_mib``) cannot tell growth: the import sets it. :meth:`check` asserts, per life, that
+    ``RSS_STARTING`` and has done some work: a training step, or a gateway's round (an edge client's
+    first round takes about 12 MiB more); only samples from then on count. The peak (``ru_maxrss``,
+    status.json's ``memory_peak_mib``) cannot tell growth: the import sets it. :meth:`check` asserts,
+    per life, that
     the largest RSS in the last quarter of it is at most ``RSS_GROWTH_MIB`` above its median just
     after the warm-up, and reports the growth and slope (MiB/min) in the session's table.
     """
@@ -203,7 +206,8 @@ class RssTrace:
         if (name, pid) in self.samples:
             return True
         found = read_status(self.out / "data" / name) or {}
-        return found.get("pid") == pid and found.get("state", RSS_STARTING[0]) not in RSS_STARTING
+        return (found.get("pid") == pid and found.get("state", RSS_STARTING[0]) not in RSS_STARTING
+                and max(found.get("step", 0), found.get("steps_done", 0)) >= 1)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
@@ -249,10 +253,11 @@ def _record_rss() -> None:
     REPORT.rows[:] = [row for row in REPORT.rows if row.fault != RSS_ROW]
     tests = dict.fromkeys(test for test, _ in _RSS_CHECKED)
     worst = {test: max(life.growth_mib for t, life in _RSS_CHECKED if t == test) for test in tests}
-    steepest = max(life.slope_mib_per_min for _, life in _RSS_CHECKED) if _RSS_CHECKED else 0.0
+    slopes = [life.slope_mib_per_min for _, life in _RSS_CHECKED if life.working_s >= RSS_SLOPE_MIN_S]
     record(RSS_ROW, injected=len(_RSS_CHECKED),
            survived=sum(life.growth_mib <= RSS_GROWTH_MIB for _, life in _RSS_CHECKED),
            note="largest growth per test (MiB): " + ", ".join(f"{t} {g:+.1f}" for t, g in worst.items())
-                + f" (bound {RSS_GROWTH_MIB:.0f}); steepest slope {steepest:+.2f} MiB/min; "
+                + f" (bound {RSS_GROWTH_MIB:.0f}); steepest slope {max(slopes, default=0.0):+.2f} MiB/min "
+                  f"(lives of {RSS_SLOPE_MIN_S:.0f} s or more); "
                   f"VmRSS every {RSS_SAMPLE_S} s, each process life "
                   f"({sum(_RSS_UNJUDGED.values())} too short to judge)")

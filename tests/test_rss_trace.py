@@ -12,23 +12,25 @@ from _hosts_support import RSS_GROWTH_MIB, RSS_MIN_SAMPLES, RssTrace, rss_life, 
 
 pytestmark = pytest.mark.processes
 
-# a stand-in for a host process: its status.json says "starting" while it takes 96 MiB (the warm-up, as
-# torch's import), then "training"; from then on it takes grow_mib more every 0.1 s (a leak) or
-# nothing, until the test's stop file exists
+# a stand-in for a host process: its status.json says "starting" while it takes 48 MiB (as torch's
+# import), then "training" at step 0 while it takes 48 MiB more (as an edge client's first round): the
+# warm-up; then step 1, and from then on it takes grow_mib more every 0.1 s (a leak) or nothing, until
+# the test's stop file exists
 PROCESS = """
 import json, os, sys, time
 from pathlib import Path
 data, grow_mib, stop = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 data.mkdir(parents=True)
-def status(state):
-    (data / ".tmp").write_text(json.dumps({"pid": os.getpid(), "state": state}))
+def status(state, step):
+    (data / ".tmp").write_text(json.dumps({"pid": os.getpid(), "state": state, "step": step}))
     (data / ".tmp").replace(data / "status.json")
-status("starting")
 held = []
-while len(held) < 24:                   # a warm-up of some samples: 96 MiB in 2.4 s
-    held.append(b"s" * (4 << 20))
-    time.sleep(0.1)
-status("training")
+for state in ("starting", "training"):  # a warm-up of some samples: 96 MiB in 2.4 s
+    status(state, 0)
+    for _ in range(12):
+        held.append(b"s" * (4 << 20))
+        time.sleep(0.1)
+status("training", 1)
 while not stop.exists():
     if grow_mib and len(held) < 200:
         held.append(b"g" * (grow_mib << 20))
