@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 from _daemon_support import json_lines
 from _fault_report import record
-from _hosts_support import ENVIRONMENT, PORT, wait_for_exit
+from _hosts_support import ENVIRONMENT, PORT, RssTrace, wait_for_exit
 from _hosts_support import wait_until as shared_wait_until
 from _netns import Hosts
 
@@ -156,6 +156,7 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
                                     [Hook(at_step=EFFECTIVE - 1, action="hold", gate=str(joiner_in))])}
         processes |= {name: start(hosts, edge_host(i), out, name, edge_command(out, name))
                       for i, name in enumerate(edges)}
+        rss = RssTrace(out, processes)
 
         # Execute 1: an 11th edge client joins the running federation by a roster update, from a
         # round the gateway has yet to reach, and its device starts
@@ -228,3 +229,4 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
     record("edge added while running", injected=1, survived=1,
            note=f"{JOINER} connected before its round {effective} (refused handshakes "
                 f"{sum(refused_early.values())}), taken in {len(joined)} of rounds {effective}-{ROUNDS - 1}")
+    rss.check("federation")

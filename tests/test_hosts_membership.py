@@ -51,6 +51,7 @@ from _daemon_support import CEILING_S, consensus_max_relative
 from _fault_report import record
 from _hosts_support import (
     PORT,
+    RssTrace,
     describe,
     final_params,
     init_network,
@@ -151,6 +152,7 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
         processes = {name: start_peer(hosts, index, out, name,
                                       [_hold(step, gate, marks, name) for step, gate in gates.items()])
                      for index, name in enumerate(names)}
+        rss = RssTrace(out, processes)
 
         # 1. join: version 2 adds p04 from JOIN_ROUND, reloaded by every running member
         _wait_for_marks(marks, names, HOLD_JOIN, processes, out)
@@ -258,3 +260,4 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
     record("slow host, 1 Mbit/s tbf", injected=1, survived=1,
            note=f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f} on the others; "
                 f"{sent_mbit:.2f} Mbit/s out, {received_mbit:.2f} in")
+    rss.check("membership")

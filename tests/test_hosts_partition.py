@@ -67,6 +67,7 @@ from _daemon_support import consensus_max_relative
 from _fault_report import record
 from _hosts_support import (
     OPTIONS,
+    RssTrace,
     describe,
     final_params,
     init_network,
@@ -149,6 +150,7 @@ def test_a_split_ring_reconverges_as_the_simulator_predicts(tmp_path: Path,
             edit(out / f"{name}.toml", "network.trainer", lr_decay="none")
         pace = [Hook(at_step=0, action="pace", seconds=STEP_PACE_S)]
         processes = {name: start_peer(hosts, index, out, name, pace) for index, name in enumerate(names)}
+        rss = RssTrace(out, processes)
 
         wait_for_step(out, names, CUT_STEP, processes)
         hosts.partition(GROUPS)
@@ -220,3 +222,4 @@ def test_a_split_ring_reconverges_as_the_simulator_predicts(tmp_path: Path,
         f"the halves did not drift apart: the split did not split\n{summary}"
     assert predicted is not None, f"the simulator did not re-converge\n{summary}"
     assert predicted / 2 <= measured <= 2 * predicted, f"prediction off by more than 2x\n{summary}"
+    rss.check("partition")

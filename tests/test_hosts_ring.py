@@ -29,6 +29,7 @@ import pytest
 from _daemon_support import CEILING_S, consensus_max_relative
 from _fault_report import record
 from _hosts_support import (
+    RssTrace,
     describe,
     final_params,
     init_network,
@@ -53,6 +54,7 @@ def test_a_ring_across_hosts_survives_a_pulled_cable(tmp_path: Path) -> None:
         names = init_network(hosts, out, steps=STEPS)
         started = time.monotonic()
         processes = {name: start_peer(hosts, index, out, name) for index, name in enumerate(names)}
+        rss = RssTrace(out, processes)
 
         wait_for_step(out, names, CUT_STEP, processes)
         at_cut = time.monotonic() - started
@@ -86,3 +88,4 @@ def test_a_ring_across_hosts_survives_a_pulled_cable(tmp_path: Path) -> None:
     record("a host's cable out, then back", injected=1, survived=1, recovery_s=moving_s,
            note="recovery: cable back to the cut host 2 steps on; "
                 f"{OUTAGE_S:.0f} s out at step {CUT_STEP}; the cut host made {during} steps meanwhile")
+    rss.check("ring")

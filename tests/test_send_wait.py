@@ -48,3 +48,27 @@ def test_sends_to_a_neighbour_that_stopped_reading_are_abandoned_after_the_deadl
     finally:
         a.close()
         b.close()
+
+
+def test_a_message_cut_short_with_nothing_in_flight_abandons_nothing() -> None:
+    """Frames small enough for ZeroMQ to copy are never in flight as ours: a message cut short by a
+    queue that stays full is dropped (counted in ``dropped``), and the redial that discards its
+    queued part abandons no send of ours, so ``abandoned`` gets no entry (it used to get ``b: 0``)."""
+    la, lb = reserve_listeners(2)
+    a_addr, b_addr = listener_address(la), listener_address(lb)
+    a = Transport(listen=a_addr, neighbours={"b": b_addr}, listen_fd=la.detach(),
+                  config=TransportConfig(high_water_mark=4, send_timeout_s=0.2))
+    b = Transport(listen=b_addr, neighbours={"a": a_addr}, listen_fd=lb.detach())   # never reads
+    try:
+        for _ in range(200):        # until connected (a send with no connection is dropped at once)
+            if a.send("b", [b"hello"]):
+                break
+            time.sleep(0.02)
+        dropped = a.dropped["b"]
+        small = bytes(32 << 10)     # below pyzmq's copy threshold (64 KiB): copied, never tracked
+        assert not a.send("b", [small] * 2048)   # 64 MiB: more than the queue and the kernel's buffers
+        assert a.dropped["b"] == dropped + 1 and a.pending_sends() == 0
+        assert "b" not in a.abandoned, a.abandoned
+    finally:
+        a.close()
+        b.close()

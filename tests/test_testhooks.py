@@ -12,11 +12,19 @@ import torch
 
 from peer.runtime.testhooks import (
     ENVIRONMENT_VARIABLE,
+    PARAMS_VARIABLE,
+    PROTOCOL_VARIABLE,
+    SAVE_VARIABLE,
+    SCHEDULE_VARIABLE,
     Hook,
     Hooks,
     hooks_from_environment,
     hooks_json,
+    params_writer_from_environment,
     parse_hooks,
+    protocol_version_from_environment,
+    save_point_from_environment,
+    schedule_from_environment,
 )
 from peer.train.attack import parse_attack, sign_flip
 from topology.errors import HivemeshError
@@ -74,6 +82,44 @@ def test_a_malformed_hook_is_a_clear_error(text: str) -> None:
     with pytest.raises(HivemeshError, match=ENVIRONMENT_VARIABLE):
         parse_hooks(text)
 
+
+
+READERS = {ENVIRONMENT_VARIABLE: hooks_from_environment,
+           PROTOCOL_VARIABLE: protocol_version_from_environment,
+           SAVE_VARIABLE: save_point_from_environment,
+           SCHEDULE_VARIABLE: lambda: schedule_from_environment("p00"),
+           PARAMS_VARIABLE: lambda: params_writer_from_environment("p00")}
+
+
+@pytest.mark.parametrize("variable", sorted(READERS))
+@pytest.mark.parametrize(("text", "said"), [("{not json", "not JSON: '{not json'"), ('"text"', ""),
+                                            ("{}", ""), ("[{}]", "")])
+def test_every_reader_gives_nothing_unset_and_names_its_variable_when_malformed(
+        monkeypatch: pytest.MonkeyPatch, variable: str, text: str, said: str) -> None:
+    monkeypatch.delenv(variable, raising=False)
+    assert not READERS[variable]()
+    monkeypatch.setenv(variable, "")
+    assert not READERS[variable]()
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(HivemeshError, match=f"^{variable}: ") as raised:
+        READERS[variable]()
+    assert said in str(raised.value)
+
+
+def test_a_protocol_version_is_an_integer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROTOCOL_VARIABLE, "3")
+    assert protocol_version_from_environment() == 3
+    for text in ("3.5", "true", '"3"'):
+        monkeypatch.setenv(PROTOCOL_VARIABLE, text)
+        with pytest.raises(HivemeshError, match=f"{PROTOCOL_VARIABLE}: .* is not an integer"):
+            protocol_version_from_environment()
+
+
+def test_a_schedule_without_its_faults_says_which_key(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    monkeypatch.setenv(SCHEDULE_VARIABLE, json.dumps({"progress": str(tmp_path)}))
+    with pytest.raises(HivemeshError, match=f"{SCHEDULE_VARIABLE}: key 'faults' missing or unknown"):
+        schedule_from_environment("p00")
 
 
 def test_signflip_and_pace_hooks_turn_an_edge_into_an_attacker_or_a_slow_device() -> None:

@@ -539,8 +539,12 @@ class Transport:
             self._replies.pop()
 
     def _abandon(self, name: str, outbox: _Outbox) -> None:
-        self.abandoned[name] += len(outbox.pending)
-        trackers = outbox.pending
+        """Drop what is queued to ``name`` (a fresh socket) and count the sends of ours still in flight:
+        those are the abandoned ones. A message cut short with nothing of ours in flight (small frames
+        are copied) is counted once, in ``dropped``, and ``abandoned`` gets no zero entry."""
+        trackers = [tracker for tracker in outbox.pending if not tracker.done]
+        if trackers:
+            self.abandoned[name] += len(trackers)
         self._redial(name, outbox)   # drops the queued messages and releases their frames
         outbox.pending = []
         end = time.monotonic() + 1.0

@@ -64,7 +64,7 @@ class FederationSection(FederationConfig):
         if isinstance(self.gossip_rounds, bool) or not isinstance(self.gossip_rounds, int) \
                 or self.gossip_rounds < 0:
             raise ValueError(f"gossip_rounds must be an integer >= 0, not {self.gossip_rounds!r}")
-        if self.mode == "fedbuff" and self.gossip_rounds:
+        if self.gossip_rounds and not self.has_rounds:
             raise ValueError("gossip_rounds: FedBuff has no rounds to gossip between (use 0)")
 
     def gateway_gossip(self, gossip: Any) -> Any:

@@ -60,10 +60,10 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -76,6 +76,7 @@ PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgrad
 SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
 SAVE_VARIABLE = "HIVEMESH_TEST_CHECKPOINT_HOOK"
 ACTIONS = ("hold", "kill", "stop", "cut", "signflip", "pace")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,15 +104,43 @@ class Hook:
             raise ValueError(f"a pace hook needs 0 < seconds < inf, got {self.seconds}")
 
 
+def _parsed(variable: str, text: str, build: Callable[[Any], T]) -> T:
+    """``build`` of the JSON value ``text`` of the test variable ``variable``. Every reader below goes
+    through here, so a malformed value (not JSON, a wrong shape, a bad or missing field) is one kind of
+    error: a HivemeshError that names the variable."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise HivemeshError(f"{variable}: not JSON: {text!r}") from None
+    try:
+        return build(value)
+    except KeyError as error:
+        raise HivemeshError(f"{variable}: key {error} missing or unknown") from None
+    except (ValueError, TypeError) as error:
+        raise HivemeshError(f"{variable}: {error}") from None
+
+
+def _from_environment(variable: str, build: Callable[[Any], T]) -> T | None:
+    """:func:`_parsed` of ``variable``'s value; None when it is unset or empty (normal use)."""
+    text = os.environ.get(variable, "")
+    return _parsed(variable, text, build) if text else None
+
+
+def _hook_list(items: Any) -> tuple[Hook, ...]:
+    if not isinstance(items, list):
+        raise TypeError("expected a JSON list of hooks")
+    return tuple(Hook(**item) for item in items)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
 def parse_hooks(text: str) -> tuple[Hook, ...]:
     """Hooks from their JSON form (a list of objects); a HivemeshError names what is wrong."""
-    try:
-        items = json.loads(text)
-        if not isinstance(items, list):
-            raise TypeError("expected a JSON list of hooks")
-        return tuple(Hook(**item) for item in items)
-    except (ValueError, TypeError) as error:
-        raise HivemeshError(f"{ENVIRONMENT_VARIABLE}: {error}") from None
+    return _parsed(ENVIRONMENT_VARIABLE, text, _hook_list)
 
 
 def hooks_json(hooks: Sequence[Hook]) -> str:
@@ -121,20 +150,13 @@ def hooks_json(hooks: Sequence[Hook]) -> str:
 
 
 def hooks_from_environment() -> tuple[Hook, ...]:
-    text = os.environ.get(ENVIRONMENT_VARIABLE, "")
-    return parse_hooks(text) if text else ()
+    return _from_environment(ENVIRONMENT_VARIABLE, _hook_list) or ()
 
 
 def protocol_version_from_environment() -> int | None:
     """The highest protocol version this peer may accept and speak (``HIVEMESH_TEST_PROTOCOL_VERSION``),
     so a test runs a member one version behind beside current ones; None: all this code speaks."""
-    text = os.environ.get(PROTOCOL_VARIABLE, "")
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise HivemeshError(f"{PROTOCOL_VARIABLE}: {text!r} is not an integer") from None
+    return _from_environment(PROTOCOL_VARIABLE, _integer)
 
 
 class Hooks:
@@ -232,13 +254,7 @@ def save_point(hook: SaveHook) -> SavePoint:
 
 
 def save_point_from_environment() -> SavePoint | None:
-    text = os.environ.get(SAVE_VARIABLE, "")
-    if not text:
-        return None
-    try:
-        return save_point(SaveHook(**json.loads(text)))
-    except (ValueError, TypeError) as error:
-        raise HivemeshError(f"{SAVE_VARIABLE}: {error}") from None
+    return _from_environment(SAVE_VARIABLE, lambda plain: save_point(SaveHook(**plain)))
 
 
 # ------------------------------------------------------------ a fault schedule keyed by rounds
@@ -291,14 +307,8 @@ class ScheduleFiles:
 
 
 def schedule_from_environment(name: str) -> ScheduleFiles | None:
-    text = os.environ.get(SCHEDULE_VARIABLE, "")
-    if not text:
-        return None
-    try:
-        plain = json.loads(text)
-        return ScheduleFiles(from_plain(plain["faults"]), name, Path(plain["progress"]))
-    except (ValueError, TypeError, KeyError) as error:
-        raise HivemeshError(f"{SCHEDULE_VARIABLE}: {error!r}") from None
+    return _from_environment(SCHEDULE_VARIABLE, lambda plain: ScheduleFiles(from_plain(plain["faults"]), name,
+                                                                            Path(plain["progress"])))
 
 
 # ------------------------------------------------------------ the parameters over time, for a test
@@ -362,10 +372,4 @@ def read_params_trace(folder: Path, name: str) -> dict[int, tuple[float, torch.T
 
 
 def params_writer_from_environment(name: str) -> ParamsWriter | None:
-    text = os.environ.get(PARAMS_VARIABLE, "")
-    if not text:
-        return None
-    try:
-        return ParamsWriter(ParamsTrace(**json.loads(text)), name)
-    except (ValueError, TypeError) as error:
-        raise HivemeshError(f"{PARAMS_VARIABLE}: {error}") from None
+    return _from_environment(PARAMS_VARIABLE, lambda plain: ParamsWriter(ParamsTrace(**plain), name))

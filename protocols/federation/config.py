@@ -104,6 +104,13 @@ class FederationConfig:
         if self.secure_aggregation is not None:
             self._check_secure(self.secure_aggregation)
 
+    @property
+    def has_rounds(self) -> bool:
+        """Whether the server runs rounds: sync FedAvg opens and closes them (a gateway's gossip can
+        interleave with them, a client pauses between them); FedBuff aggregates every ``buffer_size``
+        updates as they come, in no round."""
+        return self.mode == "sync"
+
     def _check_private(self) -> None:
         """What DP-FedAvg's guarantee rests on: Poisson rounds, every sampled update counted the same."""
         if self.mode != "sync":
