@@ -41,5 +41,9 @@ def test_a_senders_reach_grows_at_twice_our_median_step_rate_from_its_last_belie
     for _ in range(ROUNDS_TIMED):
         reach.worked(2, 0.5)                       # only the last rounds count
     assert reach.step_s == 0.25
-    reach.started(0, 0.0)                          # a new life: another clock
-    assert reach.reach("j", 5.0) == 0.0 and reach.step_s is None
+    reach.started(0, 0.0)                          # a new life: another clock, references from Start,
+    assert reach.reach("j", 0.0) == 0.0            # but our pace (a duration) is kept
+    assert reach.step_s == 0.25 and reach.reach("j", 5.0) == 2 * 5.0 / 0.25
+    again = Reach()                                # (and a checkpoint keeps it)
+    again.restore(reach.export())
+    assert again.step_s == 0.25 and list(again.timed) == list(reach.timed)

@@ -53,7 +53,18 @@ window: nothing. (Heartbeats, which the Node sees and the machine does not,
 are not consulted.)
 
 References are times on this life's clock, so they are not checkpointed: a
-restarted machine starts from its own position, and its rate is measured anew.
+restarted machine starts from its own position. Our step rate is a duration,
+not a time: a checkpoint keeps it (``export``/``restore``) and a new life
+(``Start``, also after a state-sync adoption) keeps it, to be replaced as the
+new life's rounds close. Measured anew, it was missing exactly when it was
+needed: a member restarted from a checkpoint and handed its neighbours' round
+by a state sync has no round of its own timed yet, while the neighbours, which
+took it for a laggard when it died, do not wait for it and run on past its
+buffer window as it starts. It refused every claim (``catch_up_refused``, about
+100 a second at 50 steps/s), waited out its first round's deadline for messages
+sent to its dead life, and only then caught up at its compute rate, with
+parameters a deadline's worth of the ring's training behind
+(tests/test_catchup_rejoin.py). Its pace in its last life is an honest bound.
 """
 
 from __future__ import annotations
@@ -61,7 +72,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SPEEDUP = 2.0  # how much faster than us an in-neighbour may have trained (heterogeneous hardware)
@@ -107,11 +118,10 @@ class Reach:
         self.believed: dict[str, Reference] = {}
 
     def started(self, steps_done: int, now: float) -> None:
-        """A life begins (``Start``): references of an earlier life are on another clock."""
+        """A life begins (``Start``): references of an earlier life are on another clock; our step
+        rate (durations) is kept."""
         self.origin = Reference(float(steps_done), now)
         self.believed = {}
-        self.timed.clear()
-        self.computed.clear()
 
     def worked(self, steps: int, seconds: float) -> None:
         """Our own training round of ``steps`` local steps took ``seconds``, start to close."""
@@ -152,3 +162,14 @@ class Reach:
         if ref is None or steps >= ref.steps:
             self.believed[sender] = Reference(float(steps), now)
         return float(steps)
+
+    def export(self) -> dict[str, list[float]]:
+        """Our step rate's memory (seconds per step, oldest first), JSON-able: what a checkpoint keeps."""
+        return {"timed": list(self.timed), "computed": list(self.computed)}
+
+    def restore(self, saved: Mapping[str, Sequence[float]]) -> None:
+        """The memory from :meth:`export` (a checkpoint without it: none, measured anew). Entries that
+        are not positive and finite are dropped."""
+        for memory, key in ((self.timed, "timed"), (self.computed, "computed")):
+            memory.clear()
+            memory.extend(float(v) for v in saved.get(key, ()) if float(v) > 0 and math.isfinite(float(v)))

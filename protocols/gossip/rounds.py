@@ -526,6 +526,11 @@ class RoundMachine(MachineBase):
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
             "catch_up": self.catch_up,
             "step_norm": self.step_norm,
+            "pace": self.reach.export(),  # our step rate, a duration: kept across lives (catchup.py)
+            # the round being timed (on this clock: a Start forgets them; a restore without one, on
+            # the same clock, times the round as if never stopped)
+            "round_began_s": self.round_began_s,
+            "work_s": self.work_s,
             "inbox": export_messages("inbox", inbox, tensors),
             "late": export_messages("late", self.late, tensors),
             "last_sends": [list(a.recipients) for a in self.last_sends],
@@ -546,6 +551,10 @@ class RoundMachine(MachineBase):
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
         self.catch_up = int(meta.get("catch_up", 0))
         self.step_norm = float(meta.get("step_norm", 0.0))
+        self.reach.restore(meta.get("pace", {}))
+        began, work = meta.get("round_began_s"), meta.get("work_s")
+        self.round_began_s = None if began is None else float(began)
+        self.work_s = None if work is None else float(work)
         self.anchor = self._own_copy(tensors.get("rounds/anchor"))
         self.inbox = {}
         for sender, message in restore_messages("inbox", meta["inbox"], tensors):
