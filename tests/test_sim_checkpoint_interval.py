@@ -1,6 +1,7 @@
 """The simulator's crashes restart from the member's last periodic checkpoint, as the daemon's do
 (issue 16, item 5): the steps lost are at most the interval ``[checkpoint] every_steps``, measured
-against the step the crashed member had reached, and the restarted member syncs again."""
+against the step the crashed member had reached, and the restarted member syncs again; a gateway
+loses at most the interval in rounds and closes them again."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_sim_federation import federation
 
+from peer.files.config import ConfigError
 from peer.runtime.netinit import create_network
 from sim.from_network import scenario_from_peer_file
 from sim.gossip_driver import GossipRun
+from sim.run import run_scenario
 from sim.scenario import ChurnEvent, scenario_from_dict
 from sim.world import build_world
 
@@ -81,3 +85,30 @@ def test_only_a_crash_takes_a_step_or_a_downtime() -> None:
         ChurnEvent(node="p00", kind="restart", at_s=1.0, down_s=1.0)
     with pytest.raises(ValueError, match="down_s"):
         ChurnEvent(node="p00", kind="crash", down_s=-2.0)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_gateway_crash_restarts_from_its_checkpoint_of_rounds_and_closes_them_again(every: int) -> None:
+    # Prepare: a gateway of 10 clients (5 asked a round), killed once its machine did 5 rounds (its
+    # checkpoint every `every` rounds, the daemon's count), back 2 s later
+    data = federation(server={"rounds": 12, "fraction": 0.5, "min_clients": 5, "round_timeout_s": 30.0},
+                      nodes={"heartbeat_interval_s": 0.5, "neighbour_timeout_s": 30.0})
+    data |= {"checkpoint": {"every_steps": every},
+             "faults": {"churn": [{"node": "gw0", "kind": "crash", "at_step": 5, "down_s": 2.0}]}}
+
+    # Execute
+    result = run_scenario(scenario_from_dict(data))
+
+    # Assert: it lost at most the interval, closed those rounds again, every round, and the bar
+    (detail,) = result.peers["gw0"]["restarts_detail"]
+    closed = [row["round"] for row in result.rounds]
+    assert detail["reached_round"] == 5 and detail["resumed_round"] == 5 - 5 % every
+    assert 0 <= detail["rounds_lost"] <= every and len(closed) - len(set(closed)) == detail["rounds_lost"]
+    assert sorted(set(closed)) == list(range(12)) and detail["recovery_s"] > 0
+    assert result.dropped["gateway_down"] > 0 and result.trace[-1].mean_accuracy >= 0.90
+
+
+def test_a_federation_takes_no_client_churn() -> None:
+    data = federation() | {"faults": {"churn": [{"node": "e001", "kind": "crash", "at_s": 1.0}]}}
+    with pytest.raises(ConfigError, match=r"faults\.churn"):
+        run_scenario(scenario_from_dict(data))
