@@ -1,4 +1,6 @@
-"""The simulator's prediction of a multi-host fault test's own schedule (issue 16, item 5).
+"""The simulator's prediction of a multi-host fault test's own schedule (issue 16, item 5): the
+ring's kills (tests/test_hosts_kills.py, :func:`predict_kills`) and the gateway's
+(tests/test_hosts_federation.py, :func:`predict_gateway_kill`).
 
 A hosts test hands over what its real run did (which peer was killed at which
 step, what it lost) and the run's own pre-fault step time; the simulator runs
@@ -133,3 +135,51 @@ def predict_kills(config: Path, kills: Sequence[RealKill], *, step_s: float, eve
                f"{[round(a, 3) for a in accuracy.values()]}, consensus {consensus:.2e}, stranded {stranded}")
     return KillPrediction(steps_lost, recovery, {n: bool(peers[n]["finished"]) for n in world.names},
                           {n: int(peers[n]["steps"]) for n in world.names}, accuracy, consensus, summary)
+
+
+@dataclass(frozen=True)
+class GatewayPrediction:
+    rounds_lost: int              # reached - resumed, in the gateway's rounds
+    rounds_closed_again: int      # rows of rounds closed twice
+    closed: tuple[int, ...]       # the rounds closed, each once
+    recovery_s: float             # the real restart -> its first round closed again
+    accuracy: float               # the global model's, at the end
+    summary: str
+
+
+def predict_gateway_kill(gateway: Path, edges: Sequence[Path], *, reached: int, down_s: float,
+                         pre_fault: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+                         latency_ms: float = 0.1) -> GatewayPrediction:
+    """Run the federation of gateway config ``gateway`` and edge configs ``edges`` in the simulator,
+    the gateway killed once its machine did ``reached`` rounds (as many as it had closed here) and
+    started again ``down_s`` later (as here) plus a modelled process start, its checkpoint interval
+    its file's. Calibration: a client's step takes the real pre-fault rounds' median length
+    (``pre_fault``: rounds.jsonl rows, ``opened_at_s`` to ``closed_at_s``) over a round's local
+    steps (local epochs times the clients' median steps per epoch)."""
+    from peer.train.build import build_trainers
+    from sim.from_network import scenario_from_federation_files
+    from sim.run import run_scenario
+
+    nodes = {f.name: options[f.name] for f in dataclasses.fields(NodeConfig) if f.name in options}
+    churn = [{"node": "gw0", "kind": "crash", "at_step": reached, "down_s": down_s + PROCESS_START_S}]
+    base = scenario_from_federation_files(gateway, edges, nodes=nodes)
+    clients = base.federation.client_names()
+    _, trainers = build_trainers(base.network(), base.trainer_config(), members=clients)
+    round_steps = base.federation_config().local_epochs * statistics.median(
+        t.steps_per_epoch for t in trainers.values())
+    round_s = statistics.median(float(r["closed_at_s"]) - float(r["opened_at_s"]) for r in pre_fault)
+    step_ms = 1000.0 * round_s / round_steps
+    scenario = scenario_from_federation_files(
+        gateway, edges, duration_s=SIM_DURATION_S, nodes={**nodes, "step_time_ms": step_ms},
+        links={"latency_ms": latency_ms, "bandwidth_mbps": 1000.0}, faults={"churn": churn})
+    result = run_scenario(scenario)
+    (detail,) = result.peers["gw0"]["restarts_detail"]
+    rounds = [int(row["round"]) for row in result.rounds]
+    recovery_s = float(detail["first_closed_at_s"] - detail["crashed_at_s"]) - down_s
+    accuracy = result.trace[-1].mean_accuracy
+    summary = (f"simulator: a client step {step_ms:.2f} ms (pre-fault round {round_s:.2f} s over "
+               f"{round_steps} steps); gateway killed at round {detail['reached_round']}, resumed "
+               f"{detail['resumed_round']}, first round closed again {recovery_s:.2f} s after its restart; "
+               f"rounds {rounds}; accuracy {accuracy:.3f}")
+    return GatewayPrediction(int(detail["rounds_lost"]), len(rounds) - len(set(rounds)),
+                             tuple(sorted(set(rounds))), recovery_s, accuracy, summary)
