@@ -290,7 +290,7 @@ class GossipRun:
             if event.kind == "join" and event.at_s <= 0.0:
                 continue
             arm = self._step_crashes.append if event.at_step >= 0 else self._churn
-            self.engine.at(event.at_s, functools.partial(arm, event))
+            self.engine.at(max(event.at_s, 0.0), functools.partial(arm, event))
         self.recorder.start()
         self.engine.at(0.0, self._check_liveness)
 

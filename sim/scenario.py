@@ -151,16 +151,16 @@ class ChurnEvent:
 
     node: str                                          # the member it happens to
     kind: Literal["crash", "restart", "leave", "join"]  # crash/leave: down; restart/join: up again
-    at_s: float = 0.0                                  # simulated time of the event
+    at_s: float = -1.0                                 # simulated time of the event (-1: not given)
     # a crash placed on progress instead (a real run's kill replayed): at the member's first work
-    # point at this trainer step or later, from at_s on; -1: at at_s
+    # point at this trainer step or later (a gateway: its rounds), from at_s on if given; -1: at at_s
     at_step: int = -1
     # a crash followed by a restart this long after it (seconds); -1: none (give a "restart" event)
     down_s: float = -1.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.at_s) and self.at_s >= 0):
-            raise ValueError(f"at_s must be >= 0, got {self.at_s}")
+        if not (math.isfinite(self.at_s) and (self.at_s >= 0 or (self.at_s == -1.0 and self.at_step >= 0))):
+            raise ValueError(f"at_s must be >= 0 (or at_step given, for a crash), got {self.at_s}")
         if self.kind != "crash" and (self.at_step >= 0 or self.down_s >= 0):
             raise ValueError(f"at_step and down_s are a crash's, not a {self.kind}'s")
         if not (math.isfinite(self.down_s) and self.down_s >= -1.0):

@@ -84,7 +84,9 @@ def test_only_a_crash_takes_a_step_or_a_downtime() -> None:
     with pytest.raises(ValueError, match="at_step and down_s"):
         ChurnEvent(node="p00", kind="restart", at_s=1.0, down_s=1.0)
     with pytest.raises(ValueError, match="down_s"):
-        ChurnEvent(node="p00", kind="crash", down_s=-2.0)
+        ChurnEvent(node="p00", kind="crash", at_s=1.0, down_s=-2.0)
+    with pytest.raises(ValueError, match="at_s must be >= 0"):
+        ChurnEvent(node="p00", kind="crash")      # neither a time nor a step
 
 
 @pytest.mark.parametrize("every", [1, 3])
