@@ -70,7 +70,8 @@ def reconvergence_time_s(times_s: Sequence[float], distances: Sequence[float], *
     trailing median is over the samples with ``t - window_s < t' <= t`` (itself at least, so
     samples from before the heal count in the first windows after it). The answer is ``t - heal_s``
     of the earliest sample at or after ``heal_s`` whose trailing median, and that of every later
-    sample, is below the bar; None if the last sample's is not (it never re-converged), or if no
+    sample, is below the bar (or 0, when the bar is: members that agreed exactly before the fault);
+    None if the last sample's is not (it never re-converged), or if no
     sample follows the heal. A ValueError if the pre-fault window holds no sample.
     """
     if len(times_s) != len(distances):
@@ -90,8 +91,10 @@ def reconvergence_time_s(times_s: Sequence[float], distances: Sequence[float], *
             start += 1
         if now < heal_s:
             continue
-        if statistics.median(distances[start:index + 1]) < bar:
-            found = now - heal_s if found is None else found
-        else:
+        median = statistics.median(distances[start:index + 1])
+        agrees = median < bar or median <= bar == 0   # (a bar of 0, exact agreement before: exact again)
+        if not agrees:
             found = None        # it rose again: a later sample must start the streak afresh
+        elif found is None:
+            found = now - heal_s
     return found

@@ -67,6 +67,9 @@ class Member:
     rotated_from: str = ""
     rotated_at_round: int = 0
     rotation_signature: str = ""
+    # an edge client's gateway (its roster name): the one gateway that serves it, whatever the
+    # gateways' configs list; empty: their configs decide (protocols/node/membership.py, Serving)
+    gateway: str = ""
 
     def __post_init__(self) -> None:
         problems = _member_problems(self)
@@ -86,6 +89,8 @@ class Member:
         if self.rotated_from:
             data.update(rotated_from=self.rotated_from, rotated_at_round=self.rotated_at_round,
                         rotation_signature=self.rotation_signature)
+        if self.gateway:
+            data["gateway"] = self.gateway
         return data
 
 
@@ -107,6 +112,10 @@ def _member_problems(member: Member) -> list[str]:
             problems.append(f"address {member.address!r} is not tcp://HOST:PORT")
     elif member.role in ROLES_WITH_ADDRESS:
         problems.append(f"a {member.role} needs an address (tcp://HOST:PORT)")
+    if not isinstance(member.gateway, str):
+        problems.append("gateway must be a string")
+    elif member.gateway and member.role != "edge":
+        problems.append(f"only an edge client names its gateway, not a {member.role}")
     if not isinstance(member.curve_key, str):
         problems.append("curve_key must be a string")
     elif member.curve_key:
@@ -182,6 +191,11 @@ class Roster:
                 problems.append(f"members {by_key[key].name!r} and {member.name!r} share a public_id")
             by_name[member.name] = member
             by_key[key] = member
+        for member in members:
+            named = by_name.get(member.gateway) if member.gateway else None
+            if member.gateway and (named is None or named.role != "gateway"):
+                problems.append(f"member {member.name!r}: gateway {member.gateway!r} is not a gateway on the "
+                                "roster")
         revoked_keys = set()
         for public_id in self.revoked:
             try:

@@ -45,6 +45,17 @@ result (``peers[GATEWAY]["restarts_detail"]``): the rounds reached and resumed f
 seconds from the restart to its first round closed again. Clients take no churn here (their
 ``availability`` is theirs).
 
+Membership changes as in the daemon, through the same Node: the run holds a
+roster (gateways and edge clients, keys from the scenario's seed; clients named
+in ``joining`` are not on it yet) and :meth:`FederationRun.change_roster` makes
+every gateway learn a later version now, as a gateway that reads its roster
+file does. Each gateway serves the edge members that
+protocols/node/membership.py's ``Serving`` gives it (its own block of clients,
+as ``hivemesh init`` lists them; a joiner by its roster entry, which names its
+gateway) from the version's round on: a joiner's heartbeats before that round
+are counted ``client_not_served_yet``, from it on they register it and it is
+asked into rounds.
+
 The run ends when every gateway is done (its last round closed, its last gossip rounds played)
 and the final models it sent (``RoundResult``) have arrived, so each client ends holding the
 federation's model as a real edge client does (tests/test_sim_vs_real_federation.py compares them).
@@ -71,7 +82,7 @@ import hashlib
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,13 +120,16 @@ from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
 from protocols.messages import Message, RoundResult, SecAggMessage
 from protocols.node import Neighbour, Node
+from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
+from protocols.roster import Member as RosterMember
+from protocols.roster import Roster as MemberRoster
 from protocols.secagg.local import Roster
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
-from sim.node import work_seconds
+from sim.node import sim_identity, work_seconds
 from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, ScenarioResult, TracePoint
 from topology import build
@@ -175,7 +189,11 @@ class Member:
 class FederationRun:
     """One federation scenario, start to end."""
 
-    def __init__(self, scenario: ScenarioConfig, progress: Progress | None = None) -> None:
+    def __init__(self, scenario: ScenarioConfig, progress: Progress | None = None, *,
+                 joining: Collection[str] = ()) -> None:
+        """``joining``: clients not on the roster at the start (a later version adds them:
+        :meth:`roster_adding`, :meth:`change_roster`); they run from the start, as a device an operator
+        turned on early does."""
         self.scenario = scenario
         self.section = scenario.federation
         self.config: FederationConfig = scenario.federation_config()
@@ -184,6 +202,11 @@ class FederationRun:
         self.gateways = self.section.gateway_names()
         self.clients = self.section.client_names()
         self._check_names()
+        self.joining = tuple(name for name in self.clients if name in set(joining))
+        if len(self.joining) != len(set(joining)):
+            unknown = sorted(set(joining) - set(self.clients))
+            raise ConfigError(f"joining clients {unknown} are not clients of {scenario.source}")
+        self.roster = self._roster()
         node_config = scenario.nodes.node_config()
         self.node_config = node_config
         _, trainers = build_trainers(scenario.network(), scenario.trainer_config(), members=self.clients)
@@ -193,6 +216,7 @@ class FederationRun:
                                   wanted=self.clients[:1])
         self.evaluator = spare[self.clients[0]]
         self.initial = self.evaluator.flat_params.detach().clone()  # every gateway starts from it
+        self.topologies: dict[str, Any] = {}   # each gateway's gossip graph (a roster change keeps it)
         nodes = scenario.nodes
         nics = {name: NicSpec(**{key: float(nodes.nic.get(name, {}).get(key, getattr(nodes, key)))
                                  for key in ("uplink_mbps", "downlink_mbps")})
@@ -239,13 +263,17 @@ class FederationRun:
 
     def _gateway_crashes(self) -> list[ChurnEvent]:
         """The churn of the scenario: gateways' crashes only (a client's comings and goings are its
-        ``availability``)."""
+        ``availability``), under FedAvg (a FedBuff gateway's checkpoints count its model versions,
+        which this driver does not check between its work points)."""
         churn = self.scenario.faults.churn
         for event in churn:
             if event.node not in self.gateways or event.kind != "crash":
                 raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a federation takes a "
                                   f"gateway's crash (with down_s), not a {event.kind} of {event.node!r} "
                                   "(clients: federation.availability)", key="faults.churn")
+        if churn and self.config.mode != "sync":
+            raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a gateway's crash is modelled "
+                              f"for federation mode 'sync', not {self.config.mode!r}", key="faults.churn")
         return sorted(churn, key=lambda e: (e.at_s, e.node))
 
     def _gossip_members(self, name: str) -> tuple[str, ...]:
@@ -253,8 +281,43 @@ class FederationRun:
         gossip = self.config.mode == "sync" and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         return self.gateways if gossip else (name,)
 
-    def _gateway_parts(self, name: str, params: torch.Tensor) -> tuple[Any, FedAvgServer | FedBuffServer]:
-        """A gateway's gossip machine and server, both on ``params``, as a gateway process makes them."""
+    def _roster(self) -> MemberRoster:
+        """Version 1: the gateways (nominal addresses: nothing is dialled here) and the clients not
+        joining later; keys from the scenario's seed."""
+        gateways = tuple(RosterMember(name=name, public_id=sim_identity(self.scenario.seed, name).public_id,
+                                      role="gateway", address=f"tcp://127.0.0.1:{20000 + i}")
+                         for i, name in enumerate(self.gateways))
+        return MemberRoster((*gateways, *(self._edge_entry(name) for name in self.clients
+                                           if name not in self.joining)))
+
+    def _edge_entry(self, name: str) -> RosterMember:
+        """A client's roster entry; a joiner's names its gateway (``hivemesh roster add --gateway``), the
+        others are listed by their gateway's config (``hivemesh init``'s blocks)."""
+        gateway = self.section.gateway_of(self.clients.index(name)) if name in self.joining else ""
+        public_id = sim_identity(self.scenario.seed, name).public_id
+        return RosterMember(name=name, public_id=public_id, role="edge", gateway=gateway)
+
+    def roster_adding(self, names: Collection[str], *, effective_round: int) -> MemberRoster:
+        """The next version of the roster: ``names`` (joining clients) added, from ``effective_round``."""
+        current = self.roster
+        added = tuple(self._edge_entry(name) for name in self.clients if name in set(names))
+        return dataclasses.replace(current, members=(*current.members, *added), version=current.version + 1,
+                                   effective_round=effective_round)
+
+    def change_roster(self, roster: MemberRoster) -> None:
+        """Every gateway learns roster version ``roster`` now (as a daemon that re-reads its roster
+        file) and applies it from its ``effective_round``; the clients carry on."""
+        self.roster = roster
+        now = self.engine.now_s
+        for name in self.gateways:
+            member = self.members[name]
+            self._carry_out(member, member.node.change_membership(roster, self.topologies[name], now,
+                                                                  make_neighbour=Neighbour))
+
+    def _gateway_parts(self, name: str,
+                       params: torch.Tensor) -> tuple[Any, FedAvgServer | FedBuffServer, Any]:
+        """A gateway's gossip machine and server, both on ``params``, as a gateway process makes them,
+        and its gossip graph."""
         members = self._gossip_members(name)
         topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
         total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds, mode=self.config.mode)
@@ -269,16 +332,22 @@ class FederationRun:
         sync = self.config.mode == "sync"
         server = make_server(self.config, name=name, params=params, pause_between_rounds=sync,
                              secret_seed=secret, secure=secure)
-        return machine, server
+        return machine, server, topology
 
     def _gateway(self, name: str) -> Member:
         params = self.initial.clone()
-        machine, server = self._gateway_parts(name, params)
-        own = tuple(c for i, c in enumerate(self.clients) if self.section.gateway_of(i) == name)
+        machine, server, topology = self._gateway_parts(name, params)
+        self.topologies[name] = topology
+        # its config's list (hivemesh init's block of clients; one gateway alone lists none); a joiner
+        # is served by its roster entry from its version's round (protocols/node/membership.py)
+        block = tuple(c for i, c in enumerate(self.clients)
+                      if self.section.gateway_of(i) == name and c not in self.joining)
+        serving = Serving(name, block if len(self.gateways) > 1 else ())
         node: Node[Neighbour] = Node(
             name, machine, neighbours={n: Neighbour() for n in self._gossip_members(name) if n != name},
             config=self.node_config, early_per_neighbour=4, answer_source=lambda: (params.clone(), 0),
-            roles={"fedavg": server}, clients=own)
+            roles={"fedavg": server}, clients=serving.clients(self.roster), serving=serving)
+        node.set_membership(self.roster, self.topologies[name])
         return Member(name, node, server=server,
                       work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds))
 
@@ -390,11 +459,16 @@ class FederationRun:
 
     # ------------------------------------------------------------ a gateway's checkpoints and crashes
 
+    def _rounds_done(self, member: Member) -> int:
+        """What its checkpoints count (the daemon's count: ``GatewayWork.rounds_done``)."""
+        assert member.work is not None
+        return member.work.rounds_done(member.node.machine.position[1])
+
     def _save(self, member: Member) -> None:
         """Its checkpoint: the machine's and the server's state at one moment, as the daemon writes it."""
         server = member.server
         assert server is not None
-        rounds = member.node.machine.position[1]
+        rounds = self._rounds_done(member)
         member.checkpoint = copy.deepcopy((member.node.machine.export_state(), server.export_state(), rounds))
         assert member.saves is not None
         member.saves.saved(rounds, self.engine.now_s)
@@ -402,7 +476,7 @@ class FederationRun:
     def _gateway_work_point(self, member: Member) -> bool:
         """A gateway's work point (its next gossip round asked for, the FedAvg round not yet opened):
         a checkpoint when due; True when a crash placed on its rounds fires here."""
-        rounds = member.node.machine.position[1]
+        rounds = self._rounds_done(member)
         if member.saves is not None and member.saves.should_save(rounds, self.engine.now_s):
             self._save(member)
         crash = next((e for e in self.crashes if e.node == member.name and 0 <= e.at_step <= rounds
@@ -417,7 +491,7 @@ class FederationRun:
         self.crashes.remove(event)
         if not member.on or member.finished:
             return
-        member.restarts.append(GatewayRestart(self.engine.now_s, member.node.machine.position[1]))
+        member.restarts.append(GatewayRestart(self.engine.now_s, self._rounds_done(member)))
         member.on = False
         member.incarnation += 1
         member.timers.clear()
@@ -432,7 +506,7 @@ class FederationRun:
         assert member.checkpoint is not None and member.server is not None
         machine_state, server_state, rounds = copy.deepcopy(member.checkpoint)
         params = member.server.params     # the one vector the machine and the server share
-        machine, server = self._gateway_parts(member.name, params)
+        machine, server, _ = self._gateway_parts(member.name, params)
         server.restore_state(server_state)
         for client in sorted(server.registered):
             server.unregister(client)

@@ -140,3 +140,32 @@ def test_a_real_full_disk_then_a_restart_on_it(small_disk: Path, network: Networ
         assert [s for s, _ in checkpoint.list_checkpoints(small_disk / "checkpoints")] == [10]
     finally:
         again.parts.lock.release()
+
+
+def test_tensorboard_scalars_on_a_full_disk_are_lost_and_counted_not_the_peer(
+        small_disk: Path, network: NetworkFiles) -> None:
+    # Prepare: p00 with [peer] tensorboard (its writer thread fails on the full disk; the failure
+    # surfaced at the next write or flush, in the daemon's loop)
+    from peer.runtime.tensorboard import ScalarLog
+
+    peer = daemon(network)
+    try:
+        peer.scalars = ScalarLog(peer.config.data_dir, key="[peer] tensorboard")
+        peer.trainer.run_steps(1)
+        peer._evaluate()
+        filler = _disk.fill(small_disk)
+        # Execute: evaluations on the full disk
+        for _ in range(3):
+            peer.trainer.run_steps(1)
+            peer._evaluate()
+        # Assert: counted with the other lost lines (ENOSPC), the peer goes on
+        assert peer._snapshot()["status_write_failures"].get("ENOSPC", 0) >= 1
+        # Execute: space again; the next evaluation writes scalars again, and the log closes cleanly
+        filler.unlink()
+        failed = peer.status.failures["ENOSPC"]
+        peer.trainer.run_steps(1)
+        peer._evaluate()
+        peer.scalars.close()
+        assert peer.status.failures["ENOSPC"] == failed
+    finally:
+        peer.parts.lock.release()

@@ -11,11 +11,14 @@ eNNN.toml`` on hosts 1-5, two a host (through ``ip netns exec``, tests/_netns.py
 
 Faults, placed on progress (the gateway's ``rounds.jsonl``):
 - once ``JOIN_AFTER`` rounds closed, ``hivemesh keygen`` and ``hivemesh roster add e010 --role
-  edge --effective-round R`` (R: a round the gateway has yet to reach: a test hook holds it before
-  R until e010 is up, so a fast machine cannot close every round first), e010's config a copy of
-  e009's with its name, and ``hivemesh edge`` started on host 5: the running gateway (which
-  names no clients: it serves the roster's) reads the roster file and serves e010 from round R
-  on; e010 must be taken in a round >= R;
+  edge --effective-round R``, ``hivemesh roster reload`` of the gateway, e010's config a copy of
+  e009's with its name, and at once ``hivemesh edge`` on host 5, before round R (a test hook
+  holds the gateway before round R - 1 until e010 has connected, so it dials before its round
+  on every machine): the running gateway (which names no clients: it serves the roster's)
+  admits e010's key as soon as it reads the roster (e010 connects, its heartbeats counted
+  ``client_not_served_yet``), and serves it from round R on; e010 must be taken in a round >= R.
+  Had e010 dialled before the gateway read the file, its refused handshake would be redialed
+  after a short backoff (peer/net/dial.py);
 - once ``KILL_AFTER`` rounds closed (and more than a checkpoint interval past R), ``kill -9`` of
   the gateway, then, once e010 is up, the same command again on its host. The edge clients
   carry on (ZeroMQ redials; their ``gateway_timeout_s``, 120 s, is far longer than the
@@ -64,7 +67,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 HOSTS, EDGES, ROUNDS = 6, 10, 30
 JOIN_AFTER = 2             # e010 is added once this many rounds closed
-EFFECTIVE = JOIN_AFTER + 2  # ... from this round on; the gateway holds before the next until e010 is up
+EFFECTIVE = JOIN_AFTER + 2  # ... from this round on; the gateway holds before the one before until e010 is in
 KILL_AFTER = 8             # the gateway is killed once this many rounds closed
 CHECKPOINT_ROUNDS = GATEWAY_CHECKPOINT_ROUNDS   # the gateway's interval in what init writes (rounds)
 CEILING_S = 240.0          # no healthy run comes near it
@@ -116,6 +119,10 @@ def start(hosts: Hosts, host: int, out: Path, name: str, argv: list[str],
                                                  ENVIRONMENT_VARIABLE: hooks_json(hooks or [])}, cwd=out)
 
 
+def status_of(out: Path, name: str) -> dict[str, Any]:
+    return read_status(out / "data" / name) or {}
+
+
 def rounds(out: Path) -> list[dict[str, Any]]:
     """The gateway's closed rounds, in the order written (``rounds.jsonl``; a line being written is
     not read)."""
@@ -150,13 +157,11 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         for name in edges:
             tune(out / f"{name}.toml", "edge")
         began = time.monotonic()
-        # the gateway holds before round EFFECTIVE + 1 until the joiner is up (a test hook; a gateway's
-        # hooks count its rounds), so a fast machine cannot close the rounds left before it is; the
-        # joiner starts once round EFFECTIVE has begun: from then on the gateway admits its key (a
-        # handshake refused before that would leave it to ZeroMQ's reconnect backoff)
-        joiner_up = tmp_path / "joiner-up"
+        # the gateway holds before round EFFECTIVE - 1 until the joiner has connected (a test hook; a
+        # gateway's hooks count its rounds): the joiner dials before its round on any machine
+        joiner_in = tmp_path / "joiner-in"
         processes = {GATEWAY: start(hosts, 0, out, GATEWAY, gateway_command(out),
-                                    [Hook(at_step=EFFECTIVE + 1, action="hold", gate=str(joiner_up))])}
+                                    [Hook(at_step=EFFECTIVE - 1, action="hold", gate=str(joiner_in))])}
         processes |= {name: start(hosts, edge_host(i), out, name, edge_command(out, name))
                       for i, name in enumerate(edges)}
 
@@ -170,13 +175,16 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
                      "--effective-round", str(effective)]) == 0
         config = (out / f"{edges[-1]}.toml").read_text().replace(edges[-1], JOINER)
         (out / f"{JOINER}.toml").write_text(config)
-        gateway_log = out / "data" / GATEWAY / "peer.log"
-        wait_until("the gateway read roster version 2", lambda: "roster version 2" in gateway_log.read_text(),
+        assert main(["roster", "reload", "--config", str(out / f"{GATEWAY}.toml")]) == 0
+        processes[JOINER] = start(hosts, HOSTS - 1, out, JOINER, edge_command(out, JOINER))   # at once
+        wait_until(f"{JOINER} connected before round {EFFECTIVE}",
+                   lambda: status_of(out, JOINER).get("handshakes", 0) >= 1, out, processes)
+        wait_until(f"{JOINER}'s heartbeats heard before its round",
+                   lambda: status_of(out, GATEWAY).get("rejections", {}).get("client_not_served_yet", 0) >= 1,
                    out, processes)
-        wait_until(f"round {EFFECTIVE} closed", lambda: len(rounds(out)) > EFFECTIVE, out, processes)
-        processes[JOINER] = start(hosts, HOSTS - 1, out, JOINER, edge_command(out, JOINER))
-        wait_until(f"{JOINER} up", lambda: read_status(out / "data" / JOINER) is not None, out, processes)
-        joiner_up.touch()
+        before_round = len(rounds(out))     # rounds closed while it was connected but not served
+        refused_early = status_of(out, JOINER).get("handshake_refused", {})
+        joiner_in.touch()
 
         # Execute 2: kill -9 the gateway once KILL_AFTER rounds closed; start it again on its host
         # once the joiner is up (its import of torch takes longer than the rounds left would)
@@ -218,6 +226,7 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
     assert 0 <= lost <= CHECKPOINT_ROUNDS and repeated == lost, (reached, again, repeated)
     assert int(resumed[1]) == min(again), (resumed[0], again)
     joined = [index for index, row in by_round.items() if JOINER in row["taken"]]
+    assert before_round < effective, (before_round, effective)     # it was in before its round
     assert joined and min(joined) >= effective, (joined, report)
     gateway = read_status(out / "data" / GATEWAY) or {}
     assert gateway["accuracy"] >= 0.90, report
@@ -232,9 +241,10 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
                 "round closed, torch import included (simulator: a process start modelled as 1 s; lost "
                 f"{predicted.rounds_lost})")
     record("edge added while running", injected=1, survived=1,
-           note=f"{JOINER} taken in {len(joined)} of rounds {effective}-{ROUNDS - 1}")
+           note=f"{JOINER} connected before its round {effective} (refused handshakes "
+                f"{sum(refused_early.values())}), taken in {len(joined)} of rounds {effective}-{ROUNDS - 1}")
     # the simulator's outcome is the real one's: at most the interval lost and closed again, every
-    # round closed, the bar met (its e010 is a client from round 0: it has no roster versions)
+    # round closed, the bar met (its e010 is a client from round 0: the replay has no roster versions)
     assert 0 <= predicted.rounds_lost <= CHECKPOINT_ROUNDS, predicted.summary
     assert predicted.rounds_closed_again == predicted.rounds_lost, predicted.summary
     assert predicted.closed == tuple(range(ROUNDS)) and predicted.accuracy >= 0.90, predicted.summary

@@ -62,3 +62,11 @@ def test_bad_input_is_refused() -> None:
         reconvergence_time_s([1.0, 0.0], [1.0, 1.0], pre_fault_s=(0.0, 1.0), heal_s=0.5, window_s=1.0)
     with pytest.raises(ValueError, match="window"):
         reconvergence_time_s([0.0, 1.0], [1.0, 1.0], pre_fault_s=(0.0, 1.0), heal_s=0.5, window_s=0.0)
+
+
+def test_members_in_exact_agreement_before_the_fault_reconverge_when_they_agree_exactly_again() -> None:
+    # a pre-fault median of 0 (identical parameters, as exact averaging gives): the bar is 0, which no
+    # distance is below; agreeing exactly again is re-converging
+    times = TIMES[:30]
+    distances = [0.0] * 10 + [8.0] * 10 + [4.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert reconvergence_time_s(times, distances, pre_fault_s=(0.0, 10.0), heal_s=20.0, window_s=1.0) == 2.0

@@ -11,6 +11,7 @@ cannot see), reloads two running peers, and reads what they said and applied.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -118,6 +119,72 @@ def test_reload_refuses_an_edge_clients_folder_and_signals_nothing(
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+
+
+_STARTING_EDGE = """
+import sys
+from pathlib import Path
+import peer.runtime.edge as edge
+from peer.cli.main import main
+from peer.runtime.datalock import DataDirLock
+data = Path(sys.argv[1])
+
+class Starting:
+    # an edge client holds its folder first, then builds its model (seconds) before any status says
+    # "edge": an operator's reload meanwhile finds only a held lock
+    def __init__(self, config, **options):
+        self.lock = DataDirLock(data)
+        main(["roster", "reload", "--data-dir", str(data)])
+
+    def run(self):
+        return 0
+
+edge.load_edge_config = lambda path: None
+edge.EdgeClient = Starting
+sys.exit(edge.run_edge("edge.toml"))
+"""
+
+
+def test_an_edge_client_still_starting_survives_a_reload_of_its_folder(tmp_path: Path) -> None:
+    # Execute: SIGHUP reaches the edge client before its first status names it an edge
+    child = subprocess.run([sys.executable, "-c", _STARTING_EDGE, str(tmp_path / "data")],
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                           capture_output=True, text=True, timeout=120)
+    # Assert: ignored (its default action would end the client), the client ran to its end
+    assert child.returncode == 0, (child.returncode, child.stderr)
+
+
+def test_a_version_the_node_refused_is_not_reported_held_and_a_corrected_one_is_taken(tmp_path: Path) -> None:
+    # Prepare: a real daemon's pieces (its transport a recorder); version 2 gives p01 another key without
+    # the rotation its old key must sign, so the Node refuses it
+    from peer.runtime.daemon import PeerDaemon
+    from peer.runtime.peerconfig import load_peer_config
+    from tests.test_daemon_limits import RecordingTransport
+
+    files = make_network(tmp_path / "net", peers=4, steps=20)
+    peer = PeerDaemon(load_peer_config(files.configs["p00"]))
+    peer.transport = RecordingTransport()  # type: ignore[assignment]
+    peer._connect = lambda connect: None  # type: ignore[method-assign]  # (no sockets to dial or drop)
+    try:
+        v1 = roster_file.read(files.roster)
+        stolen = dataclasses.replace(v1.member("p01"), public_id=Identity.generate().public_id)
+        roster_file.write(files.roster, dataclasses.replace(
+            v1, members=tuple(stolen if m.name == "p01" else m for m in v1.members)).revised(50))
+        # Execute
+        peer._reload_asked = True
+        peer._follow_roster()
+        # Assert: still version 1, and the status says so
+        assert peer.node.membership.current.version == 1
+        assert peer.node.all_rejections()["roster_key_change_unsigned"] == 1
+        assert peer._snapshot()["roster_version"] == 1
+        # Execute: the operator corrects version 2 in place (p03 removed from round 50), and reloads
+        roster_file.write(files.roster, v1.remove("p03").revised(50))
+        peer._reload_asked = True
+        peer._follow_roster()
+        # Assert: taken
+        assert peer.node.membership.current.version == 2 and peer._snapshot()["roster_version"] == 2
+    finally:
+        peer.parts.lock.release()
 
 
 @pytest.mark.processes

@@ -8,8 +8,15 @@ import time
 import pytest
 import zmq
 
-from peer.net.dial import GATEWAY, DialTransport
-from peer.net.transport import Arrival, Transport, listener_address, reserve_listeners
+from peer.net.dial import GATEWAY, DialTransport, refusal_backoff_ms
+from peer.net.transport import (
+    Arrival,
+    CurveKeys,
+    Transport,
+    TransportConfig,
+    listener_address,
+    reserve_listeners,
+)
 
 pytestmark = pytest.mark.processes
 
@@ -91,3 +98,59 @@ def test_a_multipart_reply_is_hostile_and_dropped() -> None:
         got = _until(client.poll, 1)
         assert [bytes(a.frame.bytes) for a in got] == [b"fine"]
         assert client.hostile == {"multipart": 1}
+
+
+def _curve_gateway(allowed: frozenset[bytes]) -> tuple[Transport, bytes]:
+    [listener] = reserve_listeners(1)
+    public, secret = zmq.curve_keypair()
+    gateway = Transport(listen=listener_address(listener), neighbours={}, listen_fd=listener.detach(),
+                        curve=CurveKeys(public_key=public, secret_key=secret, server_keys={},
+                                        allowed_client_keys=allowed))
+    return gateway, public
+
+
+def _poll_until(client: DialTransport, condition: object, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        client.poll(0.05)
+
+
+def test_a_client_refused_before_its_key_is_admitted_redials_on_its_own_and_gets_in() -> None:
+    """libzmq never retries a refused CurveZMQ handshake: the client sees the refusal on its socket's
+    monitor, counts it, and dials again after its backoff, without waiting for a send to fail (an
+    edge client added to the roster that dials before its gateway read that roster)."""
+    public, secret = zmq.curve_keypair()
+    config = TransportConfig(reconnect_ms=50, reconnect_max_ms=400)
+    gateway, server_key = _curve_gateway(frozenset())
+    with gateway, DialTransport(gateway.listen, config=config, curve=(public, secret, server_key)) as client:
+        _poll_until(client, lambda: client.handshake_refused["auth"] >= 2, "never refused twice")
+        assert client.handshakes == 0 and not client.send([b"too early"])
+        gateway.allow(frozenset({public}))      # the gateway read the roster that adds it
+        _poll_until(client, lambda: client.handshakes == 1, "never got in after its key was admitted")
+        refused = client.handshake_refused["auth"]
+        assert client.redialed >= refused           # one fresh dial per refusal (none waited for a send)
+        assert gateway.refused["not_on_roster"] >= refused >= 2     # each refusal counted on both sides
+        client.send([b"admitted"])
+        assert [bytes(a.frame.bytes) for a in _until(gateway.poll, 1)] == [b"admitted"]
+
+
+def test_a_removed_client_is_shut_out_at_once_and_refused_at_each_redial() -> None:
+    public, secret = zmq.curve_keypair()
+    config = TransportConfig(reconnect_ms=20, reconnect_max_ms=200)
+    gateway, server_key = _curve_gateway(frozenset({public}))
+    with gateway, DialTransport(gateway.listen, config=config, curve=(public, secret, server_key)) as client:
+        _send_until_connected(client, [b"member"])
+        [arrival] = _until(gateway.poll, 1)
+        assert gateway.connection_key(arrival.frame) == public     # (the gate learns who holds it)
+        gateway.allow(frozenset())      # removed (revoked): its open connection is shut at once
+        _poll_until(client, lambda: client.handshake_refused["auth"] >= 6, "never refused again")
+        assert gateway.connections["closed_removed_from_roster"] == 1
+        assert not client.send([b"removed"]) and client.handshakes == 1
+        assert gateway.refused["not_on_roster"] >= 6 and gateway.poll(0.1) == []
+
+
+def test_the_backoff_after_refusals_doubles_up_to_the_ceiling() -> None:
+    config = TransportConfig(reconnect_ms=100, reconnect_max_ms=5000)
+    assert [refusal_backoff_ms(config, n) for n in range(8)] == [100, 200, 400, 800, 1600, 3200, 5000, 5000]
+    assert refusal_backoff_ms(config, 10**6) == 5000

@@ -18,7 +18,7 @@ directory's held lock (peer/runtime/datalock.py). Running peers also notice a ch
 their own within a second; reload is for an operator who wants it taken now, and sees the peer
 say what it found (``SIGHUP: roster ... re-read: version N``) in its log. No peer running there
 is an error, and so is an edge client's folder (its status says ``role = "edge"``): an edge
-client reads the roster when it starts, and SIGHUP would end it.
+client reads the roster when it starts (it ignores SIGHUP).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     who.add_argument("--key", metavar="FILE", help="read the public id and curve key from this key file")
     add.add_argument("--role", default="peer", choices=("peer", "gateway", "edge"), help="default: peer")
     add.add_argument("--address", default="", help="tcp://HOST:PORT (required for peers and gateways)")
+    add.add_argument("--gateway", default="", help="an edge client's gateway (its name): the gateway that "
+                     "serves it while running, whatever the gateways' [peer] clients list")
     add.add_argument("--curve-key", default="", help="the member's CurveZMQ public key (Z85)")
     _effective_round(add)
     add.set_defaults(func=run_add)
@@ -148,7 +150,7 @@ def run_add(args: argparse.Namespace) -> int:
         raise RosterError(f"{args.roster}: member {args.name!r} is already listed; remove it first")
     try:
         member = Member(name=args.name, public_id=public_id, role=args.role, address=args.address,
-                        curve_key=curve_key)
+                        curve_key=curve_key, gateway=args.gateway)
     except ValueError as error:
         raise RosterError(f"member {args.name!r}: {error}") from None
     new_file = not Path(args.roster).exists()
@@ -247,7 +249,7 @@ def run_reload(args: argparse.Namespace) -> int:
     else:
         data_dir, roster, who = Path(args.data_dir), "", "the peer"
     found = read_status(data_dir) or {}
-    if found.get("role") == "edge":    # SIGHUP would end it (its default action): an edge does not reload
+    if found.get("role") == "edge":    # an edge does not reload (it ignores SIGHUP): say so, not 'sent'
         raise HivemeshError(f"{data_dir} is edge client {found.get('name')}'s: an edge client reads the "
                             "roster when it starts; restart it to apply a roster change")
     pid = holder(data_dir)
@@ -275,7 +277,8 @@ def run_show(args: argparse.Namespace) -> int:
     revoked = f", {len(roster.revoked)} key(s) revoked" if roster.revoked else ""
     print(f"{args.roster}: {_said(roster)}{revoked}")
     rows = [("NAME", "ROLE", "ADDRESS", "CURVE", "PUBLIC ID")]
-    rows += [(m.name, m.role, m.address or "-", "yes" if m.curve_key else "no",
+    rows += [(m.name, m.role, m.address or (f"(gateway {m.gateway})" if m.gateway else "-"),
+              "yes" if m.curve_key else "no",
               m.public_id + (f" (rotated at round {m.rotated_at_round})" if m.rotated_from else ""))
              for m in roster]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

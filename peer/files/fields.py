@@ -96,7 +96,7 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
     Field("checkpoint_step", "steps", "gauge",
           "step of the newest checkpoint this start wrote or resumed from (-1: none yet; a gateway's "
-          "steps are its rounds)"),
+          "steps are its rounds, a FedBuff gateway's its rounds plus its model versions)"),
     Field("checkpoints_written", "checkpoints", "counter", "checkpoints written (periodic, after a jump of "
           "the step by a state sync or a catch-up, and at the end)"),
     Field("checkpoint_failures", "checkpoints", "counter",
@@ -105,7 +105,7 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("checkpoint_error", "", "text",
           "why the last checkpoint could not be written (empty once one is written again)"),
     Field("status_write_failures", "writes", "counter",
-          "status.json or metrics.jsonl writes that failed, by errno", label="reason"),
+          "status.json, metrics.jsonl or TensorBoard writes that failed, by errno", label="reason"),
     Field("roster_version", "", "gauge", "the latest roster version this peer has read (applied from its "
           "effective round on)"),
     Field("roster_reloads", "reloads", "counter",

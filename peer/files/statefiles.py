@@ -92,7 +92,7 @@ class StatusWriter:
     def write(self, snapshot: dict[str, Any], *, now: float, interval_s: float) -> None:
         self.next_due = now + interval_s
         record = dict(snapshot, pid=os.getpid(), updated_at=time.time())
-        self._guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
+        self.guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
         if self.progress:
             if self.display is None:
                 from peer.files.console import Progress
@@ -116,10 +116,11 @@ class StatusWriter:
             with (self.data_dir / file_name).open("a") as handle:
                 handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
-        self._guarded(file_name, append)
+        self.guarded(file_name, append)
 
-    def _guarded(self, what: str, write: Callable[[], None]) -> None:
-        """A full disk loses a status or metrics line, not the peer: counted, said when it starts."""
+    def guarded(self, what: str, write: Callable[[], None]) -> None:
+        """A full disk loses a status or metrics line (or TensorBoard's scalars), not the peer: counted,
+        said when it starts."""
         try:
             write()
         except OSError as error:

@@ -7,6 +7,20 @@ routing id). ZeroMQ redials after the gateway restarts (``reconnect_ms``
 doubling to ``reconnect_max_ms``); the gateway learns the new connection from
 the client's next accepted message (its heartbeat), never from an unverified one.
 
+A refused handshake is libzmq's sharp edge: it never retries a connection
+whose CurveZMQ handshake failed (the gateway's ZAP refused our key: it had not
+read the roster version that adds us yet, or we were removed; or it shed us
+mid-handshake under a burst of strangers). So the socket's monitor is drained
+at each poll and send: a failed handshake is counted by reason
+(``handshake_refused``: ``auth`` is the gateway's admission saying no,
+``protocol`` and ``no_detail`` the rest) and the socket is dialed afresh after
+a backoff of its own, ``reconnect_ms`` doubling with each refusal in a row up
+to ``reconnect_max_ms`` (a removed client knocks at most once per
+``reconnect_max_ms``; a joiner whose gateway admits it a moment later is in
+within one backoff step, not after ZeroMQ's ceiling); a completed handshake
+resets it. Without any handshake event (nothing answers at the address), a send
+that finds no connection for ``reconnect_max_ms`` still dials afresh.
+
 The bounds are the peer transport's: single-frame wire messages (a
 multipart arrival is hostile, counted and dropped), ``MAXMSGSIZE`` per frame,
 ``RCVHWM``/``SNDHWM`` per connection, a cap per poll; zero-copy sends are
@@ -21,11 +35,23 @@ import time
 from collections import Counter
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from peer.net.contexts import new_context, terminate
 from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
+_REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the gateway's ZAP said no
+                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+                            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail"}
+_WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_REFUSED)
+
+
+def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
+    """How long after a refused handshake the client dials again, given the refusals in a row before
+    it: ``reconnect_ms`` doubling up to ``reconnect_max_ms`` (ZeroMQ's own backoff, which it skips for
+    a refused handshake)."""
+    return min(config.reconnect_ms * 2 ** min(refusals_before, 30), config.reconnect_max_ms)
 
 
 class DialTransport:
@@ -46,7 +72,12 @@ class DialTransport:
         self.hostile: Counter[str] = Counter()
         self._pending: list[zmq.MessageTracker] = []
         self._curve = curve
-        self.redialed = 0      # sockets replaced after no connection for reconnect_max_ms
+        self.redialed = 0      # sockets replaced: after a refused handshake, or no connection for a while
+        self.handshake_refused: Counter[str] = Counter()   # by reason (see the module docstring)
+        self.handshakes = 0    # handshakes completed (a gateway restart makes a new one)
+        self._refusals_in_row = 0
+        self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
+        self._monitor: zmq.Socket | None = None
         try:
             self._socket = self._dial()
         except BaseException:
@@ -55,8 +86,10 @@ class DialTransport:
 
     def _dial(self) -> zmq.Socket:
         self._dialed_s = time.monotonic()
+        self._redial_at_s = None
         sock, cfg = self._context.socket(zmq.DEALER), self.config
         try:
+            self._monitor = sock.get_monitor_socket(_WATCHED)   # before connect: no event is missed
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
@@ -74,9 +107,37 @@ class DialTransport:
             except zmq.ZMQError as error:
                 raise TransportError(f"bad gateway address {self.address!r}: {error.strerror}") from None
         except BaseException:
-            sock.close(linger=0)
+            self._close_socket(sock)
             raise
         return sock
+
+    def _close_socket(self, sock: zmq.Socket) -> None:
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        sock.close(linger=0)
+
+    def _watch(self) -> None:
+        """Drain the socket's monitor (a handshake a connection: a few events), and dial afresh once a
+        refused handshake's backoff is over."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshakes += 1
+                self._refusals_in_row = 0
+                self._redial_at_s = None
+            elif event in _REFUSED:
+                self.handshake_refused[_REFUSED[event]] += 1
+                backoff_ms = refusal_backoff_ms(self.config, self._refusals_in_row)
+                self._refusals_in_row += 1
+                self._redial_at_s = time.monotonic() + backoff_ms / 1000
+        if self._redial_at_s is not None and time.monotonic() >= self._redial_at_s and not self._pending:
+            self._redial()
+
+    def _redial(self) -> None:
+        self._close_socket(self._socket)
+        self._socket = self._dial()
+        self.redialed += 1
 
     def listening(self) -> tuple[str, ...]:
         """The addresses this transport listens on: none (an edge client only dials out)."""
@@ -88,6 +149,7 @@ class DialTransport:
         parts = list(frames)
         if not parts:
             raise ValueError("a message needs at least one frame")
+        self._watch()
         deadline = time.monotonic() + self.config.send_timeout_s
         for index, part in enumerate(parts):
             while True:
@@ -111,14 +173,11 @@ class DialTransport:
         return True
 
     def _redial_if_stale(self) -> None:
-        """Dial afresh after ``reconnect_max_ms`` without a connection: libzmq never retries a
-        connection whose handshake failed (the gateway shed it mid-handshake, or had not admitted
-        our key yet), as peer/net/transport.py's outboxes do."""
+        """Dial afresh after ``reconnect_max_ms`` without a connection, as peer/net/transport.py's
+        outboxes do: the fallback where no refused handshake told us sooner (see the module docstring)."""
         if self._pending or time.monotonic() - self._dialed_s < self.config.reconnect_max_ms / 1000:
             return
-        self._socket.close(linger=0)
-        self._socket = self._dial()
-        self.redialed += 1
+        self._redial()
 
     def pending_sends(self) -> int:
         self._pending = [t for t in self._pending if not t.done]
@@ -142,7 +201,7 @@ class DialTransport:
         """Wait up to ``timeout_s`` for frames from the gateway; at most ``max_messages_per_poll``
         frames or :data:`POLL_BYTES` bytes, each with the one connection's id."""
         received: list[Arrival] = []
-        if not self._socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+        if not self._wait(timeout_s):
             return received
         drained = 0
         while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
@@ -160,12 +219,32 @@ class DialTransport:
             received.append(Arrival(GATEWAY, parts[0]))
         return received
 
+    def _wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a frame, watching the handshakes meanwhile (a refusal's redial
+        is made when due, not at the next send); whether one is there."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._watch()
+            left_s = deadline - time.monotonic()
+            if self._redial_at_s is not None and not self._pending:    # wake for the redial
+                left_s = min(left_s, self._redial_at_s - time.monotonic())
+            poller = zmq.Poller()
+            poller.register(self._socket, zmq.POLLIN)
+            if self._monitor is not None:
+                poller.register(self._monitor, zmq.POLLIN)
+            ready = dict(poller.poll(max(0, int(left_s * 1000))))
+            if self._socket in ready:
+                return True
+            if not ready and time.monotonic() >= deadline:
+                self._watch()
+                return False
+
     def close(self) -> None:
         """Close the socket without lingering and terminate this transport's context. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._socket.close(linger=0)
+        self._close_socket(self._socket)
         terminate(self._context)
 
     def __enter__(self) -> DialTransport:

@@ -24,7 +24,7 @@ from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
 from protocols.events import Machine
 from protocols.identity import Identity
-from protocols.node.membership import served_clients
+from protocols.node.membership import Serving
 from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
@@ -200,10 +200,16 @@ def assemble(config: PeerConfig) -> Parts:
                  machine=machine, lock=lock, server=server, clients=clients)
 
 
+def gateway_serving(config: PeerConfig, name: str) -> Serving:
+    """Which edge clients gateway ``name`` serves in each roster version (protocols/node/membership.py)."""
+    return Serving(gateway=name, configured=tuple(config.peer.clients))
+
+
 def gateway_server(config: PeerConfig, roster: Roster, name: str,
                    trainer: Any, *, endpoint: Endpoint | None = None) -> tuple[Any, tuple[str, ...]]:
     """A gateway's FedAvg (or FedBuff) server on the vector its gossip machine mixes, and the edge
-    clients it serves (``[peer] clients``, else every ``edge`` member of the roster); (None, ())
+    clients it serves (``Serving``: ``[peer] clients``, else every ``edge`` member of the roster; an
+    entry that names its gateway goes to that one); (None, ())
     for a plain peer. ``endpoint``: its run id and current roster bind and check secure
     aggregation's keys (needed with ``[federation.secure_aggregation]``)."""
     federation = config.federation
@@ -214,12 +220,14 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
     if trainer.mixed.numel() != trainer.flat_params.numel():   # (a model with floating buffers)
         raise ConfigError(f"{config.source}: key 'network.trainer.buffers': a gateway's global model is "
                           "the parameters its clients train: use \"local\"", key="network.trainer.buffers")
-    edges = served_clients(roster)
+    edges = {member.name for member in roster.with_role("edge")}
     unknown = [name for name in config.peer.clients if name not in edges]
     if unknown:
         raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
                           f"on the roster {config.roster_path}", key="peer.clients")
-    clients = tuple(config.peer.clients) or edges    # none named: the roster's, in every version
+    # those listed (none listed: every edge member) but one whose roster entry names another gateway,
+    # and one whose entry names this gateway: the same rule the Node applies to each roster version
+    clients = gateway_serving(config, name).clients(roster)
     # the root of the DP draws (who is asked, the noise): this gateway's alone, fresh at every start
     secret_seed = secrets.randbits(63)
     secure = None

@@ -60,8 +60,10 @@ pass re-reads the roster file when it changed; a later version goes to the
 Node, which applies it from its ``effective_round`` and answers ``Connect``
 (verify against this roster, exchange with these neighbours): the daemon dials
 who is new and drops who left, and the transport admits the new roster's curve
-keys only, shutting down a leaver's open connections. A gateway whose config
-names no clients serves the new version's edge clients from its round on.
+keys only, shutting down a leaver's open connections. A gateway serves the new
+version's edge clients (``Serving`` in protocols/node/membership.py: those its
+config lists, or every one if it lists none, and those whose roster entry
+names it) from its round on; their keys are admitted at once.
 SIGHUP (``hivemesh roster reload``) makes the next periodic pass read the file
 at once, changed or not, and say what it found (``SIGHUP: roster ... re-read``);
 a SIGHUP that arrives before the daemon's handler is in place is ignored, never
@@ -97,7 +99,7 @@ flight, writes a checkpoint, exits 0.
 Checkpoints (peer/files/statefiles.py ``CheckpointStore``): the store first
 clears what a dead writer left (a complete copy is put back in place) before
 anything is loaded; the schedule counts ``every_steps`` from the step on disk
-(a gateway's steps are its machine's, one per gossip round: it trains nothing),
+(a gateway's steps are its rounds: it trains nothing; under FedBuff its model versions too),
 and a step that jumps (``SetTrainerStep``: an adopted state sync, a catch-up)
 is written at once, so a kill loses at most the interval. A save that fails (a
 full disk) is said once (``cannot checkpoint: ...``), counted in the status,
@@ -140,7 +142,7 @@ from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportConfig, TransportError
-from peer.runtime.assemble import Parts, assemble, not_owned_hint, peer_topology, tcp_address
+from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -295,7 +297,8 @@ class PeerDaemon:
             early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
             answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
             roles={"fedavg": self.parts.server} if self.parts.server is not None else None,
-            clients=self.parts.clients, clients_from_roster=not config.peer.clients)
+            clients=self.parts.clients,
+            serving=gateway_serving(config, self.name) if self.parts.server is not None else None)
         # a gateway: what its gossip machine's work is, and the connection each edge client dialled
         self.gateway_work = (GatewayWork(self.parts.server, gossip_rounds=config.federation.gossip_rounds)
                              if self.parts.server is not None and config.federation is not None else None)
@@ -385,7 +388,7 @@ class PeerDaemon:
             if metrics is not None:
                 metrics.close()
             if self.scalars is not None:
-                self.scalars.close()
+                self.status.guarded("tensorboard", self.scalars.close)
             self.transport.close()
             self.digester.close()
             self.status.close()
@@ -843,10 +846,12 @@ class PeerDaemon:
                 topology = peer_topology(self.config, found.roster)
             except HivemeshError as error:
                 self._warn(f"roster version {found.roster.version} not applied: {error}")
-                return
-            self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
-            self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
-                                                        make_neighbour=NeighbourInfo))
+            else:
+                self._wait_sent()     # the machine's graph changes: no tensor of ours may be in flight
+                self._carry_out(self.node.change_membership(found.roster, topology, self.now(),
+                                                            make_neighbour=NeighbourInfo))
+            # not applied (refused by the Node, or no graph): the status shows the version in use
+            self.roster_watch.held(self.node.membership.current)
 
     def _connect(self, connect: Connect) -> None:
         """The Node's new roster and neighbour set: verify against it, dial who is new or moved, drop who
@@ -902,8 +907,9 @@ class PeerDaemon:
         self._last_eval_step = self.trainer.step
         snapshot = self._snapshot()
         self.status.metric_line(snapshot)
-        if self.scalars is not None:
-            self.scalars.write(snapshot)
+        scalars = self.scalars
+        if scalars is not None:     # a full disk: lost and counted (status_write_failures), as a line is
+            self.status.guarded("tensorboard", lambda: scalars.write(snapshot))
 
     # ------------------------------------------------------------------ persistence
 
@@ -932,9 +938,12 @@ class PeerDaemon:
 
     def _work_done(self) -> int:
         """What the checkpoint interval counts (and a checkpoint is named by): the trainer's steps,
-        or on a gateway, which trains nothing, its machine's (one per gossip round, a FedAvg round
-        its work), so a killed gateway loses at most ``every_steps`` rounds."""
-        return self.machine.position[1] if self.gateway_work is not None else self.trainer.step
+        or on a gateway, which trains nothing, its rounds (``GatewayWork.rounds_done``: its machine's
+        steps, one per gossip round, a FedAvg round its work; under FedBuff its model versions too),
+        so a killed gateway loses at most ``every_steps`` rounds."""
+        if self.gateway_work is not None:
+            return self.gateway_work.rounds_done(self.machine.position[1])
+        return self.trainer.step
 
     def _checkpoint(self, *, final: bool) -> bool:
         """Write one; False when it could not be (a full disk: said when it starts failing and

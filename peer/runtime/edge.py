@@ -40,6 +40,8 @@ status (state ``gave up``), says why with its counters, and exits
 :data:`peer.runtime.daemon.EXIT_STRANDED` (3).
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
+SIGHUP is ignored from the start: an edge client reads its roster when it
+starts, and a `hivemesh roster reload` aimed at its folder must not end it.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
 sampled client mid-round that way, without sleeps, makes a client an attacker
@@ -124,6 +126,9 @@ class EdgeClient:
         if gateway is None or gateway.role != "gateway":
             raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
                                 f"the roster {config.roster_path}")
+        if member.gateway and member.gateway != edge.gateway:   # it would never be asked into a round
+            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r}, but the roster "
+                                f"{config.roster_path} gives {edge.name} to gateway {member.gateway!r}")
         self.gateway = edge.gateway
         self.address = tcp_address(edge.gateway_address or gateway.address)
         self.curve: tuple[bytes, bytes, bytes] | None = None
@@ -374,6 +379,10 @@ class EdgeClient:
                 "loss": self._last_loss, "num_samples": len(self.trainer.shard),
                 "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
                 "listening": list(self.transport.listening()),
+                # handshakes the gateway refused (``auth``: its roster does not admit us, yet or any
+                # more), each followed by a redial after a backoff (peer/net/dial.py)
+                "handshake_refused": dict(self.transport.handshake_refused),
+                "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
@@ -389,6 +398,9 @@ class EdgeClient:
 def run_edge(config_path: str, *, quiet: bool = False) -> int:
     """Load the config, run the client, return the exit code (errors as one line on stderr)."""
     ensure_logging()
+    # an edge client reads its roster when it starts, and takes no SIGHUP: a `hivemesh roster reload`
+    # aimed at its folder (before its first status names it an edge) must not end it (SIGHUP's default)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load_edge_config(config_path)
         if quiet:

@@ -220,7 +220,8 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     edge member of the roster, later ones included). The
     ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
     ``hosts``: one address per gateway instead of ``host`` (edge clients have none). A gateway
-    checkpoints every :data:`GATEWAY_CHECKPOINT_ROUNDS` rounds unless ``sections`` says otherwise.
+    checkpoints every :data:`GATEWAY_CHECKPOINT_ROUNDS` rounds unless ``sections``' ``checkpoint``
+    table sets ``every_steps``.
     """
     if gateways < 1 or edges < 1:
         raise HivemeshError("a federation needs at least one gateway and one edge client")
@@ -231,11 +232,12 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     # an edge client added while it runs (`hivemesh roster add --role edge`) is served without a restart
     own = {gateway: {"clients": [edge for edge, theirs in gateway_of.items() if theirs == gateway]}
            for gateway in gateway_names} if gateways > 1 else {}
+    # [checkpoint] merged key by key: a table naming only ``keep`` leaves the interval in rounds
+    checkpoint = {"every_steps": GATEWAY_CHECKPOINT_ROUNDS, **dict((sections or {}).get("checkpoint", {}))}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
-                           sections={"checkpoint": {"every_steps": GATEWAY_CHECKPOINT_ROUNDS},
-                                     **dict(sections or {}), "federation": dict(federation)}, own_options=own,
-                           hosts=hosts)
+                           sections={**dict(sections or {}), "checkpoint": checkpoint,
+                                     "federation": dict(federation)}, own_options=own, hosts=hosts)
     roster = roster_file.read(files.roster)
     members = [dataclass_replace(m, role="gateway") for m in roster.members]
     keys = dict(files.keys)

@@ -6,7 +6,9 @@ in its periodic pass; when the file's modification time changed it is read
 again, and a later version is handed to the Node (protocols/node/membership.py),
 which applies it from round R on like every other member. What cannot be used
 (unreadable, an older version, the same version with other members) is said
-once per change of the file, and the peer runs on with what it has.
+once per change of the file, and the peer runs on with what it has; a later
+version the peer could not apply (``held``: the Node refused it) is not taken
+as read, so an operator may correct the file without a new version number.
 
 ``poll(now, force=True)`` reads the file at once, whatever its modification
 time says: what the daemon does on SIGHUP (``hivemesh roster reload``), for an
@@ -44,6 +46,12 @@ class RosterWatch:
         self.every_s = every_s
         self._stamp: int | None = None   # the first poll reads the file (see the module docstring)
         self._next_s = 0.0
+
+    def held(self, roster: Roster) -> None:
+        """The version in use after all: a later one that :meth:`poll` handed over was not applied
+        (the Node refused it, or its graph cannot be built). Compared from now on against this one, so
+        the status does not show the refused version, and a corrected file of the same version is new."""
+        self.roster = roster
 
     def _modified(self) -> int | None:
         try:

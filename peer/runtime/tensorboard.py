@@ -5,10 +5,16 @@ At each test-set evaluation the daemon hands the snapshot it appends to
 becomes a scalar at the peer's step, tagged by its path (``loss``,
 ``rejections/bad_signature``, ``metrics/round``). The event files go to
 ``data_dir/tensorboard``; ``tensorboard --logdir DIR/data`` shows each peer as a run.
+
+A full disk costs scalars, not the peer: the writer's own thread fails, and the
+``OSError`` surfaces at the next write or flush; :meth:`ScalarLog.write` then
+drops that writer and raises (the daemon counts it with the status lines it
+lost), and the next write opens a new event file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -43,13 +49,26 @@ class ScalarLog:
             raise HivemeshError(f"{key} = true needs the tensorboard package: "
                                 "pip install 'hivemesh[tensorboard]'") from None
         self.folder = data_dir / FOLDER
-        self._writer = SummaryWriter(log_dir=str(self.folder))
+        self._open = lambda: SummaryWriter(log_dir=str(self.folder))
+        self._writer: Any = self._open()
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
+        """The snapshot's scalars at its step; an ``OSError`` (a full disk) drops the writer and is
+        raised, and the next write opens a new one."""
+        if self._writer is None:
+            self._writer = self._open()
         step = int(snapshot["step"])
-        for tag, value in scalars(snapshot):
-            self._writer.add_scalar(tag, value, global_step=step)
-        self._writer.flush()    # an evaluation is rare; a reader sees it at once
+        try:
+            for tag, value in scalars(snapshot):
+                self._writer.add_scalar(tag, value, global_step=step)
+            self._writer.flush()    # an evaluation is rare; a reader sees it at once
+        except OSError:
+            writer, self._writer = self._writer, None
+            with contextlib.suppress(OSError):   # its thread died of it: it raises it again here
+                writer.close()
+            raise
 
     def close(self) -> None:
-        self._writer.close()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()

@@ -78,3 +78,12 @@ class GatewayWork:
             self.awaiting = False
             return True
         return False
+
+    def rounds_done(self, machine_steps: int) -> int:
+        """The gateway's work so far, in rounds (what its checkpoints count and are named by), from its
+        machine's steps (one per gossip round): those, and under FedBuff, whose one gossip round is the
+        whole buffered run, the server's model versions too (else a FedBuff gateway never reached a
+        checkpoint before its end, and a kill lost the run)."""
+        if isinstance(self.server, FedBuffServer):
+            return machine_steps + self.server.version
+        return machine_steps

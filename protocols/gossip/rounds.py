@@ -469,9 +469,11 @@ class RoundMachine(MachineBase):
             # our pace in company: not a round its deadline closed (a member cut off waits out one
             # per deadline, and would never catch up at twice that), nor one left for a jump
             self.reach.worked(self.round_steps, now - self.round_began_s)
-        elif self.work_s is not None and self.catch_up <= t:
-            # closed by its deadline short of a message: our compute rate, the reach until a round
-            # closes complete (a member that started beyond the window behind never has one: catchup.py)
+        elif self.work_s is not None and self.catch_up <= t and not self.inbox.get(t):
+            # closed by its deadline with no message for it at all: our compute rate, the reach until a
+            # round closes complete (a member that started beyond the window behind never has one:
+            # catchup.py). Not a round one neighbour's message was in: the one missing may be a liar's,
+            # withheld to buy that reach (tests/test_catchup_withheld.py)
             self.reach.worked_alone(self.round_steps, self.work_s)
         self.round_began_s, self.work_s = None, None
         box = self.inbox.pop(t, {})

@@ -47,6 +47,28 @@ version at all (:meth:`Membership.changed_to` refuses it). So "from round R on
 only the new key" holds where the receiver is: it stops accepting the old key
 when its own round reaches R, as it switches neighbour sets.
 
+Edge clients (a gateway's, not gossip neighbours) follow the roster too: from a
+version's round on, a gateway serves that version's ``edge`` members by
+:class:`Serving`'s table (one added is known and registered by its next
+heartbeat; one removed is no longer asked), without a restart:
+
+==============================  ===========================  ======================
+the edge member's entry          the gateway's config         served by this gateway
+==============================  ===========================  ======================
+``gateway = "gw1"``              anything                     by gw1 only
+no ``gateway``                   lists no clients             yes (a lone gateway:
+                                                              every edge member)
+no ``gateway``                   lists it                     yes
+no ``gateway``                   lists others                 no
+==============================  ===========================  ======================
+
+So an edge client joins a running multi-gateway federation by a roster entry
+that names its gateway (``hivemesh roster add e010 --role edge --gateway gw1``),
+and no gateway's config changes; a restarted gateway reads the same rule from
+the roster at start. Its transport key is admitted at once, when the version
+is learnt (``either`` above: it may connect and heartbeat before its round),
+but it is served, asked into rounds, only from the version's round on.
+
 Not handled yet: a member that (re)starts with the new roster before its
 effective round knows the previous version's number but not its members, so it
 mixes by the new graph for those rounds (a joiner is unaffected: it
@@ -172,9 +194,22 @@ class Connect:
     neighbours: tuple[str, ...]
 
 
-def served_clients(roster: Roster) -> tuple[str, ...]:
-    """The edge clients a gateway that names none in its config serves under ``roster``: every
-    ``edge`` member, in roster (name) order. So an edge client added by a roster version is served from
-    that version's round on, and one removed is no longer asked, without a restart; the same at
-    start-up (peer/runtime/assemble.py)."""
-    return tuple(member.name for member in roster.with_role("edge"))
+@dataclass(frozen=True)
+class Serving:
+    """Which edge clients gateway ``gateway`` serves under each roster version; ``configured``: the
+    clients its config lists (``[peer] clients``; empty: none listed). One rule, the table in the
+    module docstring, for the gateway at start-up (peer/runtime/assemble.py), at each roster version's
+    round (the Node) and in the simulator."""
+
+    gateway: str
+    configured: tuple[str, ...] = ()
+
+    def clients(self, roster: Roster) -> tuple[str, ...]:
+        """The ``edge`` members of ``roster`` this gateway serves, in roster (name) order."""
+        return tuple(member.name for member in roster.with_role("edge") if self.serves(member.name,
+                                                                                    member.gateway))
+
+    def serves(self, name: str, named_gateway: str) -> bool:
+        if named_gateway:
+            return named_gateway == self.gateway
+        return not self.configured or name in self.configured

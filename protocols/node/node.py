@@ -24,8 +24,10 @@ anything from a client      the roles' failure detector hears it (``NeighbourUp`
                             before the roles' ``Start``; also after the machine finished, so a
                             finished server answers a late client with the final model)
 ``Heartbeat``               its step and "finished" flag are noted (from one neither a
-                            neighbour nor a client: counted ``heartbeat_not_neighbour``); a
-                            later roster version than ours is said once per neighbour
+                            neighbour nor a client: counted ``heartbeat_not_neighbour``, or
+                            ``client_not_served_yet`` from a client served from a learnt
+                            version's round on); a later roster version than ours is said
+                            once per neighbour
 ``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
                             an answered neighbour that was up already has restarted:
                             the machine is told it is up, so it resends its round
@@ -64,10 +66,11 @@ the new version revokes is forgotten at once, not at the round: never sent to,
 waited for (``NeighbourDown``) or verified again; a member that reads its own
 revocation leaves at once. A version that gives a member another key without
 the old key's signature is not taken (``roster_key_change_unsigned``). A member
-whose roles serve the roster's edge clients (``clients_from_roster``: a gateway
-whose config names none) serves each version's ``edge`` members from its round
-on: one added is known (registered when heard), one removed is ``NeighbourDown``
-for the roles.
+whose roles serve edge clients (``serving``: a gateway) serves each version's
+``edge`` members by protocols/node/membership.py's ``Serving`` table from its
+round on: one added is known (registered when heard), one removed is
+``NeighbourDown`` for the roles. A heartbeat from one not served yet (its key
+admitted, its round not begun) is counted ``client_not_served_yet``.
 
 Pure, like the machines: no sockets, threads, clocks or global RNG. What the
 Node cannot know (the trainer's step, a host copy of the parameters for a
@@ -105,7 +108,7 @@ from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest,
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
-from protocols.node.membership import Connect, Membership, UnsignedKeyChange, served_clients
+from protocols.node.membership import Connect, Membership, Serving, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
 from protocols.roster import Roster
@@ -133,10 +136,10 @@ class Node(Generic[N]):
     def __init__(self, name: str, machine: Machine, *, neighbours: Mapping[str, N], config: NodeConfig,
                  early_per_neighbour: int, answer_source: AnswerSource,
                  roles: Mapping[str, Role] | None = None, clients: Iterable[str] = (),
-                 clients_from_roster: bool = False) -> None:
+                 serving: Serving | None = None) -> None:
         """``roles``: what the member holds beside its machine, by name; ``clients``: the members
-        those roles serve (see the module docstring); ``clients_from_roster``: they are the roster's
-        ``edge`` members, in every version (a gateway whose config names none)."""
+        those roles serve now (see the module docstring); ``serving``: which ``edge`` members they
+        serve in each later roster version (a gateway; None: ``clients`` for good)."""
         self.name = name
         self.machine = machine
         self.roles: dict[str, Role] = dict(sorted((roles or {}).items()))
@@ -151,7 +154,9 @@ class Node(Generic[N]):
         self.neighbourhood: Neighbourhood[N] = Neighbourhood(neighbours, timeout_s=config.neighbour_timeout_s)
         served = {name: Neighbour() for name in clients if name not in names}
         self.clients: Neighbourhood[Neighbour] = Neighbourhood(served, timeout_s=config.neighbour_timeout_s)
-        self.clients_from_roster = clients_from_roster
+        # only roles serve clients: a plain gossip peer (no role) takes no edge member in, whatever it is
+        # told, so an edge's heartbeat to it stays refused (heartbeat_not_neighbour)
+        self.serving = serving if self.roles else None
         self.answer_source = answer_source
         self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
         self.started = False
@@ -312,7 +317,8 @@ class Node(Generic[N]):
             case Heartbeat() if sender in self.clients:
                 pass  # liveness only
             case Heartbeat() if sender not in self.neighbourhood:
-                self.rejected["heartbeat_not_neighbour"] += 1
+                self.rejected["client_not_served_yet" if self._serves_later(sender)
+                              else "heartbeat_not_neighbour"] += 1
             case Heartbeat():
                 self.neighbourhood.beat(sender, step=message.step, finished=message.finished)
                 actions += self._roster_behind(sender, message.roster_version)
@@ -570,9 +576,9 @@ class Node(Generic[N]):
         """From a version's round on, a member that serves the roster's edge clients serves its
         ``edge`` members: one added is known (not up until heard: its next heartbeat registers it),
         one removed is gone for the roles (``NeighbourDown``: not asked again)."""
-        if not self.clients_from_roster:
+        if self.serving is None:
             return []
-        edges = served_clients(roster)
+        edges = self.serving.clients(roster)
         added = [name for name in edges if self.clients.join(name, Neighbour())]
         removed = [name for name in self.clients.names() if name not in edges]
         actions: list[NodeAction] = []
@@ -584,6 +590,12 @@ class Node(Generic[N]):
             actions.append(Note(f"edge clients from roster version {roster.version}: added "
                                 f"{', '.join(added) or 'none'}, removed {', '.join(removed) or 'none'}"))
         return actions
+
+    def _serves_later(self, name: str) -> bool:
+        """Whether ``name`` is an edge client we serve from the learnt version's round on (its key is
+        admitted already: it may connect and heartbeat before that round)."""
+        return (self.serving is not None and self.membership.previous is not None
+                and name in self.serving.clients(self.membership.current))
 
     def _leave(self, why: str, roster: Roster) -> list[NodeAction]:
         """No neighbour any more, and done (``roster``: what the endpoint verifies against meanwhile)."""
