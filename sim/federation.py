@@ -34,6 +34,17 @@ What the driver models, on the engine's virtual clock:
   rounds to pause between: its gateway's machine is alone in its graph and its
   work is the whole buffered run.
 
+A gateway's crash (``[[faults.churn]]``, ``kind = "crash"`` naming a gateway: at ``at_s``, or
+at its work point once its machine has done ``at_step`` rounds, the daemon's count, one per
+gossip round; back ``down_s`` later) is a ``kill -9``: it restarts from its last checkpoint,
+written on the daemon's schedule (``[checkpoint] every_steps``, counted in those rounds) as the
+daemon writes it: the machine's and the server's state at one moment. The restored server
+forgets its clients (they register again as they are heard) and opens the round it was at
+again (protocols/federation/interleave.py ``GatewayWork.restarted``). Each restart is in the
+result (``peers[GATEWAY]["restarts_detail"]``): the rounds reached and resumed from, and the
+seconds from the restart to its first round closed again. Clients take no churn here (their
+``availability`` is theirs).
+
 Membership changes as in the daemon, through the same Node: the run holds a
 roster (gateways and edge clients, keys from the scenario's seed; clients named
 in ``joining`` are not on it yet) and :meth:`FederationRun.change_roster` makes
@@ -64,6 +75,7 @@ time, messages and bytes at the gateway (``secagg_phases``, as in the daemon's `
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -80,11 +92,13 @@ from peer.files.config import ConfigError
 from peer.files.statefiles import json_safe
 from peer.train.attack import parse_attack, sign_flip
 from peer.train.build import build_trainers
+from peer.train.checkpoint import CheckpointSchedule
 from peer.train.trainer import Trainer
 from protocols.events import (
     CancelTimer,
     Event,
     Finished,
+    ProtocolState,
     Send,
     SetTimer,
     StartWork,
@@ -116,7 +130,7 @@ from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
 from sim.node import sim_identity, work_seconds
-from sim.scenario import ScenarioConfig
+from sim.scenario import ChurnEvent, ScenarioConfig
 from sim.world import Progress, ScenarioResult, TracePoint
 from topology import build
 
@@ -127,6 +141,24 @@ def message_bytes(message: Message) -> int:
     """What ``message`` weighs on a link (the model of this driver)."""
     tensors = getattr(message, "tensors", {}) or {}
     return HEADER_BYTES + sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@dataclass
+class GatewayRestart:
+    """One crash and restart of a gateway: its rounds counted as its checkpoints count them."""
+
+    crashed_at_s: float
+    reached_round: int                  # the rounds its machine had done when it crashed
+    restarted_at_s: float = math.nan
+    resumed_round: int = -1             # its checkpoint's
+    first_closed_at_s: float = math.nan  # its first FedAvg round closed after the restart
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"crashed_at_s": self.crashed_at_s, "reached_round": self.reached_round,
+                "restarted_at_s": self.restarted_at_s, "resumed_round": self.resumed_round,
+                "rounds_lost": self.reached_round - self.resumed_round if self.resumed_round >= 0 else -1,
+                "first_closed_at_s": self.first_closed_at_s,
+                "recovery_s": self.first_closed_at_s - self.restarted_at_s}
 
 
 @dataclass
@@ -149,6 +181,9 @@ class Member:
     finished: bool = False
     bytes_sent: int = 0
     recorded: int = 0                        # a gateway: its server's reports already in the result
+    saves: CheckpointSchedule | None = None  # a gateway a crash brings back: when a checkpoint is due
+    checkpoint: tuple[ProtocolState, ProtocolState, int] | None = None  # machine, server, its rounds
+    restarts: list[GatewayRestart] = field(default_factory=list)
 
 
 class FederationRun:
@@ -207,6 +242,9 @@ class FederationRun:
             target_accuracy=scenario.target_accuracy, scenario=json_safe(dataclasses.asdict(scenario)))
         self.accuracy: dict[str, float] = {}   # each gateway's latest global accuracy
         self.loss: dict[str, float] = {}
+        self.crashes = self._gateway_crashes()
+        for name in sorted({e.node for e in self.crashes}):
+            self.members[name].saves = CheckpointSchedule(scenario.checkpoint)
 
     # ------------------------------------------------------------ building
 
@@ -222,6 +260,26 @@ class FederationRun:
                     raise ConfigError(f"{self.scenario.source}: key '{key}.{name}': no such member "
                                       f"(clients are {self.clients[0]}..{self.clients[-1]}, "
                                       f"gateways {', '.join(self.gateways)})", key=f"{key}.{name}")
+
+    def _gateway_crashes(self) -> list[ChurnEvent]:
+        """The churn of the scenario: gateways' crashes only (a client's comings and goings are its
+        ``availability``), under FedAvg (a FedBuff gateway's checkpoints count its model versions,
+        which this driver does not check between its work points)."""
+        churn = self.scenario.faults.churn
+        for event in churn:
+            if event.node not in self.gateways or event.kind != "crash":
+                raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a federation takes a "
+                                  f"gateway's crash (with down_s), not a {event.kind} of {event.node!r} "
+                                  "(clients: federation.availability)", key="faults.churn")
+        if churn and self.config.mode != "sync":
+            raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a gateway's crash is modelled "
+                              f"for federation mode 'sync', not {self.config.mode!r}", key="faults.churn")
+        return sorted(churn, key=lambda e: (e.at_s, e.node))
+
+    def _gossip_members(self, name: str) -> tuple[str, ...]:
+        """The gateways ``name`` gossips with (itself included)."""
+        gossip = self.config.mode == "sync" and self.section.gossip_rounds > 0 and len(self.gateways) > 1
+        return self.gateways if gossip else (name,)
 
     def _roster(self) -> MemberRoster:
         """Version 1: the gateways (nominal addresses: nothing is dialled here) and the clients not
@@ -256,34 +314,40 @@ class FederationRun:
             self._carry_out(member, member.node.change_membership(roster, self.topologies[name], now,
                                                                   make_neighbour=Neighbour))
 
-    def _gateway(self, name: str) -> Member:
-        params = self.initial.clone()
-        sync = self.config.mode == "sync"
-        gossip = sync and self.section.gossip_rounds > 0 and len(self.gateways) > 1
-        members = self.gateways if gossip else (name,)
+    def _gateway_parts(self, name: str,
+                       params: torch.Tensor) -> tuple[Any, FedAvgServer | FedBuffServer, Any]:
+        """A gateway's gossip machine and server, both on ``params``, as a gateway process makes them,
+        and its gossip graph."""
+        members = self._gossip_members(name)
         topology = build(f"complete:{len(members)}", members, seed=self.scenario.seed)
-        self.topologies[name] = topology
         total = gossip_total_rounds(self.config.rounds, self.section.gossip_rounds, mode=self.config.mode)
         machine = make_machine(self.scenario.gateway_gossip_config(total), name=name, topology=topology,
                                params=params)
-        # its config's list (hivemesh init's block of clients; one gateway alone lists none); a joiner
-        # is served by its roster entry from its version's round (protocols/node/membership.py)
-        block = tuple(c for i, c in enumerate(self.clients)
-                      if self.section.gateway_of(i) == name and c not in self.joining)
-        serving = Serving(name, block if len(self.gateways) > 1 else ())
         # the DP draws' root: the gateway's own in the daemon (from the OS), here the scenario's
         secret = derive_seed(self.scenario.seed, name, 0, "dp-secret")
         secure = None
         if self.config.secure_aggregation is not None and self.secagg_roster is not None:
             secure = SecureServer(self.config.secure_aggregation, run_id=self._run_id(),
                                   verify=self.secagg_roster.verify, like=params)
+        sync = self.config.mode == "sync"
         server = make_server(self.config, name=name, params=params, pause_between_rounds=sync,
                              secret_seed=secret, secure=secure)
+        return machine, server, topology
+
+    def _gateway(self, name: str) -> Member:
+        params = self.initial.clone()
+        machine, server, topology = self._gateway_parts(name, params)
+        self.topologies[name] = topology
+        # its config's list (hivemesh init's block of clients; one gateway alone lists none); a joiner
+        # is served by its roster entry from its version's round (protocols/node/membership.py)
+        block = tuple(c for i, c in enumerate(self.clients)
+                      if self.section.gateway_of(i) == name and c not in self.joining)
+        serving = Serving(name, block if len(self.gateways) > 1 else ())
         node: Node[Neighbour] = Node(
-            name, machine, neighbours={n: Neighbour() for n in members if n != name}, config=self.node_config,
-            early_per_neighbour=4, answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
-            clients=serving.clients(self.roster), serving=serving)
-        node.set_membership(self.roster, topology)
+            name, machine, neighbours={n: Neighbour() for n in self._gossip_members(name) if n != name},
+            config=self.node_config, early_per_neighbour=4, answer_source=lambda: (params.clone(), 0),
+            roles={"fedavg": server}, clients=serving.clients(self.roster), serving=serving)
+        node.set_membership(self.roster, self.topologies[name])
         return Member(name, node, server=server,
                       work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds))
 
@@ -329,6 +393,9 @@ class FederationRun:
             # the gateways start once their clients had a heartbeat's time to be heard
             start = functools.partial(self._start, self.members[name])
             self.engine.at(self.node_config.heartbeat_interval_s, start)
+        for event in self.crashes:
+            if event.at_step < 0:
+                self.engine.at(event.at_s, functools.partial(self._crash, self.members[event.node], event))
         self.engine.run(until_s=self.scenario.duration_s)
         self.result.simulated_time_s = self.engine.now_s
         self.result.events_run = self.engine.events_run
@@ -339,6 +406,8 @@ class FederationRun:
     def _start(self, member: Member) -> None:
         if member.finished:
             return
+        if member.saves is not None and member.checkpoint is None:
+            self._save(member)  # none written yet: a crash restarts it from its start
         self._carry_out(member, member.node.start(self.engine.now_s))
         self._tick(member, member.incarnation)
 
@@ -387,6 +456,73 @@ class FederationRun:
         client.restore_state(old.export_state())
         member.client = client
         member.node.restart(EdgeMachine(client), {member.gateway: Neighbour()})
+
+    # ------------------------------------------------------------ a gateway's checkpoints and crashes
+
+    def _rounds_done(self, member: Member) -> int:
+        """What its checkpoints count (the daemon's count: ``GatewayWork.rounds_done``)."""
+        assert member.work is not None
+        return member.work.rounds_done(member.node.machine.position[1])
+
+    def _save(self, member: Member) -> None:
+        """Its checkpoint: the machine's and the server's state at one moment, as the daemon writes it."""
+        server = member.server
+        assert server is not None
+        rounds = self._rounds_done(member)
+        member.checkpoint = copy.deepcopy((member.node.machine.export_state(), server.export_state(), rounds))
+        assert member.saves is not None
+        member.saves.saved(rounds, self.engine.now_s)
+
+    def _gateway_work_point(self, member: Member) -> bool:
+        """A gateway's work point (its next gossip round asked for, the FedAvg round not yet opened):
+        a checkpoint when due; True when a crash placed on its rounds fires here."""
+        rounds = self._rounds_done(member)
+        if member.saves is not None and member.saves.should_save(rounds, self.engine.now_s):
+            self._save(member)
+        crash = next((e for e in self.crashes if e.node == member.name and 0 <= e.at_step <= rounds
+                      and e.at_s <= self.engine.now_s), None)
+        if crash is None:
+            return False
+        self._crash(member, crash)
+        return True
+
+    def _crash(self, member: Member, event: ChurnEvent) -> None:
+        """A ``kill -9``: its state since its checkpoint is lost; back ``down_s`` later, if given."""
+        self.crashes.remove(event)
+        if not member.on or member.finished:
+            return
+        member.restarts.append(GatewayRestart(self.engine.now_s, self._rounds_done(member)))
+        member.on = False
+        member.incarnation += 1
+        member.timers.clear()
+        member.node.stop()
+        if event.down_s >= 0:
+            self.engine.after(event.down_s, functools.partial(self._restart_gateway, member))
+
+    def _restart_gateway(self, member: Member) -> None:
+        """A new gateway process on its checkpoint (peer/runtime/daemon.py's restore): its server
+        forgets who was registered (its clients register again as they are heard) and opens the
+        round it was at again, which its restored machine waits for (``GatewayWork.restarted``)."""
+        assert member.checkpoint is not None and member.server is not None
+        machine_state, server_state, rounds = copy.deepcopy(member.checkpoint)
+        params = member.server.params     # the one vector the machine and the server share
+        machine, server, _ = self._gateway_parts(member.name, params)
+        server.restore_state(server_state)
+        for client in sorted(server.registered):
+            server.unregister(client)
+        machine.restore_state(machine_state)
+        work = GatewayWork(server, gossip_rounds=self.section.gossip_rounds)
+        work.restarted(machine.position[0])
+        member.node.roles["fedavg"] = server     # (the Node finds each role's kinds again at restart)
+        member.node.restart(machine, {n: Neighbour() for n in self._gossip_members(member.name)
+                                      if n != member.name})
+        member.server, member.work, member.recorded, member.on = server, work, 0, True
+        assert member.saves is not None
+        member.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=rounds)
+        member.saves.saved(rounds, self.engine.now_s)
+        restart = member.restarts[-1]
+        restart.restarted_at_s, restart.resumed_round = self.engine.now_s, rounds
+        self._start(member)
 
     # ------------------------------------------------------------ actions
 
@@ -438,7 +574,7 @@ class FederationRun:
     def _arrive(self, sender: str, target: Member, incarnation: int, message: Message) -> None:
         self.results_in_flight -= isinstance(message, RoundResult)
         if not target.on or incarnation != target.incarnation:
-            self.dropped["client_offline"] += 1
+            self.dropped["gateway_down" if target.server is not None else "client_offline"] += 1
         else:
             self._carry_out(target, target.node.receive(sender, message, self.engine.now_s))
         self._maybe_end()
@@ -456,6 +592,8 @@ class FederationRun:
 
     def _work(self, member: Member, steps: int) -> None:
         if member.work is not None:  # a gateway's gossip round: its work is a FedAvg round, or nothing
+            if self._gateway_work_point(member):
+                return
             begun, done = member.work.begin(self.engine.now_s)
             if begun:
                 self._carry_out(member, member.node.role_actions("fedavg", begun))
@@ -504,6 +642,8 @@ class FederationRun:
         assert server is not None
         if len(server.reports) == member.recorded:
             return
+        if member.restarts and math.isnan(member.restarts[-1].first_closed_at_s) and member.on:
+            member.restarts[-1].first_closed_at_s = self.engine.now_s
         for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
             member.recorded += 1
             report = server.reports[index]
@@ -549,6 +689,8 @@ class FederationRun:
                 counters = {f"client.{k}": float(v) for k, v in sorted(member.client.counters.items())}
             result.peers[name] = {"role": "gateway" if member.server is not None else "client",
                                   "bytes_sent": member.bytes_sent, **counters}
+            if member.server is not None:
+                result.peers[name]["restarts_detail"] = [r.as_dict() for r in member.restarts]
             for reason, count in sorted(member.node.all_rejections().items()):
                 result.rejections[reason] = result.rejections.get(reason, 0) + count
         for row in result.rounds:  # updates that came after a round closed are added to its report

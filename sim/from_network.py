@@ -3,7 +3,8 @@
 ``scenario_from_peer_file(peer.toml)`` takes the ``[network]`` table every
 member agrees on (topology, seed, task, partition, gossip, trainer) and the
 roster's gossip members (peers and gateways), so the simulated members are the same members with the
-same shards, seeds and algorithm as the daemons; relative paths in it are taken
+same shards, seeds and algorithm as the daemons (and the file's ``[checkpoint]`` interval, which a
+crashed member restarts from); relative paths in it are taken
 from its folder, as the daemon takes them. The link and node model
 (which a peer file does not describe) comes from ``overrides``. Only TOML is
 read here: the daemon's own modules (and ZeroMQ) are never imported.
@@ -70,6 +71,9 @@ def _network_scenario(path: Path, data: dict[str, Any], names: tuple[str, ...]) 
         "trainer": dict(network.trainer),
         # [peer]'s liveness and state-sync keys are [nodes]' (both protocols.node.NodeConfig)
         "nodes": {f.name: peer[f.name] for f in dataclasses.fields(NodeConfig) if f.name in peer},
+        # the member's own interval: what a crashed member restarts from (a command line's
+        # --set checkpoint.every_steps is not in the file: give it as an override)
+        "checkpoint": dict(data.get("checkpoint", {})),
     }
 
 

@@ -11,9 +11,21 @@ place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
   Endpoint, whose rejections are counted by reason, then fed as ``Received``.
 * ``SetTimer`` / ``CancelTimer``: ``TimerFired`` at the virtual time asked.
 
-Crashes keep the member's state at the moment of the crash as its last
-checkpoint (as if it checkpointed every step); a restart restores trainer,
-machine and replay windows from it with the next epoch, and feeds ``Start``.
+Checkpoints are the daemon's: at each work point a member asks
+:class:`peer.train.checkpoint.CheckpointSchedule` (the scenario's
+``[checkpoint]``, a peer file's) whether one is due, counting from the last one
+it wrote, and writes one at once after a jump of its step (``SetTrainerStep``:
+an adopted state sync, a catch-up), as the daemon does. A crash (a ``kill -9``)
+loses what it did since: a restart restores trainer, machine and replay
+windows from its last checkpoint (a member that never wrote one: its state at
+its start, as a daemon with an empty data folder) with the next epoch, and the
+work its machine had asked for at that work point is done again. A clean stop
+(a schedule's ``Stop``, a stranded member) writes one first, as the daemon
+does. Each restart is reported (``restarts_detail``): the step the crashed
+member had reached, the step it resumed from (the steps lost) and the seconds
+from the restart until its state sync was over (``recovery_s``). A crash may
+be placed on progress (``ChurnEvent.at_step``) and bring its own restart
+(``down_s``), to replay a real run's kills.
 
 A member that joins late or restarts first asks its neighbours for their
 state, as the daemon does, with the same code (protocols/node's
@@ -65,6 +77,7 @@ from typing import Any, cast
 
 import torch
 
+from peer.train.checkpoint import CheckpointConfig, CheckpointSchedule
 from protocols.codec import encode
 from protocols.events import (
     CancelTimer,
@@ -101,6 +114,35 @@ PROCESS_START_S = 1.0
 
 
 @dataclass(frozen=True)
+class SimCheckpoint:
+    """What a member wrote at a work point (or a clean stop): it restarts from this after a crash."""
+
+    step: int                                   # the trainer's step: what the checkpoint is named by
+    trainer: dict[str, Any]
+    machine: tuple[dict[str, torch.Tensor], Any]
+    endpoint: dict[str, object]
+    owed_steps: int = 0          # StartWork asked for at this work point, not yet trained
+    pending: WorkDone | None = None  # a clean stop mid-work: the maths done, its time not yet up
+
+
+@dataclass
+class RestartRecord:
+    """One crash and restart of a member, as the multi-host kill test measures it."""
+
+    crashed_at_s: float
+    reached_step: int               # what the crashed member had trained (its time up)
+    restarted_at_s: float = math.nan
+    resumed_step: int = -1          # its checkpoint's
+    synced_at_s: float = math.nan   # its state sync over (adopted, refused or unanswered)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"crashed_at_s": self.crashed_at_s, "reached_step": self.reached_step,
+                "restarted_at_s": self.restarted_at_s, "resumed_step": self.resumed_step,
+                "steps_lost": self.reached_step - self.resumed_step if self.resumed_step >= 0 else -1,
+                "synced_at_s": self.synced_at_s, "recovery_s": self.synced_at_s - self.restarted_at_s}
+
+
+@dataclass(frozen=True)
 class Waiting:
     """A member waiting for its neighbours (``Node.start_wait``), then to sync or start."""
 
@@ -113,7 +155,8 @@ class SimPeer:
     """One member: its trainer, machine, endpoint, liveness and counters."""
 
     def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, behaviour: str, *,
-                 neighbours: Iterable[str], node: Callable[[SimPeer], Node[Neighbour]]) -> None:
+                 neighbours: Iterable[str], node: Callable[[SimPeer], Node[Neighbour]],
+                 checkpoint: CheckpointConfig) -> None:
         self.name = name
         self.index = index
         self.identity = identity
@@ -138,7 +181,11 @@ class SimPeer:
         self.dropped: Counter[str] = Counter()     # this member's messages that never arrived
         self.metric_last: dict[str, float] = {}
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
-        self.checkpoint: tuple[dict[str, Any], Any, dict[str, object]] | None = None
+        self.checkpoint: SimCheckpoint | None = None
+        self.saves = CheckpointSchedule(checkpoint)  # when the next one is due
+        self.jumped = False       # its step jumped (SetTrainerStep): a checkpoint at the next work point
+        self.owed_steps = 0       # restored at a work point: the work asked for there, done again
+        self.restarts_detail: list[RestartRecord] = []
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
         self.last_loss = math.nan                  # what its heartbeats say
         self.waiting: Waiting | None = None        # waiting for its neighbours before its first round
@@ -185,7 +232,8 @@ class GossipRun:
         for index, name in enumerate(names):
             endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
             self.peers[name] = SimPeer(name, index, identities[name], endpoint, self.scenario.behaviour(name),
-                                       neighbours=world.neighbours(name), node=self._node)
+                                       neighbours=world.neighbours(name), node=self._node,
+                                       checkpoint=self.scenario.checkpoint)
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
         for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
             self.result.notes.extend(n for n in peer.node.machine.notes() if n not in self.result.notes)
@@ -197,6 +245,8 @@ class GossipRun:
                        for name in names}
         self._joined: set[str] = set()
         self._stopped: dict[str, Stop] = {}  # stopped by the schedule, waiting to restart
+        self._restartable: set[str] = set()  # members a crash brings back: their state at start is kept
+        self._step_crashes: list[ChurnEvent] = []  # armed crashes placed on progress, in time order
 
     def _node(self, peer: SimPeer) -> Node[Neighbour]:
         trainer = self.world.trainers[peer.name]
@@ -235,10 +285,12 @@ class GossipRun:
         first = [peer for name, peer in sorted(self.peers.items())
                  if name not in joins_later or first_join.get(name, math.inf) <= 0.0]
         self.engine.at(0.0, functools.partial(self._start_together, first))
+        self._restartable = {e.node for e in churn if e.kind == "restart" or e.down_s >= 0}
         for event in churn:
             if event.kind == "join" and event.at_s <= 0.0:
                 continue
-            self.engine.at(event.at_s, functools.partial(self._churn, event))
+            arm = self._step_crashes.append if event.at_step >= 0 else self._churn
+            self.engine.at(max(event.at_s, 0.0), functools.partial(arm, event))
         self.recorder.start()
         self.engine.at(0.0, self._check_liveness)
 
@@ -281,6 +333,7 @@ class GossipRun:
             result.peers[name] = {
                 "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.node.finished,
                 "steps": self.world.trainers[name].step, "restarts": peer.restarts,
+                "restarts_detail": [r.as_dict() for r in peer.restarts_detail],
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
                 "messages_sent": peer.messages_sent,
@@ -322,6 +375,8 @@ class GossipRun:
         peer.waiting = Waiting(since_s=self.engine.now_s, sync=sync, resumed=resumed)
         peer.resumed = resumed
         peer.stranded = ""
+        if peer.checkpoint is None and peer.name in self._restartable:
+            self._save(peer, owed_steps=0)  # no checkpoint yet: a crash restarts it from here
         self._tick(peer, peer.incarnation)
 
     def _check_wait(self, peer: SimPeer) -> None:
@@ -360,6 +415,9 @@ class GossipRun:
         with (as the daemon does after its sync)."""
         if peer.node.adoption is Adoption.ADOPTED:
             peer.pending_work = None  # superseded by the adopted state
+            peer.owed_steps = 0
+        if peer.resumed and peer.restarts_detail and math.isnan(peer.restarts_detail[-1].synced_at_s):
+            peer.restarts_detail[-1].synced_at_s = self.engine.now_s
         why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
         if why:
             self._strand(peer, why)
@@ -378,11 +436,17 @@ class GossipRun:
 
     def _begin(self, peer: SimPeer) -> None:
         """Start the machine (the Node hands it what arrived before), and finish interrupted work."""
-        interrupted = peer.pending_work  # only set when a crash cut work short
+        interrupted = peer.pending_work  # only set when a clean stop cut work short
+        owed, work_index = peer.owed_steps, peer.work_index
+        peer.owed_steps = 0
         if math.isnan(peer.started_at_s):
             peer.started_at_s = self.engine.now_s
         self._carry_out(peer, peer.node.start(self.engine.now_s))
-        if interrupted is not None and peer.pending_work is interrupted:
+        if owed and peer.work_index == work_index and peer.alive:
+            # restored at a work point: the machine waits for the work it had asked for there (no
+            # new round began): the steps are trained again, from the checkpoint's trainer
+            self._work(peer, owed)
+        elif interrupted is not None and peer.pending_work is interrupted:
             # It crashed mid-work: the restored state already holds those steps (they are
             # deterministic), but the time to do them again is spent again.
             duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
@@ -399,7 +463,13 @@ class GossipRun:
         if event.kind in ("crash", "leave"):
             if not peer.alive:
                 return
-            self._stop(peer, keep_checkpoint=event.kind == "crash")
+            if event.kind == "crash":
+                self._crash(peer)
+                if event.down_s >= 0:
+                    self.engine.after(event.down_s, functools.partial(
+                        self._churn, ChurnEvent(node=peer.name, kind="restart", at_s=self.engine.now_s)))
+                return
+            self._stop(peer, keep_checkpoint=False)
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
                 for other in peer.node.neighbourhood.names():
                     neighbour = self.peers[other]
@@ -408,8 +478,7 @@ class GossipRun:
         elif event.kind == "restart":
             if peer.alive or peer.checkpoint is None:
                 return
-            self._restore(peer)
-            self._start(peer, sync=True, resumed=True)
+            self._restart(peer)
         elif event.kind == "join" and not peer.alive and not peer.started:
             self._start(peer, sync=True)
 
@@ -418,15 +487,31 @@ class GossipRun:
         self._restore(peer)
         self._start(peer, sync=True, resumed=True)
 
+    def _crash(self, peer: SimPeer) -> None:
+        """A ``kill -9``: what it did since its last checkpoint is lost (restored at the restart)."""
+        pending = peer.pending_work.steps if peer.pending_work is not None else 0
+        peer.restarts_detail.append(RestartRecord(crashed_at_s=self.engine.now_s,
+                                                  reached_step=self.world.trainers[peer.name].step - pending))
+        self._stop(peer, keep_checkpoint=False)
+        peer.pending_work = None  # its maths were done on a state the restart throws away
+
+    def _save(self, peer: SimPeer, *, owed_steps: int) -> None:
+        """Write its checkpoint now (a work point's, with the work asked for there, or a clean stop's)."""
+        trainer = self.world.trainers[peer.name]
+        trainer_state = trainer.state_dict()
+        tensors, meta = peer.node.machine.export_state()
+        peer.checkpoint = SimCheckpoint(
+            step=trainer.step,
+            trainer={"tensors": {k: v.clone() for k, v in trainer_state["tensors"].items()},
+                     "meta": dict(trainer_state["meta"])},
+            machine=({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
+            endpoint=peer.endpoint.export_state(), owed_steps=owed_steps, pending=peer.pending_work)
+        peer.saves.saved(trainer.step, self.engine.now_s)
+        peer.jumped = False
+
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
-            trainer_state = self.world.trainers[peer.name].state_dict()
-            tensors, meta = peer.node.machine.export_state()
-            peer.checkpoint = (
-                {"tensors": {k: v.clone() for k, v in trainer_state["tensors"].items()},
-                 "meta": dict(trainer_state["meta"])},
-                ({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
-                peer.endpoint.export_state())
+            self._save(peer, owed_steps=0)  # a clean stop: its state now, work in progress included
         peer.alive = False
         peer.waiting = None
         peer.deferred_steps = 0
@@ -435,11 +520,23 @@ class GossipRun:
         peer.timers.clear()
 
     def _restore(self, peer: SimPeer) -> None:
-        assert peer.checkpoint is not None
-        trainer_state, machine_state, endpoint_state = peer.checkpoint
-        self.world.trainers[peer.name].load_state_dict(trainer_state)
+        checkpoint = peer.checkpoint
+        assert checkpoint is not None
+        # a copy each time: the trainer and machine take the tensors over, and a later crash may
+        # restart from the same checkpoint
+        self.world.trainers[peer.name].load_state_dict(
+            {"tensors": {k: v.clone() for k, v in checkpoint.trainer["tensors"].items()},
+             "meta": dict(checkpoint.trainer["meta"])})
         machine = self._machine(peer.name)
-        machine.restore_state(machine_state)
+        machine.restore_state(({k: v.clone() for k, v in checkpoint.machine[0].items()},
+                               _deep_copy(checkpoint.machine[1])))
+        endpoint_state = checkpoint.endpoint
+        peer.pending_work, peer.owed_steps = checkpoint.pending, checkpoint.owed_steps
+        peer.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=checkpoint.step)
+        peer.jumped = False
+        if peer.restarts_detail and peer.restarts_detail[-1].resumed_step < 0:
+            peer.restarts_detail[-1].restarted_at_s = self.engine.now_s
+            peer.restarts_detail[-1].resumed_step = checkpoint.step
         peer.node.restart(machine, peer.fresh_neighbours())
         peer.rejections += peer.endpoint.rejections
         peer.endpoint = Endpoint(peer.identity, self.roster, self.run_id, epoch=peer.endpoint.epoch + 1)
@@ -480,6 +577,7 @@ class GossipRun:
                     peer.alive = False
                 self._maybe_end()
             case SetTrainerStep(step=step):
+                peer.jumped = peer.jumped or step > self.world.trainers[peer.name].step
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
                 peer.trainer_steps_set.append(step)
             case Note():
@@ -513,7 +611,18 @@ class GossipRun:
 
     def _work_point(self, peer: SimPeer, steps: int) -> None:
         """The round's messages are out, its steps not done: what the schedule fires here, then the
-        work (unless a hold keeps it back, or a stop ends this life)."""
+        work (unless a hold keeps it back, or a stop ends this life). A checkpoint is written here
+        when due, and a crash placed on progress fires here."""
+        trainer_step = self.world.trainers[peer.name].step
+        if peer.name in self._restartable and (peer.jumped or peer.saves.should_save(trainer_step,
+                                                                                      self.engine.now_s)):
+            self._save(peer, owed_steps=steps)  # (only a member a crash brings back needs one)
+        crash = next((e for e in self._step_crashes if e.node == peer.name and trainer_step >= e.at_step),
+                     None)
+        if crash is not None:
+            self._step_crashes.remove(crash)
+            self._churn(crash)
+            return
         if not self.schedule.faults:
             self._work(peer, steps)
             return

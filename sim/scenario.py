@@ -8,6 +8,8 @@ shares with a peer file are one schema (:mod:`peer.files.schema`): ``[partition]
 :class:`protocols.gossip.GossipConfig` fields and ``[trainer]``
 :class:`peer.train.trainer.TrainerConfig` fields, both checked when the scenario is loaded
 by the same functions as a peer file's ``[network.gossip]`` and ``[network.trainer]``;
+``[checkpoint]`` is a peer file's (:class:`peer.train.checkpoint.CheckpointConfig`: when a
+member writes the checkpoint a crashed member restarts from);
 ``[nodes]``' liveness and state-sync keys are :class:`protocols.node.NodeConfig`'s, as
 in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeout_ms`` is
 refused with the new name). :meth:`ScenarioConfig.network` gives the shared settings
@@ -62,6 +64,7 @@ from peer.files.schema import (
     resolve_network_paths,
     trainer_config,
 )
+from peer.train.checkpoint import CheckpointConfig
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 from topology import Topology
@@ -143,13 +146,25 @@ class TaskConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ChurnEvent:
+    """One member going down or coming up. A crash is a ``kill -9``: the member comes back (a
+    ``restart``) from its last periodic checkpoint (``[checkpoint]``), not from where it was."""
+
     node: str                                          # the member it happens to
     kind: Literal["crash", "restart", "leave", "join"]  # crash/leave: down; restart/join: up again
-    at_s: float                                        # simulated time of the event
+    at_s: float = -1.0                                 # simulated time of the event (-1: not given)
+    # a crash placed on progress instead (a real run's kill replayed): at the member's first work
+    # point at this trainer step or later (a gateway: its rounds), from at_s on if given; -1: at at_s
+    at_step: int = -1
+    # a crash followed by a restart this long after it (seconds); -1: none (give a "restart" event)
+    down_s: float = -1.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.at_s) and self.at_s >= 0):
-            raise ValueError(f"at_s must be >= 0, got {self.at_s}")
+        if not (math.isfinite(self.at_s) and (self.at_s >= 0 or (self.at_s == -1.0 and self.at_step >= 0))):
+            raise ValueError(f"at_s must be >= 0 (or at_step given, for a crash), got {self.at_s}")
+        if self.kind != "crash" and (self.at_step >= 0 or self.down_s >= 0):
+            raise ValueError(f"at_step and down_s are a crash's, not a {self.kind}'s")
+        if not (math.isfinite(self.down_s) and self.down_s >= -1.0):
+            raise ValueError(f"down_s must be >= 0 (or -1: no restart), got {self.down_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +275,9 @@ class ScenarioConfig:
     trainer: dict[str, Any] = field(default_factory=dict, metadata=TRAINER_TABLE)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    # when a member writes the checkpoint a crashed one restarts from: a peer file's [checkpoint]
+    # (peer.train.checkpoint.CheckpointConfig, the daemon's schedule); ``keep`` is not modelled
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
     federation: FederationSection = field(default_factory=FederationSection)  # gateways > 0: a federation
     # the file it came from, for error messages and the report (the loader's, not the file's)
