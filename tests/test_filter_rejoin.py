@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from test_sim_gossip import gossip_scenario
 
-from protocols.gossip.robust import NormFilter, read_report, report_meta
+from protocols.gossip.robust import NormFilter, Report, read_report, report_meta
 from sim.run import run_scenario
 
 MULTIPLE = 10.0             # the default norm_multiple
@@ -42,6 +42,48 @@ ATTACK_ROUNDS, BOUND_FACTOR = 300, 3.0
 Graph = dict[int, list[int]]
 Vector = np.ndarray  # one member's values, or one per row
 Attack = Callable[[int, Vector, NormFilter], Vector]  # (round, the recipient's value, its filter)
+
+
+# ------------------------------------------------------------------ pure: the rule itself
+
+
+def _screen(reports: list[Report] | None, owner: str = "me") -> tuple[list[bool], list[float]]:
+    """``near`` at 0.1 and ``far`` at 50 (refused alone: 10 x 0.1 = 1), with ``reports``."""
+    screen = NormFilter(MULTIPLE, owner=owner)
+    verdict = screen.screen([0.1, 50.0], 0.0, senders=["near", "far"], reports=reports)
+    return verdict, screen.factors
+
+
+def test_a_far_candidate_is_clipped_to_the_bound_when_a_near_sender_vouches_for_a_far_pair() -> None:
+    assert _screen(None) == ([True, False], [1.0, 0.0])
+    assert _screen([{}, {}]) == ([True, False], [1.0, 0.0])
+    verdict, factors = _screen([{"x": (40.0, ("y",))}, {}])
+    assert verdict == [True, True] and factors[0] == 1.0 and factors[1] == pytest.approx(1.0 / 50.0)
+
+
+@pytest.mark.parametrize("report, why", [
+    ([{"far": (40.0, ())}, {}], "about the candidate itself"),
+    ([{"x": (40.0, ("far",))}, {}], "relayed through the candidate"),
+    ([{"me": (40.0, ())}, {}], "about us"),
+    ([{"x": (40.0, ("me",))}, {}], "a loop through us"),
+    ([{"x": (4.0, ())}, {}], "a pair too close to vouch for 50 (4 x 10 < 50)"),
+    ([{}, {"x": (40.0, ())}], "from the far sender itself"),
+])
+def test_evidence_that_an_insider_could_forge_or_that_does_not_fit_vouches_for_nothing(
+        report: list[Report], why: str) -> None:
+    assert _screen(report) == ([True, False], [1.0, 0.0]), why
+
+
+def test_reports_travel_in_meta_and_relay_with_the_hop_added() -> None:
+    screen = NormFilter(MULTIPLE, owner="b")
+    screen.screen([0.1, 0.12, 50.0], 0.0, senders=["a", "c", "d"],
+                  reports=[{"x": (40.0, ("y",))}, {}, {"z": (1.0, ())}])
+    report = screen.report()
+    assert report == {"d": (50.0, ()), "x": (40.0, ("y", "a"))}   # what we saw; what a near one said
+    assert read_report(report_meta(report)) == report
+    garbage = {"far/p1": "nan", "far/p2": "-1 a", "far/p3": "x", "far/p4": 3.0, "far/p5": "2.5 a  b",
+               "op": "1"}
+    assert read_report({**garbage, "far/p6": "2.5 a b"}) == {"p6": (2.5, ("a", "b"))}
 
 
 def ring(n: int) -> Graph:
