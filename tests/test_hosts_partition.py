@@ -37,16 +37,17 @@ Settings the split needs, each a finding:
   was too noisy for a 2-sample window, once a peer stalled at start-up
   (step 88, ``catch_up_refused`` by the thousand: a start-up defect, not the
   split's). A round every 50 steps keeps the queue near 20;
-- none for the insider filter: it runs at its default. After a long enough
-  split the other half's updates are over 10x the other senders' median, and
-  the filter used to refuse them for good (the simulator, at 2.6 ms a step:
-  103 refused, the halves never mixed again; this test ran with the filter
-  off). Now the members along the cut report their far neighbours in their
-  round messages, and a far update so vouched for is clipped, not refused
-  (protocols/gossip/robust.py, "A split healed"; the same simulation: 4
-  refused, 8 clipped, back in consensus, tests/test_filter_rejoin.py). Whether
-  the real run crosses that line depends on the machine's speed: the summary
-  and the report's note give both runs' counts.
+- the insider filter at its default ``norm_multiple``, with ``far_reports``
+  on. After a long enough split the other half's updates are over 10x the
+  other senders' median, and the filter refuses them for good (the simulator,
+  at 2.6 ms a step: 103 refused, the halves never mixed again; this test used
+  to run with the filter off). With ``far_reports`` the members along the cut
+  report their far neighbours in their round messages, and a far update so
+  vouched for is clipped, not refused (protocols/gossip/robust.py, "A split
+  healed"; a longer simulated split: 4 refused, 8 clipped, back in consensus,
+  tests/test_filter_rejoin.py). Whether the real run crosses that line depends
+  on the machine's speed (in three runs here it did not): the summary and the
+  report's note give both runs' counts.
 
 The simulator runs the scenario made from the peers' own files
 (sim.from_network), calibrated from this run: its step time is the real
@@ -152,7 +153,7 @@ def test_a_split_ring_reconverges_as_the_simulator_predicts(tmp_path: Path,
         names = init_network(hosts, out, steps=STEPS, extra=["--algorithm", "local"])
         for name in names:
             edit(out / f"{name}.toml", "network.gossip", deadline_s=DEADLINE_S, local_steps=LOCAL_STEPS,
-                 final_gossip_rounds=FINAL_ROUNDS)
+                 final_gossip_rounds=FINAL_ROUNDS, far_reports=True)
             edit(out / f"{name}.toml", "network.trainer", lr_decay="none")
         pace = [Hook(at_step=0, action="pace", seconds=STEP_PACE_S)]
         processes = {name: start_peer(hosts, index, out, name, pace) for index, name in enumerate(names)}
@@ -226,7 +227,7 @@ def test_a_split_ring_reconverges_as_the_simulator_predicts(tmp_path: Path,
     survived = int(measured is not None)
     record("partition 2|2, heal", injected=1, survived=survived, recovery_s=measured, predicted_s=predicted,
            note=f"split {heal_s - cut_s:.1f} s; median over {window_s:.2f} s < {REBOUND_FACTOR}x pre-fault; "
-                f"default insider filter, {counts}")
+                f"insider filter at its default, far_reports on, {counts}")
     assert measured is not None, f"the real network did not re-converge for good\n{summary}"
     bar = REBOUND_FACTOR * statistics.median(
         d for t, d in zip(times, distances, strict=True) if pre_fault[0] <= t < pre_fault[1])

@@ -145,7 +145,7 @@ class RoundMachine(MachineBase):
 
     LATENESS = Lateness.NEVER  # a message for a closed round: dropped, or applied at the next mix
     CATCHES_UP = True  # False: never jumps to a round far ahead (see "Catching up")
-    CLIPS_FAR = False  # True: a far candidate the filter's reports let in is clipped, not refused (robust.py)
+    CLIPS_FAR = False  # True: can clip a far candidate the filter's reports let in (far_reports, robust.py)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -299,7 +299,8 @@ class RoundMachine(MachineBase):
     def _with_report(self, sends: list[Send]) -> list[Send]:
         """Our filter's far report (robust.py) in each round message's meta: what a neighbour's filter
         needs to hear a far half again after a split. Nothing is added while nobody is far."""
-        report = self.filter.report() if self.CLIPS_FAR and self.config.norm_multiple > 0 else {}
+        far = self.CLIPS_FAR and self.config.far_reports and self.config.norm_multiple > 0
+        report = self.filter.report() if far else {}
         if not report:
             return sends
         entries = report_meta(report)
@@ -524,7 +525,7 @@ class RoundMachine(MachineBase):
         # each candidate against the other senders of this round (see robust.py); WAITING: the
         # parameters are ours, their norm is the warm-up reference
         verdict = self._screen(norms, [sender for sender, _, _ in decoded], own_norm, self.params,
-                               reports if self.CLIPS_FAR else None)
+                               reports if self.CLIPS_FAR and self.config.far_reports else None)
         factors = self.filter.factors
         self._mix(t, [c if factor == 1.0 else (c[0], c[1], self._clipped(c[2], factor))
                       for c, ok, factor in zip(decoded, verdict, factors, strict=True) if ok])
