@@ -85,15 +85,16 @@ Why one insider gains nothing:
   run's own spread (tests/test_filter_rejoin.py, 300 rounds, three graphs);
 * it cannot forge evidence for itself: an honest relay names the hop it heard
   an entry from, so an entry that went through the insider carries its name
-  and vouches for nobody from it; one that never did was seen by an honest
-  member about an honest member: a real far pair.
+  and vouches for nothing from it, nor does one about it. What is left was
+  seen by an honest member about an honest member: a real far pair.
 
-Why the halves re-join: the far half pulls at the bound, ``w * multiple * r``
-a round (``w`` its weight, ``r`` our reference), a rate no drift within a
-half outruns, and ``r`` grows as an edge member is drawn from its own half,
-so they close faster and faster until the far neighbour is within the bound
-and mixed in full (the toy: ring:8, a 4x4 torus and exponential:16, halves
-2 x 5 apart, back to their pre-split spread within 60 rounds; refused, never).
+Why the halves re-join (measured, not proven): the far half pulls at the
+bound, ``w * multiple * r`` a round (``w`` its weight, ``r`` our reference),
+ten times what a neighbour at the reference pulls, and ``r`` grows as an edge
+member is drawn from its own half, so they close faster and faster until
+the far neighbour is within the bound and mixed in full (the toy: ring:8, a
+4x4 torus and exponential:16, halves 2 x 5 apart, back to their pre-split
+spread within 60 rounds; refused, never).
 Honest runs without a split see no far member: no report, no byte added.
 
 The limit, not new: the plain bound follows the distances it is measured
