@@ -131,7 +131,7 @@ class RunningHistoryFilter(NormFilter):
         self.accepted: deque[float] = deque(maxlen=64)
 
     def screen(self, norms: Sequence[float], own_norm: float, scale: Callable[[], float] | None = None,
-               senders: Sequence[str] | None = None) -> list[bool]:
+               senders: Sequence[str] | None = None, reports: Any = None) -> list[bool]:
         verdict = []
         for i, norm in enumerate(norms):
             others = [n for j, n in enumerate(norms) if j != i and math.isfinite(n)]
@@ -140,6 +140,7 @@ class RunningHistoryFilter(NormFilter):
                 reference = scale()
             verdict.append(math.isfinite(norm) and norm <= self.multiple * reference)
         self.accepted.extend(n for n, ok in zip(norms, verdict, strict=True) if ok)
+        self.factors = [1.0 if ok else 0.0 for ok in verdict]
         return verdict
 
 

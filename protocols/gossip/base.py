@@ -16,7 +16,7 @@ from protocols.events import Action, Event, Metric, ProtocolState
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from protocols.gossip.payload import Payload
-from protocols.gossip.robust import NormFilter
+from protocols.gossip.robust import NormFilter, Report
 from protocols.messages import Message, ParamPush
 from topology.errors import HivemeshError
 from topology.membership import GraphView
@@ -50,7 +50,7 @@ class MachineBase:
         self.seed = seed
         self.payload = Payload(config.compression, numel=params.numel(), dtype=params.dtype, seed=seed,
                                name=name, device=params.device, shapes=shapes)
-        self.filter = NormFilter(config.norm_multiple)
+        self.filter = NormFilter(config.norm_multiple, owner=name)
         self.outer = (OuterNesterov(params, lr=config.outer_lr, momentum=config.outer_momentum,
                                     every=config.outer_every) if config.outer == "diloco" else None)
         self.counters: Counter[str] = Counter()
@@ -249,12 +249,15 @@ class MachineBase:
         self.counters[f"rejected_{reason}"] += 1
 
     def _screen(self, norms: Sequence[float], senders: Sequence[str], own_norm: float,
-                origin: torch.Tensor) -> list[bool]:
+                origin: torch.Tensor, reports: Sequence[Report] | None = None) -> list[bool]:
         """The insider filter's verdict on ``norms`` from ``senders``, each judged against the other
         senders (see robust.py); distances are measured from ``origin`` (our own value), whose norm
-        is the reference when nothing else gives one."""
-        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(origin), senders=senders)
+        is the reference when nothing else gives one. ``reports``: the senders' far reports, the
+        evidence that lets a far half back in after a split (counted in ``far_corroborated``)."""
+        verdict = self.filter.screen(norms, own_norm, scale=lambda: self._distance(origin), senders=senders,
+                                     reports=reports)
         self._count("rejected_update", verdict.count(False))
+        self._count("far_corroborated", self.filter.corroborated)
         return verdict
 
     def _outer_step(self) -> bool:
@@ -271,6 +274,7 @@ class MachineBase:
             "steps_done": self.steps_done,
             "counters": dict(sorted(self.counters.items())),
             "norm_history": self.filter.export(),
+            "norm_report": self.filter.export_report(),
             "phase": self.phase.value,
             "round": self.round,
             "round_steps": self.round_steps,
@@ -296,6 +300,7 @@ class MachineBase:
         self.steps_done = int(meta["steps_done"])
         self.counters = Counter({str(k): int(v) for k, v in meta["counters"].items()})
         self.filter.restore(meta["norm_history"])
+        self.filter.restore_report(meta.get("norm_report", {}))
         self.phase = Phase(meta["phase"])
         self.round = int(meta["round"])
         self.round_steps = int(meta["round_steps"])

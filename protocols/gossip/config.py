@@ -48,6 +48,10 @@ class GossipConfig:
     outer_momentum: float = 0.9  # DiLoCo's Nesterov momentum
     outer_every: int = 100  # local steps between outer steps; a multiple of local_steps
     norm_multiple: float = 10.0  # refuse updates over this x the other senders' median (robust.py); 0 = off
+    # dpsgd and local: round messages carry the filter's far reports, and a far half they vouch for is
+    # clipped to the filter's bound, not refused: a long split re-joins (robust.py). Off by default:
+    # two insiders' far values vouch for each other (robust.py, "A split healed")
+    far_reports: bool = False
     # ClippedGossip (He, Karimireddy & Jaggi 2022; dpsgd and local): each round the differences of the
     # farthest this many in-neighbours are clipped to the distance of the next one (mixing.py); 0 = off
     clip_neighbours: int = 0
@@ -101,6 +105,9 @@ class GossipConfig:
             raise ValueError(f"norm_multiple must be >= 0 (0 = off), not {self.norm_multiple}")
         if self.clip_neighbours < 0:
             raise ValueError(f"clip_neighbours must be >= 0 (0 = off), not {self.clip_neighbours}")
+        if self.far_reports and self.algorithm not in ("dpsgd", "local"):
+            raise ValueError(f"far_reports clips whole models' differences: algorithms dpsgd and local, "
+                             f"not {self.algorithm!r}")
         if self.clip_neighbours and self.algorithm not in ("dpsgd", "local"):
             raise ValueError(f"clip_neighbours (ClippedGossip) clips whole models' differences: algorithms "
                              f"dpsgd and local, not {self.algorithm!r}")

@@ -32,6 +32,7 @@ class DPSGD(RoundMachine):
     """Synchronous gossip of the whole parameter vector on an undirected (doubly stochastic) graph."""
 
     SENDS_OWN_PARAMS = True  # round t's message is x_t (through the operator)
+    CLIPS_FAR = True  # a far half the filter's reports vouch for pulls at the filter's bound (robust.py)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,6 +57,10 @@ class DPSGD(RoundMachine):
     def _own_norm(self) -> float:
         assert self.sent is not None
         return self._distance(self.params, self.sent)
+
+    def _clipped(self, payload: Any, factor: float) -> Any:
+        assert self.sent is not None
+        return self.sent + (payload - self.sent) * factor
 
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
         assert self.sent is not None

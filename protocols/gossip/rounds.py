@@ -106,6 +106,7 @@ messages): protocols/gossip/admission.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -133,6 +134,7 @@ from protocols.events import (
 from protocols.gossip.admission import Admission, Distance, Lateness, admission, distance_of
 from protocols.gossip.base import MachineBase, Phase, export_messages, restore_messages
 from protocols.gossip.catchup import Reach, confirmations, confirmed_round
+from protocols.gossip.robust import Report, read_report, report_meta
 from protocols.messages import ParamPush
 
 Candidate = tuple[str, int, Any]  # (sender, round, decoded payload)
@@ -143,6 +145,7 @@ class RoundMachine(MachineBase):
 
     LATENESS = Lateness.NEVER  # a message for a closed round: dropped, or applied at the next mix
     CATCHES_UP = True  # False: never jumps to a round far ahead (see "Catching up")
+    CLIPS_FAR = False  # True: can clip a far candidate the filter's reports let in (far_reports, robust.py)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -171,6 +174,11 @@ class RoundMachine(MachineBase):
         raise NotImplementedError
 
     def _own_norm(self) -> float:
+        raise NotImplementedError
+
+    def _clipped(self, payload: Any, factor: float) -> Any:
+        """``payload`` with its difference to us (the norm the filter judged) scaled by ``factor``
+        (0 < factor < 1): a far candidate the filter's reports let in (``CLIPS_FAR``)."""
         raise NotImplementedError
 
     def _mix(self, t: int, accepted: list[Candidate]) -> None:
@@ -268,7 +276,7 @@ class RoundMachine(MachineBase):
             if self.config.norm_multiple > 0:
                 self.anchor = self.params.detach().clone()
         else:
-            self.last_sends = self._round_messages(self.round)
+            self.last_sends = self._with_report(self._round_messages(self.round))
         actions += self.last_sends
         if self.round_steps:
             self.phase = Phase.WORKING
@@ -285,8 +293,20 @@ class RoundMachine(MachineBase):
         if self.anchor is not None:
             self.step_norm = self._distance(self.params, self.anchor)
             self.anchor = None
-        self.last_sends = self._round_messages(self.round)
+        self.last_sends = self._with_report(self._round_messages(self.round))
         return list(self.last_sends)
+
+    def _with_report(self, sends: list[Send]) -> list[Send]:
+        """Our filter's far report (robust.py) in each round message's meta: what a neighbour's filter
+        needs to hear a far half again after a split. Nothing is added while nobody is far."""
+        far = self.CLIPS_FAR and self.config.far_reports and self.config.norm_multiple > 0
+        report = self.filter.report() if far else {}
+        if not report:
+            return sends
+        entries = report_meta(report)
+        return [dataclasses.replace(a, message=dataclasses.replace(a.message, meta={**a.message.meta,
+                                                                                    **entries}))
+                if isinstance(a.message, ParamPush) else a for a in sends]
 
     def _drop_far_rounds(self, horizon: int) -> None:
         """Buffered rounds beyond ``horizon``: late messages (if the kind keeps them) or dropped."""
@@ -493,6 +513,7 @@ class RoundMachine(MachineBase):
         self.late = []
         decoded: list[Candidate] = []
         norms: list[float] = []
+        reports: list[Report] = []
         for sender, r, message in arrivals:
             try:
                 payload, norm = self._decode(sender, message)
@@ -501,11 +522,15 @@ class RoundMachine(MachineBase):
                 continue
             decoded.append((sender, r, payload))
             norms.append(norm)
+            reports.append(read_report(message.meta))
         own_norm = self.step_norm if self.after and self.round_steps else self._own_norm()
         # each candidate against the other senders of this round (see robust.py); WAITING: the
         # parameters are ours, their norm is the warm-up reference
-        verdict = self._screen(norms, [sender for sender, _, _ in decoded], own_norm, self.params)
-        self._mix(t, [c for c, ok in zip(decoded, verdict, strict=True) if ok])
+        verdict = self._screen(norms, [sender for sender, _, _ in decoded], own_norm, self.params,
+                               reports if self.CLIPS_FAR and self.config.far_reports else None)
+        factors = self.filter.factors
+        self._mix(t, [c if factor == 1.0 else (c[0], c[1], self._clipped(c[2], factor))
+                      for c, ok, factor in zip(decoded, verdict, factors, strict=True) if ok])
         self.steps_done += self.round_steps
         self.round += 1
         self.last_sends = []
