@@ -35,6 +35,7 @@ class RecordingTransport:
         self.hostile: Counter[str] = Counter()      # multipart arrivals (none here)
         self.refused: dict[str, int] = {}
         self.redialed: dict[str, int] = {}
+        self.handshake_refused: dict[str, int] = {}
         self.connections: dict[str, int] = {}
         self.unreachable: set[str] = set()
 

@@ -8,7 +8,8 @@ import time
 import pytest
 import zmq
 
-from peer.net.dial import GATEWAY, DialTransport, refusal_backoff_ms
+from peer.net.dial import GATEWAY, DialTransport
+from peer.net.handshakes import refusal_backoff_ms
 from peer.net.transport import (
     Arrival,
     CurveKeys,

@@ -132,9 +132,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "`[transport] max_handshaking_connections`), and those this peer shut down, `closed_<reason>` "
           "(`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
     Field("redialed", "sockets", "counter",
-          "sockets to a neighbour replaced after no connection for `[transport] reconnect_max_ms` (libzmq "
-          "never retries a refused CurveZMQ handshake, as when a neighbour had not admitted our key yet)",
-          label="neighbour"),
+          "sockets to a neighbour replaced: after a refused handshake's backoff (`handshake_refused`), or "
+          "after no connection for `[transport] reconnect_max_ms` (libzmq never retries a refused CurveZMQ "
+          "handshake, as when a neighbour had not admitted our key yet)", label="neighbour"),
+    Field("handshake_refused", "handshakes", "counter",
+          "our CurveZMQ handshakes to neighbours that they refused, by reason: `auth` (its admission did not "
+          "take our key: it has not applied the roster version adding us yet, or we were revoked), "
+          "`protocol`, `no_detail`; each is redialed after `[transport] reconnect_ms` doubling to "
+          "`reconnect_max_ms` (peer/net/handshakes.py)", label="reason"),
     Field("receive_buffers", "", "nested", "the receive buffer pool, the rows `receive_buffers.*` below"),
     Field("receive_buffers.reused", "buffers", "counter", "receive buffers taken from the pool"),
     Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),

@@ -10,15 +10,14 @@ the client's next accepted message (its heartbeat), never from an unverified one
 A refused handshake is libzmq's sharp edge: it never retries a connection
 whose CurveZMQ handshake failed (the gateway's ZAP refused our key: it had not
 read the roster version that adds us yet, or we were removed; or it shed us
-mid-handshake under a burst of strangers). So the socket's monitor is drained
-at each poll and send: a failed handshake is counted by reason
-(``handshake_refused``: ``auth`` is the gateway's admission saying no,
-``protocol`` and ``no_detail`` the rest) and the socket is dialed afresh after
-a backoff of its own, ``reconnect_ms`` doubling with each refusal in a row up
-to ``reconnect_max_ms`` (a removed client knocks at most once per
-``reconnect_max_ms``; a joiner whose gateway admits it a moment later is in
-within one backoff step, not after ZeroMQ's ceiling); a completed handshake
-resets it. Without any handshake event (nothing answers at the address), a send
+mid-handshake under a burst of strangers). So the socket's monitor
+(peer/net/handshakes.py, shared with a peer's outboxes) is drained at each poll
+and send: a failed handshake is counted by reason (``handshake_refused``) and
+the socket is dialed afresh after a backoff of its own, ``reconnect_ms``
+doubling with each refusal in a row up to ``reconnect_max_ms`` (a removed client
+knocks at most once per ``reconnect_max_ms``; a joiner whose gateway admits it
+a moment later is in within one backoff step, not after ZeroMQ's ceiling); a
+completed handshake resets it. Without any handshake event (nothing answers at the address), a send
 that finds no connection for ``reconnect_max_ms`` still dials afresh.
 
 The bounds are the peer transport's: single-frame wire messages (a
@@ -35,23 +34,12 @@ import time
 from collections import Counter
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from peer.net.contexts import new_context, terminate
+from peer.net.handshakes import HandshakeWatch
 from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
-_REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the gateway's ZAP said no
-                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
-                            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail"}
-_WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_REFUSED)
-
-
-def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
-    """How long after a refused handshake the client dials again, given the refusals in a row before
-    it: ``reconnect_ms`` doubling up to ``reconnect_max_ms`` (ZeroMQ's own backoff, which it skips for
-    a refused handshake)."""
-    return min(config.reconnect_ms * 2 ** min(refusals_before, 30), config.reconnect_max_ms)
 
 
 class DialTransport:
@@ -73,11 +61,8 @@ class DialTransport:
         self._pending: list[zmq.MessageTracker] = []
         self._curve = curve
         self.redialed = 0      # sockets replaced: after a refused handshake, or no connection for a while
-        self.handshake_refused: Counter[str] = Counter()   # by reason (see the module docstring)
-        self.handshakes = 0    # handshakes completed (a gateway restart makes a new one)
-        self._refusals_in_row = 0
-        self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
-        self._monitor: zmq.Socket | None = None
+        self.handshake_refused: Counter[str] = Counter()   # by reason (peer/net/handshakes.py)
+        self._handshakes = HandshakeWatch(self.config, self.handshake_refused)
         try:
             self._socket = self._dial()
         except BaseException:
@@ -86,10 +71,9 @@ class DialTransport:
 
     def _dial(self) -> zmq.Socket:
         self._dialed_s = time.monotonic()
-        self._redial_at_s = None
         sock, cfg = self._context.socket(zmq.DEALER), self.config
         try:
-            self._monitor = sock.get_monitor_socket(_WATCHED)   # before connect: no event is missed
+            self._handshakes.attach(sock)   # before connect: no event is missed
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
@@ -112,26 +96,18 @@ class DialTransport:
         return sock
 
     def _close_socket(self, sock: zmq.Socket) -> None:
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        self._handshakes.detach()
         sock.close(linger=0)
 
+    @property
+    def handshakes(self) -> int:
+        """Handshakes completed (a gateway restart makes a new one)."""
+        return self._handshakes.handshakes
+
     def _watch(self) -> None:
-        """Drain the socket's monitor (a handshake a connection: a few events), and dial afresh once a
-        refused handshake's backoff is over."""
-        while self._monitor is not None and self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.handshakes += 1
-                self._refusals_in_row = 0
-                self._redial_at_s = None
-            elif event in _REFUSED:
-                self.handshake_refused[_REFUSED[event]] += 1
-                backoff_ms = refusal_backoff_ms(self.config, self._refusals_in_row)
-                self._refusals_in_row += 1
-                self._redial_at_s = time.monotonic() + backoff_ms / 1000
-        if self._redial_at_s is not None and time.monotonic() >= self._redial_at_s and not self._pending:
+        """Drain the socket's monitor, and dial afresh once a refused handshake's backoff is over."""
+        self._handshakes.drain(time.monotonic())
+        if self._handshakes.redial_due(time.monotonic()) and not self._pending:
             self._redial()
 
     def _redial(self) -> None:
@@ -226,12 +202,13 @@ class DialTransport:
         while True:
             self._watch()
             left_s = deadline - time.monotonic()
-            if self._redial_at_s is not None and not self._pending:    # wake for the redial
-                left_s = min(left_s, self._redial_at_s - time.monotonic())
+            redial_at_s = self._handshakes.redial_at_s
+            if redial_at_s is not None and not self._pending:    # wake for the redial
+                left_s = min(left_s, redial_at_s - time.monotonic())
             poller = zmq.Poller()
             poller.register(self._socket, zmq.POLLIN)
-            if self._monitor is not None:
-                poller.register(self._monitor, zmq.POLLIN)
+            if self._handshakes.monitor is not None:
+                poller.register(self._handshakes.monitor, zmq.POLLIN)
             ready = dict(poller.poll(max(0, int(left_s * 1000))))
             if self._socket in ready:
                 return True

@@ -36,8 +36,14 @@ the open connections of a key that left; ``punish`` refuses a key for
 ``connection_key`` binds a received frame to the key its connection
 authenticated with. Every connection the inbox refuses is counted by reason
 from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
-retries a refused handshake, so an outbox with no connection for the back-off's
-ceiling is dialed afresh (a joiner that dialed before its key was admitted).
+retries a refused handshake (a joiner that dialed a neighbour before that
+neighbour admitted its key), so each outbox's own monitor is watched
+(peer/net/handshakes.py, shared with the edge client's dial-out): a refusal is
+counted by reason (``handshake_refused``) and the outbox dialed afresh after a
+backoff of ``reconnect_ms`` doubling to ``reconnect_max_ms``, checked at each
+:meth:`Transport.poll` (which wakes for it). The fallback where no handshake
+event says anything: an outbox with no connection for the back-off's ceiling is
+dialed afresh at its next failed send.
 
 Replies on the caller's connection (:meth:`Transport.reply`): an edge client
 dials out and never listens (behind NAT), so its gateway answers on the
@@ -53,8 +59,9 @@ context manager): every socket closed without lingering, the monitor and ZAP
 threads stopped and joined, the context terminated. A constructor that fails
 part way does the same for what it had opened before it raises.
 
-This module, peer/net/admission.py and peer/net/dial.py are the only ones that
-touch sockets; they know nothing about messages or algorithms.
+This module, peer/net/admission.py, peer/net/handshakes.py and peer/net/dial.py
+are the only ones that touch sockets; they know nothing about messages or
+algorithms.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ import zmq
 
 from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from peer.net.contexts import new_context, terminate
+from peer.net.handshakes import HandshakeWatch
 from topology.errors import HivemeshError
 
 if TYPE_CHECKING:
@@ -154,6 +162,7 @@ class Arrival:
 class _Outbox:
     address: str
     socket: zmq.Socket
+    watch: HandshakeWatch      # the socket's handshakes, and those of each socket that replaces it
     pending: list[zmq.MessageTracker] = field(default_factory=list)
     dialed_s: float = field(default_factory=time.monotonic)   # when this socket was connected
 
@@ -186,7 +195,8 @@ class Transport:
         self.dropped: Counter[str] = Counter()      # by neighbour: unreachable or queue full
         self.abandoned: Counter[str] = Counter()    # by neighbour: send still pending after its timeout
         self.hostile: Counter[str] = Counter()      # arrivals the single-frame wire never sends, by kind
-        self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced after no connection
+        self.redialed: Counter[str] = Counter()     # by neighbour: sockets replaced, refused or no connection
+        self.handshake_refused: Counter[str] = Counter()   # our outboxes' refused handshakes, by reason
         port = listen.rsplit(":", 1)[-1]
         self._port = int(port) if port.isdigit() else None     # the local port of our connections
         self.replies_dropped: Counter[str] = Counter()  # replies not sent: "gone" (connection closed), "full"
@@ -216,12 +226,10 @@ class Transport:
             undo.callback(self._inbox.close, 0)
             undo.callback(self._monitor.stop)
             self.listen = listen
-            self._poller = zmq.Poller()
-            self._poller.register(self._inbox, zmq.POLLIN)
             self._outboxes: dict[str, _Outbox] = {}
             for name, address in sorted(neighbours.items()):
-                self._outboxes[name] = _Outbox(address, self._connect(name, address))
-                undo.callback(self._outboxes[name].socket.close, 0)
+                self._outboxes[name] = self._open_outbox(name, address)
+                undo.callback(self._close_outbox, self._outboxes[name])
             undo.pop_all()      # all open: from now on close() closes them
 
     # ------------------------------------------------------------- sockets
@@ -271,7 +279,16 @@ class Transport:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
         sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
 
-    def _connect(self, name: str, address: str) -> zmq.Socket:
+    def _open_outbox(self, name: str, address: str) -> _Outbox:
+        watch = HandshakeWatch(self.config, self.handshake_refused)
+        return _Outbox(address, self._connect(name, address, watch), watch)
+
+    @staticmethod
+    def _close_outbox(outbox: _Outbox) -> None:
+        outbox.watch.detach()      # the monitor first: it watches the socket
+        outbox.socket.close(linger=0)
+
+    def _connect(self, name: str, address: str, watch: HandshakeWatch) -> zmq.Socket:
         sock = self._context.socket(zmq.DEALER)
         self._configure(sock)
         sock.setsockopt(zmq.SNDHWM, self.config.high_water_mark)
@@ -285,10 +302,14 @@ class Transport:
             sock.curve_secretkey = self._curve.secret_key
             sock.curve_serverkey = server_key
         try:
+            watch.attach(sock)      # before connect: no event is missed
             sock.connect(address)
-        except zmq.ZMQError as error:
+        except BaseException as error:
+            watch.detach()
             sock.close(linger=0)
-            raise TransportError(f"bad address {address!r} for {name!r}: {error.strerror}") from None
+            if isinstance(error, zmq.ZMQError):
+                raise TransportError(f"bad address {address!r} for {name!r}: {error.strerror}") from None
+            raise
         return sock
 
     @property
@@ -303,7 +324,7 @@ class Transport:
             return
         if server_key is not None:
             self._server_keys[name] = server_key
-        self._outboxes[name] = _Outbox(address, self._connect(name, address))
+        self._outboxes[name] = self._open_outbox(name, address)
 
     def drop_neighbour(self, name: str) -> None:
         """Stop sending to ``name`` (the roster lost it): what is queued for it is dropped."""
@@ -312,7 +333,7 @@ class Transport:
             return
         if outbox.pending:
             self.wait_sent()    # what is in flight goes first (or is abandoned after the send timeout)
-        self._outboxes.pop(name).socket.close(linger=0)
+        self._close_outbox(self._outboxes.pop(name))
 
     def set_server_key(self, name: str, server_key: bytes) -> None:
         """Dial ``name`` with this CURVE server key from now on (its key was rotated): a neighbour
@@ -340,7 +361,6 @@ class Transport:
             return
         self.wait_sent()
         self._curve = dataclasses.replace(self._curve, public_key=public_key, secret_key=secret_key)
-        self._poller.unregister(self._inbox)
         self._monitor.stop()
         self._inbox.close(linger=0)
         if self._listen_fd is not None:
@@ -354,7 +374,6 @@ class Transport:
                     if attempt == 49:
                         raise
                     time.sleep(0.02)
-        self._poller.register(self._inbox, zmq.POLLIN)
         for name, outbox in self._outboxes.items():
             self._redial(name, outbox)
 
@@ -463,18 +482,40 @@ class Transport:
 
     def _redial(self, name: str, outbox: _Outbox) -> None:
         """A fresh socket to ``name`` (with the keys of now); the old one goes without lingering."""
-        outbox.socket.close(linger=0)
-        outbox.socket = self._connect(name, outbox.address)
+        self._close_outbox(outbox)
+        outbox.socket = self._connect(name, outbox.address, outbox.watch)
         outbox.dialed_s = time.monotonic()
 
-    def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
-        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling.
+    def _watch_outboxes(self) -> float | None:
+        """Drain every outbox's handshake monitor and dial afresh those whose refused handshake's
+        backoff is over (not one with frames still held: a redial would drop them); the earliest
+        redial still to come (monotonic seconds), for :meth:`poll` to wake at."""
+        wake_s: float | None = None
+        for name, outbox in self._outboxes.items():
+            outbox.watch.drain(time.monotonic())
+            redial_at_s = outbox.watch.redial_at_s
+            if redial_at_s is None:
+                continue
+            outbox.pending = [t for t in outbox.pending if not t.done]
+            if outbox.pending:
+                continue
+            if time.monotonic() >= redial_at_s:
+                self._redial(name, outbox)
+                self.redialed[name] += 1
+            else:
+                wake_s = redial_at_s if wake_s is None else min(wake_s, redial_at_s)
+        return wake_s
 
-        libzmq (4.3.5) never retries a connection whose handshake was refused: the refusal is a
-        protocol error, which ends the connection's session for good. A member refused once (it
-        dialed a neighbour that had not yet admitted its key, as when both apply a new roster version
-        at different moments) would never be heard by that neighbour; a new socket tries again.
-        For a neighbour that is simply down this only restarts the back-off."""
+    @property
+    def handshakes(self) -> Counter[str]:
+        """Handshakes our outboxes completed, by neighbour (its sockets since it became one)."""
+        return Counter({name: o.watch.handshakes for name, o in self._outboxes.items() if o.watch.handshakes})
+
+    def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
+        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling: the fallback
+        where no refused handshake told us sooner (see the module docstring and
+        peer/net/handshakes.py). For a neighbour that is simply down this only restarts the
+        back-off."""
         if outbox.pending or time.monotonic() - outbox.dialed_s < self.config.reconnect_max_ms / 1000:
             return
         self._redial(name, outbox)
@@ -565,8 +606,7 @@ class Transport:
         returned: the wire is single-frame, so one is hostile (counted in ``hostile``).
         """
         received: list[Arrival] = []
-        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
-        if self._inbox not in events:
+        if not self._wait(timeout_s):
             return received
         drained = 0
         while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
@@ -583,6 +623,27 @@ class Transport:
             self.messages_received += 1
             received.append(Arrival(parts[0].bytes, parts[1]))
         return received
+
+    def _wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the inbox, watching the outboxes' handshakes meanwhile (a
+        refusal's redial is made when due, not at the next send); whether a frame is there."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left_s = deadline - time.monotonic()
+            wake_s = self._watch_outboxes()
+            if wake_s is not None:
+                left_s = min(left_s, wake_s - time.monotonic())
+            poller = zmq.Poller()
+            poller.register(self._inbox, zmq.POLLIN)
+            for outbox in self._outboxes.values():
+                if outbox.watch.monitor is not None:
+                    poller.register(outbox.watch.monitor, zmq.POLLIN)
+            ready = dict(poller.poll(max(0, int(left_s * 1000))))
+            if self._inbox in ready:
+                return True
+            if not ready and time.monotonic() >= deadline:
+                self._watch_outboxes()
+                return False
 
     def _multipart(self, parts: list[zmq.Frame]) -> None:
         """The one place a multipart arrival is handled: libzmq assembled all of it in memory before
@@ -602,7 +663,7 @@ class Transport:
             return
         self._closed = True
         for outbox in self._outboxes.values():
-            outbox.socket.close(linger=0)
+            self._close_outbox(outbox)
         self._monitor.stop()
         self._inbox.close(linger=0)
         self._close_listen_fd()

@@ -1060,6 +1060,7 @@ class PeerDaemon:
             "transport_refused": dict(self.transport.refused),
             "transport_connections": dict(self.transport.connections),
             "redialed": dict(self.transport.redialed),
+            "handshake_refused": dict(self.transport.handshake_refused),
             "receive_buffers": {"reused": self.receive_buffers.reused, "fresh": self.receive_buffers.fresh,
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,

@@ -16,6 +16,8 @@ Routing by kind, one rule for both drivers:
 message                     what the Node does
 ==========================  ============================================================
 anything, once we left      counted ``after_leaving`` (a roster version removed us)
+anything from a member      counted ``sender_revoked`` (verified before the version that
+whose key was revoked       revoked it was learnt)
 a roster version not ours   counted ``roster_version_mismatch``, said once per sender and
 for its round               version (protocols/node/membership.py)
 anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
@@ -63,7 +65,10 @@ to :meth:`Node.change_membership`; the machine reads the old graph before its
 removed ones forgotten at that round (a removed member leaves: ``Finished``), and
 ``Connect`` tells the driver whom to verify and exchange with. A member whose key
 the new version revokes is forgotten at once, not at the round: never sent to,
-waited for (``NeighbourDown``) or verified again; a member that reads its own
+waited for (``NeighbourDown``) or verified again, what is handed over from it
+refused (``sender_revoked``); a served edge client so revoked leaves the
+gateway's ``clients`` at once too (``NeighbourDown`` for the roles: not asked
+again). A member that reads its own
 revocation leaves at once. A version that gives a member another key without
 the old key's signature is not taken (``roster_key_change_unsigned``). A member
 whose roles serve edge clients (``serving``: a gateway) serves each version's
@@ -547,7 +552,22 @@ class Node(Generic[N]):
         if self._live():
             for name in [*revoked, *added]:  # added: not waited for until heard (NeighbourUp), like a
                 actions += self._machine(NeighbourDown(name), now)     # neighbour absent at Start
-        return actions + self._settle(now)
+        return actions + self._revoke_clients(roster.version, now) + self._settle(now)
+
+    def _revoke_clients(self, version: int, now: float) -> list[NodeAction]:
+        """A served edge client whose key was revoked is gone for the roles at once, like a revoked
+        neighbour (not at the version's round, nor at its neighbour timeout): not asked again, its
+        messages refused (``sender_revoked``)."""
+        revoked = [name for name in self.clients.names() if name in self._revoked]
+        if not revoked:
+            return []
+        actions: list[NodeAction] = []
+        for name in revoked:
+            self.clients.forget(name)
+            if self.started:
+                actions += self._roles(NeighbourDown(name), now)
+        return [*actions, Note(f"edge clients revoked at roster version {version}: "
+                               f"{', '.join(revoked)} let go at once")]
 
     def _settle(self, now: float) -> list[NodeAction]:
         """From the change's round on: forget the removed neighbours, or leave if we were removed."""
@@ -636,9 +656,12 @@ class Node(Generic[N]):
 
     def _refuse_version(self, sender: str, message: Message) -> list[NodeAction] | None:
         """None to go on; else the refusal (counted) of a message we must not take: we left the run,
-        or its roster version for its round is not ours."""
+        its sender's key was revoked, or its roster version for its round is not ours."""
         if self.left:
             self.rejected["after_leaving"] += 1
+            return []
+        if sender in self._revoked:     # verified before its revocation was learnt, handed over after
+            self.rejected["sender_revoked"] += 1
             return []
         mismatch = self.membership.mismatch(message)
         if mismatch is None:

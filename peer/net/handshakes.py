@@ -1,0 +1,88 @@
+"""The handshakes of a socket that dials out, from its monitor: counted, and when a refusal is redialed.
+
+Why: libzmq (4.3.5) never retries a connection whose CurveZMQ handshake failed: the refusal is a
+protocol error, which ends the connection's session for good. The side that dialed must dial
+afresh (a new socket) itself. Who refuses: the listener's ZAP did not admit our key yet (it had not
+read the roster version that adds us, as when members apply a new version at different moments),
+or no longer (we were revoked), or it shed us mid-handshake under a burst of strangers.
+
+One :class:`HandshakeWatch` follows one dialing socket and those that replace it: an edge
+client's DEALER (peer/net/dial.py) and each of a peer's outboxes (peer/net/transport.py). Each
+refusal is counted by reason (``auth``: the listener's admission said no; ``protocol`` and
+``no_detail``: the rest) and sets a redial time, ``reconnect_ms`` doubling with each refusal in a
+row up to ``reconnect_max_ms`` (:func:`refusal_backoff_ms`): a removed member knocks at most once
+per ``reconnect_max_ms``, a joiner admitted a moment later is in within one backoff step. A
+completed handshake resets the doubling. The owner drains the watch, asks :meth:`redial_due`, and
+makes the new socket (attached with :meth:`attach` before it connects, so no event is missed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+if TYPE_CHECKING:
+    from peer.net.transport import TransportConfig
+
+REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the listener's ZAP said no
+                           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail"}
+WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(REFUSED)
+
+
+def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
+    """How long after a refused handshake the socket is dialed again, given the refusals in a row
+    before it: ``reconnect_ms`` doubling up to ``reconnect_max_ms`` (ZeroMQ's own backoff, which it
+    skips for a refused handshake)."""
+    return min(config.reconnect_ms * 2 ** min(refusals_before, 30), config.reconnect_max_ms)
+
+
+class HandshakeWatch:
+    """The monitor of one dialing socket (and of each that replaces it). Single-threaded."""
+
+    def __init__(self, config: TransportConfig, refused: Counter[str]) -> None:
+        """``refused``: where refusals are counted, by reason (a transport may share one among its
+        sockets)."""
+        self.config = config
+        self.refused = refused
+        self.handshakes = 0     # completed (a listener's restart makes a new one)
+        self.monitor: zmq.Socket | None = None   # for the owner's poller: readable when an event came
+        self._refusals_in_row = 0
+        self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
+
+    def attach(self, sock: zmq.Socket) -> None:
+        """Watch ``sock`` (a fresh one, not yet connected) in place of the socket before it."""
+        self.detach()
+        self.monitor = sock.get_monitor_socket(WATCHED)
+        self._redial_at_s = None
+
+    def detach(self) -> None:
+        """Close the monitor (before its socket is closed). Idempotent."""
+        if self.monitor is not None:
+            self.monitor.close(linger=0)
+            self.monitor = None
+
+    def drain(self, now_s: float) -> None:
+        """Take the events that came (a handshake makes one or two): count them, set the redial time."""
+        while self.monitor is not None and self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshakes += 1
+                self._refusals_in_row = 0
+                self._redial_at_s = None
+            elif event in REFUSED:
+                self.refused[REFUSED[event]] += 1
+                backoff_ms = refusal_backoff_ms(self.config, self._refusals_in_row)
+                self._refusals_in_row += 1
+                self._redial_at_s = now_s + backoff_ms / 1000
+
+    @property
+    def redial_at_s(self) -> float | None:
+        """When a refused handshake is to be dialed afresh (monotonic seconds); None: no refusal."""
+        return self._redial_at_s
+
+    def redial_due(self, now_s: float) -> bool:
+        return self._redial_at_s is not None and now_s >= self._redial_at_s

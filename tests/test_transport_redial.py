@@ -1,0 +1,52 @@
+"""A peer's outbox redials a refused CurveZMQ handshake on its own (peer/net/handshakes.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import zmq
+
+from peer.net.transport import CurveKeys, Transport, TransportConfig, listener_address, reserve_listeners
+
+pytestmark = pytest.mark.processes
+
+
+def _poll_until(transports: list[Transport], condition: Callable[[], bool], what: str,
+                timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        for transport in transports:
+            transport.poll(0.02)
+
+
+def test_an_outbox_refused_before_its_key_is_admitted_redials_after_one_backoff_step() -> None:
+    """b has not admitted a's key yet (a joiner dialed a neighbour that had not applied the roster
+    version adding it): a's outbox sees the refusal on its monitor, counts it, and dials again after
+    the refusal backoff; once b admits a, a is connected without having sent anything. The stale
+    fallback (no connection for reconnect_max_ms, at a failed send) cannot be what let it in: its
+    ceiling is a minute away and a never sends."""
+    la, lb = reserve_listeners(2)
+    (pa, sa), (pb, sb) = zmq.curve_keypair(), zmq.curve_keypair()
+    config = TransportConfig(reconnect_ms=50, reconnect_max_ms=60_000)
+    b = Transport(listen=listener_address(lb), neighbours={}, config=config, listen_fd=lb.detach(),
+                  curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={},
+                                  allowed_client_keys=frozenset({pb})))     # a not admitted yet
+    a = Transport(listen=listener_address(la), neighbours={"b": b.listen}, config=config,
+                  listen_fd=la.detach(),
+                  curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb}))
+    with a, b:
+        _poll_until([a], lambda: a.handshake_refused["auth"] >= 2, "a's outbox was never refused twice")
+        assert a.redialed["b"] >= 1 and a.handshakes["b"] == 0      # redialed after a refusal, no send
+        b.allow(frozenset({pa, pb}))        # b applied the roster version that adds a
+        _poll_until([a], lambda: a.handshakes["b"] == 1, "a never got in after b admitted its key")
+        refused = a.handshake_refused["auth"]
+        assert a.redialed["b"] == refused       # one fresh dial per refusal: none was the stale fallback
+        assert b.refused["not_on_roster"] >= refused   # each refusal counted on both sides
+        assert not a.messages_sent and not a.dropped     # connected without sending anything
+        assert a.send("b", [b"welcome at last"])          # the connection is up: the first send goes
+        _poll_until([b], lambda: b.messages_received == 1, "b never got a's message")
+        a.poll(0.2)     # a connected outbox is not redialed again
+        assert a.redialed["b"] == refused and a.handshake_refused["auth"] == refused
