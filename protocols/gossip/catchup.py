@@ -22,8 +22,11 @@ neighbours then follow them, and one message stopped a 4-peer ring's training
   that a held round, or one closed at once on buffered messages, does not set
   it. Until a round has closed complete, the rate is that of our local work
   alone (``StartWork`` to ``WorkDone``), taken in the rounds a deadline closed
-  short of a message (not before one: a liar's claim in round 0 would move us
-  as many steps as a network-bound round is long in steps of compute). A
+  with no message for them at all (not before one: a liar's claim in round 0
+  would move us as many steps as a network-bound round is long in steps of
+  compute; not one with some message: a neighbour withholding one round would
+  then set our reach by our compute alone). The rate is a duration, so the
+  checkpoint keeps it and a new life starts with it. A
   member that starts more than the buffer window behind its neighbours (at
   round 0 on a stale heartbeat while they ran on) never closes a round
   complete, since every message it hears is far ahead; with no rate at all it
