@@ -122,6 +122,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
                                 "message decoder (`hivemesh status` warns)"),
     Field("memory_peak_mib", "MiB", "gauge", "the peer process's peak resident memory (`ru_maxrss`): "
                                              "bounded whatever other peers send (issue 14)"),
+    Field("memory_rss_mib", "MiB", "gauge", "the peer process's resident memory now "
+                                            "(`/proc/self/statm`): flat after warm-up on a healthy peer; "
+                                            "the peak above hides growth behind torch's import"),
     Field("transport_refused", "connections", "counter",
           "connections to the inbox refused before any message, by reason: `not_on_roster`, `cooling_down` "
           "(ZAP), `handshake_<error>`, `handshake_no_detail`, `closed_before_handshake` (bytes that are not "

@@ -125,7 +125,6 @@ import heapq
 import itertools
 import math
 import os
-import resource
 import signal
 import sys
 import time
@@ -143,6 +142,7 @@ from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportConfig, TransportError
 from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
+from peer.runtime.memory import peak_mib, resident_mib
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.runtime.rosterwatch import NewVersion, RosterWatch, Unusable
 from peer.runtime.tensorboard import ScalarLog
@@ -1055,8 +1055,8 @@ class PeerDaemon:
             "absent_at_start": dict(self.counters.absent_at_start),
             "abandoned_sends": dict(self.transport.abandoned),
             "curve": self.config.peer.curve,
-            # the process's peak resident memory (Linux reports KiB): what an attack must not grow
-            "memory_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "memory_peak_mib": peak_mib(),
+            "memory_rss_mib": resident_mib(),
             "transport_refused": dict(self.transport.refused),
             "transport_connections": dict(self.transport.connections),
             "redialed": dict(self.transport.redialed),
