@@ -8,6 +8,7 @@ stale lock: the churn test restarts a killed peer on its own directory.)
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from _daemon_support import CEILING_S, make_network, peers, wait_for_files, wait_for_locks
 
+from peer.runtime import datalock
 from peer.runtime.datalock import DataDirLock
 from topology.errors import HivemeshError
 
@@ -26,6 +28,31 @@ def test_a_second_lock_on_a_held_directory_is_refused_naming_the_holder(tmp_path
         DataDirLock(tmp_path / "data")
     held.release()
     DataDirLock(tmp_path / "data").release()     # free again once released
+
+
+def test_a_reload_probing_the_lock_as_a_peer_starts_does_not_refuse_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: hivemesh roster reload's probe (a shared lock, held for microseconds) holds the directory
+    # the instant a peer starts on it; the probe lets go while the peer waits to ask again
+    data = tmp_path / "data"
+    DataDirLock(data).release()                   # the lock file exists, as after an earlier run
+    probe = (data / "lock").open("r")
+    fcntl.flock(probe.fileno(), fcntl.LOCK_SH)
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        probe.close()                             # the probe is over
+
+    monkeypatch.setattr(datalock.time, "sleep", wait)
+    # Execute
+    lock = DataDirLock(data)
+    # Assert: the peer asked again (once) and holds it; a real holder is still refused after the grace
+    assert len(waits) == 1
+    monkeypatch.undo()
+    with pytest.raises(HivemeshError, match="in use by another peer"):
+        DataDirLock(data)
+    lock.release()
 
 
 def _hivemesh() -> list[str]:

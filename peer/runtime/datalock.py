@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import IO
 
 from topology.errors import HivemeshError
 
 LOCK_FILE = "lock"
+PROBE_GRACE_S = 0.2   # how long a held lock is asked again before it counts as another peer's
 
 
 class DataDirLock:
@@ -32,14 +34,12 @@ class DataDirLock:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / LOCK_FILE
         handle: IO[str] = self.path.open("a+")
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take(handle):
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise HivemeshError(f"data directory {data_dir} is in use by another peer (pid {holder}): "
-                                "stop that one first, or give this one its own data_dir") from None
+                                "stop that one first, or give this one its own data_dir")
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -52,12 +52,27 @@ class DataDirLock:
             self._handle = None
 
 
+def _take(handle: IO[str]) -> bool:
+    """Take the exclusive lock of ``handle``, or say it is held. A held lock is asked again a few times
+    over :data:`PROBE_GRACE_S`: :func:`holder` probes it for microseconds (``hivemesh roster reload``),
+    and a peer starting at that instant would otherwise be refused as if another peer held it."""
+    deadline = time.monotonic() + PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(PROBE_GRACE_S / 10)
+
+
 def holder(data_dir: Path) -> int | None:
     """The PID of the process that holds ``data_dir``'s lock now; None when nobody holds it.
 
     The lock is probed, not trusted as a PID file: a free lock (the peer stopped, however) means no
     process to signal, even if a PID is still written there. The probe holds the lock for
-    microseconds; a peer starting at that instant is refused as in use, and says so."""
+    microseconds; a peer starting at that instant asks again (:func:`_take`)."""
     path = data_dir / LOCK_FILE
     try:
         handle = path.open("r")
