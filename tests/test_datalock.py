@@ -30,8 +30,8 @@ def test_a_second_lock_on_a_held_directory_is_refused_naming_the_holder(tmp_path
     DataDirLock(tmp_path / "data").release()     # free again once released
 
 
-def test_a_reload_probing_the_lock_as_a_peer_starts_does_not_refuse_it(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reload_probing_the_lock_as_a_peer_starts_does_not_refuse_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: hivemesh roster reload's probe (a shared lock, held for microseconds) holds the directory
     # the instant a peer starts on it; the probe lets go while the peer waits to ask again
     data = tmp_path / "data"
