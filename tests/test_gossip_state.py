@@ -130,7 +130,7 @@ def test_g_restored_with_its_work_asked_but_not_done_asks_for_it_again_at_start(
     # before the work. Restarted without adopting a neighbour's state, the machine must ask for
     # that work again, or the member waits forever for a WorkDone nobody will send.
     spec, options = CASES[case]
-    workers, machines = _fresh(spec, options)
+    _, machines = _fresh(spec, options)
     name = sorted(machines)[0]
     first = [a for a in machines[name].handle(Start(), 0.0) if isinstance(a, StartWork)]
     assert len(first) == 1 and machines[name].phase is Phase.WORKING
