@@ -502,20 +502,19 @@ class FederationRun:
     def _restart_gateway(self, member: Member) -> None:
         """A new gateway process on its checkpoint (peer/runtime/daemon.py's restore): its server
         forgets who was registered (its clients register again as they are heard) and opens the
-        round it was at again, which its restored machine waits for (``GatewayWork.restarted``)."""
+        round it was at again, which the work its restored machine asks for again waits for
+        (``GatewayWork.restarted``)."""
         assert member.checkpoint is not None and member.server is not None
         machine_state, server_state, rounds = copy.deepcopy(member.checkpoint)
         params = member.server.params     # the one vector the machine and the server share
         machine, server, _ = self._gateway_parts(member.name, params)
         server.restore_state(server_state)
-        for client in sorted(server.registered):
-            server.unregister(client)
+        server.forget_registrations()   # its clients register again as they are heard
         machine.restore_state(machine_state)
         work = GatewayWork(server, gossip_rounds=self.section.gossip_rounds)
-        work.restarted(machine.position[0])
-        member.node.roles["fedavg"] = server     # (the Node finds each role's kinds again at restart)
+        work.restarted()
         member.node.restart(machine, {n: Neighbour() for n in self._gossip_members(member.name)
-                                      if n != member.name})
+                                      if n != member.name}, roles={"fedavg": server})
         member.server, member.work, member.recorded, member.on = server, work, 0, True
         assert member.saves is not None
         member.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=rounds)
@@ -594,7 +593,7 @@ class FederationRun:
         if member.work is not None:  # a gateway's gossip round: its work is a FedAvg round, or nothing
             if self._gateway_work_point(member):
                 return
-            begun, done = member.work.begin(self.engine.now_s)
+            begun, done = member.work.begin(self.engine.now_s, member.node.machine.position[0])
             if begun:
                 self._carry_out(member, member.node.role_actions("fedavg", begun))
             if done:

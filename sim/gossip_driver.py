@@ -18,10 +18,11 @@ it wrote, and writes one at once after a jump of its step (``SetTrainerStep``:
 an adopted state sync, a catch-up), as the daemon does. A crash (a ``kill -9``)
 loses what it did since: a restart restores trainer, machine and replay
 windows from its last checkpoint (a member that never wrote one: its state at
-its start, as a daemon with an empty data folder) with the next epoch, and the
-work its machine had asked for at that work point is done again. A clean stop
-(a schedule's ``Stop``, a stranded member) writes one first, as the daemon
-does. Each restart is reported (``restarts_detail``): the step the crashed
+its start, as a daemon with an empty data folder) with the next epoch; a
+machine restored at a work point asks for that work again at ``Start``
+(protocols/gossip), as the daemon's does. A clean stop (a schedule's ``Stop``,
+at a work point; a stranded member, before its start: never mid-work) writes
+one first, as the daemon does. Each restart is reported (``restarts_detail``): the step the crashed
 member had reached, the step it resumed from (the steps lost) and the seconds
 from the restart until its state sync was over (``recovery_s``). A crash may
 be placed on progress (``ChurnEvent.at_step``) and bring its own restart
@@ -96,7 +97,7 @@ from protocols.events import (
 )
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest
-from protocols.node import Adoption, Neighbour, Node, NodeAction, Note, Wait
+from protocols.node import Neighbour, Node, NodeAction, Note, Wait
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, MemberFaults, Schedule, Stop, met
 from protocols.roster import Member, Roster, run_id
@@ -121,8 +122,6 @@ class SimCheckpoint:
     trainer: dict[str, Any]
     machine: tuple[dict[str, torch.Tensor], Any]
     endpoint: dict[str, object]
-    owed_steps: int = 0          # StartWork asked for at this work point, not yet trained
-    pending: WorkDone | None = None  # a clean stop mid-work: the maths done, its time not yet up
 
 
 @dataclass
@@ -182,9 +181,7 @@ class SimPeer:
         self.metric_last: dict[str, float] = {}
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: SimCheckpoint | None = None
-        self.saves = CheckpointSchedule(checkpoint)  # when the next one is due
-        self.jumped = False       # its step jumped (SetTrainerStep): a checkpoint at the next work point
-        self.owed_steps = 0       # restored at a work point: the work asked for there, done again
+        self.saves = CheckpointSchedule(checkpoint)  # when the next one is due (after a step jump: at once)
         self.restarts_detail: list[RestartRecord] = []
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
         self.last_loss = math.nan                  # what its heartbeats say
@@ -376,7 +373,7 @@ class GossipRun:
         peer.resumed = resumed
         peer.stranded = ""
         if peer.checkpoint is None and peer.name in self._restartable:
-            self._save(peer, owed_steps=0)  # no checkpoint yet: a crash restarts it from here
+            self._save(peer)  # no checkpoint yet: a crash restarts it from here
         self._tick(peer, peer.incarnation)
 
     def _check_wait(self, peer: SimPeer) -> None:
@@ -413,9 +410,6 @@ class GossipRun:
     def _synced(self, peer: SimPeer, *, unanswered: bool) -> None:
         """The state sync is over: the member starts, unless the Node finds nobody left to train
         with (as the daemon does after its sync)."""
-        if peer.node.adoption is Adoption.ADOPTED:
-            peer.pending_work = None  # superseded by the adopted state
-            peer.owed_steps = 0
         if peer.resumed and peer.restarts_detail and math.isnan(peer.restarts_detail[-1].synced_at_s):
             peer.restarts_detail[-1].synced_at_s = self.engine.now_s
         why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
@@ -435,23 +429,11 @@ class GossipRun:
             self.engine.stop()
 
     def _begin(self, peer: SimPeer) -> None:
-        """Start the machine (the Node hands it what arrived before), and finish interrupted work."""
-        interrupted = peer.pending_work  # only set when a clean stop cut work short
-        owed, work_index = peer.owed_steps, peer.work_index
-        peer.owed_steps = 0
+        """Start the machine (the Node hands it what arrived before; a machine restored at a work
+        point asks for that work again: protocols/gossip)."""
         if math.isnan(peer.started_at_s):
             peer.started_at_s = self.engine.now_s
         self._carry_out(peer, peer.node.start(self.engine.now_s))
-        if owed and peer.work_index == work_index and peer.alive:
-            # restored at a work point: the machine waits for the work it had asked for there (no
-            # new round began): the steps are trained again, from the checkpoint's trainer
-            self._work(peer, owed)
-        elif interrupted is not None and peer.pending_work is interrupted:
-            # It crashed mid-work: the restored state already holds those steps (they are
-            # deterministic), but the time to do them again is spent again.
-            duration_s = work_seconds(self.scenario, self.world.speeds[peer.name], peer.name,
-                                      peer.work_index, peer.pending_work.steps)
-            self.engine.after(duration_s, functools.partial(self._work_done, peer, peer.incarnation))
 
     def _sync_timeout(self, peer: SimPeer, incarnation: int, attempt: int) -> None:
         if peer.incarnation == incarnation and peer.node.syncing and peer.node.sync.attempts_made == attempt:
@@ -495,8 +477,8 @@ class GossipRun:
         self._stop(peer, keep_checkpoint=False)
         peer.pending_work = None  # its maths were done on a state the restart throws away
 
-    def _save(self, peer: SimPeer, *, owed_steps: int) -> None:
-        """Write its checkpoint now (a work point's, with the work asked for there, or a clean stop's)."""
+    def _save(self, peer: SimPeer) -> None:
+        """Write its checkpoint now (a work point's: its work asked for, not done; or a clean stop's)."""
         trainer = self.world.trainers[peer.name]
         trainer_state = trainer.state_dict()
         tensors, meta = peer.node.machine.export_state()
@@ -505,13 +487,12 @@ class GossipRun:
             trainer={"tensors": {k: v.clone() for k, v in trainer_state["tensors"].items()},
                      "meta": dict(trainer_state["meta"])},
             machine=({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
-            endpoint=peer.endpoint.export_state(), owed_steps=owed_steps, pending=peer.pending_work)
+            endpoint=peer.endpoint.export_state())
         peer.saves.saved(trainer.step, self.engine.now_s)
-        peer.jumped = False
 
     def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
         if keep_checkpoint:
-            self._save(peer, owed_steps=0)  # a clean stop: its state now, work in progress included
+            self._save(peer)  # a clean stop: its state now
         peer.alive = False
         peer.waiting = None
         peer.deferred_steps = 0
@@ -531,9 +512,8 @@ class GossipRun:
         machine.restore_state(({k: v.clone() for k, v in checkpoint.machine[0].items()},
                                _deep_copy(checkpoint.machine[1])))
         endpoint_state = checkpoint.endpoint
-        peer.pending_work, peer.owed_steps = checkpoint.pending, checkpoint.owed_steps
+        peer.pending_work = None
         peer.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=checkpoint.step)
-        peer.jumped = False
         if peer.restarts_detail and peer.restarts_detail[-1].resumed_step < 0:
             peer.restarts_detail[-1].restarted_at_s = self.engine.now_s
             peer.restarts_detail[-1].resumed_step = checkpoint.step
@@ -577,7 +557,7 @@ class GossipRun:
                     peer.alive = False
                 self._maybe_end()
             case SetTrainerStep(step=step):
-                peer.jumped = peer.jumped or step > self.world.trainers[peer.name].step
+                peer.saves.step_set(self.world.trainers[peer.name].step, step)
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
                 peer.trainer_steps_set.append(step)
             case Note():
@@ -614,9 +594,8 @@ class GossipRun:
         work (unless a hold keeps it back, or a stop ends this life). A checkpoint is written here
         when due, and a crash placed on progress fires here."""
         trainer_step = self.world.trainers[peer.name].step
-        if peer.name in self._restartable and (peer.jumped or peer.saves.should_save(trainer_step,
-                                                                                      self.engine.now_s)):
-            self._save(peer, owed_steps=steps)  # (only a member a crash brings back needs one)
+        if peer.name in self._restartable and peer.saves.should_save(trainer_step, self.engine.now_s):
+            self._save(peer)  # (only a member a crash brings back needs one)
         crash = next((e for e in self._step_crashes if e.node == peer.name and trainer_step >= e.at_step),
                      None)
         if crash is not None:

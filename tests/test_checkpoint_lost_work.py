@@ -37,6 +37,19 @@ def test_the_schedule_counts_from_the_step_on_disk() -> None:
     assert fresh.should_save(10, 0.0)                # the very first decision saves by the interval
 
 
+def test_a_step_set_forward_makes_a_checkpoint_due_at_once_whatever_the_interval() -> None:
+    # the daemon and the simulator both ask here (one rule): a jump shorter than the interval too
+    schedule = CheckpointSchedule(CheckpointConfig(every_steps=100, every_s=60.0), start_step=50)
+    assert not schedule.should_save(52, 0.0)
+    schedule.step_set(52, 52)                        # the same step: no jump
+    schedule.step_set(52, 40)                        # backwards (never asked of it): no jump either
+    assert not schedule.jumped and not schedule.should_save(52, 1.0)
+    schedule.step_set(52, 60)
+    assert schedule.jumped and schedule.should_save(60, 1.0)
+    schedule.saved(60, 1.0)
+    assert not schedule.jumped and not schedule.should_save(61, 2.0)
+
+
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkFiles:
     return make_network(tmp_path_factory.mktemp("lost"), peers=4, steps=2 * JUMP,

@@ -16,7 +16,9 @@ import safetensors.torch
 import torch
 from gossip_driver import Driver, QuadraticWorker, digits_network
 
+from protocols.events import Start, StartWork, WorkDone
 from protocols.gossip import GossipConfig, make_machine
+from protocols.gossip.base import Phase
 from topology import build
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -119,3 +121,41 @@ def test_g_a_real_trainer_and_machine_checkpoint_through_safetensors_and_continu
     assert net.driver.run()
     for name in net.names:
         assert torch.equal(fresh.trainers[name].flat_params, reference.trainers[name].flat_params)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_g_restored_with_its_work_asked_but_not_done_asks_for_it_again_at_start(case: str) -> None:
+    # A daemon's checkpoint may be written between StartWork and WorkDone (a periodic one while the
+    # work is queued, one at once after a step jump, a SIGTERM's): the trainer is saved as it was
+    # before the work. Restarted without adopting a neighbour's state, the machine must ask for
+    # that work again, or the member waits forever for a WorkDone nobody will send.
+    spec, options = CASES[case]
+    _, machines = _fresh(spec, options)
+    name = sorted(machines)[0]
+    first = [a for a in machines[name].handle(Start(), 0.0) if isinstance(a, StartWork)]
+    assert len(first) == 1 and machines[name].phase is Phase.WORKING
+    state = _through_a_checkpoint(machines[name].export_state())
+    _, restored = _fresh(spec, options)
+    restored[name].restore_state(state)
+    again = [a for a in restored[name].handle(Start(), 5.0) if isinstance(a, StartWork)]
+    assert again == first
+    assert restored[name].counters["restarted"] == 1
+    restored[name].handle(WorkDone(first[0].steps, 0.0), 6.0)
+    assert restored[name].counters["unexpected_event"] == 0  # the WorkDone was the one it waited for
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_g_restored_with_its_work_done_asks_for_none_at_start(case: str) -> None:
+    # restored while waiting for its neighbours (the work done and counted): nothing is trained twice
+    spec, options = CASES[case]
+    _, machines = _fresh(spec, options)
+    name = sorted(machines)[0]
+    steps = next(a.steps for a in machines[name].handle(Start(), 0.0) if isinstance(a, StartWork))
+    machines[name].handle(WorkDone(steps, 0.0), 1.0)
+    if machines[name].phase is not Phase.WAITING:   # (an algorithm that never waits: nothing to check)
+        return
+    _, restored = _fresh(spec, options)
+    restored[name].restore_state(_through_a_checkpoint(machines[name].export_state()))
+    at = restored[name].position[0]
+    asked = [a for a in restored[name].handle(Start(), 5.0) if isinstance(a, StartWork)]
+    assert not asked or restored[name].position[0] > at   # (adpsgd gives its exchange up: a new round)

@@ -658,7 +658,6 @@ class PeerDaemon:
             self.transport.wait_sent()
 
     def _carry_out(self, actions: Sequence[NodeAction]) -> None:
-        jumped = False      # the step moved on without training: a state sync adopted, or a catch-up
         for action in actions:
             match action:
                 case Send():
@@ -676,7 +675,7 @@ class PeerDaemon:
                     self._train_end_s = self.now()
                     self.timeline["finished"] = time.time()
                 case SetTrainerStep():
-                    jumped = jumped or action.step > self.trainer.step
+                    self.schedule.step_set(self.trainer.step, action.step)  # a jump: a checkpoint due
                     self.trainer.step = action.step     # the learning-rate schedule follows the network
                     self.counters.trainer_steps_set.append(action.step)
                 case Note(text=text, warning=warning):
@@ -686,7 +685,7 @@ class PeerDaemon:
                         self.status.say(f"{self.name}: {text}")
                 case Connect():
                     self._connect(action)
-        if jumped:  # at once: a kill before the next periodic one would lose the jump, not an interval
+        if self.schedule.jumped:    # at once (CheckpointSchedule.step_set)
             self._checkpoint(final=False)
         if self.gateway_work is not None:
             self._gateway_progress()
@@ -694,7 +693,7 @@ class PeerDaemon:
     def _do_work(self, steps: int) -> None:
         assert self.transport is not None
         if self.gateway_work is not None:   # a gateway trains nothing: its work is a FedAvg round
-            begun, done = self.gateway_work.begin(self.now())
+            begun, done = self.gateway_work.begin(self.now(), self.machine.position[0])
             self._carry_out(self.node.role_actions("fedavg", begun))
             if done:
                 self._feed(WorkDone(steps, 0.0))
@@ -924,7 +923,7 @@ class PeerDaemon:
         protocol_state = self._restore_server(protocol_state)
         self.machine.restore_state(protocol_state)
         if self.gateway_work is not None:
-            self.gateway_work.restarted(self.machine.position[0])
+            self.gateway_work.restarted()
         # the machine reports counters and gauges only when they change: start from where they are
         self.counters.metrics.update({k: float(v) for k, v in self.machine.counters.items()})
         self.counters.metrics.update(self.machine.gauges())
@@ -983,10 +982,7 @@ class PeerDaemon:
         served = {k[len(SERVER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SERVER_PREFIX)}
         server = self.gateway_work.server
         server.restore_state((served, meta["fedavg"]))
-        # its clients register again as they are heard (their connections are new): a round opened
-        # before would go to nobody and wait out its deadline
-        for client in sorted(server.registered):
-            server.unregister(client)
+        server.forget_registrations()   # its clients register again as they are heard
         return own, {k: v for k, v in meta.items() if k != "fedavg"}
 
     # ------------------------------------------------------------------ status

@@ -110,16 +110,25 @@ class CheckpointSchedule:
         self.config = config
         self._last_step = start_step
         self._last_s: float | None = None
+        self.jumped = False     # the step jumped since the last save: one is due at once
+
+    def step_set(self, old: int, new: int) -> None:
+        """The trainer's step was set from ``old`` to ``new`` (``SetTrainerStep``). Forward (a state
+        sync adopted, rounds skipped to catch up) the next :meth:`should_save` is due whatever the
+        interval: a kill before the next periodic one would lose the jump, not an interval's work.
+        The daemon asks at once, the simulator at its next work point."""
+        self.jumped = self.jumped or new > old
 
     def should_save(self, step: int, now: float) -> bool:
         if self._last_s is None:
             self._last_s = now
         by_steps = self.config.every_steps > 0 and step - self._last_step >= self.config.every_steps
         by_time = self.config.every_s > 0 and now - self._last_s >= self.config.every_s
-        return by_steps or by_time
+        return self.jumped or by_steps or by_time
 
     def saved(self, step: int, now: float) -> None:
         self._last_step, self._last_s = step, now
+        self.jumped = False
 
 
 @dataclass(frozen=True)

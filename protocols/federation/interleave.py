@@ -38,25 +38,28 @@ class GatewayWork:
     """What a gateway's gossip machine's ``StartWork`` means, and when that work is done.
 
     Both drivers' gateways hold one (peer/runtime/daemon.py, sim/federation.py). ``begin`` at
-    each ``StartWork``: the server's actions (a resumed round's ``RoundStart``), to route through
-    ``Node.role_actions("fedavg", ...)``, and whether the work is done at once (a gossip-only
-    round: feed ``WorkDone`` now). After each of the gateway's turns, ``closed()`` is True once
-    when the FedAvg round the work waits for has closed: feed ``WorkDone`` then. FedBuff has no
-    rounds: the work its gateway's machine begins is the whole buffered run, done when the
-    server finishes."""
+    each ``StartWork``, with the machine's round: the server's actions (a resumed round's
+    ``RoundStart``), to route through ``Node.role_actions("fedavg", ...)``, and whether the work is
+    done at once (a gossip-only round: feed ``WorkDone`` now). After each of the gateway's turns,
+    ``closed()`` is True once when the FedAvg round the work waits for has closed: feed
+    ``WorkDone`` then. FedBuff has no rounds: the work its gateway's machine begins is the whole
+    buffered run, done when the server finishes. A gateway restored from its checkpoint calls
+    ``restarted``: its server opens the round it was at again at ``Start``, and the first work
+    its machine asks for (the work it was restored in the middle of, asked again: protocols/gossip)
+    is that round."""
 
     def __init__(self, server: FedAvgServer | FedBuffServer, *, gossip_rounds: int) -> None:
         if gossip_rounds < 0:
             raise ValueError(f"gossip_rounds must be >= 0, not {gossip_rounds}")
         self.server = server
         self.gossip_rounds = gossip_rounds
-        self.gossip_round = 0       # the machine's rounds begun
         self.awaiting = False       # the work in progress is the open FedAvg round
+        self.reopening = False      # restored: the first work is the round the server opens again
 
-    def begin(self, now: float) -> tuple[list[Action], bool]:
-        round_index = self.gossip_round
-        self.gossip_round += 1
-        if not isinstance(self.server, FedAvgServer):
+    def begin(self, now: float, round_index: int) -> tuple[list[Action], bool]:
+        """The work of the machine's gossip round ``round_index`` (0-based) begins."""
+        if self.reopening or not isinstance(self.server, FedAvgServer):
+            self.reopening = False
             self.awaiting = True
             return [], False
         if not fedavg_round_due(round_index, self.gossip_rounds):
@@ -65,12 +68,11 @@ class GatewayWork:
         # round 0 opened at Start (or once enough clients registered)
         return (self.server.resume(now) if round_index > 0 else []), False
 
-    def restarted(self, round_index: int) -> None:
-        """Restored from a checkpoint in gossip round ``round_index``: the machine waits for that
-        round's work without asking again (it resends, it does not restart its work), and that work
-        is the FedAvg round the restored server opens again at ``Start``."""
-        self.gossip_round = round_index + 1
-        self.awaiting = True
+    def restarted(self) -> None:
+        """Restored from a checkpoint: the restored server opens the round it was at again at
+        ``Start``, and the first work the machine asks for waits for that round."""
+        self.reopening = True
+        self.awaiting = False
 
     def closed(self) -> bool:
         if self.awaiting and self.server.phase in (ServerPhase.PAUSED, ServerPhase.FINISHED,

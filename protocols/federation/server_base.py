@@ -94,6 +94,13 @@ class FederationServer(Counted):
         """Not asked again; work it holds runs out at its deadline."""
         self.registered.discard(client)
 
+    def forget_registrations(self) -> None:
+        """Restored from a checkpoint into a new process: its clients' connections are new, so each
+        registers again as it is heard; a round opened for the old registrations would go to
+        nobody and wait out its deadline. (The daemon and the simulator restore a gateway so.)"""
+        for client in sorted(self.registered):
+            self.unregister(client)
+
     def status(self) -> dict[str, Any]:
         """What a gateway's status shows now (JSON-able); the rounds closed are in ``reports``."""
         return {"mode": self.MODE, "phase": self._phase_name(), "round": self._round_now(),

@@ -93,8 +93,11 @@ class ADPSGD(MachineBase):
                 if self.phase is Phase.FINISHED:
                     return [Finished()]
                 # restarted mid-iteration: the partner may have averaged already, so
-                # re-sending would average twice; give the exchange up instead.
+                # re-sending would average twice; give the exchange up instead. Restored with
+                # the work asked for but not done (the trainer restored to before it): ask again.
                 self.counters["restarted"] += 1
+                if self.phase is Phase.WORKING:
+                    return [*self._give_up(now), StartWork(self.round_steps)]
                 return self._give_up(now)
             case WorkDone():
                 if self.phase is not Phase.WORKING:

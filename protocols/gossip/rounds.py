@@ -245,8 +245,16 @@ class RoundMachine(MachineBase):
                 return self._settle(now, self._begin_round(now))
             case Phase.FINISHED:
                 return [Finished()]
+            case Phase.WORKING:
+                # restarted from a checkpoint taken with the round's work asked for but not done:
+                # the trainer was restored to before it, so it is asked for again (a driver never
+                # redoes work on its own); this round's message goes again (a duplicate for
+                # neighbours that have it)
+                self.counters["restarted"] += 1
+                self.timer_set = False
+                return self._settle(now, [*self.last_sends, *self._ask_work(now)])
             case _:
-                # restarted from a checkpoint mid-round: resend this round's message
+                # restarted from a checkpoint mid-round, the work done: resend this round's message
                 # (neighbours that have it count a duplicate) and carry on waiting.
                 self.counters["restarted"] += 1
                 self.timer_set = False  # the old driver's timers died with it
@@ -273,18 +281,23 @@ class RoundMachine(MachineBase):
             return [*actions, Finished()]
         if self.after and self.round_steps:
             self.last_sends = []  # sent on WorkDone, from the post-step parameters
-            if self.config.norm_multiple > 0:
-                self.anchor = self.params.detach().clone()
         else:
             self.last_sends = self._with_report(self._round_messages(self.round))
         actions += self.last_sends
         if self.round_steps:
-            self.phase = Phase.WORKING
-            self.round_began_s = now
-            actions.append(StartWork(self.round_steps))
+            actions += self._ask_work(now)
         else:
             self.phase = Phase.WAITING  # a gossip-only round: nothing to compute
         return actions
+
+    def _ask_work(self, now: float) -> list[Action]:
+        """This round's local steps, from the parameters as they are now (a round begun, or
+        restored to before its work): the trainer has them until ``WorkDone``."""
+        if self.after and self.config.norm_multiple > 0:
+            self.anchor = self.params.detach().clone()
+        self.phase = Phase.WORKING
+        self.round_began_s = now
+        return [StartWork(self.round_steps)]
 
     def _after_work(self) -> list[Action]:
         """``mixing = "after"``: the round's message, built from the parameters the local steps left."""

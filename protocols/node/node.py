@@ -239,9 +239,16 @@ class Node(Generic[N]):
         self._asked, self._answered, self._offers = (), set(), {}
         self._told_up.clear()
 
-    def restart(self, machine: Machine, neighbours: Mapping[str, N]) -> None:
+    def restart(self, machine: Machine, neighbours: Mapping[str, N], *,
+                roles: Mapping[str, Role] | None = None) -> None:
         """The member starts again (restored ``machine``, knowing nothing of its neighbours yet);
-        its counters, the state-sync rate limits and its membership carry over."""
+        its counters, the state-sync rate limits and its membership carry over. ``roles``: the
+        restored roles (a gateway's server), under the names it had; None: its roles go on."""
+        if roles is not None:
+            if set(roles) != set(self.roles):
+                raise ValueError(f"a restart keeps the member's roles {sorted(self.roles)}, "
+                                 f"not {sorted(roles)}")
+            self.roles = dict(sorted(roles.items()))
         if isinstance(self.graph, ChangingGraph):
             machine.set_graph(self.graph)   # a roster change learnt before the restart still holds
         self.machine = machine
