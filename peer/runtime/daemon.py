@@ -946,8 +946,12 @@ class PeerDaemon:
 
     def _checkpoint(self, *, final: bool) -> bool:
         """Write one; False when it could not be (a full disk: said when it starts failing and
-        when it writes again, counted in the status; the peer trains on, the older ones stay)."""
-        self._wait_sent()
+        when it writes again, counted in the status; the peer trains on, the older ones stay).
+
+        No wait for sends in flight: a checkpoint only reads tensors, synchronously on the loop's
+        thread, so nothing writes them meanwhile, and what ZeroMQ still sends are fresh encodes it
+        only reads too. Waiting stalled a gateway (which checkpoints every round) up to the round
+        deadline while its RoundStart replies drained to slow edges."""
         failing = self.store.error
         reason = self.store.save(self.trainer.state_dict(), self._protocol_state(),
                                  {"endpoint": self.endpoint.export_state(), "final": final,

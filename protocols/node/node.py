@@ -351,7 +351,11 @@ class Node(Generic[N]):
     def may_write_params(self, message: Message) -> bool:
         """Whether receiving ``message`` now may change the parameters in place (a state-sync answer
         while syncing; what the machine takes once started): a driver whose sends still read them
-        lets those go first. A heartbeat, a request, a role's message never do."""
+        lets those go first. A heartbeat or a request never does. A role's message may (a
+        ClientUpdate that closes a gateway's round writes the global model into the parameters the
+        machine shares), but nothing a role sends shares them: a RoundStart is encoded afresh
+        (``Payload.encode``; tests/test_round_start_unshared.py), so no send in flight is torn and
+        the driver need not wait."""
         if isinstance(message, StateSyncResponse):
             return self.syncing
         return self.started and self.owners.get(type(message)) == ""
