@@ -13,16 +13,19 @@ from peer.runtime.daemon import transport_config
 pytestmark = pytest.mark.processes
 
 
-def test_the_send_timeout_is_the_round_deadline_when_that_is_shorter() -> None:
+def test_the_stall_timeout_is_the_round_deadline_when_that_is_shorter() -> None:
     default = TransportConfig()
-    assert transport_config(default, deadline_s=0.5).send_timeout_s == 0.5
-    assert transport_config(default, deadline_s=120.0).send_timeout_s == default.send_timeout_s
+    assert transport_config(default, deadline_s=0.5).stall_timeout_s == 0.5
+    assert transport_config(default, deadline_s=120.0).stall_timeout_s == default.stall_timeout_s
+    # a slow link that still moves bytes keeps the whole send timeout
+    assert transport_config(default, deadline_s=0.5).send_timeout_s == default.send_timeout_s
     assert transport_config(default, deadline_s=0.5).high_water_mark == default.high_water_mark
 
 
 def test_sends_to_a_neighbour_that_stopped_reading_are_abandoned_after_the_deadline() -> None:
     """``b`` never reads: ``a``'s queue and the sockets' buffers fill, ``a``'s frames stay in
-    flight; ``wait_sent`` gives them up after the deadline (counted), not after 30 s."""
+    flight and the kernel acknowledges nothing more (a zero window, as across a cut); ``wait_sent``
+    gives them up after the deadline (counted), not after 30 s."""
     la, lb = reserve_listeners(2)
     a_addr, b_addr = listener_address(la), listener_address(lb)
     config = transport_config(TransportConfig(high_water_mark=4), deadline_s=0.5)

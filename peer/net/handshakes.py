@@ -14,6 +14,8 @@ row up to ``reconnect_max_ms`` (:func:`refusal_backoff_ms`): a removed member kn
 per ``reconnect_max_ms``, a joiner admitted a moment later is in within one backoff step. A
 completed handshake resets the doubling. The owner drains the watch, asks :meth:`redial_due`, and
 makes the new socket (attached with :meth:`attach` before it connects, so no event is missed).
+The watch also follows which descriptor carries the socket's connection (``fd``): libzmq allows
+one monitor per socket, and peer/net/progress.py reads that connection's progress from it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ if TYPE_CHECKING:
 REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the listener's ZAP said no
                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
                            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail"}
-WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(REFUSED)
+# the connection's own events: which descriptor carries it now (peer/net/progress.py reads it)
+CONNECTION = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(REFUSED) | CONNECTION
 
 
 def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
@@ -52,24 +56,35 @@ class HandshakeWatch:
         self.monitor: zmq.Socket | None = None   # for the owner's poller: readable when an event came
         self._refusals_in_row = 0
         self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
+        # the descriptor of the socket's current TCP connection (libzmq's; read, never used to
+        # send): None before one is up and once it is gone
+        self.fd: int | None = None
 
     def attach(self, sock: zmq.Socket) -> None:
         """Watch ``sock`` (a fresh one, not yet connected) in place of the socket before it."""
         self.detach()
         self.monitor = sock.get_monitor_socket(WATCHED)
         self._redial_at_s = None
+        self.fd = None
 
     def detach(self) -> None:
         """Close the monitor (before its socket is closed). Idempotent."""
         if self.monitor is not None:
             self.monitor.close(linger=0)
             self.monitor = None
+        self.fd = None
 
     def drain(self, now_s: float) -> None:
         """Take the events that came (a handshake makes one or two): count them, set the redial time."""
         while self.monitor is not None and self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            message = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)
+            event, value = message["event"], message["value"]
+            if event == zmq.EVENT_CONNECTED:
+                self.fd = value
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                if value == self.fd:
+                    self.fd = None
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshakes += 1
                 self._refusals_in_row = 0
                 self._redial_at_s = None

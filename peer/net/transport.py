@@ -81,6 +81,7 @@ import zmq
 from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
+from peer.net.progress import acked_bytes, peer_of
 from topology.errors import HivemeshError
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
 # a poll hands over at most about this many bytes (four of the largest frames): what the driver holds
 # at once while it feeds them to the assembly stays small, however many are queued
 POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
+# while a send is waited for, its connection's progress is looked at this often
+PROGRESS_LOOK_S = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +116,12 @@ class TransportConfig:
     # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
     zmtp_heartbeat_ms: int = 1000
     zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
-    # how long a zero-copy send may hold a tensor before it is abandoned
+    # how long a zero-copy send may hold a tensor before it is abandoned, however slowly it moves
     send_timeout_s: float = 30.0
+    # a neighbour's connection whose kernel acknowledged none of our bytes this long is taken as cut
+    # and its sends are abandoned before send_timeout_s (peer/net/progress.py); a slow link that
+    # still moves bytes is waited for. The daemon sets it to the round deadline
+    stall_timeout_s: float = 10.0
     # a member that sent a multipart message (the wire is single-frame, so it is hostile: libzmq
     # assembled all of it in memory) is disconnected and its handshakes refused this long
     multipart_cooldown_s: float = 60.0
@@ -130,8 +137,9 @@ class TransportConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reconnect_max_ms < self.reconnect_ms:
             raise ValueError("reconnect_max_ms must be >= reconnect_ms")
-        if self.send_timeout_s <= 0:
-            raise ValueError(f"send_timeout_s must be positive, got {self.send_timeout_s}")
+        for name in ("send_timeout_s", "stall_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.multipart_cooldown_s < 0:
             raise ValueError(f"multipart_cooldown_s must be >= 0, got {self.multipart_cooldown_s}")
 
@@ -165,6 +173,40 @@ class _Outbox:
     watch: HandshakeWatch      # the socket's handshakes, and those of each socket that replaces it
     pending: list[zmq.MessageTracker] = field(default_factory=list)
     dialed_s: float = field(default_factory=time.monotonic)   # when this socket was connected
+
+    def acked_bytes(self) -> int | None:
+        """Our bytes the kernel acknowledged on this socket's current connection (None: none up)."""
+        self.watch.drain(time.monotonic())
+        return acked_bytes(self.watch.fd, peer_of(self.address))
+
+
+class _Progress:
+    """How long one outbox's sends are waited for: until ``give_up_s``, and while the kernel
+    acknowledged some of its bytes (or ZeroMQ released a frame) within ``stall_s``."""
+
+    def __init__(self, outbox: _Outbox, *, give_up_s: float, stall_s: float) -> None:
+        self.outbox, self.give_up_s, self.stall_s = outbox, give_up_s, stall_s
+        self.moved_s = time.monotonic()
+        self.acked = outbox.acked_bytes()
+
+    def moved(self) -> None:
+        self.moved_s = time.monotonic()
+
+    def next_look_s(self) -> float:
+        """Seconds to block before looking at the connection again."""
+        now = time.monotonic()
+        return max(0.0, min(self.give_up_s, self.moved_s + self.stall_s, now + PROGRESS_LOOK_S) - now)
+
+    def stuck(self) -> bool:
+        """True once the wait is over: past ``give_up_s``, or nothing moved for ``stall_s``. A
+        reading from another connection than the last (a reconnect) is no progress: the new one's
+        count starts afresh."""
+        acked = self.outbox.acked_bytes()
+        if acked is not None and self.acked is not None and acked > self.acked:
+            self.moved()
+        self.acked = acked
+        now = time.monotonic()
+        return now >= self.give_up_s or now >= self.moved_s + self.stall_s
 
 
 class Transport:
@@ -450,11 +492,12 @@ class Transport:
             return False
         # Each frame is tracked on its own: waiting on the last one's tracker says nothing of the others.
         outbox.pending.extend(t for t in [first] if t is not None and not t.done)
-        deadline = time.monotonic() + self.config.send_timeout_s
+        progress = _Progress(outbox, give_up_s=time.monotonic() + self.config.send_timeout_s,
+                             stall_s=self.config.stall_timeout_s)
         for part in parts[1:]:
             # The queue filled half way through: the rest waits for room (a multipart message never
-            # had to, since ZeroMQ queues all of one or nothing), at most until the send timeout
-            if not self._send_one(name, outbox, part, deadline):
+            # had to, since ZeroMQ queues all of one or nothing), while the connection moves bytes
+            if not self._send_one(name, outbox, part, progress):
                 return False
         size = sum(memoryview(f).nbytes for f in frames)
         self.bytes_sent += size
@@ -463,13 +506,13 @@ class Transport:
         return True
 
     def _send_one(self, name: str, outbox: _Outbox, part: bytes | bytearray | memoryview,
-                  deadline: float) -> bool:
+                  progress: _Progress) -> bool:
         while True:
             try:
                 tracker = outbox.socket.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
             except zmq.Again:
-                left_ms = int(1000 * (deadline - time.monotonic()))
-                if left_ms > 0 and outbox.socket.poll(left_ms, zmq.POLLOUT):
+                if outbox.socket.poll(int(1000 * progress.next_look_s()), zmq.POLLOUT) \
+                        or not progress.stuck():
                     continue
                 # a half-sent message: dropping the connection drops it whole (the receiver releases
                 # what the header announced when the connection goes quiet)
@@ -478,6 +521,7 @@ class Transport:
                 return False
             if tracker is not None and not tracker.done:
                 outbox.pending.append(tracker)
+            progress.moved()
             return True
 
     def _redial(self, name: str, outbox: _Outbox) -> None:
@@ -557,16 +601,24 @@ class Transport:
         return sum(len(o.pending) for o in self._outboxes.values()) + len(self._replies)
 
     def wait_sent(self, timeout_s: float | None = None) -> None:
-        """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout."""
+        """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout
+        (``send_timeout_s`` by default), or once its connection moved no byte for ``stall_timeout_s``
+        (a cut: peer/net/progress.py), whichever comes first."""
         deadline = time.monotonic() + (self.config.send_timeout_s if timeout_s is None else timeout_s)
         for name, outbox in self._outboxes.items():
+            progress = _Progress(outbox, give_up_s=deadline, stall_s=self.config.stall_timeout_s)
             while outbox.pending:
                 try:
-                    outbox.pending[-1].wait(max(0.0, deadline - time.monotonic()))
+                    outbox.pending[-1].wait(progress.next_look_s())
                 except zmq.NotDone:
-                    self._abandon(name, outbox)
-                    break
+                    if progress.stuck():
+                        self._abandon(name, outbox)
+                        break
+                    continue
                 outbox.pending.pop()
+                progress.moved()
+        # a reply's connection is its dialler's (no probe here): waited for at most the stall timeout
+        deadline = min(deadline, time.monotonic() + self.config.stall_timeout_s)
         while self._replies:
             try:
                 self._replies[-1].wait(max(0.0, deadline - time.monotonic()))

@@ -14,10 +14,11 @@ A driver only — no protocol maths. One thread, one loop:
 
 Before anything may change a tensor in place (training, or any event the
 machine handles, since mixing happens there) the driver waits until ZeroMQ
-has released every zero-copy frame it was given (``Transport.wait_sent``), for
-at most the round deadline (``deadline_s``, when shorter than ``[transport]
-send_timeout_s``): what a neighbour that stopped reading still holds is then
-abandoned and counted, so a cut cable never stalls a peer for longer.
+has released every zero-copy frame it was given (``Transport.wait_sent``): up to
+``[transport] send_timeout_s`` while a neighbour's connection still moves bytes
+(a slow link), but no longer than the round deadline (``deadline_s``) once it
+moves none (a cut): what it still holds is then abandoned and counted, so a cut
+cable never stalls a peer for longer, and a slow one still gets its message.
 
 The wire's two driver hooks (peer/net/digests.py): payload digests are computed
 on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
@@ -651,8 +652,9 @@ class PeerDaemon:
     def _wait_sent(self) -> None:
         """The machine mixes (and a state sync adopts) in place: tensors still being sent must go first.
 
-        At most the round deadline (:func:`transport_config`): a neighbour that stopped reading (a
-        cut cable) has its sends abandoned (counted in ``abandoned``) instead of holding up every step."""
+        A neighbour whose connection moved no byte for the round deadline (a cut cable:
+        :func:`transport_config`) has its sends abandoned (counted in ``abandoned``) instead of
+        holding up every step; a slow one is waited for up to ``send_timeout_s``."""
         assert self.transport is not None
         if self.transport.pending_sends():
             self.transport.wait_sent()
@@ -1104,15 +1106,18 @@ class PeerDaemon:
 
 
 def transport_config(transport: TransportConfig, deadline_s: float) -> TransportConfig:
-    """``[transport]`` with ``send_timeout_s`` at most the round deadline (``[network.gossip]
-    deadline_s``): how long the loop waits for its zero-copy sends (``wait_sent``, and the rest of a
-    message whose first frames filled the queue) before it may change a tensor.
+    """``[transport]`` with ``stall_timeout_s`` at most the round deadline (``[network.gossip]
+    deadline_s``): how long the loop waits for its zero-copy sends to a neighbour whose connection
+    moves no byte (``wait_sent``, and the rest of a message whose first frames filled the queue)
+    before it may change a tensor.
 
-    The round machine waits that long for a missing neighbour and then goes on without it, so a
-    neighbour that stopped reading (a partition: its queue fills, its frames stay ours) must not
-    hold the peer longer either; waiting ``send_timeout_s`` (30 s) stalled every peer of a split
-    ring. What is still queued then is abandoned and counted (``abandoned`` in the transport)."""
-    return dataclasses.replace(transport, send_timeout_s=min(transport.send_timeout_s, deadline_s))
+    The round machine waits that long for a missing neighbour and then goes on without it, so a cut
+    neighbour (a partition: nothing is acknowledged, its frames stay ours) must not hold the peer
+    longer either; waiting ``send_timeout_s`` (30 s) stalled every peer of a split ring. What is
+    still queued then is abandoned and counted (``abandoned`` in the transport). A slow but healthy
+    link keeps moving bytes and is waited for up to ``send_timeout_s``: abandoning at the deadline
+    lost its message every round (peer/net/progress.py)."""
+    return dataclasses.replace(transport, stall_timeout_s=min(transport.stall_timeout_s, deadline_s))
 
 
 def heartbeat_latency_ms(sent_at_s: float, now_s: float) -> float | None:
