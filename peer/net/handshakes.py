@@ -20,6 +20,7 @@ one monitor per socket, and peer/net/progress.py reads that connection's progres
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,7 @@ class HandshakeWatch:
         self.refused = refused
         self.handshakes = 0     # completed (a listener's restart makes a new one)
         self.monitor: zmq.Socket | None = None   # for the owner's poller: readable when an event came
+        self._socket: zmq.Socket | None = None    # the socket watched
         self._refusals_in_row = 0
         self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
         # the descriptor of the socket's current TCP connection (libzmq's; read, never used to
@@ -64,11 +66,21 @@ class HandshakeWatch:
         """Watch ``sock`` (a fresh one, not yet connected) in place of the socket before it."""
         self.detach()
         self.monitor = sock.get_monitor_socket(WATCHED)
+        self._socket = sock
         self._redial_at_s = None
         self.fd = None
 
     def detach(self) -> None:
-        """Close the monitor (before its socket is closed). Idempotent."""
+        """Stop the monitor and close its reading end (before the socket is closed). Idempotent.
+
+        The socket stops emitting first: libzmq sends an event to the monitor's PAIR blocking, from
+        its I/O thread, and a PAIR whose reader is gone never takes it. A socket closed while a
+        connection attempt is under way emits ``EVENT_CLOSED`` (a cut neighbour, redialed): with
+        the reader closed first that froze every socket of the context."""
+        if self._socket is not None and not self._socket.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+        self._socket = None
         if self.monitor is not None:
             self.monitor.close(linger=0)
             self.monitor = None
