@@ -34,13 +34,13 @@ def unanswering() -> Iterator[int]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(0)
     port = listener.getsockname()[1]
-    fillers = []
+    fillers: list[socket.socket] = []
     while not syn_sent_to(port) and len(fillers) < 8:
         filler = socket.socket()
         filler.setblocking(False)
         filler.connect_ex(("127.0.0.1", port))
         fillers.append(filler)
-        time.sleep(0.05)   # the handshake of a connection the queue takes completes at once
+        time.sleep(0.05)    # polled: a connection the queue takes completes its handshake at once
     assert syn_sent_to(port), "could not fill the accept queue"
     yield port
     for filler in fillers:
