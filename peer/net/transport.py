@@ -22,7 +22,11 @@ Zero-copy sends of tensors are *tracked*: ``wait_sent`` blocks until ZeroMQ
 has released every frame, and the driver calls it before anything may change
 a tensor in place (the torn-model trap in shared/ANCHORS.md). A send still
 pending after its timeout is abandoned by closing that neighbour's socket
-without lingering, which releases its frames.
+without lingering, which releases its frames. The timeout tells a slow link
+from a cut one: ``send_timeout_s`` while the kernel keeps acknowledging the
+connection's bytes, ``stall_timeout_s`` (the daemon's round deadline) once it
+acknowledges none (peer/net/progress.py reads ``tcpi_bytes_acked`` of the
+descriptor the outbox's monitor names).
 
 Addresses for tests and local launches: ``reserve_listeners`` binds port 0
 and keeps the listening socket; a Transport adopts it through ZeroMQ's
