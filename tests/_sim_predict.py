@@ -1,6 +1,12 @@
 """The simulator's prediction of a multi-host fault test's own schedule (issue 16, item 5): the
-ring's kills (tests/test_hosts_kills.py, :func:`predict_kills`) and the gateway's
-(tests/test_hosts_federation.py, :func:`predict_gateway_kill`).
+ring's kills (tests/test_hosts_kills.py, :func:`predict_kills`), the gateway's
+(tests/test_hosts_federation.py, :func:`predict_gateway_kill`), a pulled cable
+(tests/test_hosts_ring.py, :func:`predict_cable_out`), and a join, a removal and a
+slow host (tests/test_hosts_membership.py, :func:`predict_membership`). The last two
+share one mechanism, :func:`replay`: roster versions learnt (a member that never
+learns one runs on with the old), cables pulled (a partition of one member that
+holds TCP's connections), holds and joins, all placed on the real run's progress
+(the members' work points), and a ``tc tbf`` host's NIC at its rate.
 
 A hosts test hands over what its real run did (which peer was killed at which
 step, what it lost) and the run's own pre-fault step time; the simulator runs
