@@ -54,9 +54,25 @@ The simulator runs the scenario made from the peers' own files
 pre-fault step time, its NICs the ``tbf`` rate, and its partition starts and
 ends when the real one did (seconds from the first traced step), on TCP
 connections with ZeroMQ's reconnect (sim/network.py ``retransmit_rto_s``,
-``reconnect_after_s``). Its re-convergence time, by the same function on its
-own trace, must be within 2x of the measured one, and it must re-converge
-too. About 60-110 s on the shared 2-core machine, most of it four processes
+``reconnect_after_s``; what a connection held when it was dialled afresh is
+lost with it: measured, the bytes each cut neighbour received fell short by
+the messages of the split's rounds). Its distances are taken on the real run's
+grid (:class:`TracedRun`: each member's parameters at its work point, every
+round), and its re-convergence time, by the same function, must be within 2x
+of the measured one, and it must re-converge too.
+
+What the simulator does not predict, and what made this test fail by timing
+(measured 2.9-3.2 s against 1.0-1.4 s in 3 of about 12 runs on the loaded
+machine): after the heal, a member can stand two or more rounds behind its
+neighbour across the cut (it waited out a deadline at the resume, or was
+slowed by load). The neighbour ahead then treats it as
+a laggard for good (protocols/gossip/rounds.py: not waited for until a message
+of it arrives at most one round behind, which never happens), and every
+message of it arrives for a closed round (``stale_message``: 31 at one member
+in an idle run here): that cut edge carries one way only for the rest of the
+run, and the halves mix more slowly. The simulator's members are in step,
+so both ways carry at once. Whether it happens is timing: the summary gives
+each member's counts (``describe``). About 60-110 s on the shared 2-core machine, most of it four processes
 importing torch and the simulation.
 """
 
