@@ -61,18 +61,15 @@ grid (:class:`TracedRun`: each member's parameters at its work point, every
 round), and its re-convergence time, by the same function, must be within 2x
 of the measured one, and it must re-converge too.
 
-What the simulator does not predict, and what made this test fail by timing
-(measured 2.9-3.2 s against 1.0-1.4 s in 3 of about 12 runs on the loaded
-machine): after the heal, a member can stand two or more rounds behind its
-neighbour across the cut (it waited out a deadline at the resume, or was
-slowed by load). The neighbour ahead then treats it as
-a laggard for good (protocols/gossip/rounds.py: not waited for until a message
-of it arrives at most one round behind, which never happens), and every
-message of it arrives for a closed round (``stale_message``: 31 at one member
-in an idle run here): that cut edge carries one way only for the rest of the
-run, and the halves mix more slowly. The simulator's members are in step,
-so both ways carry at once. Whether it happens is timing: the summary gives
-each member's counts (``describe``). About 60-110 s on the shared 2-core machine, most of it four processes
+What the simulator does not predict (README, Reliability): after the heal the
+real members do not always resume in step. One can stand rounds ahead of its
+neighbour across the cut for the rest of the run and drop its messages as
+``stale_message`` (a laggard never waited for again: protocols/gossip/rounds.py),
+or a cut edge can carry again seconds late under load. Both make the real
+re-convergence slower than predicted: the summary gives each member's counts
+(``describe``) and both distance series.
+
+About 60-110 s on the shared 2-core machine, most of it four processes
 importing torch and the simulation.
 """
 
