@@ -129,7 +129,8 @@ class PartitionSpec:
     the links carry again at ``end_s``. ``reconnect_after_s`` (finite) models
     a transport that gives a silent connection up and dials afresh (ZeroMQ's
     ZMTP heartbeat timeout): ``reconnect_after_s`` after the first message
-    into the cut the held connection is closed, and a new one carries at
+    (and up to ``reconnect_spread_s`` more, drawn per connection: ZeroMQ's
+    heartbeat phase) into the cut the held connection is closed, and a new one carries at
     once if the partition has healed by then, else at the heal (the
     transport keeps dialling, at its reconnect interval); so the link carries again
     at the earlier of ``max(end_s, first + reconnect_after_s)`` and the
@@ -145,6 +146,7 @@ class PartitionSpec:
     edges: tuple[tuple[str, ...], ...] = ()   # pairs of members that cannot talk, either way
     retransmit_rto_s: float = 0.0  # TCP's first retransmission timeout; 0: messages across are dropped
     reconnect_after_s: float = math.inf  # a held connection is dialled afresh after this long silent
+    reconnect_spread_s: float = 0.0  # ... and up to this much later, drawn per connection (a timer's phase)
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):
@@ -153,6 +155,8 @@ class PartitionSpec:
             raise ValueError(f"retransmit_rto_s must be >= 0, got {self.retransmit_rto_s}")
         if not self.reconnect_after_s > 0:
             raise ValueError(f"reconnect_after_s must be > 0, got {self.reconnect_after_s}")
+        if not (math.isfinite(self.reconnect_spread_s) and self.reconnect_spread_s >= 0):
+            raise ValueError(f"reconnect_spread_s must be >= 0, got {self.reconnect_spread_s}")
         if not self.groups and not self.edges:
             raise ValueError("a partition needs 'groups' or 'edges'")
         for edge in self.edges:
@@ -175,18 +179,24 @@ class PartitionSpec:
             retransmit_s += timeout_s
         return retransmit_s
 
-    def reconnects(self, first_s: float) -> bool:
+    def redial_s(self, first_s: float, draw: float = 0.0) -> float:
+        """When that connection's new one carries: ``reconnect_after_s`` plus ``draw`` (in [0, 1))
+        of ``reconnect_spread_s`` after ``first_s``, or at the heal if that is later."""
+        return max(self.end_s, first_s + self.reconnect_after_s + draw * self.reconnect_spread_s)
+
+    def reconnects(self, first_s: float, draw: float = 0.0) -> bool:
         """Whether that connection is replaced by a fresh one (dialled before its retransmission
         carries): what it held is then lost with it."""
         if not self.retransmit_rto_s or math.isinf(self.end_s):
             return False
-        return max(self.end_s, first_s + self.reconnect_after_s) < self.retransmit_s(first_s)
+        return self.redial_s(first_s, draw) < self.retransmit_s(first_s)
 
-    def resume_s(self, first_s: float) -> float:
-        """When a connection whose first message into the cut was at ``first_s`` carries again."""
+    def resume_s(self, first_s: float, draw: float = 0.0) -> float:
+        """When a connection whose first message into the cut was at ``first_s`` carries again
+        (``draw``: where in ``reconnect_spread_s`` its redial falls, in [0, 1))."""
         if not self.retransmit_rto_s or math.isinf(self.end_s):
             return self.end_s
-        return min(self.retransmit_s(first_s), max(self.end_s, first_s + self.reconnect_after_s))
+        return min(self.retransmit_s(first_s), self.redial_s(first_s, draw))
 
     def active(self, now_s: float) -> bool:
         return self.start_s <= now_s < self.end_s
@@ -305,15 +315,21 @@ class Network:
             if key not in self._first_held and now_s < partition.end_s:
                 self._first_held[key] = now_s
             if key in self._first_held:
-                leaves_s = max(leaves_s, partition.resume_s(self._first_held[key]))
+                resumes_s = partition.resume_s(self._first_held[key], self._draw(index, src, dst))
+                leaves_s = max(leaves_s, resumes_s)
         return leaves_s
+
+    def _draw(self, index: int, src: str, dst: str) -> float:
+        """Where in partition ``index``'s ``reconnect_spread_s`` this connection's redial falls."""
+        return uniform(self.seed, f"{src}->{dst}", index, "redial")
 
     def _reconnects(self, src: str, dst: str, now_s: float) -> bool:
         """Whether a message held now is in a connection that is dialled afresh before it carries."""
-        return any(partition.reconnects(self._first_held[(index, src, dst)])
+        return any(partition.reconnects(first_s, self._draw(index, src, dst))
                    for index, partition in enumerate(self.partitions)
-                   if (index, src, dst) in self._first_held and partition.start_s <= now_s
-                   and partition.resume_s(self._first_held[(index, src, dst)]) > now_s)
+                   if (first_s := self._first_held.get((index, src, dst))) is not None
+                   and partition.start_s <= now_s
+                   and partition.resume_s(first_s, self._draw(index, src, dst)) > now_s)
 
     def transmit(self, src: str, dst: str, nbytes: int, now_s: float) -> Transfer:
         """Send ``nbytes`` from ``src`` to ``dst`` at ``now_s``: when it arrives, or why it never does."""
