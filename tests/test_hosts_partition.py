@@ -21,9 +21,11 @@ an operator would), then trains on with its other neighbour;
 down. Measured: the halves go on drifting apart after the heal, until the cut
 connections carry again: at TCP's next retransmission (0.2 s doubling: 3.0 s,
 then 6.2 s after the cut) or when ZeroMQ, silent past its heartbeat timeout
-(5.1-6.1 s, :func:`reconnect_after_s`), dials afresh, whichever is first; then they re-converge in a few
-rounds. ``SPLIT_S`` keeps the heal away from 3.0 s, where which of the two
-carries first would be a coin toss. The re-convergence time (protocols.consensus
+(5.1-6.1 s after the cut, each connection at its own heartbeat phase:
+:func:`reconnect_after_s`), dials afresh, whichever is first; then they
+re-converge in a few rounds, once the last of the four cut connections carries.
+``SPLIT_S`` keeps the heal away from 3.0 s, where which of the two carries
+first would be a coin toss. The re-convergence time (protocols.consensus
 ``reconvergence_time_s``) is measured from the heal.
 
 Settings the split needs, each a finding:
