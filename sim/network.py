@@ -30,7 +30,8 @@ meet the same fate whatever order the engine ran other work in. A lost
 message still used the bandwidth along its way (it was sent); a message
 sent across a cut edge of an active partition never leaves, unless the
 partition models TCP (``retransmit_rto_s``): then it is held, and leaves when
-TCP's retransmission back-off lets the connection carry again.
+TCP's retransmission back-off lets the connection carry again (or is lost with a
+connection the transport gives up and dials afresh: ``reconnect_after_s``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from functools import cached_property
 from protocols.rng import derive_seed
 
 _TWO_63 = float(2**63)
+RTO_MAX_S = 120.0   # Linux's TCP_RTO_MAX: the retransmission timeout doubles up to this and no further
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,18 +119,25 @@ class PartitionSpec:
     connection carries again only at its sender's next retransmission after
     the heal. The timeout starts at ``retransmit_rto_s`` (Linux: a 200 ms
     floor on a LAN) at the connection's first message into the cut and
-    doubles after each retransmission lost, so the link carries again at the
-    first ``first + rto (2^k - 1)`` at or after ``end_s``
-    (:meth:`resume_s`), and then delivers everything held, in order (the
-    receiving machine drops what is stale), through the link alone: a held
-    connection does not hold up its members' NICs for their other links. A connection that sent nothing
-    into the cut was never held. 0: what is sent across the cut is dropped,
-    and the links carry again at ``end_s``. ``reconnect_after_s`` (finite)
-    models a transport that gives a silent connection up and dials afresh
-    (ZeroMQ's ZMTP heartbeat timeout): ``reconnect_after_s`` after the first
-    message into the cut, a new connection carries at once if the partition
-    has healed by then, so the link carries again at the earlier of that and
-    the retransmission.
+    doubles after each retransmission lost, up to Linux's ``TCP_RTO_MAX``
+    (``RTO_MAX_S``, 120 s), so the link carries again at the first such
+    retransmission at or after ``end_s`` (:meth:`resume_s`), and then
+    delivers everything held, in order (the receiving machine drops what is
+    stale), through the link alone: a held connection does not hold up its
+    members' NICs for their other links. A connection that sent nothing into
+    the cut was never held. 0: what is sent across the cut is dropped, and
+    the links carry again at ``end_s``. ``reconnect_after_s`` (finite) models
+    a transport that gives a silent connection up and dials afresh (ZeroMQ's
+    ZMTP heartbeat timeout): ``reconnect_after_s`` after the first message
+    (and up to ``reconnect_spread_s`` more, drawn per connection: ZeroMQ's
+    heartbeat phase) into the cut the held connection is closed, and a new one carries at
+    once if the partition has healed by then, else at the heal (the
+    transport keeps dialling, at its reconnect interval); so the link carries again
+    at the earlier of ``max(end_s, first + reconnect_after_s)`` and the
+    retransmission. When the new connection comes first, what the old one
+    held is lost with it (dropped, ``connection_reset``: a closed TCP
+    connection's unsent bytes go with it; measured on the multi-host suite's
+    split, every message sent into the cut was lost).
     """
 
     start_s: float           # simulated time the links are cut
@@ -137,6 +146,7 @@ class PartitionSpec:
     edges: tuple[tuple[str, ...], ...] = ()   # pairs of members that cannot talk, either way
     retransmit_rto_s: float = 0.0  # TCP's first retransmission timeout; 0: messages across are dropped
     reconnect_after_s: float = math.inf  # a held connection is dialled afresh after this long silent
+    reconnect_spread_s: float = 0.0  # ... and up to this much later, drawn per connection (a timer's phase)
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):
@@ -145,6 +155,8 @@ class PartitionSpec:
             raise ValueError(f"retransmit_rto_s must be >= 0, got {self.retransmit_rto_s}")
         if not self.reconnect_after_s > 0:
             raise ValueError(f"reconnect_after_s must be > 0, got {self.reconnect_after_s}")
+        if not (math.isfinite(self.reconnect_spread_s) and self.reconnect_spread_s >= 0):
+            raise ValueError(f"reconnect_spread_s must be >= 0, got {self.reconnect_spread_s}")
         if not self.groups and not self.edges:
             raise ValueError("a partition needs 'groups' or 'edges'")
         for edge in self.edges:
@@ -157,15 +169,34 @@ class PartitionSpec:
                     raise ValueError(f"member {name!r} is in two partition groups")
                 seen.add(name)
 
-    def resume_s(self, first_s: float) -> float:
-        """When a connection whose first message into the cut was at ``first_s`` carries again."""
-        if not self.retransmit_rto_s or math.isinf(self.end_s):
-            return self.end_s
+    def retransmit_s(self, first_s: float) -> float:
+        """TCP's first retransmission at or after the heal, of a connection whose first message into
+        the cut was at ``first_s``: the timeout doubles from ``retransmit_rto_s`` up to Linux's
+        ``TCP_RTO_MAX`` (``RTO_MAX_S``) and stays there."""
         retransmit_s, timeout_s = first_s + self.retransmit_rto_s, self.retransmit_rto_s
         while retransmit_s < self.end_s:
-            timeout_s *= 2.0
+            timeout_s = min(2.0 * timeout_s, RTO_MAX_S)
             retransmit_s += timeout_s
-        return min(retransmit_s, max(self.end_s, first_s + self.reconnect_after_s))
+        return retransmit_s
+
+    def redial_s(self, first_s: float, draw: float = 0.0) -> float:
+        """When that connection's new one carries: ``reconnect_after_s`` plus ``draw`` (in [0, 1))
+        of ``reconnect_spread_s`` after ``first_s``, or at the heal if that is later."""
+        return max(self.end_s, first_s + self.reconnect_after_s + draw * self.reconnect_spread_s)
+
+    def reconnects(self, first_s: float, draw: float = 0.0) -> bool:
+        """Whether that connection is replaced by a fresh one (dialled before its retransmission
+        carries): what it held is then lost with it."""
+        if not self.retransmit_rto_s or math.isinf(self.end_s):
+            return False
+        return self.redial_s(first_s, draw) < self.retransmit_s(first_s)
+
+    def resume_s(self, first_s: float, draw: float = 0.0) -> float:
+        """When a connection whose first message into the cut was at ``first_s`` carries again
+        (``draw``: where in ``reconnect_spread_s`` its redial falls, in [0, 1))."""
+        if not self.retransmit_rto_s or math.isinf(self.end_s):
+            return self.end_s
+        return min(self.retransmit_s(first_s), self.redial_s(first_s, draw))
 
     def active(self, now_s: float) -> bool:
         return self.start_s <= now_s < self.end_s
@@ -284,8 +315,21 @@ class Network:
             if key not in self._first_held and now_s < partition.end_s:
                 self._first_held[key] = now_s
             if key in self._first_held:
-                leaves_s = max(leaves_s, partition.resume_s(self._first_held[key]))
+                resumes_s = partition.resume_s(self._first_held[key], self._draw(index, src, dst))
+                leaves_s = max(leaves_s, resumes_s)
         return leaves_s
+
+    def _draw(self, index: int, src: str, dst: str) -> float:
+        """Where in partition ``index``'s ``reconnect_spread_s`` this connection's redial falls."""
+        return uniform(self.seed, f"{src}->{dst}", index, "redial")
+
+    def _reconnects(self, src: str, dst: str, now_s: float) -> bool:
+        """Whether a message held now is in a connection that is dialled afresh before it carries."""
+        return any(partition.reconnects(first_s, self._draw(index, src, dst))
+                   for index, partition in enumerate(self.partitions)
+                   if (first_s := self._first_held.get((index, src, dst))) is not None
+                   and partition.start_s <= now_s
+                   and partition.resume_s(first_s, self._draw(index, src, dst)) > now_s)
 
     def transmit(self, src: str, dst: str, nbytes: int, now_s: float) -> Transfer:
         """Send ``nbytes`` from ``src`` to ``dst`` at ``now_s``: when it arrives, or why it never does."""
@@ -293,6 +337,11 @@ class Network:
             self.dropped["partitioned"] += 1
             return Transfer(None, "partitioned")
         leaves_s = self._held_until(src, dst, now_s)
+        if leaves_s > now_s and self._reconnects(src, dst, now_s):
+            # in the connection the transport gave up: lost with it, as ZeroMQ's closed TCP
+            # connection takes its unsent bytes along (the new connection starts empty)
+            self.dropped["connection_reset"] += 1
+            return Transfer(None, "connection_reset")
         if leaves_s > now_s:
             # held in its own connection's buffer, not in the NICs' queues (which would make the
             # member's other connections wait for this one's retransmission): the link's FIFO only

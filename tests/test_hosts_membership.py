@@ -35,6 +35,16 @@ distance (max relative) is < 1e-2. The slow host keeps up (its step reaches the 
 what its status says it sent and received, over the time its status says passed, is at most
 ``MAX_MBIT`` Mbit/s each way (the link's 1 Mbit/s plus what sat in socket buffers at either
 end of the window).
+
+The simulator replays the schedule (tests/_sim_predict.py ``predict_membership``: the same
+versions learnt and holds on the same progress, the joiner started when the ring is held for
+it, the slow member's NIC at ``RATE_MBIT`` both ways, each step the run's own pre-fault step
+time) and must give the same outcome: the joiner syncs and finishes, the leaver's messages
+are refused and none accepted from the round on, the remaining members finish at the bars,
+and the slow member keeps at least ``SLOW_FACTOR`` of the others' steps/s, as it must here.
+Its join-to-synced time is recorded beside the real one, not asserted (a process start is
+modelled as 1 s; a real one imports torch). It has no transport, so it refuses the leaver's
+messages rather than its handshakes.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ from _hosts_support import (
     wait_for_step,
 )
 from _netns import Hosts
+from _sim_predict import pre_fault_step_s, predict_membership
 
 from peer.cli.main import main
 from peer.files.statefiles import read_status
@@ -74,6 +85,7 @@ SETTLED = LEAVE_ROUND * LOCAL_STEPS + 10    # a step: the leaver's messages befo
 SLOW, JOINER_HOST = 3, 4       # host indices
 JOINER, LEAVER = "p04", "p01"
 RATE_MBIT, MAX_MBIT = 1.0, 1.1
+SLOW_FACTOR = 0.9     # the slow host's steps/s at least this share of the others' (here and in the simulator)
 NETWORK_TUNING = (f"[network.gossip]\nlocal_steps = {LOCAL_STEPS}\ndeadline_s = 3.0\n"
                   "final_gossip_rounds = 10\n")
 
@@ -156,6 +168,7 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
 
         # 1. join: version 2 adds p04 from JOIN_ROUND, reloaded by every running member
         _wait_for_marks(marks, names, HOLD_JOIN, processes, out)
+        step_s = pre_fault_step_s(out / "data", names)   # the ring paced by the slow link, before the join
         key = out / "keys" / f"{JOINER}.key"
         assert main(["keygen", "--out", str(key)]) == 0
         assert main(["roster", "add", JOINER, "--roster", str(out / "roster.toml"), "--key", str(key),
@@ -250,14 +263,36 @@ def test_a_peer_joins_and_a_member_is_removed_while_the_ring_runs_with_a_slow_ho
           f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f}")
     assert sent_mbit <= MAX_MBIT and received_mbit <= MAX_MBIT, report
 
-    record("peer joins while running (roster reload)", injected=1, survived=1,
-           note=f"{JOINER} started and synced in {sync_s:.1f} s, trained to step {STEPS}; SIGHUP reload on "
+    # the simulator, the same schedule on the same progress, each step the real run's pre-fault step time
+    # and the slow host behind RATE_MBIT: the same outcome
+    predicted = predict_membership(
+        out / "p00.toml", members=members, joiner=JOINER, leaver=LEAVER, slow=names[SLOW],
+        rate_mbit=RATE_MBIT, local_steps=LOCAL_STEPS, hold_join=HOLD_JOIN, join_round=JOIN_ROUND,
+        hold_sync=HOLD_SYNC, hold_leave=HOLD_LEAVE, leave_round=LEAVE_ROUND, step_s=step_s)
+    print(f"real: {JOINER} synced {sync_s:.1f} s after its start; {predicted.summary}")
+    assert all(predicted.finished[name] for name in staying), predicted.summary
+    assert predicted.joiner_steps == STEPS, predicted.summary
+    assert min(predicted.accuracy[name] for name in staying) >= 0.90, predicted.summary
+    assert predicted.consensus_max_relative < 1e-2, predicted.summary
+    assert all(n > 0 for n in predicted.refused.values()), predicted.summary
+    assert not any(predicted.accepted_after.values()), predicted.summary
+    assert predicted.slow_steps_per_s >= SLOW_FACTOR * min(predicted.others_steps_per_s), predicted.summary
+    assert slow_rate >= SLOW_FACTOR * min(others_rate), report
+
+    record("peer joins while running (roster reload)", injected=1, survived=1, recovery_s=sync_s,
+           predicted_s=predicted.joiner_sync_s,
+           note="recovery: the joiner's start to its state sync over (the simulator models a process "
+                "start as 1 s); "
+                f"{JOINER} started and synced in {sync_s:.1f} s, trained to step {STEPS}; SIGHUP reload on "
                 f"{len(names)} running peers")
     record("member removed while running", injected=1, survived=1,
            note=f"{LEAVER} ran on: {sum(refused_after.values())} handshakes refused (not_on_roster), "
                 f"{sum(shut.values())} connections shut, {sum(messages_refused.values())} messages refused, "
-                f"0 bytes accepted after step {SETTLED}")
+                f"0 bytes accepted after step {SETTLED} (simulator: {sum(predicted.refused.values())} of its "
+                f"messages refused, 0 accepted after the round)")
     record("slow host, 1 Mbit/s tbf", injected=1, survived=1,
-           note=f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f} on the others; "
-                f"{sent_mbit:.2f} Mbit/s out, {received_mbit:.2f} in")
+           note=f"{slow_rate:.2f} steps/s vs {min(others_rate):.2f}-{max(others_rate):.2f} on the others "
+                f"(simulator: {predicted.slow_steps_per_s:.2f} vs {min(predicted.others_steps_per_s):.2f}-"
+                f"{max(predicted.others_steps_per_s):.2f}); {sent_mbit:.2f} Mbit/s out, "
+                f"{received_mbit:.2f} in")
     rss.check("membership")

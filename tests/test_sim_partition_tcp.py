@@ -62,3 +62,34 @@ def test_a_negative_timeout_is_refused() -> None:
         PartitionSpec(start_s=0.0, end_s=1.0, groups=(("a",),), retransmit_rto_s=-0.1)
     with pytest.raises(ValueError, match="reconnect_after_s"):
         PartitionSpec(start_s=0.0, end_s=1.0, groups=(("a",),), reconnect_after_s=0.0)
+
+
+def test_the_retransmission_timeout_stops_doubling_at_linux_tcp_rto_max() -> None:
+    split = PartitionSpec(start_s=0.0, end_s=1000.0, groups=(("a",), ("b",)), retransmit_rto_s=0.2)
+    # 0.2 doubling to 102.4 s (at 204.6 s), then 120 s each: 324.6, 444.6 ... 924.6, 1044.6
+    assert split.resume_s(0.0) == pytest.approx(1044.6)
+
+
+def test_what_a_connection_dialled_afresh_held_is_lost_with_it() -> None:
+    split = PartitionSpec(start_s=10.0, end_s=14.0, groups=(("a",), ("b",)), retransmit_rto_s=0.2,
+                          reconnect_after_s=5.0)
+    net = Network({}, default=LINK, seed=0, partitions=(split,))
+    assert net.transmit("a", "b", 1000, 10.0).dropped == "connection_reset"   # given up at 15.0
+    assert net.transmit("a", "b", 1000, 14.5).dropped == "connection_reset"   # healed, not yet dialled
+    assert net.transmit("a", "b", 1000, 15.0).arrival_s == pytest.approx(15.001008)  # the new connection
+    assert net.dropped == {"connection_reset": 2} and net.held == 0
+
+
+def test_each_connection_redials_somewhere_in_the_spread() -> None:
+    split = PartitionSpec(start_s=10.0, end_s=14.0, groups=(("a",), ("b",)), retransmit_rto_s=0.2,
+                          reconnect_after_s=5.0, reconnect_spread_s=1.0)
+    assert split.resume_s(10.0, 0.0) == pytest.approx(15.0)
+    assert split.resume_s(10.0, 0.5) == pytest.approx(15.5)
+    assert split.resume_s(10.0, 0.99) == pytest.approx(15.99)
+    net = Network({}, default=LINK, seed=0, partitions=(split,))
+    assert net.transmit("a", "b", 1000, 10.0).dropped == "connection_reset"
+    assert net.transmit("b", "a", 1000, 10.0).dropped == "connection_reset"
+    arrivals = [net.transmit(src, dst, 1000, 16.0).arrival_s for src, dst in (("a", "b"), ("b", "a"))]
+    assert arrivals == [pytest.approx(16.001008)] * 2    # both redialled by 16.0 (15.0-16.0)
+    with pytest.raises(ValueError, match="reconnect_spread_s"):
+        PartitionSpec(start_s=0.0, end_s=1.0, groups=(("a",),), reconnect_spread_s=-1.0)

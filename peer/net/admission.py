@@ -65,6 +65,8 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from peer.net.handshakes import monitor_endpoint
+
 STOP_WAIT_S = 5.0     # how long stop() waits for the monitor thread (it ends in milliseconds)
 _FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
@@ -153,7 +155,7 @@ class ConnectionMonitor:
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
-        self._socket = inbox.get_monitor_socket(events)
+        self._socket = inbox.get_monitor_socket(events, addr=monitor_endpoint("inbox"))
         self._thread = threading.Thread(target=self._run, name="hivemesh-monitor", daemon=True)
         try:
             self._thread.start()

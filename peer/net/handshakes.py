@@ -14,13 +14,20 @@ row up to ``reconnect_max_ms`` (:func:`refusal_backoff_ms`): a removed member kn
 per ``reconnect_max_ms``, a joiner admitted a moment later is in within one backoff step. A
 completed handshake resets the doubling. The owner drains the watch, asks :meth:`redial_due`, and
 makes the new socket (attached with :meth:`attach` before it connects, so no event is missed).
+The old socket's monitor is stopped before our end of it is closed (:meth:`detach` says why: the
+other order can block the context's I/O thread for good), and each monitor has an endpoint of its
+own (:func:`monitor_endpoint`), never one named after a file descriptor that a new socket may reuse.
 The watch also follows which descriptor carries the socket's connection (``fd``): libzmq allows
-one monitor per socket, and peer/net/progress.py reads that connection's progress from it.
+one monitor per socket, and peer/net/progress.py reads that connection's progress from it. A
+socket closed mid-connect (an outbox redialed across a cut) emits ``EVENT_CLOSED``, so with these
+events watched the order in :meth:`detach` is what keeps a redial across a cut from freezing the
+context (tests/test_handshake_watch_detach.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -36,6 +43,16 @@ REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the list
 # the connection's own events: which descriptor carries it now (peer/net/progress.py reads it)
 CONNECTION = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(REFUSED) | CONNECTION
+_ENDPOINTS = itertools.count()    # each monitor's own inproc endpoint (see monitor_endpoint)
+
+
+def monitor_endpoint(kind: str) -> str:
+    """A fresh inproc endpoint for a socket monitor, never used before in this process.
+
+    Why not pyzmq's default (``inproc://monitor.s-<the socket's FD>``): a closed socket's monitor
+    endpoint is released asynchronously (by libzmq's reaper), and a new socket may already have
+    that FD number: its monitor would then fail to bind (EADDRINUSE)."""
+    return f"inproc://hivemesh-monitor-{kind}-{next(_ENDPOINTS)}"
 
 
 def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
@@ -55,7 +72,7 @@ class HandshakeWatch:
         self.refused = refused
         self.handshakes = 0     # completed (a listener's restart makes a new one)
         self.monitor: zmq.Socket | None = None   # for the owner's poller: readable when an event came
-        self._socket: zmq.Socket | None = None    # the socket watched
+        self._watched: zmq.Socket | None = None  # the socket the monitor watches
         self._refusals_in_row = 0
         self._redial_at_s: float | None = None   # a refused handshake: dial afresh then
         # the descriptor of the socket's current TCP connection (libzmq's; read, never used to
@@ -65,22 +82,26 @@ class HandshakeWatch:
     def attach(self, sock: zmq.Socket) -> None:
         """Watch ``sock`` (a fresh one, not yet connected) in place of the socket before it."""
         self.detach()
-        self.monitor = sock.get_monitor_socket(WATCHED)
-        self._socket = sock
+        self.monitor = sock.get_monitor_socket(WATCHED, addr=monitor_endpoint("dial"))
+        self._watched = sock
         self._redial_at_s = None
         self.fd = None
 
     def detach(self) -> None:
-        """Stop the monitor and close its reading end (before the socket is closed). Idempotent.
+        """Stop monitoring, then close our end of the monitor (before its socket is closed).
+        Idempotent.
 
-        The socket stops emitting first: libzmq sends an event to the monitor's PAIR blocking, from
-        its I/O thread, and a PAIR whose reader is gone never takes it. A socket closed while a
-        connection attempt is under way emits ``EVENT_CLOSED`` (a cut neighbour, redialed): with
-        the reader closed first that froze every socket of the context."""
-        if self._socket is not None and not self._socket.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                self._socket.disable_monitor()
-        self._socket = None
+        The order matters. libzmq sends each event on its own end of the monitor (a PAIR) with a
+        blocking send, from the context's I/O thread. Were our end closed first, an event of the
+        socket still alive (its own reconnect's handshake ending, as after a shed connection)
+        would find no peer and block that I/O thread for good: no socket of the context would
+        connect or handshake again (a redialing edge client stuck until its gateway timeout).
+        Stopping the monitor first closes libzmq's end under the lock its events are sent under."""
+        if self._watched is not None:
+            if not self._watched.closed:
+                with contextlib.suppress(zmq.ZMQError):     # (the context is going away)
+                    self._watched.disable_monitor()
+            self._watched = None
         if self.monitor is not None:
             self.monitor.close(linger=0)
             self.monitor = None
