@@ -12,10 +12,10 @@ once. In-process: the Node with a stand-in machine and server, no sockets.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from _gateway_support import Machine, Server
 
 from peer.cli.main import main
 from peer.files import roster_file
@@ -24,9 +24,8 @@ from peer.runtime.edge import EdgeClient
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import load_peer_config
-from protocols.events import Event
 from protocols.identity import Identity
-from protocols.messages import ClientUpdate, Heartbeat, Message
+from protocols.messages import Heartbeat
 from protocols.node import Neighbour, Node, NodeConfig, Note
 from protocols.node.membership import Connect, Serving
 from protocols.roster import Member, Roster
@@ -52,33 +51,8 @@ def roster_of(edges: dict[str, str], *, version: int = 1, effective_round: int =
                   version=version, effective_round=effective_round)
 
 
-class Machine:
-    """A gossip machine stand-in at a settable round (the Node's routing is what is tested)."""
-
-    accepts: frozenset[type[Message]] = frozenset()
-
-    def __init__(self) -> None:
-        self.position = (0, 0)
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        return []
-
-    def set_graph(self, topology: Any) -> None:
-        pass
 
 
-class Server:
-    """A FedAvg server stand-in: records who registers and leaves."""
-
-    accepts = frozenset({ClientUpdate})
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        if type(event).__name__ in ("NeighbourUp", "NeighbourDown"):
-            self.events.append((type(event).__name__, getattr(event, "name", "")))
-        return []
 
 
 def gateway(name: str, roster: Roster,

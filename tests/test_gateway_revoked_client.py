@@ -5,13 +5,11 @@ stand-in machine and server, no sockets."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from _gateway_support import Machine, Server
 
-from protocols.events import Event, NeighbourDown, NeighbourUp, Received
 from protocols.identity import Identity
-from protocols.messages import ClientUpdate, Heartbeat, Message
+from protocols.messages import ClientUpdate, Heartbeat
 from protocols.node import Neighbour, Node, NodeConfig, Note
 from protocols.node.membership import Connect, Serving
 from protocols.roster import Member, Roster
@@ -34,34 +32,8 @@ def roster() -> Roster:
     return Roster(tuple(members))
 
 
-class Machine:
-    """A gossip machine stand-in, held before the version's round (the Node's routing is tested)."""
-
-    accepts: frozenset[type[Message]] = frozenset()
-    position = (0, 0)
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        return []
-
-    def set_graph(self, topology: Any) -> None:
-        pass
 
 
-class Server:
-    """A FedAvg server stand-in: records who comes and goes and whose update reached it."""
-
-    accepts = frozenset({ClientUpdate})
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        match event:
-            case NeighbourUp(name=name) | NeighbourDown(name=name):
-                self.events.append((type(event).__name__, name))
-            case Received(sender=sender, message=ClientUpdate()):
-                self.events.append(("ClientUpdate", sender))
-        return []
 
 
 def test_a_revoked_edge_client_leaves_the_gateways_clients_at_once_and_its_updates_are_refused() -> None:

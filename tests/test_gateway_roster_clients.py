@@ -11,16 +11,15 @@ The same in real processes across hosts: tests/test_hosts_federation.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
+from _gateway_support import Machine, Server
 
 from peer.cli.init import default_network
 from peer.runtime.netinit import GATEWAY_CHECKPOINT_ROUNDS, create_federation
 from peer.runtime.peerconfig import load_peer_config
-from protocols.events import Event, NeighbourDown, NeighbourUp
 from protocols.identity import Identity
-from protocols.messages import ClientUpdate, Heartbeat, Message
+from protocols.messages import Heartbeat
 from protocols.node import Neighbour, Node, NodeConfig, Note
 from protocols.node.membership import Serving
 from protocols.roster import Member, Roster
@@ -40,32 +39,8 @@ def roster_of(edges: tuple[str, ...], **version: int) -> Roster:
     return Roster(gateways + clients, **version)
 
 
-class Machine:
-    """A gossip machine stand-in at a settable round (the Node's routing is what is tested)."""
-
-    accepts: frozenset[type[Message]] = frozenset()
-
-    def __init__(self) -> None:
-        self.position = (0, 0)
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        return []
-
-    def set_graph(self, topology: Any) -> None:
-        pass
 
 
-class Server:
-    """A FedAvg server stand-in: records who registers and leaves."""
-
-    accepts = frozenset({ClientUpdate})
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def handle(self, event: Event, now: float) -> list[Any]:
-        self.events.append(event)
-        return []
 
 
 def gateway(*, clients: tuple[str, ...],
@@ -81,7 +56,7 @@ def gateway(*, clients: tuple[str, ...],
 
 
 def registered(server: Server) -> list[tuple[str, str]]:
-    return [(type(e).__name__, e.name) for e in server.events if isinstance(e, NeighbourUp | NeighbourDown)]
+    return [(kind, name) for kind, name in server.events if kind in ("NeighbourUp", "NeighbourDown")]
 
 
 def test_served_clients_are_the_rosters_edge_members() -> None:
