@@ -6,13 +6,21 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from peer.runtime.daemon import PeerDaemon
+from peer.train.checkpoint import CheckpointConfig, CheckpointSchedule
 from protocols.events import SetTrainerStep
 
 
 def _fake(step: int) -> SimpleNamespace:
     saves: list[bool] = []
-    return SimpleNamespace(trainer=SimpleNamespace(step=step), counters=SimpleNamespace(trainer_steps_set=[]),
-                           gateway_work=None, saves=saves, _checkpoint=lambda *, final: saves.append(final))
+    schedule = CheckpointSchedule(CheckpointConfig(), start_step=step)
+
+    def checkpoint(*, final: bool) -> None:
+        saves.append(final)
+        schedule.saved(fake.trainer.step, 0.0)
+
+    fake = SimpleNamespace(trainer=SimpleNamespace(step=step), counters=SimpleNamespace(trainer_steps_set=[]),
+                           gateway_work=None, saves=saves, schedule=schedule, _checkpoint=checkpoint)
+    return fake
 
 
 def test_set_trainer_step_moves_the_trainers_step_and_checkpoints_the_jump() -> None:
@@ -21,6 +29,7 @@ def test_set_trainer_step_moves_the_trainers_step_and_checkpoints_the_jump() -> 
     assert fake.trainer.step == 70     # three rounds of 10 skipped: the lr schedule follows
     assert fake.counters.trainer_steps_set == [70]     # and status shows it (trainer_steps_set)
     assert fake.saves == [False]       # at once, not final: a kill now loses no jump (issue 16)
+    assert not fake.schedule.jumped    # and written: the next periodic save counts from it
 
 
 def test_a_step_set_back_or_kept_writes_no_checkpoint() -> None:
