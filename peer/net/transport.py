@@ -28,6 +28,16 @@ connection's bytes, ``stall_timeout_s`` (the daemon's round deadline) once it
 acknowledges none (peer/net/progress.py reads ``tcpi_bytes_acked`` of the
 descriptor the outbox's monitor names).
 
+Reading while waiting (``while_waiting``): a driver that blocks in ``wait_sent``
+(or in ``send``, on a full queue) without reading its inbox deadlocks with a
+neighbour doing the same, as soon as a message is larger than what the
+receiving side's queue (``receive_high_water_mark`` frames) and the kernel's
+buffers absorb (about 200 MB with the defaults): each end's frames wait for
+the other to read, until the stall timeout abandons them (issue 29). So the
+transport hands whatever arrives while it waits to the driver's
+``while_waiting`` callback, which takes it in (assembles it; nothing it does
+may send or change a tensor being sent) and answers whether it takes more.
+
 Addresses for tests and local launches: ``reserve_listeners`` binds port 0
 and keeps the listening socket; a Transport adopts it through ZeroMQ's
 ``USE_FD`` (``listen_fd``), so no other process can take the port between the
@@ -76,7 +86,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -99,6 +109,8 @@ WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
 POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
 # while a send is waited for, its connection's progress is looked at this often
 PROGRESS_LOOK_S = 0.2
+# and, with a while_waiting callback, the inbox this often (a frame released wakes the wait at once)
+INBOX_LOOK_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +182,10 @@ class Arrival:
     frame: zmq.Frame
 
 
+# what takes the frames that arrive while the transport waits for its sends: False once it takes no more
+WhileWaiting = Callable[[list[Arrival]], bool]
+
+
 @dataclass
 class _Outbox:
     address: str
@@ -218,16 +234,21 @@ class Transport:
 
     def __init__(self, *, listen: str, neighbours: Mapping[str, str],
                  config: TransportConfig | None = None, curve: CurveKeys | None = None,
-                 context: zmq.Context | None = None, listen_fd: int | None = None) -> None:
+                 context: zmq.Context | None = None, listen_fd: int | None = None,
+                 while_waiting: WhileWaiting | None = None) -> None:
         """``listen_fd``: a TCP socket already bound to ``listen`` and listening (see
         ``reserve_listeners``); the transport owns that descriptor from then on (closed on failure
         too). ``context``: a context the caller owns and terminates; by default the transport makes
-        its own (peer/net/contexts.py) and terminates it in :meth:`close`.
+        its own (peer/net/contexts.py) and terminates it in :meth:`close`. ``while_waiting``: takes
+        the frames that arrive while a send is waited for (the module docstring); without it they
+        stay queued, and two such peers exchanging large messages wait for each other.
 
         A failure part way (an address in use, a neighbour without a key) closes whatever was
         opened, stops the threads started and terminates the transport's own context before it
         raises: nothing is left for the garbage collector."""
         self.config = config or TransportConfig()
+        self._while_waiting = while_waiting
+        self._wait_full = False     # while_waiting declined more frames during the current wait
         self._curve = curve
         self._server_keys: dict[str, bytes] = dict(curve.server_keys) if curve is not None else {}
         # the ZAP handler (its own thread) asks the gate; ``allow`` and ``punish`` change it
@@ -488,6 +509,7 @@ class Transport:
         parts = list(frames)
         if not parts:
             raise ValueError("a message needs at least one frame")
+        self._wait_full = False
         try:
             first = outbox.socket.send(parts[0], flags=zmq.NOBLOCK, copy=False, track=True)
         except zmq.Again:
@@ -515,8 +537,7 @@ class Transport:
             try:
                 tracker = outbox.socket.send(part, flags=zmq.NOBLOCK, copy=False, track=True)
             except zmq.Again:
-                if outbox.socket.poll(int(1000 * progress.next_look_s()), zmq.POLLOUT) \
-                        or not progress.stuck():
+                if self._wait_for_room(outbox, progress.next_look_s()) or not progress.stuck():
                     continue
                 # a half-sent message: dropping the connection drops it whole (the receiver releases
                 # what the header announced when the connection goes quiet)
@@ -527,6 +548,52 @@ class Transport:
                 outbox.pending.append(tracker)
             progress.moved()
             return True
+
+    def _wait_for_room(self, outbox: _Outbox, timeout_s: float) -> bool:
+        """Up to ``timeout_s`` for room in ``outbox``'s queue, reading the inbox meanwhile; whether
+        there is room."""
+        end_s = time.monotonic() + timeout_s
+        while True:
+            wait_s = max(0.0, end_s - time.monotonic())
+            if not self._reading():
+                return bool(outbox.socket.poll(int(1000 * wait_s), zmq.POLLOUT))
+            poller = zmq.Poller()
+            poller.register(outbox.socket, zmq.POLLOUT)
+            poller.register(self._inbox, zmq.POLLIN)
+            ready = dict(poller.poll(int(1000 * wait_s)))
+            if outbox.socket in ready:
+                return True
+            if self._inbox in ready:
+                self._hand_over()
+            elif time.monotonic() >= end_s:
+                return False
+
+    def _wait_released(self, tracker: zmq.MessageTracker, timeout_s: float) -> bool:
+        """Up to ``timeout_s`` for ZeroMQ to release ``tracker``'s frame, reading the inbox
+        meanwhile; whether it was released."""
+        end_s = time.monotonic() + timeout_s
+        while True:
+            look_s = max(0.0, end_s - time.monotonic())
+            if self._reading():
+                self._hand_over()
+                look_s = min(look_s, INBOX_LOOK_S)
+            try:
+                tracker.wait(look_s)
+                return True
+            except zmq.NotDone:
+                if time.monotonic() >= end_s:
+                    return False
+
+    def _reading(self) -> bool:
+        """Whether frames that arrive while we wait go to ``while_waiting`` now."""
+        return self._while_waiting is not None and not self._wait_full
+
+    def _hand_over(self) -> None:
+        """What the inbox holds now, to ``while_waiting`` (it may decline more for this wait)."""
+        assert self._while_waiting is not None
+        arrivals = self._drain()
+        if arrivals and not self._while_waiting(arrivals):
+            self._wait_full = True
 
     def _redial(self, name: str, outbox: _Outbox) -> None:
         """A fresh socket to ``name`` (with the keys of now); the old one goes without lingering."""
@@ -607,14 +674,14 @@ class Transport:
     def wait_sent(self, timeout_s: float | None = None) -> None:
         """Block until ZeroMQ holds no frame of ours; abandon a neighbour's sends after the timeout
         (``send_timeout_s`` by default), or once its connection moved no byte for ``stall_timeout_s``
-        (a cut: peer/net/progress.py), whichever comes first."""
+        (a cut: peer/net/progress.py), whichever comes first. Meanwhile what arrives goes to
+        ``while_waiting``, if given: a neighbour waiting for its own sends to us is read."""
         deadline = time.monotonic() + (self.config.send_timeout_s if timeout_s is None else timeout_s)
+        self._wait_full = False
         for name, outbox in self._outboxes.items():
             progress = _Progress(outbox, give_up_s=deadline, stall_s=self.config.stall_timeout_s)
             while outbox.pending:
-                try:
-                    outbox.pending[-1].wait(progress.next_look_s())
-                except zmq.NotDone:
+                if not self._wait_released(outbox.pending[-1], progress.next_look_s()):
                     if progress.stuck():
                         self._abandon(name, outbox)
                         break
@@ -624,9 +691,7 @@ class Transport:
         # a reply's connection is its dialler's (no probe here): waited for at most the stall timeout
         deadline = min(deadline, time.monotonic() + self.config.stall_timeout_s)
         while self._replies:
-            try:
-                self._replies[-1].wait(max(0.0, deadline - time.monotonic()))
-            except zmq.NotDone:
+            if not self._wait_released(self._replies[-1], max(0.0, deadline - time.monotonic())):
                 # a reply's connection is its dialler's: nothing to close and redial here. The
                 # frames keep their buffers alive; one changed before it went out fails its digest
                 # at that one receiver (counted there), so the rest are given up on, counted
@@ -661,9 +726,13 @@ class Transport:
         what one poll hands over stays small beside the model. A multipart message is never
         returned: the wire is single-frame, so one is hostile (counted in ``hostile``).
         """
-        received: list[Arrival] = []
         if not self._wait(timeout_s):
-            return received
+            return []
+        return self._drain()
+
+    def _drain(self) -> list[Arrival]:
+        """What the inbox holds now, up to ``max_messages_per_poll`` frames or :data:`POLL_BYTES`."""
+        received: list[Arrival] = []
         drained = 0
         while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
             try:
