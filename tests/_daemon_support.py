@@ -39,9 +39,12 @@ CEILING_S = 240.0     # the longest any wait in a process test may take; a healt
 def make_network(folder: Path, *, peers: int = 8, topology: str = "ring", algorithm: str = "dpsgd",
                  compression: str = "identity", steps: int = 300, gossip: Mapping[str, Any] | None = None,
                  trainer: Mapping[str, Any] | None = None, peer_options: Mapping[str, Any] | None = None,
-                 sections: Mapping[str, Mapping[str, Any]] | None = None) -> NetworkFiles:
-    network = default_network(topology=topology, task="digits-mlp", algorithm=algorithm,
+                 sections: Mapping[str, Mapping[str, Any]] | None = None, task: str = "digits-mlp",
+                 task_options: Mapping[str, Any] | None = None) -> NetworkFiles:
+    network = default_network(topology=topology, task=task, algorithm=algorithm,
                               compression=compression, steps=steps, seed=0)
+    if task_options:
+        network["task_options"] = dict(task_options)
     network["gossip"].update(gossip or {})
     network["trainer"].update(trainer or {})
     return create_network(folder, peers=peers, network=network,
@@ -56,6 +59,16 @@ def peers(files: NetworkFiles, names: Iterable[str] | None = None, *, schedule: 
     return PeerProcesses({n: files.configs[n] for n in chosen},
                          listeners={n: files.listeners[n] for n in chosen if n in files.listeners},
                          schedule=schedule)
+
+
+def run_to_end(files: NetworkFiles) -> dict[str, dict[str, Any]]:
+    """Start every peer of ``files``, wait until all have exited 0, and return their statuses."""
+    with peers(files) as processes:
+        processes.start_all()
+        finished = processes.wait(CEILING_S)
+        codes = processes.exitcodes()
+    assert finished and all(code == 0 for code in codes.values()), f"{codes}\n{describe(files)}"
+    return {name: status(files, name) for name in files.configs}
 
 
 @dataclass(frozen=True)

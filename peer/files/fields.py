@@ -70,7 +70,11 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("messages_sent_by_kind", "messages", "counter",
           "messages handed to the transport, times recipients, by kind (heartbeat, param_push, ...)",
           label="kind"),
+    Field("bytes_sent_by_kind", "bytes", "counter",
+          "sealed messages handed to the transport, times recipients, by kind", label="kind"),
     Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
+    Field("bytes_accepted_by_kind", "bytes", "counter",
+          "sealed messages received that passed every check, by kind", label="kind"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
     Field("frames_dropped", "frames", "counter",
           "wire frames dropped unread, by reason: unannounced (no header announced it), size_mismatch, "

@@ -19,6 +19,10 @@ has released every zero-copy frame it was given (``Transport.wait_sent``): up to
 (a slow link), but no longer than the round deadline (``deadline_s``) once it
 moves none (a cut): what it still holds is then abandoned and counted, so a cut
 cable never stalls a peer for longer, and a slow one still gets its message.
+The wait reads meanwhile (``Transport(while_waiting=...)``): frames go to the
+endpoint, and the messages they complete to the Node once the wait is over. Two
+peers waiting for their sends to each other without reading stalled each other
+as soon as a message outgrew the receiving queue and the kernel's buffers.
 
 The wire's two driver hooks (peer/net/digests.py): payload digests are computed
 on a small thread pool (BLAKE3 releases the GIL; open copies frames while they
@@ -129,7 +133,7 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -141,7 +145,7 @@ from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
 from peer.net.digests import BufferPool, ThreadDigester
-from peer.net.transport import Transport, TransportConfig, TransportError
+from peer.net.transport import Arrival, Transport, TransportConfig, TransportError
 from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
 from peer.runtime.memory import peak_mib, resident_mib
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
@@ -216,7 +220,9 @@ class Counters:
     wire_bytes_sent: int = 0           # whole sealed messages, times recipients (what the wire carries)
     messages_sent: int = 0
     messages_sent_by_kind: Counter[str] = field(default_factory=Counter)  # heartbeat, param_push, ...
+    wire_bytes_sent_by_kind: Counter[str] = field(default_factory=Counter)  # times recipients
     messages_accepted: int = 0
+    wire_bytes_accepted_by_kind: Counter[str] = field(default_factory=Counter)
     unreachable: Counter[str] = field(default_factory=Counter)
     metrics: dict[str, float] = field(default_factory=dict)       # the machine's Metric actions, latest
     rejected: Counter[str] = field(default_factory=Counter)     # the driver's own refusals, by reason
@@ -268,6 +274,11 @@ class PeerDaemon:
                           policy=dataclasses.replace(policy, max_message_bytes=message_bytes,
                                                      max_elements=min(policy.max_elements, message_bytes)),
                           assembly=AssemblyConfig(max_in_flight_bytes=2 * message_bytes))
+        # messages opened but not yet handed to the Node (those read while our sends were waited for),
+        # with the connection each came on; a wait reads on while they hold less than one sender's
+        # budget per neighbour
+        self._opened_queue: deque[tuple[Opened | Rejection, bytes | None]] = deque()
+        self._queued_bytes_limit = 2 * message_bytes * max(1, len(self.parts.neighbours))
         if protocol_version is not None:
             low, _ = self.endpoint.policy.accepted_versions
             self.endpoint.use(policy=dataclasses.replace(self.endpoint.policy,
@@ -354,7 +365,7 @@ class PeerDaemon:
                                        config=transport_config(self.config.transport,
                                                                self.config.gossip.deadline_s),
                                        curve=self._curve_keys(),
-                                       listen_fd=self._listen_fd)
+                                       listen_fd=self._listen_fd, while_waiting=self._take_in)
         except TransportError as error:
             # name where the address came from: the peer's own listen key, else its roster entry
             where = ("key 'peer.listen'" if self.config.peer.listen else
@@ -594,9 +605,20 @@ class PeerDaemon:
         return max(0.0, min(min(deadlines) - now, 0.1 if self._work else 0.5))
 
     def _pump(self, timeout_s: float) -> None:
-        """Receive for up to ``timeout_s`` and dispatch everything that arrived."""
+        """Receive for up to ``timeout_s`` and dispatch everything that arrived (at once when
+        messages read during a send wait are queued)."""
         assert self.transport is not None
-        for arrival in self.transport.poll(timeout_s):
+        self._take_in(self.transport.poll(0.0 if self._opened_queue else timeout_s))
+        self._opened_queue.extend((released, None) for released in self.endpoint.expire(self.now()))
+        while self._opened_queue:   # a dispatch may wait for sends, which queues what it reads
+            self._opened(*self._opened_queue.popleft())
+
+    def _take_in(self, arrivals: list[Arrival]) -> bool:
+        """Feed frames to the endpoint, in the order they arrived, and queue the messages they
+        complete; nothing is handed to the Node here, so the transport calls this while it waits
+        for our sends (``while_waiting``): no tensor changes. Whether it takes more."""
+        assert self.transport is not None
+        for arrival in arrivals:
             key = self.transport.connection_key(arrival.frame)
             if key is None:
                 continue    # its key left the roster or cools down (counted by the transport)
@@ -606,9 +628,9 @@ class PeerDaemon:
             opened = self.endpoint.receive(arrival.connection, arrival.frame.buffer, now_s=self.now(),
                                            connection_key=key.decode() if key else None)
             if opened is not None:
-                self._opened(opened, arrival.connection)
-        for released in self.endpoint.expire(self.now()):
-            self._opened(released)
+                self._opened_queue.append((opened, arrival.connection))
+        queued = sum(o.wire_bytes for o, _ in self._opened_queue if isinstance(o, Opened))
+        return queued < self._queued_bytes_limit
 
     def _opened(self, opened: Opened | Rejection, connection: bytes | None = None) -> None:
         if isinstance(opened, Rejection):   # counted by the endpoint; a member set up differently
@@ -620,6 +642,7 @@ class PeerDaemon:
         else:
             self.counters.messages_accepted += 1
             self.counters.bytes_received_from[opened.sender] += opened.wire_bytes
+            self.counters.wire_bytes_accepted_by_kind[opened.message.KIND] += opened.wire_bytes
             if opened.sender in self.node.clients and connection is not None:
                 # accepted (signed, new in its replay window): replies go back on this connection
                 self.routes[opened.sender] = connection
@@ -748,6 +771,7 @@ class PeerDaemon:
             if info.reachable:
                 self.counters.messages_sent += 1
                 self.counters.messages_sent_by_kind[action.message.KIND] += 1
+                self.counters.wire_bytes_sent_by_kind[action.message.KIND] += size
                 self.counters.wire_bytes_sent += size
                 self.counters.payload_bytes_sent += payload
             else:
@@ -762,6 +786,7 @@ class PeerDaemon:
             return
         self.counters.messages_sent += 1
         self.counters.messages_sent_by_kind[message.KIND] += 1
+        self.counters.wire_bytes_sent_by_kind[message.KIND] += size
         self.counters.wire_bytes_sent += size
         self.counters.client_bytes_sent[client] += size
 
@@ -1032,7 +1057,9 @@ class PeerDaemon:
             "gossip_wire_bytes_sent": self.counters.wire_bytes_sent,
             "messages_sent": self.counters.messages_sent,
             "messages_sent_by_kind": dict(self.counters.messages_sent_by_kind),
+            "bytes_sent_by_kind": dict(self.counters.wire_bytes_sent_by_kind),
             "messages_accepted": self.counters.messages_accepted,
+            "bytes_accepted_by_kind": dict(self.counters.wire_bytes_accepted_by_kind),
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
             "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
