@@ -40,6 +40,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("steps_done", "steps", "gauge", "training steps the gossip schedule has counted"),
     Field("loss", "", "gauge", "training loss of the last local step (mean over its batch)"),
     Field("train_s", "s", "gauge", "seconds spent training (from the first round to finishing, or to now)"),
+    Field("work_s", "s", "counter", "of `train_s`, seconds in the trainer's steps (the rest: sealing, "
+          "sending, waiting, receiving, mixing)"),
     Field("accuracy", "fraction", "gauge", "test-set accuracy (0 to 1) at `eval_step`"),
     Field("test_loss", "", "gauge", "mean test-set loss at `eval_step`"),
     Field("eval_step", "steps", "gauge", "step of the last test-set evaluation (-1: none yet)"),

@@ -8,9 +8,11 @@ A driver only — no protocol maths. One thread, one loop:
    raised); heartbeats and state-sync requests are the driver's own business,
    everything else goes to ``machine.handle(Received(...), now)``;
 3. carry out the actions: ``Send`` -> seal once for all recipients -> one
-   transport send each; ``StartWork(n)`` -> ``trainer.run_steps(n)`` ->
-   ``WorkDone``; ``SetTimer`` -> a heap keyed by ``time.monotonic()``;
-   ``Metric`` -> counters; ``Finished`` -> final evaluation, checkpoint, exit.
+   transport send each; ``StartWork(n)`` -> ``trainer.run_steps(n)`` (on a
+   worker thread, while the loop heartbeats and reads; what arrives goes to
+   the Node after the steps) -> ``WorkDone``; ``SetTimer`` -> a heap keyed by
+   ``time.monotonic()``; ``Metric`` -> counters; ``Finished`` -> final
+   evaluation, checkpoint, exit.
 
 Before anything may change a tensor in place (training, or any event the
 machine handles, since mixing happens there) the driver waits until ZeroMQ
@@ -135,6 +137,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -202,6 +205,9 @@ CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much wi
 SERVER_PREFIX = "fedavg/"     # a gateway's checkpoint: its server's tensors beside the machine's
 ROUNDS_FILE = "rounds.jsonl"  # a gateway: one line per closed round (its report and the global accuracy)
 EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
+# while the trainer's steps run, the loop reads its inbox this often: a poll drains up to 64 MiB, so
+# this keeps up with a link of over 1 GB/s (and a step that ends wakes the loop at once)
+WORK_LOOK_S = 0.02
 
 
 @dataclass
@@ -236,6 +242,7 @@ class Counters:
     client_bytes_received: Counter[str] = field(default_factory=Counter)  # accepted, by edge client
     client_unreachable: Counter[str] = field(default_factory=Counter)     # no connection learnt yet / gone
     roster_reloads: int = 0            # SIGHUPs acted on (`hivemesh roster reload`)
+    work_s: float = 0.0                # in the trainer's steps (the rest of train_s is the loop's)
 
 
 class PeerDaemon:
@@ -259,6 +266,8 @@ class PeerDaemon:
         self.trainer = self.parts.trainer
         self.endpoint = self.parts.endpoint
         self.digester = ThreadDigester()    # busy only while a large message is sealed or opened
+        # the trainer's steps run here while the loop keeps heartbeating and reading (_run_steps)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hivemesh-train")
         # what a machine holds at once: about one message per neighbour for this round and the next,
         # of the one size a model-sized tensor has (smaller ones arrive in one frame, not gathered)
         mixed = self.trainer.mixed
@@ -403,6 +412,7 @@ class PeerDaemon:
                 self.status.guarded("tensorboard", self.scalars.close)
             self.transport.close()
             self.digester.close()
+            self.worker.shutdown()
             self.status.close()
 
     def _listen_address(self) -> str:
@@ -727,11 +737,31 @@ class PeerDaemon:
         if self.params_trace is not None:
             self.params_trace.at_work_point(self.trainer.step, self.trainer.flat_params)
         began = time.monotonic()
+        loss = self._run_steps(steps)
+        self.counters.work_s += time.monotonic() - began
+        self._last_loss = loss
+        self._feed(WorkDone(steps, loss))
+
+    def _run_steps(self, steps: int) -> float:
+        """The trainer's steps, on the worker thread: meanwhile this thread sends our heartbeats and
+        reads the inbox (frames to the endpoint, messages queued for the Node until the steps are
+        done: they own the parameters), so a step longer than the neighbour timeout does not look
+        like a dead peer, nor hold up a neighbour's send to us past the round deadline."""
+        assert self.transport is not None
+        done = self.worker.submit(self._paced_steps, steps)
+        while True:
+            try:
+                return done.result(timeout=WORK_LOOK_S)
+            except TimeoutError:
+                self._tick()
+                self._take_in(self.transport.poll(0.0))
+
+    def _paced_steps(self, steps: int) -> float:
+        began = time.monotonic()
         loss = self.trainer.run_steps(steps)
         if self.hooks.step_pace_s:  # a test's slower machine: the steps take that long, as compute would
             time.sleep(max(0.0, began + steps * self.hooks.step_pace_s - time.monotonic()))
-        self._last_loss = loss
-        self._feed(WorkDone(steps, loss))
+        return loss
 
     def _gateway_progress(self) -> None:
         """After a gateway acted: a FedAvg round closed is its gossip machine's work done; the global
@@ -1042,6 +1072,7 @@ class PeerDaemon:
             "step": self.trainer.step, "steps_done": self.machine.position[1],
             "loss": self._last_loss,
             "train_s": (self._train_end_s if self.node.finished else now) - self._train_start_s,
+            "work_s": self.counters.work_s,
             "accuracy": self._last_eval.get("accuracy", math.nan),
             "test_loss": self._last_eval.get("loss", math.nan), "eval_step": self._last_eval_step,
             "consensus_max_relative": self._consensus_estimate(),
