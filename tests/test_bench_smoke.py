@@ -53,6 +53,13 @@ EXPECTED: dict[str, list[str]] = {
         r"^hivemind DecentralizedAverager step\s+skipped$",
         r"^signed / gloo all_reduce\s+[\d.]+",
     ],
+    "bench_large_message.py": [
+        r"^2 peers, charlm width 48 x 2 layers, 2 steps, init defaults: a [\d.]+ MB message",
+        r"^peer\s+rounds\s+both\s+incomplete\s+abandoned\s+MB sent\s+MB accepted by the other\s+loop s/round",
+        r"^p00\s+2\s+2\s+0\s+0\s+[\d.]+\s+[\d.]+\s+[\d.]+",
+        r"^p01\s+2\s+2\s+0\s+0\s+[\d.]+\s+[\d.]+\s+[\d.]+",
+        r"^raw pyzmq exchange of the same bytes both ways: \d+ ms; our wire over CurveZMQ",
+    ],
     "bench_sim.py": [
         r"^run\s+wall s\s+ms/peer-round\s+overhead ms",
         r"^plain torch loop \(floor\)\s+[\d.]+",
