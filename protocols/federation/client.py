@@ -43,6 +43,7 @@ from protocols.events import Action, Event, Finished, ProtocolState, Received, S
 from protocols.federation.common import Counted, payload
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureClient
+from protocols.finite import all_finite
 from protocols.gossip.payload import PREFIX
 from protocols.messages import ClientUpdate, Message, RoundResult, RoundStart, SecAggMessage
 
@@ -164,7 +165,7 @@ class FedAvgClient(Counted):
         delta = self.params.detach() - self.anchor
         self.phase = ClientPhase.IDLE
         actions: list[Action] = []
-        if not bool(torch.isfinite(delta).all()):
+        if not all_finite(delta):
             self.counters["nonfinite_update"] += 1  # a diverged trainer: the server would refuse it
         elif self.secure is not None:
             actions += self._secure(self.secure.upload(self.round, delta, self.num_samples, now))

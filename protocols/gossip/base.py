@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from protocols.events import Action, Event, Metric, ProtocolState
+from protocols.finite import all_finite
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from protocols.gossip.payload import Payload
@@ -238,7 +239,7 @@ class MachineBase:
     def _sendable(self, own: torch.Tensor) -> bool:
         """Whether our own values can go out: non-finite ones (a diverged trainer) are counted and
         never sent, since a neighbour would refuse them and mixing them would spread the damage."""
-        if bool(torch.isfinite(own).all()):
+        if all_finite(own):
             return True
         self._count("nonfinite_params")
         return False

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from protocols.compress import BadParts, Compressor, RngKey, from_spec, pack, unpack
+from protocols.finite import all_finite
 from protocols.messages import Scalar
 
 RAW = "x"  # the tensor name of an uncompressed vector
@@ -76,6 +77,6 @@ class Payload:
         else:
             x = self._compressor.decompress(unpack(tensors, meta, PREFIX, self.numel))
         x = x.to(device=self.device, dtype=self.dtype)
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise BadParts("nonfinite", "NaN or Inf in a received vector")
         return x

@@ -19,6 +19,7 @@ import torch
 
 from protocols.compress import BadParts
 from protocols.events import Machine
+from protocols.finite import all_finite
 from protocols.messages import Scalar, StateSyncResponse
 
 
@@ -56,6 +57,6 @@ def check_sync_response(message: StateSyncResponse, machine: Machine) -> SyncOff
     if steps_done is None or steps_done > min(round_index * config.local_steps, config.total_steps):
         return BadParts("bad_steps", repr(message.meta.get("steps_done"))[:40])
     adopted = params.detach().reshape(-1).to(device="cpu", dtype=machine.params.dtype, copy=True)
-    if not bool(torch.isfinite(adopted).all()):
+    if not all_finite(adopted):
         return BadParts("nonfinite", "NaN or Inf in the offered parameters")
     return SyncOffer(round=round_index, steps_done=steps_done, params=adopted)
