@@ -1049,7 +1049,9 @@ class PeerDaemon:
             "checkpoints_written": self.store.written,
             "checkpoint_failures": dict(self.store.failures),
             "checkpoint_error": self.store.error,
+            "checkpoint_nonfinite": dict(self.store.nonfinite),
             "status_write_failures": dict(self.status.failures),
+            "status_values_replaced": dict(self.status.replaced),
             "roster_version": self.roster_watch.roster.version,
             "roster_reloads": self.counters.roster_reloads,
             "waiting_for": (waiting_line(self.node.neighbourhood.presence())

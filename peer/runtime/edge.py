@@ -388,7 +388,9 @@ class EdgeClient:
                 "client": dict(sorted(self.client.counters.items())),
                 "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
                 "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
-                "status_write_failures": dict(self.status.failures)}
+                "checkpoint_nonfinite": dict(self.store.nonfinite),
+                "status_write_failures": dict(self.status.failures),
+                "status_values_replaced": dict(self.status.replaced)}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
