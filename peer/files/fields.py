@@ -72,6 +72,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           label="kind"),
     Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
+    Field("internal_errors", "messages", "counter",
+          "accepted messages dropped because handling them raised (`internal_error` in `rejections`: a "
+          "bug met by this sender's input; the peer lives on), by sender", label="sender"),
     Field("frames_dropped", "frames", "counter",
           "wire frames dropped unread, by reason: unannounced (no header announced it), size_mismatch, "
           "after_rejection (announced by a refused message), multipart (a hostile multipart arrival)",

@@ -1035,6 +1035,7 @@ class PeerDaemon:
             "messages_accepted": self.counters.messages_accepted,
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
+            "internal_errors": dict(self.node.internal_errors),
             "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
             "sync_answers_sent": self.node.sync.answers_sent,
             "early_held": self.node.early.held_total,

@@ -384,6 +384,7 @@ class EdgeClient:
                 "handshake_refused": dict(self.transport.handshake_refused),
                 "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
+                "internal_errors": dict(self.node.internal_errors),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
                 "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
