@@ -52,6 +52,13 @@ class Payload:
         decoded = self._compressor.decompress(compressed).to(device=self.device, dtype=self.dtype)
         return {k: t.to(CPU) for k, t in tensors.items()}, meta, decoded
 
+    def encodable(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`encode` takes ``x``: its values finite and, through an operator, its norm too
+        (the operators' norms and scales are float32, and each refuses what overflows them)."""
+        if self._compressor is None:
+            return bool(torch.isfinite(x).all())
+        return bool(torch.isfinite(torch.linalg.vector_norm(x.detach().float())))
+
     def export_state(self) -> dict[str, torch.Tensor]:
         """A stateful operator's state (PowerSGD's warm start), for checkpoints; else empty."""
         export = getattr(self._compressor, "export_state", None)
