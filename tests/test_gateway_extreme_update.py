@@ -104,6 +104,8 @@ def test_a_taken_update_scaled_by_1e30_does_not_end_the_gateway(gateway: PeerDae
     status = strict_json((gateway.config.data_dir / STATUS_FILE).read_text())
     rounds = [strict_json(line) for line in (gateway.config.data_dir / ROUNDS_FILE).read_text().splitlines()]
     assert rounds and rounds[0]["round"] == 0 and hostile in rounds[0]["taken"]
+    assert rounds[0]["update_norm"] is None     # the overflow, written as null and counted
+    assert status["status_values_replaced"]["infinite"] >= 1
     assert status["federation"]["rounds_closed"] == 1
     assert status["checkpoint_nonfinite"] == {"protocol_meta.step_norm": 1}
     # and the next round runs

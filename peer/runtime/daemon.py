@@ -139,7 +139,7 @@ import torch
 
 from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
-from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
+from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Transport, TransportConfig, TransportError
 from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
@@ -718,7 +718,7 @@ class PeerDaemon:
         if len(server.reports) > self._rounds_evaluated:
             self._last_eval = self.trainer.evaluate()
             for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
-                row = {**json_safe(report_row(server.reports[index])),
+                row = {**report_row(server.reports[index]),
                        "accuracy": self._last_eval.get("accuracy", math.nan)}
                 self.status.append_line(ROUNDS_FILE, row)
             self._rounds_evaluated = len(server.reports)
