@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from peer.cli.init import default_network
+from peer.cli.status import render
 from peer.files.statefiles import STATUS_FILE
 from peer.runtime.daemon import ROUNDS_FILE, PeerDaemon
 from peer.runtime.netinit import create_federation
@@ -108,6 +109,7 @@ def test_a_taken_update_scaled_by_1e30_does_not_end_the_gateway(gateway: PeerDae
     assert status["status_values_replaced"]["infinite"] >= 1
     assert status["federation"]["rounds_closed"] == 1
     assert status["checkpoint_nonfinite"] == {"protocol_meta.step_norm": 1}
+    assert "federation (sync): round 1" in render(status)    # what `hivemesh status` prints of it
     # and the next round runs
     run_round(gateway, hostile=False)
     assert server.reports[1].aggregated

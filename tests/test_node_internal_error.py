@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from _gateway_support import Machine, Server
 
+from peer.cli.status import render_edge
 from protocols.events import Event, Received
 from protocols.messages import ClientUpdate, Heartbeat
 from protocols.node import Neighbour, Node, NodeConfig, Note
@@ -51,3 +52,9 @@ def test_an_exception_from_a_members_input_is_counted_against_it_and_the_member_
     assert ("ClientUpdate", "e0") in server.events
     node.receive("e1", Heartbeat(step=0, loss=0.0), 3.0)
     assert node.clients.members["e1"].up
+
+
+def test_hivemesh_status_names_the_senders_of_messages_an_exception_dropped() -> None:
+    shown = render_edge({"name": "e1", "rejections": {"internal_error": 2}, "internal_errors": {"gw0": 2}})
+    assert "internal errors (messages dropped, a bug to report): gw0 2" in shown
+    assert "internal errors" not in render_edge({"name": "e1"})
