@@ -1,8 +1,9 @@
 """A vector an operator cannot encode is never handed to it (issue 32, item 1): finite values whose
 norm overflows float32 (what an insider's accepted update can make of a model) made qsgd, sign and
-powersgd raise while encoding, from a gateway's next RoundStart or a peer's next gossip message,
-outside any message's handling. ``Payload.encodable`` says which vectors an operator takes; a
-machine counts what it cannot send (``nonfinite_params``), a server ``model_unsendable``.
+powersgd raise while encoding, from a gateway's next RoundStart, a peer's next gossip message or
+an edge's next update, outside any message's handling. ``encodable`` (protocols/gossip/payload.py)
+says which vectors an operator takes; a machine counts what it cannot send (``nonfinite_params``),
+a server ``model_unsendable``, an edge client ``nonfinite_update``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocols.events import Finished, Received, Send, Start, TimerFired, WorkDone
-from protocols.federation import FedAvgServer, FederationConfig
+from protocols.federation import FedAvgClient, FedAvgServer, FederationConfig
 from protocols.gossip import GossipConfig, make_machine
 from protocols.gossip.payload import Payload
 from protocols.messages import ClientUpdate, RoundResult, RoundStart
@@ -60,3 +61,18 @@ def test_a_server_whose_model_its_downlink_cannot_carry_runs_its_rounds_without_
     assert server.counters["model_unsendable"] == 3      # two rounds' RoundStart and the final RoundResult
     assert sorted(server.reports) == [0, 1] and server.reports[0].aggregated
     assert any(isinstance(a, Finished) for a in actions)
+
+
+def test_an_edge_whose_update_overflows_its_uplink_sends_nothing_and_counts_it() -> None:
+    # Prepare: a qsgd uplink; a round's model, and training that left a finite delta with no float32 norm
+    config = FederationConfig(rounds=2, fraction=1.0, min_clients=1, local_steps=1, local_epochs=0)
+    client = FedAvgClient(config, name="e0", server="gw0", params=torch.zeros(D), num_samples=3,
+                          steps_per_epoch=1)
+    client.handle(Received("gw0", RoundStart(round=0, tensors={"x": torch.zeros(D)},
+                                             meta=config.local_work(), deadline_s=10.0)), 0.0)
+    client.params.fill_(HUGE)
+    # Execute
+    actions = client.handle(WorkDone(1, 0.0), 1.0)
+    # Assert
+    assert not any(isinstance(a, Send) for a in actions)
+    assert client.counters["nonfinite_update"] == 1
