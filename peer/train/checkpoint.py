@@ -290,10 +290,19 @@ def _without_nonfinite(value: Any, path: list[Any], found: list[list[Any]]) -> A
         found.append([*path, repr(value)])
         return None
     if isinstance(value, Mapping):
-        return {key: _without_nonfinite(item, [*path, key], found) for key, item in value.items()}
+        written = {}
+        for key, item in value.items():
+            name = _json_key(key)
+            written[name] = _without_nonfinite(item, [*path, name], found)
+        return written
     if isinstance(value, list | tuple):
         return [_without_nonfinite(item, [*path, index], found) for index, item in enumerate(value)]
     return value
+
+
+def _json_key(key: Any) -> Any:
+    """A mapping key as JSON writes it (``3`` -> ``"3"``), so a path to a value is the one read back."""
+    return json.dumps(key) if isinstance(key, bool | int | float) or key is None else key
 
 
 def _with_nonfinite(manifest: dict[str, Any]) -> None:
