@@ -1,7 +1,8 @@
 """Accepted-but-extreme updates leave a gateway usable (issue 32, item 1), over every uplink
 compressor: each compressor's norms and scales (or its values, where it has none) times factors
 up to 1e38 (kept finite in their dtype: up to float32's 3.4e38), and sample claims up to 2^63, as
-an insider may send without any bound set.
+an insider may send without any bound set; through every downlink, aggregator and server
+optimiser, with and without a clip norm.
 
 The gateway is the daemon's composition of real protocol objects (its gossip machine on the
 interleaving's schedule, the FedAvg server as the Node's ``fedavg`` role, GatewayWork between
@@ -45,7 +46,7 @@ torch.set_num_threads(1)
 D = 48  # the global model's length (powersgd makes it one near-square matrix)
 EDGES = tuple(f"e{i:02d}" for i in range(6))
 SPECS = ("identity", "fp16", "bf16", "qsgd:bits=8,bucket=16", "qsgd:bits=4,bucket=0", "topk:fraction=0.25",
-         "topk-approx:fraction=0.25", "randomk:fraction=0.25", "sign", "powersgd:rank=2")
+         "topk-approx:fraction=0.25", "randomk:fraction=0.25", "sign", "powersgd:rank=2")  # every operator
 SCALED_META = ("q/norm", "q/scale")  # a compressor's norm or scale, as a number in the meta
 SCALED_TENSORS = ("q/norms", "x", "q/values", "q/p", "q/q")  # norms per bucket, or the values themselves
 

@@ -17,11 +17,9 @@ from protocols.federation import FedAvgClient, FedAvgServer, FederationConfig
 from protocols.gossip import GossipConfig, make_machine
 from protocols.gossip.payload import Payload
 from protocols.messages import ClientUpdate, RoundResult, RoundStart
+from tests.test_gateway_extreme_updates_hypothesis import SPECS, D
 from topology import build
 
-D = 48
-SPECS = ("identity", "fp16", "bf16", "qsgd:bits=8,bucket=16", "qsgd:bits=4,bucket=0", "topk:fraction=0.25",
-         "topk-approx:fraction=0.25", "randomk:fraction=0.25", "sign", "powersgd:rank=2")
 HUGE = 1e38  # finite in float32; 48 of them have no float32 norm
 
 
