@@ -8,6 +8,7 @@ a server ``model_unsendable``, an edge client ``nonfinite_update``.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,10 +35,15 @@ def test_what_a_payload_calls_encodable_it_encodes(spec: str, magnitude: float, 
         assert tensors or meta
 
 
-def test_a_peer_whose_parameters_overflow_its_operator_sends_nothing_and_counts_it() -> None:
+@pytest.mark.parametrize("config", [
+    GossipConfig(algorithm="dpsgd", compression="qsgd:bits=8", total_steps=3),
+    # CHOCO sends x - x_hat; with the insider filter off it measured no norm before encoding
+    GossipConfig(algorithm="choco", compression="qsgd:bits=8", total_steps=3, norm_multiple=0.0,
+                 choco_full_start=False),
+], ids=["dpsgd", "choco"])
+def test_a_peer_whose_parameters_overflow_its_operator_sends_nothing(config: GossipConfig) -> None:
     params = torch.full((D,), HUGE)
-    machine = make_machine(GossipConfig(algorithm="dpsgd", compression="qsgd:bits=8", total_steps=3),
-                           name="p00", topology=build("ring:4"), params=params)
+    machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
     actions = machine.handle(Start(), 0.0)
     actions += machine.handle(WorkDone(1, 0.0), 1.0)
     assert not any(isinstance(a, Send) for a in actions)
