@@ -192,7 +192,16 @@ def render_edge(status: dict[str, Any]) -> str:
         f"  in {human_bytes(status.get('bytes_received', 0))}",
         "  client events: " + (", ".join(f"{k} {v}" for k, v in sorted(client.items())) or "none"),
         "  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted((status.get("rejections") or {}).items()))
-                            or "none")])
+                            or "none"), *_internal_error_lines(status)])
+
+
+def _internal_error_lines(status: dict[str, Any]) -> list[str]:
+    """Messages dropped because handling them raised (a bug their sender's input met), by sender."""
+    errors = status.get("internal_errors") or {}
+    if not errors:
+        return []
+    return ["  internal errors (messages dropped, a bug to report): "
+            + ", ".join(f"{sender} {count}" for sender, count in sorted(errors.items()))]
 
 
 def _federation_lines(federation: dict[str, Any]) -> list[str]:
@@ -261,6 +270,7 @@ def render(status: dict[str, Any]) -> str:
         lines.append("  connections refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
+    lines += _internal_error_lines(status)
     if status.get("federation"):
         lines += _federation_lines(status["federation"])
     lines.append("  neighbours:")

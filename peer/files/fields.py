@@ -72,6 +72,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           label="kind"),
     Field("messages_accepted", "messages", "counter", "messages received that passed every check"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
+    Field("internal_errors", "messages", "counter",
+          "accepted messages dropped because handling them raised (`internal_error` in `rejections`: a "
+          "bug met by this sender's input; the peer lives on), by sender", label="sender"),
     Field("frames_dropped", "frames", "counter",
           "wire frames dropped unread, by reason: unannounced (no header announced it), size_mismatch, "
           "after_rejection (announced by a refused message), multipart (a hostile multipart arrival)",
@@ -104,8 +107,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "older ones", label="reason"),
     Field("checkpoint_error", "", "text",
           "why the last checkpoint could not be written (empty once one is written again)"),
+    Field("checkpoint_nonfinite", "values", "counter",
+          "non-finite numbers in checkpoint metadata (an overflow), written as null and read back as "
+          "they were, by their path in the manifest", label="path"),
     Field("status_write_failures", "writes", "counter",
           "status.json, metrics.jsonl or TensorBoard writes that failed, by errno", label="reason"),
+    Field("status_values_replaced", "values", "counter",
+          "status.json or metrics.jsonl values strict JSON cannot hold: an infinity written as null "
+          "(`infinite`), anything else as text (`not_json_<type>`); NaN is null, unknown", label="reason"),
     Field("roster_version", "", "gauge", "the latest roster version this peer has read (applied from its "
           "effective round on)"),
     Field("roster_reloads", "reloads", "counter",

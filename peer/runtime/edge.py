@@ -384,11 +384,14 @@ class EdgeClient:
                 "handshake_refused": dict(self.transport.handshake_refused),
                 "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
+                "internal_errors": dict(self.node.internal_errors),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
                 "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
                 "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
-                "status_write_failures": dict(self.status.failures)}
+                "checkpoint_nonfinite": dict(self.store.nonfinite),
+                "status_write_failures": dict(self.status.failures),
+                "status_values_replaced": dict(self.status.replaced)}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:

@@ -135,7 +135,11 @@ class FedBuffServer(FederationServer):
         return self._timeout(key, now)
 
     def _fill(self, now: float) -> list[Action]:
-        """Ask free clients until ``concurrency`` train (all of them asked with one message)."""
+        """Ask free clients until ``concurrency`` train (all of them asked with one message); none while
+        the model cannot be sent (``_model_message``)."""
+        model = self._model()
+        if model is None:
+            return []
         chosen: list[str] = []
         while len(self.busy) < self.config.concurrency:
             free = self.registered - set(self.busy)
@@ -147,18 +151,20 @@ class FedBuffServer(FederationServer):
             chosen.append(client)
         if not chosen:
             return []
-        tensors, meta = self._model()
+        tensors, meta = model
         start = RoundStart(round=self.version, tensors=tensors, meta={**meta, **self.config.local_work()},
                            deadline_s=self.config.round_timeout_s)
         deadline = now + self.config.round_timeout_s
         timers: list[Action] = [SetTimer(self._timer_key(c), deadline) for c in chosen]
         return [Send(tuple(sorted(chosen)), start), *timers]
 
-    def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]]:
-        """The current version as sent (encoded once per version)."""
+    def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]] | None:
+        """The current version as sent (encoded once per version); None when it cannot be."""
         if self._sent is None or self._sent[0] != self.version:
-            tensors, meta, _ = self.downlink.encode(self.params, self.version)
-            self._sent = (self.version, tensors, meta)
+            model = self._model_message()
+            if model is None:
+                return None
+            self._sent = (self.version, *model)
         return self._sent[1], self._sent[2]
 
     def _timer_key(self, client: str) -> str:
@@ -226,8 +232,8 @@ class FedBuffServer(FederationServer):
         if self.version >= self.config.rounds:
             self.phase = BuffPhase.FINISHED
             cancels: list[Action] = [CancelTimer(self._timer_key(c)) for c in sorted(self.busy)]
-            tensors, meta = self._model()
-            return [*actions, *cancels, *self._finish(now, tensors, meta), Finished()]
+            model = self._model()
+            return [*actions, *cancels, *(self._finish(now, *model) if model is not None else []), Finished()]
         return actions
 
     # ------------------------------------------------------------ checkpoints

@@ -278,13 +278,16 @@ class FedAvgServer(FederationServer):
         if self.privacy is not None and not self.asked:  # nobody drawn: the noise alone is released
             return [Metric("round", float(self.round)), Metric("asked", 0.0), *self._close(now, "empty")]
         self.phase = ServerPhase.OPEN
-        tensors, meta, _ = self.downlink.encode(self.params, self.round)
+        model = self._model_message()
         secure_meta, secure_actions = self.secure.open(self.round, self.asked, now) if self.secure \
             else ({}, [])
-        start = RoundStart(round=self.round, tensors=tensors,
-                           meta={**meta, **self.config.local_work(), **secure_meta},
-                           deadline_s=self.config.round_timeout_s)
-        return [Send(self.asked, start), SetTimer(self._timer_key(), now + self.config.round_timeout_s),
+        sends: list[Action] = []
+        if model is not None:
+            start = RoundStart(round=self.round, tensors=model[0],
+                               meta={**model[1], **self.config.local_work(), **secure_meta},
+                               deadline_s=self.config.round_timeout_s)
+            sends.append(Send(self.asked, start))
+        return [*sends, SetTimer(self._timer_key(), now + self.config.round_timeout_s),
                 *secure_actions, Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
 
     def _open_round(self, now: float) -> None:
@@ -370,8 +373,8 @@ class FedAvgServer(FederationServer):
         actions: list[Action] = [Metric("taken", float(len(taken)))]
         if self.round >= self.config.rounds:
             self.phase = ServerPhase.FINISHED
-            tensors, meta, _ = self.downlink.encode(self.params, self.round)
-            return [*actions, *self._finish(now, tensors, meta), Finished()]
+            model = self._model_message()
+            return [*actions, *(self._finish(now, *model) if model is not None else []), Finished()]
         if self.pause_between_rounds:
             self.phase = ServerPhase.PAUSED
             return actions
