@@ -167,7 +167,7 @@ def test_availability_patterns_are_seeded_and_windows_wrap_midnight() -> None:
     assert [night.on(0, "e", t) for t in (1.0, 7.0, 19.0, 21.0, 25.0)] == [True, False, False, True, True]
     assert night.next_change_s(1.0) == 6.0 and night.next_change_s(7.0) == 20.0
     assert Availability.parse("always").next_change_s(0.0) == math.inf
-    assert parse_attack("signflip:10") == 10.0
+    assert parse_attack("signflip:10").flip_scale == 10.0
     for bad in ("sometimes", "random:2:10", "daily:8", "random:0.5:0"):
         with pytest.raises(ValueError, match="expected"):
             Availability.parse(bad)
