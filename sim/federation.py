@@ -769,6 +769,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
         row["clip_norm"] = report.clip_norm
     if getattr(report, "secagg_phases", None):  # SecAgg on: each phase's time, messages and bytes
         row["secagg_phases"] = list(report.secagg_phases)
+    if report.bounds:  # the influence bounds the updates met (protocols/federation/influence.py)
+        row["bounds"] = dict(report.bounds)
     return row
 
 
