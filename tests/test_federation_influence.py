@@ -19,9 +19,17 @@ from _influence_round import run_rounds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peer.cli.status import _federation_lines
 from peer.train.attack import Attack, forge, parse_attack
 from protocols.events import Received, Start
-from protocols.federation import DifferentialPrivacyConfig, FederationConfig, influence, make_server
+from protocols.federation import (
+    DifferentialPrivacyConfig,
+    FederationConfig,
+    RoundReport,
+    influence,
+    make_server,
+    report_row,
+)
 from protocols.federation.influence import bound_updates, delta_norm, lower_median, norm_bound, samples_cap
 from protocols.messages import ClientUpdate
 
@@ -131,6 +139,19 @@ def test_the_default_round_report_and_counters_show_the_bounds() -> None:
     bounds, counters = _round(FederationConfig(**SERVER), UPDATES)   # type: ignore[arg-type]
     assert bounds == {"samples_cap": 520, "norm_bound": 4.0, "bounded": BOTH}
     assert counters["bounded_samples_median"] == 1 and counters["bounded_norm_median"] == 1
+
+
+def test_hivemesh_status_shows_the_last_rounds_bounds() -> None:
+    bounds, _ = _round(FederationConfig(**SERVER), UPDATES)   # type: ignore[arg-type]
+    federation = {"mode": "sync", "last_rounds": [report_row(_report(bounds)), report_row(_report({}))]}
+    assert "    bounds: num_samples cap 520, norm bound 4; bounded norm_median 1, samples_median 1" in \
+        _federation_lines({**federation, "last_rounds": federation["last_rounds"][:1]})
+    assert not any("bounds:" in line for line in _federation_lines(federation))   # DP / SecAgg: none
+
+
+def _report(bounds: dict[str, Any]) -> RoundReport:
+    return RoundReport(round=0, opened_at_s=0.0, closed_at_s=1.0, closed_by="quota", asked=(), taken=(),
+                       missing=(), late=(), refused=(), aggregated=True, update_norm=1.0, bounds=bounds)
 
 
 def test_fedbuff_bounds_each_buffer_before_its_staleness_weights() -> None:
