@@ -112,6 +112,14 @@ def test_a_hostile_minority_never_moves_a_bound_beyond_the_honest_values(
     assert sum(bounds.bounded.values()) == sum(over)
 
 
+@pytest.mark.parametrize("key", ["samples_multiple", "norm_multiple"])
+def test_a_multiple_is_zero_or_at_least_one_and_the_error_names_it(key: str) -> None:
+    assert getattr(FederationConfig(**{key: 0}), key) == 0          # type: ignore[arg-type]
+    for bad in (0.5, -1.0, math.inf, True):
+        with pytest.raises(ValueError, match=f"federation.{key}"):
+            FederationConfig(**{key: bad})                           # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------- the servers
 
 
