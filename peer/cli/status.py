@@ -217,6 +217,7 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
                      f"{', '.join(report.get('missing') or []) or '-'}, late "
                      f"{', '.join(report.get('late') or []) or '-'}")
+        lines += _bounds_lines(report.get("bounds") or {})
         lines += _secagg_lines(report.get("secagg_phases") or [])
     secagg = federation.get("secagg")
     if secagg:  # secure aggregation on: where the open round's SecAgg is
@@ -229,6 +230,16 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
     return lines
+
+
+def _bounds_lines(bounds: dict[str, Any]) -> list[str]:
+    """A closed round's influence bounds (its report's ``bounds``; none under DP or SecAgg)."""
+    if not bounds:
+        return []
+    bounded = ", ".join(f"{k} {v}" for k, v in sorted((bounds.get("bounded") or {}).items())) or "none"
+    norm = bounds.get("norm_bound")
+    return [f"    bounds: num_samples cap {bounds.get('samples_cap') or 'off'}, norm bound "
+            f"{'off' if norm is None else _num(norm, '.4g')}; bounded {bounded}"]
 
 
 def _secagg_lines(phases: list[dict[str, Any]]) -> list[str]:

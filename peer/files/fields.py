@@ -174,11 +174,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.wanted", "clients", "gauge", "updates the open round takes before it closes"),
     Field("federation.taken", "", "text", "the clients whose updates the open round has taken (answered)"),
     Field("federation.last_rounds", "", "text", "the last three closed rounds' reports: asked, taken, "
-          "missing, late, refused, closed_by, aggregated (a list; status.json only)"),
+          "missing, late, refused, closed_by, aggregated, bounds (the influence bounds applied: "
+          "samples_cap, norm_bound, bounded by reason) (a list; status.json only)"),
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
-          "rounds_aggregated, rounds_failed, final_answers (the final model sent again to a client heard "
-          "after the end), final_answer_limited (at most one per client per round_timeout_s)", label="event"),
+          "rounds_aggregated, rounds_failed, bounded_<reason> (updates capped or clipped: samples_median, "
+          "samples_max, norm_median, norm_fixed), final_answers (the final model sent again to a client "
+          "heard after the end), final_answer_limited (at most one per client per round_timeout_s)",
+          label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta`, amplified by "

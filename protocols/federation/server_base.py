@@ -22,7 +22,7 @@ models than a running federation that asks it in every round sends it (a round l
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from protocols.events import (
     Start,
     TimerFired,
 )
-from protocols.federation.common import Counted, payload
+from protocols.federation.common import Combined, Counted, combine, payload
 from protocols.federation.config import FederationConfig
 from protocols.federation.server_opt import OptState
 from protocols.messages import ClientUpdate, Message, RoundResult, Scalar
@@ -141,6 +141,16 @@ class FederationServer(Counted):
         except BadParts as error:
             self.counters[f"refused_bad_update_{error.reason}"] += 1
             return None
+
+    def _combine(self, updates: Mapping[str, tuple[torch.Tensor, int]],
+                 weights: Mapping[str, float] | None = None) -> Combined:
+        """The updates' aggregate (common.combine), each bounded first; what was bounded is counted
+        ``bounded_<reason>`` (influence.py: ``samples_median``, ``samples_max``, ``norm_median``,
+        ``norm_fixed``)."""
+        combined = combine(self.config, updates, weights)
+        for reason, count in combined.bounds.bounded.items():
+            self.counters[f"bounded_{reason}"] += count
+        return combined
 
     # ------------------------------------------------------------ the end
 
