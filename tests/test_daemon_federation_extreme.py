@@ -72,9 +72,12 @@ def attacker(files: FederationFiles) -> tuple[DialTransport, Endpoint]:
 
 
 def test_a_taken_update_with_norms_times_1e30_ends_no_process(tmp_path: Path) -> None:
-    # Prepare: hivemesh init's uplink (qsgd) and no norm bound; one round of all three, the attacker one
+    # Prepare: hivemesh init's uplink (qsgd) and no norm bound; one round of all three, the attacker one.
+    # The influence bounds off, as an operator may set them: with them on (the default) the overflow
+    # never reaches the checkpoint (tests/test_daemon_federation_insider.py); off, the process lives too
     files = make_federation(tmp_path / "fed", edges=3, rounds=1, fraction=1.0, min_clients=3,
-                            min_registered=3, round_timeout_s=120.0, max_samples=0)
+                            min_registered=3, round_timeout_s=120.0, max_samples=0,
+                            samples_multiple=0, norm_multiple=0)
     config = load_edge_config(files.edge_configs[ATTACKER]).federation
     transport, endpoint = attacker(files)
     with processes(files) as run, transport:

@@ -2,7 +2,7 @@
 compressor: each compressor's norms and scales (or its values, where it has none) times factors
 up to 1e38 (kept finite in their dtype: up to float32's 3.4e38), and sample claims up to 2^63, as
 an insider may send without any bound set; through every downlink, aggregator and server
-optimiser, with and without a clip norm.
+optimiser, with and without a clip norm, with the influence bounds on (init's multiples) and off.
 
 The gateway is the daemon's composition of real protocol objects (its gossip machine on the
 interleaving's schedule, the FedAvg server as the Node's ``fedavg`` role, GatewayWork between
@@ -143,22 +143,26 @@ VALUES = st.one_of(st.sampled_from([1.0, -0.5]), st.floats(min_value=-1.0, max_v
 @given(spec=st.sampled_from(SPECS), downlink=st.sampled_from(SPECS),
        aggregator=st.sampled_from(("fedavg", "fedavg", *AGGREGATORS)),
        server_opt=st.sampled_from(SERVER_OPTIMIZERS), clip_norm=st.sampled_from([0.0, 0.0, 1.0]),
+       bounds=st.sampled_from([0.0, 0.0, 2.0]),
        factors=st.lists(FACTORS, min_size=1, max_size=3), num_samples=st.lists(SAMPLES, max_size=3),
        values=st.lists(VALUES, min_size=1, max_size=4))
 # the crash found from outside (init's defaults: qsgd uplink, identity downlink; one edge's norms x 1e30),
 # and a global model a lossy downlink cannot carry (its norm past float32: the encoder refused it)
+# (the influence bounds off, as before they were on by default; the third: on, at init's multiples)
 @example(spec="qsgd:bits=8", downlink="identity", aggregator="fedavg", server_opt="fedavg", clip_norm=0.0,
-         factors=[1e30], num_samples=[], values=[1e-3])
+         bounds=0.0, factors=[1e30], num_samples=[], values=[1e-3])
 @example(spec="identity", downlink="sign", aggregator="fedavg", server_opt="fedavg", clip_norm=0.0,
-         factors=[1e38, 1e38, 1e38], num_samples=[2**63], values=[1.0])
+         bounds=0.0, factors=[1e38, 1e38, 1e38], num_samples=[2**63], values=[1.0])
+@example(spec="qsgd:bits=8", downlink="identity", aggregator="fedavg", server_opt="fedavg", clip_norm=0.0,
+         bounds=2.0, factors=[1e38, 1e30], num_samples=[2**63, 1], values=[1.0])
 def test_extreme_updates_leave_the_gateway_usable(spec: str, downlink: str, aggregator: str, server_opt: str,
-                                                  clip_norm: float, factors: list[float],
+                                                  clip_norm: float, bounds: float, factors: list[float],
                                                   num_samples: list[int], values: list[float]) -> None:
     # Prepare: hivemesh init's federation (fraction 0.5 of 6, min 2) on this uplink, edges heard
     config = FederationSection(rounds=4, fraction=0.5, min_clients=2, round_timeout_s=30.0, uplink=spec,
                                downlink=downlink, aggregator=aggregator,  # type: ignore[arg-type]
                                server_opt=ServerOptConfig(name=server_opt),  # type: ignore[arg-type]
-                               clip_norm=clip_norm)
+                               clip_norm=clip_norm, samples_multiple=bounds, norm_multiple=bounds)
     gw = gateway(config)
     gw.hear_edges(0.0)
     gw.carry_out(gw.node.start(0.1), 0.1)
