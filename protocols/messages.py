@@ -128,7 +128,7 @@ class ClientUpdate:
     """FedAvg: a client's (compressed) update after local training, weighted by ``num_samples``.
 
     The tensors are the delta (trained minus the model of ``round``), under the uplink's encoding;
-    the server caps ``num_samples`` (protocols/federation/aggregate.py: cap_samples)."""
+    the server caps ``num_samples`` (protocols/federation/influence.py)."""
 
     KIND: ClassVar[str] = "client_update"
     round: int

@@ -27,6 +27,7 @@ What the driver models, on the engine's virtual clock:
 * attackers (``attack = {e003 = "signflip:10"}``): train honestly, then upload
   ``-scale`` times their update (the delta is flipped in the trainer's vector
   before ``WorkDone``, by peer/train/attack.py, as a real edge's test hook does);
+  ``claim``, ``norms`` and ``value`` forge the upload itself (the same module);
 * gateways: the gossip machine's rounds interleave with FedAvg rounds by
   protocols/federation/interleave.py's ``GatewayWork``, as in the daemon (the
   server pauses after each round; the machine's ``WorkDone`` is fed when a
@@ -90,7 +91,7 @@ import torch
 
 from peer.files.config import ConfigError
 from peer.files.statefiles import json_safe
-from peer.train.attack import parse_attack, sign_flip
+from peer.train.attack import Attack, forge, parse_attack, sign_flip
 from peer.train.build import build_trainers
 from peer.train.checkpoint import CheckpointSchedule
 from peer.train.trainer import Trainer
@@ -172,7 +173,7 @@ class Member:
     server: FedAvgServer | FedBuffServer | None = None
     trainer: Trainer | None = None
     availability: Availability = field(default_factory=lambda: Availability("always"))
-    attack_scale: float = 0.0
+    attack: Attack = field(default_factory=Attack)  # honest unless the scenario's attack names it
     on: bool = True
     incarnation: int = 0                     # bumped when it goes off: stale callbacks see it
     work_index: int = 0
@@ -363,7 +364,7 @@ class FederationRun:
         attack = self.section.attack.get(name)
         return Member(name, node, gateway=gateway, client=client, trainer=trainer,
                       availability=Availability.parse(spec),
-                      attack_scale=parse_attack(attack) if attack else 0.0)
+                      attack=parse_attack(attack) if attack else Attack())
 
     def _run_id(self) -> str:
         return f"{self.scenario.name}:{self.scenario.seed}"
@@ -535,6 +536,7 @@ class FederationRun:
         now = self.engine.now_s
         match action:
             case Send(recipients=recipients, message=message):
+                message = forge(message, member.attack)
                 nbytes = message_bytes(message)
                 for recipient in recipients:
                     self._send(member.name, recipient, message, nbytes, now)
@@ -601,8 +603,8 @@ class FederationRun:
             return
         assert member.trainer is not None and member.client is not None
         loss = member.trainer.run_steps(steps, proximal=(member.client.anchor, member.client.prox_mu))
-        if member.attack_scale > 0 and member.client.anchor is not None:
-            sign_flip(member.trainer.flat_params, member.client.anchor, member.attack_scale)
+        if member.attack.flip_scale > 0 and member.client.anchor is not None:
+            sign_flip(member.trainer.flat_params, member.client.anchor, member.attack.flip_scale)
         speed = self.scenario.nodes.speed.get(member.name, 1.0)
         took = work_seconds(self.scenario, speed, member.name, member.work_index, steps)
         member.work_index += 1
@@ -767,6 +769,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
         row["clip_norm"] = report.clip_norm
     if getattr(report, "secagg_phases", None):  # SecAgg on: each phase's time, messages and bytes
         row["secagg_phases"] = list(report.secagg_phases)
+    if report.bounds:  # the influence bounds the updates met (protocols/federation/influence.py)
+        row["bounds"] = dict(report.bounds)
     return row
 
 

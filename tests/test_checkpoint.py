@@ -1,9 +1,11 @@
 import json
+import math
 import os
 import pickle
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -155,9 +157,29 @@ def test_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_non_json_metadata_is_refused_before_writing(tmp_path: Path) -> None:
     trainer = small_trainer()
-    with pytest.raises(TypeError, match="JSON"):
-        save(tmp_path, trainer.state_dict(), ({}, {"bad": float("nan")}))
+    with pytest.raises(checkpoint.MetadataError, match="JSON"):
+        save(tmp_path, trainer.state_dict(), ({}, {"bad": {1, 2}}))
     assert checkpoint.list_checkpoints(tmp_path) == []
+
+
+def test_non_finite_metadata_is_strict_json_and_reads_back_as_it_was(tmp_path: Path) -> None:
+    # Prepare: an overflow's infinities and a NaN in the protocol slot's metadata, nested
+    trainer = small_trainer()
+    meta = {"step_norm": math.inf, "rows": [1.0, -math.inf, {"loss": math.nan}], "kept": None,
+            "by_round": {3: {"norm": math.inf}}}
+    counted: Counter[str] = Counter()
+    # Execute
+    path = save(tmp_path, trainer.state_dict(), ({}, meta), nonfinite=counted)
+    loaded = load_latest(tmp_path)
+    # Assert: the manifest is strict JSON; each number is back, each counted by its path
+    json.loads((path / checkpoint.MANIFEST_FILE).read_text(), parse_constant=pytest.fail)
+    assert loaded is not None
+    restored = loaded.protocol_state[1]
+    assert restored["step_norm"] == math.inf and restored["rows"][:2] == [1.0, -math.inf]
+    assert math.isnan(restored["rows"][2]["loss"]) and restored["kept"] is None
+    assert restored["by_round"] == {"3": {"norm": math.inf}}     # a key as JSON writes it
+    assert counted == {"protocol_meta.step_norm": 1, "protocol_meta.rows.1": 1,
+                       "protocol_meta.rows.2.loss": 1, "protocol_meta.by_round.3.norm": 1}
 
 
 def test_schedule_by_steps_and_seconds() -> None:

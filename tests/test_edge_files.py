@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,10 @@ def test_init_writes_a_federation_whose_members_share_one_run_id(tmp_path: Path)
     gateway = load_peer_config(out / "gw0.toml")
     assert gateway.federation is not None and gateway.federation.rounds == 7
     assert gateway.federation.gossip_rounds == 1     # two gateways gossip after each round
+    # the influence bounds (issue 32) are in the files, for an operator to see and change
+    for path in (out / "gw0.toml", out / "e000.toml"):
+        written = tomllib.loads(path.read_text())["federation"]
+        assert (written["samples_multiple"], written["norm_multiple"]) == (2.0, 2.0), path
     assert gateway.gossip.total_steps == 7 and gateway.gossip.mixing == "after"
     assert gateway.peer.clients == ("e000", "e001", "e002")      # blocks: client i of 5 is gw(i*2//5)'s
     assert load_peer_config(out / "gw1.toml").peer.clients == ("e003", "e004")

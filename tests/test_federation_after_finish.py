@@ -22,8 +22,9 @@ MODES = {"sync": {"fraction": 1.0, "min_clients": 2},
 
 
 def config(mode: str) -> FederationConfig:
+    # exact FedAvg arithmetic below: the influence bounds off (tests/test_federation_influence.py)
     return FederationConfig(rounds=1, round_timeout_s=TIMEOUT_S, uplink="identity",  # type: ignore[arg-type]
-                            **MODES[mode])
+                            samples_multiple=0, norm_multiple=0, **MODES[mode])
 
 
 def finished_server(mode: str) -> tuple[FedAvgServer | FedBuffServer, RoundResult]:

@@ -162,8 +162,10 @@ def test_robust_aggregators_hold_against_sign_flipping_clients_where_fedavg_fail
     for aggregator in ("trimmed_mean", "median"):
         config = FederationConfig(aggregator=aggregator, trim_beta=0.2, **common)  # type: ignore[arg-type]
         accuracies[aggregator] = (_accuracy(config, ()), _accuracy(config, attackers))
-    fedavg = _accuracy(FederationConfig(**common), attackers)  # type: ignore[arg-type]
-    # Assert: within 3 points of the same aggregator's clean run; FedAvg is driven off
+    unbounded = FederationConfig(samples_multiple=0, norm_multiple=0, **common)  # type: ignore[arg-type]
+    fedavg = _accuracy(unbounded, attackers)
+    # Assert: within 3 points of the same aggregator's clean run; plain FedAvg (the influence bounds
+    # of issue 32 off: tests/test_federation_influence.py) is driven off
     for aggregator, (clean, attacked) in accuracies.items():
         assert attacked >= clean - 0.03, f"{aggregator}: {attacked:.3f} attacked vs {clean:.3f} clean"
         assert clean >= 0.85, f"{aggregator}: clean run only {clean:.3f}"

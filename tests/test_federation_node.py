@@ -18,8 +18,9 @@ from protocols.messages import ClientUpdate, Heartbeat, RoundStart
 from protocols.node import Neighbour, Node, NodeConfig
 from topology import build
 
+# exact FedAvg arithmetic below: the influence bounds off (tests/test_federation_influence.py)
 CONFIG = FederationConfig(rounds=2, fraction=1.0, min_clients=2, local_epochs=0, local_steps=1,
-                          uplink="identity")
+                          uplink="identity", samples_multiple=0, norm_multiple=0)
 NODE = NodeConfig(neighbour_timeout_s=5.0)
 
 

@@ -30,8 +30,9 @@ CLIENTS = tuple(f"c{i:02d}" for i in range(10))
 
 
 def config(**overrides: object) -> FederationConfig:
+    # exact FedAvg arithmetic below: the influence bounds off (tests/test_federation_influence.py)
     settings: dict[str, object] = {"fraction": 0.5, "min_clients": 2, "rounds": 3, "round_timeout_s": 10.0,
-                                   "uplink": "identity"}
+                                   "uplink": "identity", "samples_multiple": 0, "norm_multiple": 0}
     settings.update(overrides)
     return FederationConfig(**settings)  # type: ignore[arg-type]
 

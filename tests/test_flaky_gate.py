@@ -8,6 +8,8 @@ is collected on its own, with the ``processes`` marker the gate selects by.
 
 from __future__ import annotations
 
+import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +91,49 @@ def test_the_gate_passes_a_steady_selection(suite: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert rows(done.stdout) == {"test_steady[a]": (2, 0), "test_steady[b]": (2, 0)}
     assert not (suite / "runs.txt").exists()   # -k reached pytest
+
+
+
+def burners() -> int:
+    """The gate's load processes now running (their last argument names them)."""
+    found = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found += b"hivemesh-flaky-load" in arguments
+    return found
+
+
+# the test the gate runs under load: it counts the burners from inside the run
+LOAD_SUITE = f'''
+import os
+from pathlib import Path
+
+import pytest
+
+{inspect.getsource(burners)}
+
+@pytest.mark.processes
+def test_sees_the_load() -> None:
+    assert burners() == int(os.environ["EXPECTED_LOAD"])
+'''
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("load", [0, 2])
+def test_the_gate_runs_its_load_beside_every_run_and_stops_it(tmp_path: Path, load: int) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    processes: real processes\n")
+    (tmp_path / "test_load.py").write_text(LOAD_SUITE)
+    before = burners()
+
+    done = subprocess.run([sys.executable, str(GATE), "--runs", "2", "--load", str(load), str(tmp_path),
+                           "--", "-p", "no:hypothesispytest"],
+                          capture_output=True, text=True, timeout=CEILING_S, cwd=ROOT,
+                          env={**os.environ, "EXPECTED_LOAD": str(load + before)})
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rows(done.stdout) == {"test_sees_the_load": (2, 0)}
+    assert f"load: {load} CPU-bound processes" in done.stdout
+    assert burners() == before     # every burner stopped with the gate

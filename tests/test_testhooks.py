@@ -26,7 +26,7 @@ from peer.runtime.testhooks import (
     save_point_from_environment,
     schedule_from_environment,
 )
-from peer.train.attack import parse_attack, sign_flip
+from peer.train.attack import Attack, parse_attack, sign_flip
 from topology.errors import HivemeshError
 
 
@@ -126,10 +126,12 @@ def test_signflip_and_pace_hooks_turn_an_edge_into_an_attacker_or_a_slow_device(
     hooks = Hooks([Hook(at_step=3, action="signflip", scale=10.0),
                    Hook(at_step=0, action="pace", seconds=0.05)])
     assert not hooks.holding(0)
-    assert hooks.step_pace_s == 0.05 and hooks.attack_scale == 0.0
-    assert not hooks.holding(3) and hooks.attack_scale == 10.0
-    assert parse_hooks(hooks_json([Hook(at_step=1, action="signflip", scale=2.5)])) == (
-        Hook(at_step=1, action="signflip", scale=2.5),)
+    assert hooks.step_pace_s == 0.05 and hooks.attack == Attack()
+    assert not hooks.holding(3) and hooks.attack == Attack(flip_scale=10.0)
+    both = (Hook(at_step=1, action="signflip", scale=2.5), Hook(at_step=2, action="attack", spec="claim:5"))
+    assert parse_hooks(hooks_json(both)) == both      # every field crosses the environment
+    attack = Hooks(both)
+    assert not attack.holding(2) and attack.attack == Attack(claim_samples=5)
     for bad in ({"action": "signflip"}, {"action": "pace"}, {"action": "pace", "seconds": -1.0}):
         with pytest.raises(HivemeshError):
             parse_hooks(json.dumps([{"at_step": 0, **bad}]))
@@ -139,6 +141,6 @@ def test_the_attack_is_the_honest_update_flipped_and_scaled() -> None:
     anchor, trained = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([1.5, -2.0, 0.0])
     sign_flip(trained, anchor, 10.0)
     assert torch.equal(trained - anchor, torch.tensor([-5.0, 0.0, 5.0]))
-    assert parse_attack("signflip:10") == 10.0
+    assert parse_attack("signflip:10") == Attack(flip_scale=10.0)
     with pytest.raises(ValueError, match="signflip"):
         parse_attack("signflip:0")

@@ -50,3 +50,37 @@ def test_an_outbox_refused_before_its_key_is_admitted_redials_after_one_backoff_
         _poll_until([b], lambda: b.messages_received == 1, "b never got a's message")
         a.poll(0.2)     # a connected outbox is not redialed again
         assert a.redialed["b"] == refused and a.handshake_refused["auth"] == refused
+
+
+def test_a_full_queue_behind_a_slow_receiver_is_not_redialed_and_loses_nothing() -> None:
+    """b reads nothing for longer than the back-off's ceiling (a peer starved of CPU on a loaded
+    machine) while a sends small messages (copied by libzmq: no tracker shows them queued) until its
+    queue is full, then once more. The connection is up, so a full queue is a slow receiver, not a
+    stale dial: a keeps its socket, and every message a's send took reaches b once b reads again.
+    Before, the failed send redialed (no pending tracker, dialed over reconnect_max_ms ago) and the
+    fresh socket dropped every message queued on the old one, uncounted."""
+    la, lb = reserve_listeners(2)
+    config = TransportConfig(reconnect_ms=50, reconnect_max_ms=200, high_water_mark=8,
+                             receive_high_water_mark=8)
+    b = Transport(listen=listener_address(lb), neighbours={}, config=config, listen_fd=lb.detach())
+    a = Transport(listen=listener_address(la), neighbours={"b": b.listen}, config=config,
+                  listen_fd=la.detach())
+    frame = bytes(32 * 1024)        # under pyzmq's copy threshold: copied, never tracked
+    with a, b:
+        _poll_until([a], lambda: a.send("b", [frame]), "a never connected to b")   # sent once connected
+        _poll_until([b], lambda: b.messages_received == 1, "b never got a's first message")
+
+        def fill() -> int:
+            """Send until a send fails: b reads nothing, so the kernel's buffers, then a's queue fill."""
+            sent = 0
+            while a.send("b", [frame]):
+                sent += 1
+                assert sent < 100_000, "a's queue never filled"
+            return sent
+
+        taken = 1 + fill()
+        time.sleep(config.reconnect_max_ms / 1000 * 2)   # past the ceiling since a dialed b
+        taken += fill()     # what room libzmq's I/O thread made meanwhile; then a failed send
+        assert a.redialed["b"] == 0, "a full queue on a live connection was taken for a stale dial"
+        _poll_until([a, b], lambda: b.messages_received >= taken, f"b got {b.messages_received} of {taken}")
+        assert b.messages_received == taken

@@ -65,6 +65,17 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
     }
 
 
+def default_federation(*, rounds: int, gateways: int, edges: int, seed: int) -> dict[str, Any]:
+    """The [federation] table of a new federation. The influence bounds are written out, so an
+    operator sees them to turn off (0) or change (protocols/federation/influence.py)."""
+    from protocols.federation import FederationConfig
+
+    defaults = FederationConfig()
+    return {"rounds": rounds, "fraction": 0.5, "min_clients": min(2, edges), "round_timeout_s": 30.0,
+            "local_epochs": 1, "seed": seed, "gossip_rounds": 1 if gateways > 1 else 0,
+            "samples_multiple": defaults.samples_multiple, "norm_multiple": defaults.norm_multiple}
+
+
 def _named(option: str, check: Callable[[], T]) -> T:
     """``check()``, with any error it raises made one line that names the command-line option."""
     from peer.files.config import ConfigError
@@ -161,9 +172,8 @@ def _federation(args: argparse.Namespace) -> int:
 
     if args.gateways < 1 or args.edges < 1:
         raise HivemeshError("--gateways and --edges must both be at least 1")
-    federation = {"rounds": args.rounds, "fraction": 0.5, "min_clients": min(2, args.edges),
-                  "round_timeout_s": 30.0, "local_epochs": 1, "seed": args.seed,
-                  "gossip_rounds": 1 if args.gateways > 1 else 0}
+    federation = default_federation(rounds=args.rounds, gateways=args.gateways, edges=args.edges,
+                                    seed=args.seed)
     _named("--rounds", lambda: FederationSection(**federation))
     network = _named("--algorithm", lambda: default_network(
         topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,

@@ -192,7 +192,16 @@ def render_edge(status: dict[str, Any]) -> str:
         f"  in {human_bytes(status.get('bytes_received', 0))}",
         "  client events: " + (", ".join(f"{k} {v}" for k, v in sorted(client.items())) or "none"),
         "  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted((status.get("rejections") or {}).items()))
-                            or "none")])
+                            or "none"), *_internal_error_lines(status)])
+
+
+def _internal_error_lines(status: dict[str, Any]) -> list[str]:
+    """Messages dropped because handling them raised (a bug their sender's input met), by sender."""
+    errors = status.get("internal_errors") or {}
+    if not errors:
+        return []
+    return ["  internal errors (messages dropped, a bug to report): "
+            + ", ".join(f"{sender} {count}" for sender, count in sorted(errors.items()))]
 
 
 def _federation_lines(federation: dict[str, Any]) -> list[str]:
@@ -208,6 +217,7 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
                      f"{', '.join(report.get('missing') or []) or '-'}, late "
                      f"{', '.join(report.get('late') or []) or '-'}")
+        lines += _bounds_lines(report.get("bounds") or {})
         lines += _secagg_lines(report.get("secagg_phases") or [])
     secagg = federation.get("secagg")
     if secagg:  # secure aggregation on: where the open round's SecAgg is
@@ -220,6 +230,16 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
     return lines
+
+
+def _bounds_lines(bounds: dict[str, Any]) -> list[str]:
+    """A closed round's influence bounds (its report's ``bounds``; none under DP or SecAgg)."""
+    if not bounds:
+        return []
+    bounded = ", ".join(f"{k} {v}" for k, v in sorted((bounds.get("bounded") or {}).items())) or "none"
+    norm = bounds.get("norm_bound")
+    return [f"    bounds: num_samples cap {bounds.get('samples_cap') or 'off'}, norm bound "
+            f"{'off' if norm is None else _num(norm, '.4g')}; bounded {bounded}"]
 
 
 def _secagg_lines(phases: list[dict[str, Any]]) -> list[str]:
@@ -261,6 +281,7 @@ def render(status: dict[str, Any]) -> str:
         lines.append("  connections refused: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     rejections = status.get("rejections") or {}
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
+    lines += _internal_error_lines(status)
     if status.get("federation"):
         lines += _federation_lines(status["federation"])
     lines.append("  neighbours:")

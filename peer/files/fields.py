@@ -78,6 +78,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("bytes_accepted_by_kind", "bytes", "counter",
           "sealed messages received that passed every check, by kind", label="kind"),
     Field("rejections", "messages", "counter", "messages refused or dropped, by reason", label="reason"),
+    Field("internal_errors", "messages", "counter",
+          "accepted messages dropped because handling them raised (`internal_error` in `rejections`: a "
+          "bug met by this sender's input; the peer lives on), by sender", label="sender"),
     Field("frames_dropped", "frames", "counter",
           "wire frames dropped unread, by reason: unannounced (no header announced it), size_mismatch, "
           "after_rejection (announced by a refused message), multipart (a hostile multipart arrival)",
@@ -110,8 +113,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "older ones", label="reason"),
     Field("checkpoint_error", "", "text",
           "why the last checkpoint could not be written (empty once one is written again)"),
+    Field("checkpoint_nonfinite", "values", "counter",
+          "non-finite numbers in checkpoint metadata (an overflow), written as null and read back as "
+          "they were, by their path in the manifest", label="path"),
     Field("status_write_failures", "writes", "counter",
           "status.json, metrics.jsonl or TensorBoard writes that failed, by errno", label="reason"),
+    Field("status_values_replaced", "values", "counter",
+          "status.json or metrics.jsonl values strict JSON cannot hold: an infinity written as null "
+          "(`infinite`), anything else as text (`not_json_<type>`); NaN is null, unknown", label="reason"),
     Field("roster_version", "", "gauge", "the latest roster version this peer has read (applied from its "
           "effective round on)"),
     Field("roster_reloads", "reloads", "counter",
@@ -171,11 +180,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.wanted", "clients", "gauge", "updates the open round takes before it closes"),
     Field("federation.taken", "", "text", "the clients whose updates the open round has taken (answered)"),
     Field("federation.last_rounds", "", "text", "the last three closed rounds' reports: asked, taken, "
-          "missing, late, refused, closed_by, aggregated (a list; status.json only)"),
+          "missing, late, refused, closed_by, aggregated, bounds (the influence bounds applied: "
+          "samples_cap, norm_bound, bounded by reason) (a list; status.json only)"),
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
-          "rounds_aggregated, rounds_failed, final_answers (the final model sent again to a client heard "
-          "after the end), final_answer_limited (at most one per client per round_timeout_s)", label="event"),
+          "rounds_aggregated, rounds_failed, bounded_<reason> (updates capped or clipped: samples_median, "
+          "samples_max, norm_median, norm_fixed), final_answers (the final model sent again to a client "
+          "heard after the end), final_answer_limited (at most one per client per round_timeout_s)",
+          label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
     Field("federation.privacy.epsilon", "", "gauge", "the privacy spent so far at `delta`, amplified by "

@@ -9,7 +9,10 @@ one JSON object per evaluation. Checkpoints go through :mod:`peer.train.checkpoi
 A full disk costs lines, not the peer: a status, metrics or checkpoint write that
 fails with an ``OSError`` leaves no half-written file, is counted by errno and said
 once (``cannot write status.json: ENOSPC: ...``, ``cannot checkpoint: ...``), and the
-peer goes on; the next write that fits clears it.
+peer goes on; the next write that fits clears it. What a member's input can put in them
+cannot raise either: a status or metrics value strict JSON has no word for is written as
+null or text and counted by reason (:func:`json_safe`); a checkpoint's non-finite numbers
+are kept (peer/train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from __future__ import annotations
 import errno
 import json
 import math
+import numbers
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +37,30 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 
 
-def json_safe(value: Any) -> Any:
-    """JSON without NaN/Infinity (strict readers refuse them): non-finite floats become null."""
+def json_safe(value: Any, replaced: Counter[str] | None = None) -> Any:
+    """``value`` as strict JSON can hold it, whatever it holds: NaN (unknown) becomes null; an
+    infinity (an overflow) null too, counted ``infinite`` in ``replaced``; another type's number
+    (numpy's) a float or int; anything else JSON has no word for (a tensor, bytes) its ``str``,
+    counted ``not_json_<type>``. Keys become strings. Never raises."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
+        if math.isfinite(value):
+            return value
+        if replaced is not None and not math.isnan(value):
+            replaced["infinite"] += 1
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, replaced) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_safe(v, replaced) for v in value]
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return json_safe(float(value), replaced)
+    if replaced is not None:
+        replaced[f"not_json_{type(value).__name__}"] += 1
+    return str(value)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -87,11 +106,12 @@ class StatusWriter:
         self.display: Progress | None = None    # made at the first status: a bar only if there is one
         self.next_due = 0.0
         self.failures: Counter[str] = Counter()    # status or metrics lines not written, by errno name
+        self.replaced: Counter[str] = Counter()    # values written as null or text, by reason (json_safe)
         self._failing = ""
 
     def write(self, snapshot: dict[str, Any], *, now: float, interval_s: float) -> None:
         self.next_due = now + interval_s
-        record = dict(snapshot, pid=os.getpid(), updated_at=time.time())
+        record = json_safe(dict(snapshot, pid=os.getpid(), updated_at=time.time()), self.replaced)
         self.guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
         if self.progress:
             if self.display is None:
@@ -114,7 +134,7 @@ class StatusWriter:
         full disk)."""
         def append() -> None:
             with (self.data_dir / file_name).open("a") as handle:
-                handle.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
+                handle.write(json.dumps(json_safe(record, self.replaced), sort_keys=True) + "\n")
 
         self.guarded(file_name, append)
 
@@ -186,8 +206,10 @@ class CheckpointStore:
 
     A save that fails for want of disk (any ``OSError``) does not stop the peer: the writer has
     removed its temporary directory, the checkpoints before it stay, and the failure is counted
-    by errno (``failures``) and kept as ``error`` until a save succeeds. :meth:`recover`, first at
-    start-up, clears what a dead writer left (peer/train/checkpoint.py ``recover``).
+    by errno (``failures``) and kept as ``error`` until a save succeeds; so is metadata JSON cannot
+    hold (``not_json``). A non-finite number in the metadata is written (and read back) as it was,
+    and counted by its path (``nonfinite``). :meth:`recover`, first at start-up, clears what a
+    dead writer left (peer/train/checkpoint.py ``recover``).
     """
 
     def __init__(self, data_dir: Path, *, keep: int, at_point: SavePoint | None = None) -> None:
@@ -196,8 +218,9 @@ class CheckpointStore:
         self.at_point = at_point        # a test hook (peer/runtime/testhooks.py)
         self.step = -1                  # of the newest checkpoint written or loaded (-1: none)
         self.written = 0
-        self.failures: Counter[str] = Counter()    # failed saves, by errno name
+        self.failures: Counter[str] = Counter()    # failed saves, by errno name (or not_json)
         self.error = ""                 # why the last save failed; "" once one succeeded
+        self.nonfinite: Counter[str] = Counter()   # non-finite numbers written, by metadata path
 
     def recover(self) -> list[str]:
         """Temporaries of a dead writer: a complete one put into place, the rest removed (what was
@@ -213,20 +236,24 @@ class CheckpointStore:
              step: int | None = None) -> str:
         """Write one checkpoint (``step``: its name; None: the trainer's step); "" when written, else
         why not (the peer trains on)."""
-        from peer.train.checkpoint import save
+        from peer.train.checkpoint import MetadataError, save
 
         try:
             path = save(self.directory, trainer_state, protocol_state, extra=extra, keep=self.keep,
-                        at_point=self.at_point, step=step)
+                        at_point=self.at_point, step=step, nonfinite=self.nonfinite)
         except OSError as error:
-            reason = os_error_reason(error)
-            self.failures[reason.partition(":")[0] or "OSError"] += 1
-            self.error = reason
-            return reason
+            return self._failed(os_error_reason(error))
+        except MetadataError as error:
+            return self._failed(f"not_json: {error}")
         self.step = int(path.name.rpartition("-")[2])
         self.written += 1
         self.error = ""
         return ""
+
+    def _failed(self, reason: str) -> str:
+        self.failures[reason.partition(":")[0] or "OSError"] += 1
+        self.error = reason
+        return reason
 
     def load_latest(self) -> tuple[dict[str, Any], Any, dict[str, Any]] | None:
         from peer.train.checkpoint import load_latest

@@ -149,9 +149,9 @@ class DialTransport:
         return True
 
     def _redial_if_stale(self) -> None:
-        """Dial afresh after ``reconnect_max_ms`` without a connection, as peer/net/transport.py's
-        outboxes do: the fallback where no refused handshake told us sooner (see the module docstring)."""
-        if self._pending or time.monotonic() - self._dialed_s < self.config.reconnect_max_ms / 1000:
+        """Dial afresh after ``reconnect_max_ms`` without a connection (``HandshakeWatch.stale``), as
+        peer/net/transport.py's outboxes do (see the module docstring)."""
+        if self._pending or not self._handshakes.stale(time.monotonic(), self._dialed_s):
             return
         self._redial()
 

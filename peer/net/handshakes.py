@@ -134,3 +134,12 @@ class HandshakeWatch:
 
     def redial_due(self, now_s: float) -> bool:
         return self._redial_at_s is not None and now_s >= self._redial_at_s
+
+    def stale(self, now_s: float, dialed_s: float) -> bool:
+        """Whether a socket that could not queue a message is to be dialed afresh (dialed at
+        ``dialed_s``): it has had no connection for ``reconnect_max_ms``, the fallback where no
+        refused handshake told us sooner. A socket with a connection whose queue is full has a
+        slow receiver, not a stale dial: a redial would drop every message it holds, uncounted
+        (small frames are copied, so no tracker shows them)."""
+        self.drain(now_s)
+        return self.fd is None and now_s - dialed_s >= self.config.reconnect_max_ms / 1000

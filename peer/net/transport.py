@@ -627,11 +627,10 @@ class Transport:
         return Counter({name: o.watch.handshakes for name, o in self._outboxes.items() if o.watch.handshakes})
 
     def _redial_if_stale(self, name: str, outbox: _Outbox) -> None:
-        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling: the fallback
-        where no refused handshake told us sooner (see the module docstring and
-        peer/net/handshakes.py). For a neighbour that is simply down this only restarts the
-        back-off."""
-        if outbox.pending or time.monotonic() - outbox.dialed_s < self.config.reconnect_max_ms / 1000:
+        """Dial ``name`` afresh when it has had no connection for the back-off's ceiling
+        (``HandshakeWatch.stale``; see the module docstring). For a neighbour that is simply down
+        this only restarts the back-off."""
+        if outbox.pending or not outbox.watch.stale(time.monotonic(), outbox.dialed_s):
             return
         self._redial(name, outbox)
         self.redialed[name] += 1

@@ -146,7 +146,7 @@ import torch
 
 from peer.files.console import MismatchNotices, ensure_logging
 from peer.files.keydir import find_identity
-from peer.files.statefiles import CheckpointStore, StatusWriter, json_safe
+from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.digests import BufferPool, ThreadDigester
 from peer.net.transport import Arrival, Transport, TransportConfig, TransportError
 from peer.runtime.assemble import Parts, assemble, gateway_serving, not_owned_hint, peer_topology, tcp_address
@@ -771,7 +771,7 @@ class PeerDaemon:
         if len(server.reports) > self._rounds_evaluated:
             self._last_eval = self.trainer.evaluate()
             for index in sorted(server.reports)[self._rounds_evaluated:]:   # reports are only added
-                row = {**json_safe(report_row(server.reports[index])),
+                row = {**report_row(server.reports[index]),
                        "accuracy": self._last_eval.get("accuracy", math.nan)}
                 self.status.append_line(ROUNDS_FILE, row)
             self._rounds_evaluated = len(server.reports)
@@ -1093,6 +1093,7 @@ class PeerDaemon:
             "bytes_accepted_by_kind": dict(self.counters.wire_bytes_accepted_by_kind),
             "rejections": dict(self.endpoint.rejections + self.counters.rejected
                                + self.node.all_rejections()),
+            "internal_errors": dict(self.node.internal_errors),
             "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
             "sync_answers_sent": self.node.sync.answers_sent,
             "early_held": self.node.early.held_total,
@@ -1107,7 +1108,9 @@ class PeerDaemon:
             "checkpoints_written": self.store.written,
             "checkpoint_failures": dict(self.store.failures),
             "checkpoint_error": self.store.error,
+            "checkpoint_nonfinite": dict(self.store.nonfinite),
             "status_write_failures": dict(self.status.failures),
+            "status_values_replaced": dict(self.status.replaced),
             "roster_version": self.roster_watch.roster.version,
             "roster_reloads": self.counters.roster_reloads,
             "waiting_for": (waiting_line(self.node.neighbourhood.presence())

@@ -46,7 +46,8 @@ Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
 trainer's step before a round's work is trained: a process test kills a
 sampled client mid-round that way, without sleeps, makes a client an attacker
 (``signflip``: its trained model is flipped by peer/train/attack.py before the
-upload, as the simulator's attackers are) or a slow device (``pace``: the
+upload, as the simulator's attackers are; ``attack``: its upload forged too, by the
+same module) or a slow device (``pace``: the
 round's ``WorkDone`` waits, the loop polling, until its steps took that long).
 """
 
@@ -74,7 +75,7 @@ from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
-from peer.train.attack import sign_flip
+from peer.train.attack import forge, sign_flip
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -288,8 +289,8 @@ class EdgeClient:
         self.transport.wait_sent()       # training changes the parameters in place
         began = self.now()
         loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
-        if self.hooks.attack_scale > 0 and self.client.anchor is not None:   # a test's attacker
-            sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack_scale)
+        if self.hooks.attack.flip_scale > 0 and self.client.anchor is not None:   # a test's attacker
+            sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack.flip_scale)
         self.rounds_trained += 1
         self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
         self._work_done()
@@ -326,7 +327,8 @@ class EdgeClient:
 
     def _send(self, action: Send) -> None:
         assert self.transport is not None
-        frames = wire_messages(self.endpoint.seal(action.recipients, action.message))
+        message = forge(action.message, self.hooks.attack)    # honest unless a test's hook says
+        frames = wire_messages(self.endpoint.seal(action.recipients, message))
         if self.transport.send(frames):
             self._contact_s = self.now()    # a connection the gateway's handshake admitted
             if action.message.KIND == "client_update":
@@ -384,11 +386,14 @@ class EdgeClient:
                 "handshake_refused": dict(self.transport.handshake_refused),
                 "handshakes": self.transport.handshakes, "redialed": self.transport.redialed,
                 "rejections": dict(self.endpoint.rejections + self.node.all_rejections()),
+                "internal_errors": dict(self.node.internal_errors),
                 "frames_dropped": dict(self.endpoint.assembler.frames_dropped + self.transport.hostile),
                 "client": dict(sorted(self.client.counters.items())),
                 "checkpoint_step": self.store.step, "checkpoints_written": self.store.written,
                 "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
-                "status_write_failures": dict(self.status.failures)}
+                "checkpoint_nonfinite": dict(self.store.nonfinite),
+                "status_write_failures": dict(self.status.failures),
+                "status_values_replaced": dict(self.status.replaced)}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:

@@ -17,6 +17,8 @@ which trains nothing, counts its rounds instead, as its checkpoints do):
 - ``signflip`` (an edge client): from then on it is an attacker, as a scenario's
   ``attack = {NAME = "signflip:<scale>"}`` makes one in the simulator: it trains
   honestly, then uploads ``-scale`` times its update (peer/train/attack.py);
+- ``attack`` (an edge client): from then on it is the attacker its ``spec`` says (any
+  peer/train/attack.py spec: a flip, a forged claim, norms or value), replacing an earlier one;
 - ``pace`` (an edge client): from then on each training step takes at least
   ``seconds`` of its clock: the round's ``WorkDone`` waits (messages and
   heartbeats go on) until ``steps * seconds`` after its training began, as the
@@ -54,6 +56,7 @@ file side; the daemon carries out what :class:`MemberFaults` says fires.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -67,6 +70,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from peer.train.attack import Attack, parse_attack
 from peer.train.checkpoint import SAVE_POINTS, SavePoint
 from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
 from topology.errors import HivemeshError
@@ -75,19 +79,20 @@ ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
 PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this
 SCHEDULE_VARIABLE = "HIVEMESH_TEST_SCHEDULE"
 SAVE_VARIABLE = "HIVEMESH_TEST_CHECKPOINT_HOOK"
-ACTIONS = ("hold", "kill", "stop", "cut", "signflip", "pace")
+ACTIONS = ("hold", "kill", "stop", "cut", "signflip", "attack", "pace")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Hook:
     at_step: int                          # fires once the trainer's step is at least this
-    action: Literal["hold", "kill", "stop", "cut", "signflip", "pace"]
+    action: Literal["hold", "kill", "stop", "cut", "signflip", "attack", "pace"]
     gate: str = ""                        # hold: training resumes once this file exists
     mark: str = ""                        # created when the hook fires (what a test waits for)
     seconds: float = 0.0                  # cut: how long; pace: a training step's least time
     healed: str = ""                      # cut: created when the cut ends
     scale: float = 0.0                    # signflip: the attack's scale
+    spec: str = ""                        # attack: a peer/train/attack.py spec ("signflip:3,claim:1e9")
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -100,6 +105,8 @@ class Hook:
             raise ValueError(f"a cut hook needs seconds > 0, got {self.seconds}")
         if self.action == "signflip" and not 0 < self.scale < math.inf:
             raise ValueError(f"a signflip hook needs 0 < scale < inf, got {self.scale}")
+        if self.action == "attack":
+            parse_attack(self.spec)
         if self.action == "pace" and not 0 < self.seconds < math.inf:
             raise ValueError(f"a pace hook needs 0 < seconds < inf, got {self.seconds}")
 
@@ -145,8 +152,7 @@ def parse_hooks(text: str) -> tuple[Hook, ...]:
 
 def hooks_json(hooks: Sequence[Hook]) -> str:
     """The environment variable's value for ``hooks``."""
-    return json.dumps([{"at_step": h.at_step, "action": h.action, "gate": h.gate, "mark": h.mark,
-                        "seconds": h.seconds, "healed": h.healed, "scale": h.scale} for h in hooks])
+    return json.dumps([dataclasses.asdict(h) for h in hooks])     # every field: none dropped on the way
 
 
 def hooks_from_environment() -> tuple[Hook, ...]:
@@ -166,7 +172,7 @@ class Hooks:
         self._pending = sorted(hooks, key=lambda h: h.at_step)
         self._holding: Hook | None = None
         self._cut: tuple[float, str] | None = None     # (until, healed file) of a cut in force
-        self.attack_scale = 0.0     # > 0 once a signflip hook fired: uploads are -scale x the update
+        self.attack = Attack()      # what a signflip or attack hook made this edge, once it fired
         self.step_pace_s = 0.0      # a pace hook's seconds once it fired: a training step's least time
 
     def cutting(self, now: float) -> bool:
@@ -199,7 +205,9 @@ class Hooks:
                 case "cut":
                     self._cut = (now + hook.seconds, hook.healed)
                 case "signflip":
-                    self.attack_scale = hook.scale
+                    self.attack = Attack(flip_scale=hook.scale)
+                case "attack":
+                    self.attack = parse_attack(hook.spec)
                 case "pace":
                     self.step_pace_s = hook.seconds
         if self._holding is not None and Path(self._holding.gate).exists():

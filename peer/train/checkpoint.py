@@ -26,6 +26,11 @@ passed over without a word, since a kill halfway through a write leaves one by d
 the best complete temporary into place and removes every other temporary, so a dead
 writer's leftovers neither hide a checkpoint nor take the disk.
 
+Metadata is strict JSON; a non-finite number in it (an overflow a member's update caused) is
+written as null and listed by its path under the manifest's ``nonfinite``, and read back as the
+number it was, so a restore continues exactly. Metadata JSON cannot hold at all raises
+:class:`MetadataError` before anything is written.
+
 A write that fails (``ENOSPC``: a full disk) removes its temporary directory and
 leaves the checkpoints before it as they were; the caller decides what a failure
 means (peer.files.statefiles.CheckpointStore counts and reports it, the peer trains
@@ -42,6 +47,7 @@ import math
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,6 +81,10 @@ SavePoint = Callable[[str, int], None]      # (one of SAVE_POINTS, the step bein
 
 class CheckpointError(HivemeshError):
     """No usable checkpoint: every candidate failed verification (the message lists why)."""
+
+
+class MetadataError(TypeError):
+    """Checkpoint metadata that JSON cannot hold (a tensor, a set, ...): nothing was written."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,14 +206,16 @@ def _manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state: Any = None, *,
          extra: Mapping[str, Any] | None = None, step: int | None = None, keep: int = 2,
-         at_point: SavePoint | None = None) -> Path:
+         at_point: SavePoint | None = None, nonfinite: Counter[str] | None = None) -> Path:
     """Write a checkpoint atomically and keep only the newest ``keep``; returns its path.
 
     ``trainer_state`` is :meth:`Trainer.state_dict`; ``protocol_state`` is a machine's
     ``export_state()`` ((tensors, meta)) or None; ``extra`` is JSON-able driver state.
     ``step`` defaults to the trainer's step; saving a step again replaces that checkpoint.
-    ``at_point``: called at each of :data:`SAVE_POINTS` (a test hook). An ``OSError`` (a full
-    disk) is raised after the temporary directory is removed; earlier checkpoints are untouched.
+    ``at_point``: called at each of :data:`SAVE_POINTS` (a test hook). ``nonfinite``: counts, by
+    dotted path, the non-finite numbers of the metadata (written as null, read back as they were).
+    An ``OSError`` (a full disk) is raised after the temporary directory is removed; earlier
+    checkpoints are untouched; :class:`MetadataError` before anything is written.
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
@@ -220,12 +232,18 @@ def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state
         "protocol_form": protocol_form, "extra": dict(extra or {}),
         "files": {name: {"bytes": len(data), "blake3": _digest(data)} for name, data in blobs.items()},
     }
-    manifest["manifest_blake3"] = _manifest_digest(manifest)
+    found: list[list[Any]] = []
+    manifest = _without_nonfinite(manifest, [], found)
+    if found:
+        manifest["nonfinite"] = found
+        if nonfinite is not None:
+            nonfinite.update(".".join(str(key) for key in entry[:-1]) for entry in found)
     try:
+        manifest["manifest_blake3"] = _manifest_digest(manifest)
         manifest_bytes = json.dumps(manifest, sort_keys=True, indent=1, allow_nan=False).encode()
     except (TypeError, ValueError) as error:
-        raise TypeError(f"checkpoint metadata must be JSON-able (finite numbers, str, lists, dicts): "
-                        f"{error}") from None
+        raise MetadataError(f"checkpoint metadata must be JSON-able (numbers, str, lists, dicts): "
+                            f"{error}") from None
 
     final = directory / f"{PREFIX}{step:012d}"
     temp = directory / f"{TEMP_PREFIX}{step:012d}-{os.getpid()}"
@@ -263,6 +281,43 @@ def save(directory: str | Path, trainer_state: Mapping[str, Any], protocol_state
     _fsync_dir(directory)
     _prune(directory, keep)
     return final
+
+
+def _without_nonfinite(value: Any, path: list[Any], found: list[list[Any]]) -> Any:
+    """``value`` with each non-finite float replaced by None, its path and repr appended to ``found``
+    (``[key, ..., "inf"]``), so strict JSON holds it and :func:`_with_nonfinite` puts it back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append([*path, repr(value)])
+        return None
+    if isinstance(value, Mapping):
+        written = {}
+        for key, item in value.items():
+            name = _json_key(key)
+            written[name] = _without_nonfinite(item, [*path, name], found)
+        return written
+    if isinstance(value, list | tuple):
+        return [_without_nonfinite(item, [*path, index], found) for index, item in enumerate(value)]
+    return value
+
+
+def _json_key(key: Any) -> Any:
+    """A mapping key as JSON writes it (``3`` -> ``"3"``), so a path to a value is the one read back."""
+    return json.dumps(key) if isinstance(key, bool | int | float) or key is None else key
+
+
+def _with_nonfinite(manifest: dict[str, Any]) -> None:
+    """Put back the numbers :func:`_without_nonfinite` took out of a verified manifest."""
+    for entry in manifest.get("nonfinite", []):
+        *path, last, number = entry
+        holder: Any = manifest
+        try:
+            for key in path:
+                holder = holder[key]
+            if holder[last] is not None or number not in ("inf", "-inf", "nan"):
+                raise ValueError(f"{number!r} at a value that is not null")
+            holder[last] = float(number)
+        except (LookupError, TypeError, ValueError) as error:
+            raise _Invalid(f"manifest.json: nonfinite entry {entry!r} does not fit: {error}") from None
 
 
 def _prune(directory: Path, keep: int) -> None:
@@ -355,6 +410,7 @@ def _read(path: Path) -> Checkpoint:
         raise _Invalid("manifest.json digest mismatch (corrupted)")
     if manifest.get("format") != FORMAT:
         raise _Invalid(f"unknown checkpoint format {manifest.get('format')!r}")
+    _with_nonfinite(manifest)
     files = manifest["files"]
     if set(files) != {TRAINER_FILE, PROTOCOL_FILE}:
         raise _Invalid(f"manifest lists files {sorted(files)}")

@@ -5,7 +5,7 @@ tensors (each a client's delta: its trained model minus the global model it
 was sent) and returns a fresh tensor; none modifies its inputs. Only
 :func:`fedavg` reads the clients' sample counts: a robust aggregator that let a
 client's claimed count weigh its vote would hand the round to whoever claims
-the most (:func:`cap_samples` bounds the claim for FedAvg itself).
+the most (influence.py caps the claims and clips the deltas before any of these).
 
 Robustness in one line each, with ``n`` updates of which ``f`` may be hostile:
 
@@ -15,8 +15,6 @@ Robustness in one line each, with ``n`` updates of which ``f`` may be hostile:
   and highest values; holds while ``f <= floor(beta * n)``.
 - :func:`krum` / :func:`multi_krum`: the update(s) closest to their ``n - f - 2``
   nearest neighbours; needs ``n > 2f + 2`` for the guarantee.
-- :func:`clip_norms`: bounds what any one update can move the model by,
-  before any of the above.
 """
 
 from __future__ import annotations
@@ -38,19 +36,9 @@ def _stack(updates: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(list(updates))
 
 
-def cap_samples(num_samples: int, max_samples: int) -> int:
-    """A client's claimed sample count, capped at the configured maximum (``max_samples`` 0: no cap).
-
-    FedAvg weighs a client by its claim; without a cap one client claiming 10^9 samples would
-    replace the global model with its own update."""
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, not {num_samples}")
-    return num_samples if max_samples <= 0 else min(num_samples, max_samples)
-
-
 def fedavg(updates: Sequence[torch.Tensor], num_samples: Sequence[int]) -> torch.Tensor:
     """The sample-weighted mean (McMahan et al. 2017, "Communication-Efficient Learning of Deep
-    Networks from Decentralized Data"): sum_i n_i u_i / sum_i n_i. Cap the counts first."""
+    Networks from Decentralized Data"): sum_i n_i u_i / sum_i n_i. Cap the counts first (influence.py)."""
     stacked = _stack(updates)
     if len(num_samples) != len(updates) or any(n < 1 for n in num_samples):
         raise ValueError(f"fedavg needs one count >= 1 per update, got {list(num_samples)}")
@@ -120,14 +108,3 @@ def multi_krum(updates: Sequence[torch.Tensor], byzantine: int, selected: int) -
     order = sorted(range(len(updates)), key=lambda i: (float(scores[i]), i))[:keep]
     return mean([updates[i] for i in order])
 
-
-def clip_norms(updates: Sequence[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
-    """Each update scaled down to L2 norm ``max_norm`` when larger (Sun et al. 2019, "Can You
-    Really Backdoor Federated Learning?"): no single client can move the model further."""
-    if not max_norm > 0:
-        raise ValueError(f"clip_norms needs max_norm > 0, not {max_norm}")
-    clipped = []
-    for update in updates:
-        norm = float(torch.linalg.vector_norm(update))
-        clipped.append(update * (max_norm / norm) if norm > max_norm else update.clone())
-    return clipped

@@ -43,8 +43,7 @@ from protocols.events import Action, Event, Finished, ProtocolState, Received, S
 from protocols.federation.common import Counted, payload
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureClient
-from protocols.finite import all_finite
-from protocols.gossip.payload import PREFIX
+from protocols.gossip.payload import PREFIX, encodable
 from protocols.messages import ClientUpdate, Message, RoundResult, RoundStart, SecAggMessage
 
 
@@ -165,8 +164,9 @@ class FedAvgClient(Counted):
         delta = self.params.detach() - self.anchor
         self.phase = ClientPhase.IDLE
         actions: list[Action] = []
-        if not all_finite(delta):
-            self.counters["nonfinite_update"] += 1  # a diverged trainer: the server would refuse it
+        if not encodable(delta, compressed=self.compress_uplink and self.secure is None):
+            # a diverged trainer (or a norm past the operator's float32): the server would refuse it
+            self.counters["nonfinite_update"] += 1
         elif self.secure is not None:
             actions += self._secure(self.secure.upload(self.round, delta, self.num_samples, now))
             self.counters["updates_sent"] += 1

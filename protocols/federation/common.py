@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from protocols.events import Action, Event, Metric
-from protocols.federation import aggregate
+from protocols.federation import aggregate, influence
 from protocols.federation.config import FederationConfig
 from protocols.gossip.payload import Payload
 from protocols.rng import derive_seed
@@ -28,17 +29,32 @@ def sample(seed: int, draw: int, names: Iterable[str], count: int,
     return tuple(sorted(ranked[:max(0, count)]))
 
 
-def combine(config: FederationConfig, updates: Mapping[str, tuple[torch.Tensor, int]]) -> torch.Tensor:
+@dataclass(frozen=True)
+class Combined:
+    """A round's (a buffer's) aggregate delta, and the bounds its updates met on the way."""
+
+    delta: torch.Tensor
+    bounds: influence.Bounds
+
+
+def combine(config: FederationConfig, updates: Mapping[str, tuple[torch.Tensor, int]],
+            weights: Mapping[str, float] | None = None) -> Combined:
     """The configured aggregate of ``{client: (delta, num_samples)}``, taken in client-name order
-    (so ties and float sums do not depend on arrival order); norm clipping first when set."""
+    (so ties and float sums do not depend on arrival order). Each update's influence is bounded
+    first (influence.py: its claim capped, its delta clipped), then scaled by its ``weights`` entry
+    (FedBuff's staleness discount; none: 1)."""
+    bounds = influence.bound_updates(updates, samples_multiple=config.samples_multiple,
+                                     norm_multiple=config.norm_multiple, max_samples=config.max_samples,
+                                     clip_norm=config.clip_norm)
     names = sorted(updates)
-    deltas = [updates[name][0] for name in names]
-    if config.clip_norm > 0:
-        deltas = aggregate.clip_norms(deltas, config.clip_norm)
+    deltas = [bounds.updates[name][0] * (1.0 if weights is None else weights[name]) for name in names]
+    return Combined(_aggregate(config, deltas, [bounds.updates[name][1] for name in names]), bounds)
+
+
+def _aggregate(config: FederationConfig, deltas: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
     match config.aggregator:
         case "fedavg":
-            return aggregate.fedavg(deltas, [aggregate.cap_samples(updates[n][1], config.max_samples)
-                                             for n in names])
+            return aggregate.fedavg(deltas, counts)
         case "mean":
             return aggregate.mean(deltas)
         case "median":

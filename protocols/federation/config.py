@@ -41,11 +41,16 @@ class FederationConfig:
     prox_mu: float = 0.0  # FedProx's proximal weight mu (Li et al. 2020); 0 = plain FedAvg
     # --- aggregation
     aggregator: Aggregator = "fedavg"  # fedavg weighs by (capped) num_samples; the others ignore it
-    max_samples: int = 0  # cap on a client's claimed num_samples (0: none); set it when clients are untrusted
+    # each update's influence, bounded by its own round (FedBuff: its buffer) before any is applied
+    # (influence.py); 0 turns one off. Not used under differential_privacy or secure_aggregation,
+    # whose own clipping and weight cap bound each client (the gateway sees only sums under SecAgg)
+    samples_multiple: float = 2.0  # a claimed num_samples is capped at this x the round's median claim
+    norm_multiple: float = 2.0  # a delta is clipped to this x the round's median delta norm (L2)
+    max_samples: int = 0  # a fixed cap on a client's claimed num_samples too (0: none)
     trim_beta: float = 0.2  # trimmed_mean: share dropped on each side, per coordinate
     byzantine: int = 0  # krum / multi_krum: clients assumed hostile (f)
     krum_selected: int = 0  # multi_krum: updates averaged (0: n - byzantine)
-    clip_norm: float = 0.0  # clip each update to this L2 norm before aggregating (0: off)
+    clip_norm: float = 0.0  # a fixed L2 bound on each delta too (0: none)
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     # client-level DP at the gateway (protocols/federation/privacy.py); None: off
     differential_privacy: DifferentialPrivacyConfig | None = None
@@ -82,6 +87,11 @@ class FederationConfig:
         if self.aggregator not in AGGREGATORS:
             raise ValueError(f"federation.aggregator must be one of {', '.join(AGGREGATORS)}, "
                              f"not {self.aggregator!r}")
+        for key in ("samples_multiple", "norm_multiple"):
+            multiple = getattr(self, key)
+            if isinstance(multiple, bool) or not isinstance(multiple, int | float) \
+                    or not (multiple == 0 or 1.0 <= multiple < math.inf):
+                raise ValueError(f"federation.{key} must be 0 (off) or a number >= 1, not {multiple!r}")
         _at_least("max_samples", self.max_samples, 0)
         if not 0.0 <= self.trim_beta < 0.5:
             raise ValueError(f"federation.trim_beta must be in [0, 0.5), not {self.trim_beta}")

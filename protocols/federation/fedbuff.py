@@ -7,8 +7,8 @@ current global model in a ``RoundStart`` whose ``round`` is the model's
 for that version. An update ``s = version_now - version_sent`` versions old is
 weighed ``(1 + s)^-staleness_exponent`` (1/sqrt(1 + s) by default) and
 buffered; at ``buffer_size`` (K) buffered updates the server aggregates them
-(common.combine over the weighted deltas: with FedAvg and equal sample counts,
-Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``), steps its optimiser, and the
+(common.combine: each bounded against the buffer, influence.py, then weighted; with FedAvg and
+equal sample counts, Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``), steps its optimiser, and the
 version advances. A client whose update arrived (taken or refused) is free,
 and the server asks a free client (a counter-based draw keyed by (seed,
 client, dispatch number)) so ``concurrency`` keep training. A slow client
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from protocols.events import Action, CancelTimer, Finished, Metric, Send, SetTimer
-from protocols.federation.common import combine, sample
+from protocols.federation.common import sample
 from protocols.federation.config import FederationConfig
 from protocols.federation.server_base import FederationServer
 from protocols.federation.server_opt import server_step
@@ -75,6 +75,7 @@ class BufferReport:
     staleness: tuple[int, ...]
     weights: tuple[float, ...]
     update_norm: float
+    bounds: dict[str, Any]  # the influence bounds the buffer's updates met (influence.Bounds.report)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,11 @@ class FedBuffServer(FederationServer):
         return self._timeout(key, now)
 
     def _fill(self, now: float) -> list[Action]:
-        """Ask free clients until ``concurrency`` train (all of them asked with one message)."""
+        """Ask free clients until ``concurrency`` train (all of them asked with one message); none while
+        the model cannot be sent (``_model_message``)."""
+        model = self._model()
+        if model is None:
+            return []
         chosen: list[str] = []
         while len(self.busy) < self.config.concurrency:
             free = self.registered - set(self.busy)
@@ -147,18 +152,20 @@ class FedBuffServer(FederationServer):
             chosen.append(client)
         if not chosen:
             return []
-        tensors, meta = self._model()
+        tensors, meta = model
         start = RoundStart(round=self.version, tensors=tensors, meta={**meta, **self.config.local_work()},
                            deadline_s=self.config.round_timeout_s)
         deadline = now + self.config.round_timeout_s
         timers: list[Action] = [SetTimer(self._timer_key(c), deadline) for c in chosen]
         return [Send(tuple(sorted(chosen)), start), *timers]
 
-    def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]]:
-        """The current version as sent (encoded once per version)."""
+    def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]] | None:
+        """The current version as sent (encoded once per version); None when it cannot be."""
         if self._sent is None or self._sent[0] != self.version:
-            tensors, meta, _ = self.downlink.encode(self.params, self.version)
-            self._sent = (self.version, tensors, meta)
+            model = self._model_message()
+            if model is None:
+                return None
+            self._sent = (self.version, *model)
         return self._sent[1], self._sent[2]
 
     def _timer_key(self, client: str) -> str:
@@ -210,24 +217,25 @@ class FedBuffServer(FederationServer):
     def _aggregate(self, now: float) -> list[Action]:
         exponent = self.config.staleness_exponent
         weights = [staleness_weight(s, exponent) for _, _, _, s in self.buffer]
-        weighted = {f"{i:06d}/{client}": (delta * w, n)
-                    for i, ((client, delta, n, _), w) in enumerate(zip(self.buffer, weights, strict=True))}
-        delta = combine(self.config, weighted)
+        keys = [f"{i:06d}/{client}" for i, (client, _, _, _) in enumerate(self.buffer)]
+        buffered = {key: (delta, n) for key, (_, delta, n, _) in zip(keys, self.buffer, strict=True)}
+        combined = self._combine(buffered, dict(zip(keys, weights, strict=True)))   # bounded, then weighted
+        delta = combined.delta
         new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
         self.params.copy_(new)
         self.version += 1
         self.reports[self.version] = BufferReport(
             version=self.version, at_s=now, contributors=tuple(c for c, _, _, _ in self.buffer),
             staleness=tuple(s for _, _, _, s in self.buffer), weights=tuple(weights),
-            update_norm=float(torch.linalg.vector_norm(delta)))
+            update_norm=float(torch.linalg.vector_norm(delta)), bounds=combined.bounds.report())
         self.buffer = []
         self.counters["aggregations"] += 1
         actions: list[Action] = [Metric("round", float(self.version))]
         if self.version >= self.config.rounds:
             self.phase = BuffPhase.FINISHED
             cancels: list[Action] = [CancelTimer(self._timer_key(c)) for c in sorted(self.busy)]
-            tensors, meta = self._model()
-            return [*actions, *cancels, *self._finish(now, tensors, meta), Finished()]
+            model = self._model()
+            return [*actions, *cancels, *(self._finish(now, *model) if model is not None else []), Finished()]
         return actions
 
     # ------------------------------------------------------------ checkpoints

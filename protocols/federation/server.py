@@ -17,7 +17,9 @@ A round, from the table below:
 2. *Collect*: the first ``m`` valid updates are taken.
 3. *Close*, at the ``m``-th update (``quota``) or at the deadline
    (``deadline``): with at least ``min_updates`` taken, the aggregate delta
-   (common.combine) goes through the server optimiser (server_opt.server_step)
+   (common.combine: each update's claim capped and delta clipped by the round's own
+   medians first, influence.py, counted ``bounded_<reason>`` and in the report's
+   ``bounds``) goes through the server optimiser (server_opt.server_step)
    into ``params``; else the model is left as it was and the round is counted
    ``rounds_failed``. The round's :class:`RoundReport` (asked, taken, missing,
    late, refused by reason) is kept in ``reports`` (by round): failures are data.
@@ -87,7 +89,7 @@ from protocols.events import (
 )
 from protocols.federation import distributed_dp, privacy
 from protocols.federation.accountant import DistributedRoundAccountant, RoundAccountant, epsilon_json
-from protocols.federation.common import combine, sample
+from protocols.federation.common import sample
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureOutcome, SecureServer
 from protocols.federation.server_base import FederationServer
@@ -124,6 +126,10 @@ class RoundReport:
     # SecAgg on (masking): per phase, in the order they ran, its name ("phase"), duration_s, and the
     # messages and bytes each way at the gateway (secure.PhaseCost); [] otherwise
     secagg_phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # the influence bounds the updates met (influence.Bounds.report: samples_cap, norm_bound, and
+    # bounded, by reason); {} where the gateway applied none (DP and SecAgg bound each client their
+    # own way, and a round not aggregated applied nothing)
+    bounds: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def report_row(report: Any) -> dict[str, Any]:
@@ -278,13 +284,16 @@ class FedAvgServer(FederationServer):
         if self.privacy is not None and not self.asked:  # nobody drawn: the noise alone is released
             return [Metric("round", float(self.round)), Metric("asked", 0.0), *self._close(now, "empty")]
         self.phase = ServerPhase.OPEN
-        tensors, meta, _ = self.downlink.encode(self.params, self.round)
+        model = self._model_message()
         secure_meta, secure_actions = self.secure.open(self.round, self.asked, now) if self.secure \
             else ({}, [])
-        start = RoundStart(round=self.round, tensors=tensors,
-                           meta={**meta, **self.config.local_work(), **secure_meta},
-                           deadline_s=self.config.round_timeout_s)
-        return [Send(self.asked, start), SetTimer(self._timer_key(), now + self.config.round_timeout_s),
+        sends: list[Action] = []
+        if model is not None:
+            start = RoundStart(round=self.round, tensors=model[0],
+                               meta={**model[1], **self.config.local_work(), **secure_meta},
+                               deadline_s=self.config.round_timeout_s)
+            sends.append(Send(self.asked, start))
+        return [*sends, SetTimer(self._timer_key(), now + self.config.round_timeout_s),
                 *secure_actions, Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
 
     def _open_round(self, now: float) -> None:
@@ -341,14 +350,17 @@ class FedAvgServer(FederationServer):
         aggregated = len(self.taken) >= self.config.min_updates or self.privacy is not None
         norm = 0.0
         clip_norm = self.dp_clip_norm
+        bounds: dict[str, Any] = {}
         if aggregated:
             if self.secure is not None and self.taken:  # distributed DP too: the clients noised it
                 delta = self.secure.aggregate(self.taken)
             elif self.privacy is not None:  # central DP, or a DP round SecAgg could not sum: noise alone
                 delta = self._private_mean()
+            elif self.secure is not None:  # the clients clipped and capped their own: only a sum is seen
+                delta = self.secure.aggregate(self.taken)
             else:
-                delta = self.secure.aggregate(self.taken) if self.secure is not None \
-                    else combine(self.config, self.taken)
+                combined = self._combine(self.taken)
+                delta, bounds = combined.delta, combined.bounds.report()
             norm = float(torch.linalg.vector_norm(delta))
             new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
             self.params.copy_(new)
@@ -363,15 +375,16 @@ class FedAvgServer(FederationServer):
             refused=tuple(sorted(self.refused_now.items())), aggregated=aggregated, update_norm=norm,
             epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
             clip_norm=clip_norm,
-            secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else [])
+            secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else [],
+            bounds=bounds)
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1
         actions: list[Action] = [Metric("taken", float(len(taken)))]
         if self.round >= self.config.rounds:
             self.phase = ServerPhase.FINISHED
-            tensors, meta, _ = self.downlink.encode(self.params, self.round)
-            return [*actions, *self._finish(now, tensors, meta), Finished()]
+            model = self._model_message()
+            return [*actions, *(self._finish(now, *model) if model is not None else []), Finished()]
         if self.pause_between_rounds:
             self.phase = ServerPhase.PAUSED
             return actions

@@ -22,7 +22,7 @@ models than a running federation that asks it in every round sends it (a round l
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from protocols.events import (
     Start,
     TimerFired,
 )
-from protocols.federation.common import Counted, payload
+from protocols.federation.common import Combined, Counted, combine, payload
 from protocols.federation.config import FederationConfig
 from protocols.federation.server_opt import OptState
 from protocols.messages import ClientUpdate, Message, RoundResult, Scalar
@@ -142,6 +142,16 @@ class FederationServer(Counted):
             self.counters[f"refused_bad_update_{error.reason}"] += 1
             return None
 
+    def _combine(self, updates: Mapping[str, tuple[torch.Tensor, int]],
+                 weights: Mapping[str, float] | None = None) -> Combined:
+        """The updates' aggregate (common.combine), each bounded first; what was bounded is counted
+        ``bounded_<reason>`` (influence.py: ``samples_median``, ``samples_max``, ``norm_median``,
+        ``norm_fixed``)."""
+        combined = combine(self.config, updates, weights)
+        for reason, count in combined.bounds.bounded.items():
+            self.counters[f"bounded_{reason}"] += count
+        return combined
+
     # ------------------------------------------------------------ the end
 
     def _finish(self, now: float, tensors: dict[str, torch.Tensor], meta: dict[str, Scalar]) -> list[Action]:
@@ -152,6 +162,16 @@ class FederationServer(Counted):
         self.final_sent_s.update(dict.fromkeys(clients, now))
         return [Send(clients, self.final)] if clients else []
 
+    def _model_message(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]] | None:
+        """The global model as the downlink sends it (tensors, meta); None when it cannot be (its values,
+        or through a lossy spec its norm, not finite: an update without a bound overflowed it), counted
+        ``model_unsendable``: the round then asks without a model, and no final model goes out."""
+        if not self.downlink.encodable(self.params):
+            self.counters["model_unsendable"] += 1
+            return None
+        tensors, meta, _ = self.downlink.encode(self.params, self._round_now())
+        return tensors, meta
+
     def _answer_final(self, client: str, now: float) -> list[Action]:
         """The end again, for one client that asked after it (at most once per ``round_timeout_s``)."""
         sent = self.final_sent_s.get(client)
@@ -159,8 +179,10 @@ class FederationServer(Counted):
             self.counters["final_answer_limited"] += 1
             return []
         if self.final is None:  # restored finished: the checkpoint holds the final model
-            tensors, meta, _ = self.downlink.encode(self.params, self._round_now())
-            self.final = RoundResult(round=self._round_now(), tensors=dict(tensors), meta=dict(meta))
+            model = self._model_message()
+            if model is None:
+                return []
+            self.final = RoundResult(round=self._round_now(), tensors=dict(model[0]), meta=dict(model[1]))
         self.final_sent_s[client] = now
         self.counters["final_answers"] += 1
         return [Send((client,), self.final)]

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from protocols.events import Action, Event, Metric, ProtocolState
-from protocols.finite import all_finite
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from protocols.gossip.payload import Payload
@@ -180,7 +179,8 @@ class MachineBase:
     def warnings(self) -> list[str]:
         """What an operator must not miss now (a setting the machine had to change while running)."""
         if self.counters["nonfinite_params"]:
-            return [f"own parameters not finite in {self.counters['nonfinite_params']} round(s) (not sent)"]
+            return [f"own parameters not finite (or past the compression's range) in "
+                    f"{self.counters['nonfinite_params']} round(s) (not sent)"]
         return []
 
     @property
@@ -237,9 +237,10 @@ class MachineBase:
             self.counters[key] += n
 
     def _sendable(self, own: torch.Tensor) -> bool:
-        """Whether our own values can go out: non-finite ones (a diverged trainer) are counted and
-        never sent, since a neighbour would refuse them and mixing them would spread the damage."""
-        if all_finite(own):
+        """Whether our own values can go out: non-finite ones (a diverged trainer), or ones whose norm
+        overflows the operator's float32 norms (Payload.encodable), are counted and never sent, since
+        a neighbour would refuse them and mixing them would spread the damage."""
+        if self.payload.encodable(own):
             return True
         self._count("nonfinite_params")
         return False

@@ -151,10 +151,9 @@ class Choco(RoundMachine):
 
     def _round_messages(self, t: int) -> list[Send]:
         difference = self.params - self.x_hat
-        correction = self._distance(difference)
-        if not math.isfinite(correction):    # finite parameters, but x - x_hat overflowed
-            self._count("nonfinite_params")   # never sent: a neighbour would refuse it anyway
+        if not self._sendable(difference):    # finite parameters, but x - x_hat overflowed
             return []
+        correction = self._distance(difference)
         self._guard(correction)
         tensors, meta, q = self.payload.encode(difference, t, raw=self._raw(t))
         meta[STEP_KEY] = self.step

@@ -24,6 +24,14 @@ PREFIX = "q"  # the pack prefix of a compressed vector
 CPU = torch.device("cpu")
 
 
+def encodable(x: torch.Tensor, *, compressed: bool) -> bool:
+    """Whether ``x`` can be sent: its values finite and, through an operator (``compressed``), its norm
+    too (the operators' norms and scales are float32, and each refuses what overflows them)."""
+    if not compressed:
+        return all_finite(x)
+    return bool(torch.isfinite(torch.linalg.vector_norm(x.detach().float())))
+
+
 class Payload:
     """Encoder/decoder for one peer's vectors of ``numel`` elements of ``dtype`` on ``device``."""
 
@@ -52,6 +60,10 @@ class Payload:
         tensors, meta = pack(compressed, PREFIX)
         decoded = self._compressor.decompress(compressed).to(device=self.device, dtype=self.dtype)
         return {k: t.to(CPU) for k, t in tensors.items()}, meta, decoded
+
+    def encodable(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`encode` takes ``x`` (:func:`encodable`)."""
+        return encodable(x, compressed=self._compressor is not None)
 
     def export_state(self) -> dict[str, torch.Tensor]:
         """A stateful operator's state (PowerSGD's warm start), for checkpoints; else empty."""

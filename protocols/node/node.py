@@ -43,6 +43,9 @@ a kind no role takes        counted ``no_role_for_<kind>`` (``no_role_for_param_
 anything else, not started  held (protocols/node/early.py), fed after ``Start``
 anything else, started      fed to the role that takes its kind (a machine counts what
                             arrives after it finished as ``after_finish``)
+any, if handling it raises  dropped: counted ``internal_error`` (by sender in
+                            ``internal_errors``), said once per sender and error type;
+                            the member lives on
 ==========================  ============================================================
 
 Roles. A member holds its machine (the model it trains and gossips) and,
@@ -85,6 +88,7 @@ state-sync answer) it asks its driver through ``answer_source``.
 from __future__ import annotations
 
 import math
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +168,8 @@ class Node(Generic[N]):
         self.serving = serving if self.roles else None
         self.answer_source = answer_source
         self.rejected: Counter[str] = Counter()  # the Node's own refusals, by reason
+        self.internal_errors: Counter[str] = Counter()  # messages an exception dropped, by sender
+        self._errors_said: set[tuple[str, str]] = set()  # (sender, exception type) already said
         self.started = False
         self.syncing = False
         self.finished = False
@@ -314,7 +320,28 @@ class Node(Generic[N]):
 
     def receive(self, sender: str, message: Message, now: float, *,
                 reachable: bool = True) -> list[NodeAction]:
-        """A verified message from ``sender`` (``reachable``: whether we can answer it now)."""
+        """A verified message from ``sender`` (``reachable``: whether we can answer it now).
+
+        Whatever it holds, it cannot end the member: an exception raised while handling it (what
+        its content met in our code, a bug to fix, never the sender's right) drops it, counted
+        ``internal_error`` and by sender in ``internal_errors``, and said once per sender and error."""
+        try:
+            return self._receive(sender, message, now, reachable=reachable)
+        except Exception as error:  # the one place every host hands a member's input in
+            return self._internal_error(sender, message, error)
+
+    def _internal_error(self, sender: str, message: Message, error: Exception) -> list[NodeAction]:
+        self.rejected["internal_error"] += 1
+        self.internal_errors[sender] += 1
+        said = (sender, type(error).__name__)
+        if said in self._errors_said:
+            return []
+        self._errors_said.add(said)
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        return [Note(f"{message.KIND} from {sender} dropped: internal_error: {type(error).__name__}: "
+                     f"{str(error)[:200]} (at {frame.filename}:{frame.lineno})", warning=True)]
+
+    def _receive(self, sender: str, message: Message, now: float, *, reachable: bool) -> list[NodeAction]:
         refused = self._refuse_version(sender, message)
         if refused is not None:
             return refused
