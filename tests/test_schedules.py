@@ -12,11 +12,15 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+import _federation_support as federation_support
 import numpy as np
 import pytest
+from _daemon_support import CEILING_S, describe, make_network, peers, status
 
+from peer.cli.init import default_network
 from peer.cli.main import main
 from peer.files.statefiles import StatusWriter
+from peer.runtime.netinit import create_federation
 from peer.train.federated import round_schedule
 from peer.train.tasks import get_task
 from peer.train.trainer import FlatOptimizer, SchedulePoint, Trainer, TrainerConfig, lr_at
@@ -122,3 +126,49 @@ def test_a_schedule_that_lasts_the_run_warns_nothing() -> None:
     trainer = _trainer(total_steps=12)
     trainer.run_steps(12)
     assert trainer.warnings() == []
+
+
+@pytest.mark.processes
+def test_a_gossip_peer_whose_learning_rate_reaches_zero_early_warns_once_in_status_and_log(
+        tmp_path: Path) -> None:
+    # Prepare: 40 gossip steps, a cosine schedule over 10
+    files = make_network(tmp_path / "net", peers=2, topology="complete", steps=40,
+                         trainer={"total_steps": 10})
+    # Execute
+    with peers(files) as processes:
+        processes.start_all()
+        finished = processes.wait(CEILING_S)
+        codes = processes.exitcodes()
+    # Assert
+    assert finished and all(code == 0 for code in codes.values()), f"{codes}\n{describe(files)}"
+    for name in files.configs:
+        found = [w for w in status(files, name)["warnings"] if "learning rate reached 0" in w]
+        assert len(found) == 1 and "at step 10 " in found[0], status(files, name)["warnings"]
+        log = (files.out / "data" / name / "peer.log").read_text()
+        assert log.count("learning rate reached 0") == 1, log
+
+
+@pytest.mark.processes
+def test_an_edge_whose_learning_rate_reaches_zero_early_warns_once_in_status_and_log(tmp_path: Path) -> None:
+    # Prepare: 3 rounds of 2 local steps for both clients, a cosine schedule written over 3 steps
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=300, seed=0)
+    network["trainer"]["total_steps"] = 3
+    files = create_federation(tmp_path / "fed", gateways=1, edges=2, network=network, reserve=True,
+                              federation={"rounds": 3, "fraction": 1.0, "min_clients": 2, "local_epochs": 0,
+                                          "local_steps": 2, "round_timeout_s": 30.0},
+                              peer_options=federation_support.GATEWAY_OPTIONS,
+                              edge_options=federation_support.EDGE_OPTIONS)
+    # Execute
+    with federation_support.processes(files) as run:
+        run.start_all()
+        finished = run.wait(CEILING_S)
+        codes = run.exitcodes()
+    # Assert: rounds 1 and 2 train at lr 0 from global step 3 on; each client says it once
+    assert finished and all(code == 0 for code in codes.values()), codes
+    for name in files.edge_configs:
+        warnings = federation_support.status(files, name)["warnings"]
+        found = [w for w in warnings if "learning rate reached 0" in w]
+        assert len(found) == 1 and "at step 3 " in found[0], warnings
+        log = (files.network.out / "data" / name / "peer.log").read_text()
+        assert log.count("learning rate reached 0") == 1, log

@@ -287,7 +287,6 @@ class PeerDaemon:
         self.params_trace = params_trace
         self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._was_held = False      # the schedule held the last work point
-        self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
         # state-sync answer carries what the machine mixes, copied to the host (it may be sent
@@ -708,6 +707,7 @@ class PeerDaemon:
         if self.hooks.step_pace_s:  # a test's slower machine: the steps take that long, as compute would
             time.sleep(max(0.0, began + steps * self.hooks.step_pace_s - time.monotonic()))
         self._last_loss = loss
+        self._machine_warnings()
         self._feed(WorkDone(steps, loss))
 
     def _gateway_progress(self) -> None:
@@ -1070,7 +1070,7 @@ class PeerDaemon:
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
             "federation": self._federation_status(now),
-            "warnings": self.machine.warnings(),
+            "warnings": [*self.machine.warnings(), *self.trainer.warnings()],
             "timeline": self.timeline,
         }
 
@@ -1098,11 +1098,10 @@ class PeerDaemon:
             self.status.write(self._published, now=self.now(), interval_s=self.config.peer.status_interval_s)
 
     def _machine_warnings(self) -> None:
-        """Say each new warning of the machine once (its metrics are the only time it can change)."""
-        for text in self.machine.warnings():
-            if text not in self._warned:
-                self._warned.add(text)
-                self._warn(text)
+        """Say each new warning of the machine (its metrics are the only time it can change) and of
+        the trainer (its work) once."""
+        for text in [*self.machine.warnings(), *self.trainer.warnings()]:
+            self.status.warn_once(f"{self.name}: warning: {text}")
 
     def _warn(self, text: str) -> None:
         self.status.warn(f"{self.name}: warning: {text}")

@@ -293,6 +293,8 @@ class EdgeClient:
         if self.hooks.attack_scale > 0 and self.client.anchor is not None:   # a test's attacker
             sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack_scale)
         self.rounds_trained += 1
+        for text in self.trainer.warnings():
+            self.status.warn_once(f"{self.name}: warning: {text}")
         self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
         self._work_done()
 
@@ -393,7 +395,8 @@ class EdgeClient:
                 "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
                 "checkpoint_nonfinite": dict(self.store.nonfinite),
                 "status_write_failures": dict(self.status.failures),
-                "status_values_replaced": dict(self.status.replaced)}
+                "status_values_replaced": dict(self.status.replaced),
+                "warnings": self.trainer.warnings()}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:
