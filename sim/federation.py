@@ -94,6 +94,7 @@ from peer.files.statefiles import json_safe
 from peer.train.attack import Attack, forge, parse_attack, sign_flip
 from peer.train.build import build_trainers
 from peer.train.checkpoint import CheckpointSchedule
+from peer.train.federated import train_round
 from peer.train.trainer import Trainer
 from protocols.events import (
     CancelTimer,
@@ -602,7 +603,7 @@ class FederationRun:
                 self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=steps, loss=0.0)))
             return
         assert member.trainer is not None and member.client is not None
-        loss = member.trainer.run_steps(steps, proximal=(member.client.anchor, member.client.prox_mu))
+        loss = train_round(member.trainer, member.client, steps)
         if member.attack.flip_scale > 0 and member.client.anchor is not None:
             sign_flip(member.trainer.flat_params, member.client.anchor, member.attack.flip_scale)
         speed = self.scenario.nodes.speed.get(member.name, 1.0)

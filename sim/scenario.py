@@ -314,7 +314,8 @@ class ScenarioConfig:
 
     def trainer_config(self) -> Any:
         """The [trainer] table as a TrainerConfig, by the peer file's rules (errors name the key)."""
-        return trainer_config(self.network(), source=self.source, prefix="trainer", steps=self.steps)
+        return trainer_config(self.network(), source=self.source, prefix="trainer", steps=self.steps,
+                              federated=self.federation.gateways > 0)
 
     def check_tables(self) -> None:
         """Check the tables other components own, as a peer file's loader does (errors name the key)."""

@@ -45,3 +45,46 @@ def test_the_good_neighbours_of_those_options_are_accepted(tmp_path: Path) -> No
         out = tmp_path / f"net{i}"
         assert main(["init", "--peers", "4", "--topology", "ring", "--out", str(out), *extra]) == 0, extra
         assert (out / "roster.toml").exists()
+
+
+TASK_FILE = '''from peer.train.tasks.digits import digits_mlp
+
+
+def make():
+    return digits_mlp()
+'''
+
+
+@pytest.mark.parametrize("network", [["--peers", "2"], ["--gateways", "1", "--edges", "2"]],
+                         ids=["gossip", "federation"])
+def test_a_task_file_given_relative_to_the_working_folder_loads_from_the_configs_init_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, network: list[str]) -> None:
+    # Prepare: the task file beside the user, the network in a folder of its own
+    from peer.runtime.edgeconfig import load_edge_config
+    from peer.runtime.peerconfig import load_peer_config
+    from peer.train.tasks import get_task
+
+    (tmp_path / "some" / "dir").mkdir(parents=True)
+    (tmp_path / "some" / "dir" / "file.py").write_text(TASK_FILE)
+    monkeypatch.chdir(tmp_path)
+    # Execute
+    code = main(["init", *network, "--task", "some/dir/file.py:make", "--out", "net"])
+    # Assert: every config names a task that loads from it, wherever it is read from
+    assert code == 0
+    monkeypatch.chdir("/")
+    configs = sorted((tmp_path / "net").glob("[pg]*.toml"))
+    edges = sorted((tmp_path / "net").glob("e*.toml"))
+    assert len(configs) + len(edges) == (2 if network[0] == "--peers" else 3)
+    for config in [*map(load_peer_config, configs), *map(load_edge_config, edges)]:
+        assert Path(config.network.task.rpartition(":")[0]).samefile(tmp_path / "some" / "dir" / "file.py")
+        assert get_task(config.network.task).n_train > 0
+
+
+def test_a_task_file_that_is_not_there_is_one_line_naming_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "--gateways", "1", "--edges", "2", "--task", "some/dir/file.py:make",
+                 "--out", "net"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hivemesh: error: --task: ") and "no such file" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "net").exists()

@@ -198,7 +198,8 @@ def test_bad_shards_and_devices_are_user_errors() -> None:
 
 
 @pytest.mark.parametrize(("data", "needle"), [
-    ({"lr": -1}, "lr"), ({"optimizer": "lion"}, "optimizer"), ({"lr_decay": "cosine"}, "total_steps"),
+    ({"lr": -1}, "lr"), ({"optimizer": "lion"}, "optimizer"),
+    ({"lr_decay": "cosine", "warmup_steps": 5, "total_steps": 3}, "total_steps"),
     ({"batch_size": -2}, "batch_size"), ({"dtype": "float16"}, "dtype"), ({"grad_clip": -1.0}, "grad_clip"),
 ])
 def test_config_validation_names_the_key(data: dict, needle: str) -> None:

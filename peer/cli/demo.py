@@ -50,14 +50,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, out: Path) -> int:
-    from peer.cli.init import default_network
+    from peer.cli.init import default_network, task_as_written
     from peer.runtime.launch import PeerProcesses
     from peer.runtime.netinit import create_network
     from topology import build, default_names
 
     build(args.topology, default_names(args.peers), seed=args.seed)   # a bad spec fails before any file
-    network = default_network(topology=args.topology, task=args.task, algorithm=args.algorithm,
-                              compression=args.compression, steps=args.steps, seed=args.seed)
+    network = default_network(topology=args.topology, task=task_as_written(args.task),
+                              algorithm=args.algorithm, compression=args.compression, steps=args.steps,
+                              seed=args.seed)
     files = create_network(out, peers=args.peers, network=network,
                            peer_options={"progress": False, "eval_every_steps": 50}, reserve=True)
     print(f"hivemesh demo: {args.peers} peers on 127.0.0.1, topology {args.topology}, {args.algorithm}"

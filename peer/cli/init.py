@@ -51,8 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def default_network(*, topology: str, task: str, algorithm: str, compression: str, steps: int, seed: int,
-                    partition: str = "dirichlet", alpha: float = 0.5) -> dict[str, Any]:
-    """The [network] table of a new network (what every member agrees on)."""
+                    partition: str = "dirichlet", alpha: float = 0.5,
+                    federated: bool = False) -> dict[str, Any]:
+    """The [network] table of a new network (what every member agrees on). A federation's trainer
+    has no ``total_steps``: its schedule spans the federation's rounds (peer/train/federated.py)."""
     from peer.files.defaults import gossip_table, trainer_table
 
     return {
@@ -61,7 +63,7 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
         "task": task,
         "partition": {"scheme": partition, "alpha": alpha},
         "gossip": gossip_table(algorithm=algorithm, compression=compression, steps=steps, seed=seed),
-        "trainer": trainer_table(task=task, steps=steps),
+        "trainer": trainer_table(task=task, steps=0 if federated else steps),
     }
 
 
@@ -76,6 +78,14 @@ def default_federation(*, rounds: int, gateways: int, edges: int, seed: int) -> 
             "samples_multiple": defaults.samples_multiple, "norm_multiple": defaults.norm_multiple}
 
 
+def task_as_written(task: str) -> str:
+    """``--task`` as the configs must hold it: a ``file.py:function`` given relative to the working
+    folder becomes absolute, since a config's relative paths are taken from the config's folder."""
+    from peer.train.tasks import resolve_task_paths
+
+    return resolve_task_paths(task, {}, Path.cwd())[0]
+
+
 def _named(option: str, check: Callable[[], T]) -> T:
     """``check()``, with any error it raises made one line that names the command-line option."""
     from peer.files.config import ConfigError
@@ -88,14 +98,15 @@ def _named(option: str, check: Callable[[], T]) -> T:
         raise HivemeshError(f"{option}: {message}") from None
 
 
-def check_network(network: dict[str, Any], *, peers: int) -> None:
-    """Every spec ``init`` writes, checked as a peer checks it at start-up, so that a mistake is one
-    error now (naming the option) rather than a failure later on every peer."""
+def check_network(network: dict[str, Any], *, peers: int, out: str, federated: bool = False) -> None:
+    """Every spec ``init`` writes, checked as a peer checks it at start-up (paths taken from the
+    configs' folder ``out``), so that a mistake is one error now (naming the option) rather than a
+    failure later on every peer."""
     import torch
 
     from peer.files.config import load
     from peer.files.schema import NetworkSection, gossip_config, trainer_config
-    from peer.train.tasks import get_task
+    from peer.train.tasks import get_task, resolve_task_paths
     from protocols.compress import from_spec
     from protocols.gossip import make_machine
     from topology import build, default_names
@@ -109,13 +120,15 @@ def check_network(network: dict[str, Any], *, peers: int) -> None:
     section = _named("--partition/--alpha", lambda: load(NetworkSection, network, source="hivemesh init",
                                                          prefix="network"))
     topology = _named("--topology", lambda: build(section.topology, names, seed=section.seed))
-    _named("--task", lambda: get_task(section.task, **section.task_options))
+    task, options = resolve_task_paths(section.task, section.task_options, Path(out).resolve())
+    _named("--task", lambda: get_task(task, **options))
     only_algorithm = NetworkSection(gossip={"algorithm": section.gossip.get("algorithm")})
     _named("--algorithm", lambda: gossip_config(only_algorithm, source="hivemesh init", prefix="gossip"))
     _named("--compression", lambda: from_spec(str(section.gossip.get("compression", "identity"))))
     gossip = _named("--compression", lambda: gossip_config(section, source="hivemesh init",
                                                            prefix="network.gossip"))
-    _named("--steps", lambda: trainer_config(section, source="hivemesh init", prefix="network.trainer"))
+    _named("--steps", lambda: trainer_config(section, source="hivemesh init", prefix="network.trainer",
+                                             federated=federated))
     # the algorithm on this graph (D-PSGD refuses a directed one, say)
     _named("--algorithm", lambda: make_machine(gossip, name=names[0], topology=topology,
                                                params=torch.zeros(1)))
@@ -149,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
         raise HivemeshError("--peers (or --gateways and --edges) is required")
 
     network = _named("--algorithm", lambda: default_network(
-        topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
-        steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
-    check_network(network, peers=args.peers)      # before any file is written
+        topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
+        compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,
+        alpha=args.alpha))
+    check_network(network, peers=args.peers, out=args.out)      # before any file is written
     files = create_network(args.out, peers=args.peers, network=network, host=args.host or "127.0.0.1",
                            base_port=args.base_port, peer_options={"curve": args.curve},
                            hosts=hosts_given(args))
@@ -176,9 +190,10 @@ def _federation(args: argparse.Namespace) -> int:
                                     seed=args.seed)
     _named("--rounds", lambda: FederationSection(**federation))
     network = _named("--algorithm", lambda: default_network(
-        topology=args.topology, task=args.task, algorithm=args.algorithm, compression=args.compression,
-        steps=args.steps, seed=args.seed, partition=args.partition, alpha=args.alpha))
-    check_network(network, peers=args.gateways)
+        topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
+        compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,
+        alpha=args.alpha, federated=True))
+    check_network(network, peers=args.gateways, out=args.out, federated=True)
     curve = {"curve": args.curve}
     files = create_federation(args.out, gateways=args.gateways, edges=args.edges, network=network,
                               federation=federation, host=args.host or "127.0.0.1",

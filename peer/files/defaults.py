@@ -26,5 +26,9 @@ def gossip_table(*, algorithm: str, compression: str, steps: int, seed: int) -> 
 
 
 def trainer_table(*, task: str, steps: int) -> dict[str, Any]:
-    return {"optimizer": "sgd", "lr": _TASK_LR.get(task, 0.05), "batch_size": 32,
-            "lr_decay": "cosine", "total_steps": steps}
+    """``steps`` 0: no ``total_steps`` (a federation's schedule spans its rounds)."""
+    table: dict[str, Any] = {"optimizer": "sgd", "lr": _TASK_LR.get(task, 0.05), "batch_size": 32,
+                             "lr_decay": "cosine"}
+    if steps:
+        table["total_steps"] = steps
+    return table

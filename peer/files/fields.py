@@ -219,7 +219,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "bytes of its accepted messages (updates, heartbeats)", prometheus="-"),
     Field("federation.clients.*.unreachable", "messages", "counter",
           "messages not sent to it: no connection learnt yet, or it closed", prometheus="-"),
-    Field("warnings", "", "text", "the machine's warnings (a list of lines)"),
+    Field("warnings", "", "text", "the machine's and the trainer's warnings (a list of lines; e.g. a "
+          "learning rate at 0 before the end)"),
     Field("timeline", "s", "gauge",
           "Unix time of each phase's start: created, assembled, neighbours, synced, "
                                     "finished", label="mark"),

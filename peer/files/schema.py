@@ -35,7 +35,8 @@ Where the two disagreed, one choice was made:
   two generations side by side.
 * the trainer's decay horizon ``trainer.total_steps``, when not given, is the
   scenario's ``steps``, else ``gossip.total_steps`` as written (the simulator's
-  rule; the daemon used to leave it at 0 and refuse a decaying schedule).
+  rule; the daemon used to leave it at 0 and refuse a decaying schedule); in a
+  federation it is the federation's rounds (peer/train/federated.py).
 * ``gossip.seed`` defaults to the root seed in both (the machines are seeded from
   the root seed by both drivers anyway).
 
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from peer.files.config import load
+from peer.files.config import ConfigError, load
 from peer.files.paths import from_folder, topology_spec
 
 Scheme = Literal["iid", "dirichlet", "shards", "file"]
@@ -149,19 +150,27 @@ def gossip_config(network: NetworkSection, *, source: str, prefix: str, steps: i
     return load(_owner(GOSSIP_TABLE), data, source=source, prefix=prefix)
 
 
-def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: int = 0) -> Any:
+def trainer_config(network: NetworkSection, *, source: str, prefix: str, steps: int = 0,
+                   federated: bool = False) -> Any:
     """``network.trainer`` as a TrainerConfig; errors name ``source`` and ``prefix.key``.
 
     ``total_steps`` (the horizon of a decaying learning rate) defaults to ``steps``, else to
-    the gossip table's ``total_steps``: the trainer decays over the run it is part of.
+    the gossip table's ``total_steps``: the trainer decays over the run it is part of. In a
+    federation (``federated``) it stays 0 unless written: the schedule then spans the federation's
+    rounds (peer/train/federated.py), which the gossip table's steps do not measure.
     """
     data = dict(network.trainer)
     written = network.gossip.get("total_steps", 0)
     # a wrong type there is gossip_config's error to report, under its own key
     horizon = steps or (written if isinstance(written, int) and not isinstance(written, bool) else 0)
-    if horizon and "total_steps" not in data:
+    if horizon and "total_steps" not in data and not federated:
         data["total_steps"] = horizon
-    return load(_owner(TRAINER_TABLE), data, source=source, prefix=prefix)
+    config: Any = load(_owner(TRAINER_TABLE), data, source=source, prefix=prefix)
+    if config.lr_decay != "none" and config.total_steps == 0 and not federated:
+        raise ConfigError(f"{source}: key '{prefix}.total_steps': lr_decay={config.lr_decay!r} needs "
+                          f"total_steps > warmup_steps (got 0, and no gossip total_steps to take)",
+                          key=f"{prefix}.total_steps")
+    return config
 
 
 def _owner(metadata: Mapping[str, Any]) -> type:

@@ -108,6 +108,7 @@ class StatusWriter:
         self.failures: Counter[str] = Counter()    # status or metrics lines not written, by errno name
         self.replaced: Counter[str] = Counter()    # values written as null or text, by reason (json_safe)
         self._failing = ""
+        self._warned: set[str] = set()
 
     def write(self, snapshot: dict[str, Any], *, now: float, interval_s: float) -> None:
         self.next_due = now + interval_s
@@ -161,6 +162,12 @@ class StatusWriter:
         from peer.files.console import LOGGER
 
         LOGGER.warning(text)
+
+    def warn_once(self, text: str) -> None:
+        """:meth:`warn`, unless ``text`` was said already (a lasting condition, seen again each turn)."""
+        if text not in self._warned:
+            self._warned.add(text)
+            self.warn(text)
 
 
 def format_number(value: Any, spec: str, unit: str = "") -> str:

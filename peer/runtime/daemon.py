@@ -307,7 +307,6 @@ class PeerDaemon:
         self.params_trace = params_trace
         self.faults = schedule_for(self.name) if schedule_for is not None else None
         self._was_held = False      # the schedule held the last work point
-        self._warned: set[str] = set()      # the machine's warnings already said
         trainer = self.trainer
         # the protocol around the machine, as the simulator hosts it (protocols/node/node.py); a
         # state-sync answer carries what the machine mixes, copied to the host (it may be sent
@@ -740,6 +739,7 @@ class PeerDaemon:
         loss = self._run_steps(steps)
         self.counters.work_s += time.monotonic() - began
         self._last_loss = loss
+        self._machine_warnings()
         self._feed(WorkDone(steps, loss))
 
     def _run_steps(self, steps: int) -> float:
@@ -1128,7 +1128,7 @@ class PeerDaemon:
                                 "held": self.receive_buffers.held},
             "metrics": self.counters.metrics,
             "federation": self._federation_status(now),
-            "warnings": self.machine.warnings(),
+            "warnings": [*self.machine.warnings(), *self.trainer.warnings()],
             "timeline": self.timeline,
         }
 
@@ -1156,11 +1156,10 @@ class PeerDaemon:
             self.status.write(self._published, now=self.now(), interval_s=self.config.peer.status_interval_s)
 
     def _machine_warnings(self) -> None:
-        """Say each new warning of the machine once (its metrics are the only time it can change)."""
-        for text in self.machine.warnings():
-            if text not in self._warned:
-                self._warned.add(text)
-                self._warn(text)
+        """Say each new warning of the machine (its metrics are the only time it can change) and of
+        the trainer (its work) once."""
+        for text in [*self.machine.warnings(), *self.trainer.warnings()]:
+            self.status.warn_once(f"{self.name}: warning: {text}")
 
     def _warn(self, text: str) -> None:
         self.status.warn(f"{self.name}: warning: {text}")

@@ -10,8 +10,9 @@ so it works behind NAT), the trainer and the monotonic clock:
 2. each frame goes through the Endpoint (header first, signature, replay window,
    run id): a rejection is counted, an accepted message goes to ``Node.receive``;
 3. ``Send`` (its updates, its heartbeats: what keeps it registered) -> seal ->
-   the connection; ``StartWork(n)`` -> ``trainer.run_steps(n)`` on its own data
-   (with FedProx's pull toward the round's global model when ``prox_mu > 0``) -> ``WorkDone``
+   the connection; ``StartWork(n)`` -> ``n`` steps on its own data at the federation's place
+   on the learning-rate schedule (peer/train/federated.py, with FedProx's pull toward the
+   round's global model when ``prox_mu > 0``) -> ``WorkDone``
    (the client uploads the delta, compressed with error feedback);
    ``Finished`` (the gateway's final model arrived) -> checkpoint, exit 0.
 
@@ -76,6 +77,7 @@ from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.attack import forge, sign_flip
+from peer.train.federated import train_round
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -288,10 +290,12 @@ class EdgeClient:
         self.state = "training"
         self.transport.wait_sent()       # training changes the parameters in place
         began = self.now()
-        loss = self.trainer.run_steps(steps, proximal=(self.client.anchor, self.client.prox_mu))
+        loss = train_round(self.trainer, self.client, steps)
         if self.hooks.attack.flip_scale > 0 and self.client.anchor is not None:   # a test's attacker
             sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack.flip_scale)
         self.rounds_trained += 1
+        for text in self.trainer.warnings():
+            self.status.warn_once(f"{self.name}: warning: {text}")
         self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
         self._work_done()
 
@@ -393,7 +397,8 @@ class EdgeClient:
                 "checkpoint_failures": dict(self.store.failures), "checkpoint_error": self.store.error,
                 "checkpoint_nonfinite": dict(self.store.nonfinite),
                 "status_write_failures": dict(self.status.failures),
-                "status_values_replaced": dict(self.status.replaced)}
+                "status_values_replaced": dict(self.status.replaced),
+                "warnings": self.trainer.warnings()}
 
     def _write_status(self, *, force: bool = False) -> None:
         if force or self.now() >= self.status.next_due:

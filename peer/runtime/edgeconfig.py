@@ -98,7 +98,7 @@ def load_edge_config(path: str | Path) -> EdgeConfig:
     data = parsed.edge.data
     if data and Path(data).suffix.lower() in (".npz", ".safetensors", ".csv"):
         data = from_folder(base, data)
-    trainer = trainer_config(parsed.network, source=str(path), prefix="network.trainer")
+    trainer = trainer_config(parsed.network, source=str(path), prefix="network.trainer", federated=True)
     return EdgeConfig(source=path, edge=parsed.edge, federation=parsed.federation,
                       network=resolve_network_paths(parsed.network, base), network_as_written=parsed.network,
                       transport=parsed.transport, trainer=trainer,

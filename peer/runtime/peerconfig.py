@@ -182,7 +182,8 @@ def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerCon
     gossip = gossip_config(network, source=str(path), prefix="network.gossip")
     if parsed.federation is not None:
         gossip = parsed.federation.gateway_gossip(gossip)
-    trainer = trainer_config(network, source=str(path), prefix="network.trainer")
+    trainer = trainer_config(network, source=str(path), prefix="network.trainer",
+                             federated=parsed.federation is not None)
     base = path.resolve().parent
     return PeerConfig(
         source=path, peer=parsed.peer, network=resolve_network_paths(parsed.network, base),

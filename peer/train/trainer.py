@@ -60,7 +60,9 @@ class TrainerConfig:
     batch_size: int = 32  # small batches: many cheap steps between gossip rounds; 0 = whole shard
     warmup_steps: int = 0  # linear warm-up from lr/warmup_steps to lr
     lr_decay: Literal["none", "cosine", "step"] = "none"  # constant lr unless asked
-    total_steps: int = 0  # the horizon of "cosine"/"step" decay ("step": x0.1 at 50% and 75%)
+    # the horizon of "cosine"/"step" decay, in schedule steps ("step": x0.1 at 50% and 75%);
+    # 0 in a federation: its rounds x each round's local steps (peer/train/federated.py)
+    total_steps: int = 0
     grad_clip: float = 0.0  # max global gradient L2 norm; 0 = no clipping
     dtype: Literal["float32", "float64"] = "float32"  # float64 for exact checks against numpy
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when present, else CPU
@@ -86,7 +88,7 @@ class TrainerConfig:
             raise ValueError(f"warmup_steps must be >= 0, not {self.warmup_steps}")
         if self.lr_decay not in ("none", "cosine", "step"):
             raise ValueError(f"lr_decay must be none, cosine or step, not {self.lr_decay!r}")
-        if self.lr_decay != "none" and self.total_steps <= self.warmup_steps:
+        if self.lr_decay != "none" and 0 < self.total_steps <= self.warmup_steps:
             raise ValueError(f"lr_decay={self.lr_decay!r} needs total_steps > warmup_steps "
                              f"(got total_steps={self.total_steps}, warmup_steps={self.warmup_steps})")
         if self.grad_clip < 0:
@@ -116,13 +118,27 @@ def epoch_order(seed: int, member_index: int, epoch: int, shard_size: int) -> to
     return torch.randperm(shard_size, generator=generator)
 
 
-def lr_at(config: TrainerConfig, step: int) -> float:
-    """Learning rate of step ``step`` (0-based): linear warm-up, then the decay schedule."""
+@dataclass(frozen=True)
+class SchedulePoint:
+    """Where the next steps sit on the learning-rate schedule: the first one's schedule step, and
+    the schedule's horizon (both in steps)."""
+
+    step: int
+    total_steps: int
+
+
+def lr_at(config: TrainerConfig, step: int, total_steps: int = 0) -> float:
+    """Learning rate of schedule step ``step`` (0-based): linear warm-up, then the decay schedule
+    over ``total_steps`` steps (0: ``config.total_steps``)."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     if config.lr_decay == "none":
         return config.lr
-    progress = min(1.0, (step - config.warmup_steps) / (config.total_steps - config.warmup_steps))
+    horizon = total_steps or config.total_steps
+    if horizon <= config.warmup_steps:
+        raise ValueError(f"lr_decay={config.lr_decay!r} needs total_steps > warmup_steps "
+                         f"(got total_steps={horizon}, warmup_steps={config.warmup_steps})")
+    progress = min(1.0, (step - config.warmup_steps) / (horizon - config.warmup_steps))
     if config.lr_decay == "cosine":
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.lr * 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
@@ -231,6 +247,7 @@ class Trainer:
 
         self._optimizer = FlatOptimizer(config, self.flat_params)
         self.step = 0
+        self.lr_zero_at: SchedulePoint | None = None   # the first step trained at lr 0, and its horizon
         self.epoch = 0
         self.offset = 0
         self._order: torch.Tensor | None = None
@@ -291,7 +308,7 @@ class Trainer:
         indices = self.shard.index_select(0, positions)
         return self._x.index_select(0, indices), self._y.index_select(0, indices)
 
-    def _one_step(self, proximal: tuple[torch.Tensor, float] | None) -> torch.Tensor:
+    def _one_step(self, proximal: tuple[torch.Tensor, float] | None, lr: float) -> torch.Tensor:
         # Anything stochastic inside the model (dropout) draws from a per-step seed: resumable.
         seed = derive_seed(self.seed, f"member-{self.member_index}", self.step, "model-noise")
         if self.device.type == "cpu":
@@ -310,28 +327,45 @@ class Trainer:
         if self.config.grad_clip > 0:
             norm = torch.linalg.vector_norm(self.flat_grads)
             self.flat_grads.mul_(torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0))
-        self._optimizer.apply(self.flat_params, self.flat_grads, lr_at(self.config, self.step))
+        self._optimizer.apply(self.flat_params, self.flat_grads, lr)
         self.step += 1
         return loss.detach()
 
-    def run_steps(self, n: int, *, proximal: tuple[torch.Tensor | None, float] | None = None) -> float:
+    def run_steps(self, n: int, *, proximal: tuple[torch.Tensor | None, float] | None = None,
+                  schedule: SchedulePoint | None = None) -> float:
         """Run ``n`` optimizer steps; the mean training loss of their batches (nan when n = 0).
 
         ``proximal = (anchor, mu)``: FedProx's term ``mu/2 ||params - anchor||^2`` joins the
         objective (its gradient is added to each step's); ``anchor`` is a flat vector like
         :attr:`flat_params`. The loss returned is the task's alone, comparable with and without it.
+        ``schedule``: where these steps sit on the learning-rate schedule (a federation's global
+        work: peer/train/federated.py); None: at :attr:`step`, over ``config.total_steps``.
         """
         if n < 0:
             raise ValueError(f"run_steps needs n >= 0, not {n}")
         if n == 0:
             return math.nan
+        point = schedule or SchedulePoint(self.step, self.config.total_steps)
         pull = self._proximal(proximal)
         self.model.train()
         total = torch.zeros((), dtype=self.dtype, device=self.device)
         with torch.random.fork_rng(devices=[]):
-            for _ in range(n):
-                total += self._one_step(pull)
+            for i in range(n):
+                lr = lr_at(self.config, point.step + i, point.total_steps)
+                if lr == 0.0 and self.lr_zero_at is None:
+                    self.lr_zero_at = SchedulePoint(point.step + i, point.total_steps)
+                total += self._one_step(pull, lr)
         return float(total) / n
+
+    def warnings(self) -> list[str]:
+        """What the trainer's owner should say once: a learning rate that reached 0 while the run
+        still trains (each step after it changes nothing)."""
+        if self.lr_zero_at is None:
+            return []
+        return [f"the learning rate reached 0 at step {self.lr_zero_at.step} of its schedule "
+                f"(lr_decay {self.config.lr_decay!r} over total_steps = {self.lr_zero_at.total_steps}) "
+                "before the run's end: the steps after it change nothing (raise network.trainer."
+                "total_steps; in a federation, leave it out and the schedule spans the rounds)"]
 
     def _proximal(self, proximal: tuple[torch.Tensor | None, float] | None
                   ) -> tuple[torch.Tensor, float] | None:
