@@ -12,7 +12,9 @@ first three uploads (i) its qsgd norms x1e30, (ii) a 10^9 claim with its update 
 Asserted: the gateway lives and every round closes aggregated with a finite update norm; each
 attacked round's report shows its update bounded (norm_median for (i) and (iii), samples_median
 for (ii)) and the counters say so; every process, the insider's included, exits 0; the final
-accuracy is within 1 point of the simulator's clean run of the same files.
+accuracy is within 1 point of the simulator's clean run of the same files. "Final" is the mean of
+the last ``LAST_ROUNDS`` rounds' global accuracy: digits' test set is 360 samples, and one round's
+figure moves by a point (3.6 samples) from round to round in the clean run alone.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ pytestmark = [pytest.mark.processes, pytest.mark.slow]
 EDGES = 6
 INSIDER = "e005"
 ATTACKS = ("norms:1e30", "signflip:3,claim:1000000000", "value:1e38")
+LAST_ROUNDS = 5
 EXPECTED = ("norm_median", "samples_median", "norm_median")   # the bound each attack must meet
 
 
@@ -66,7 +69,8 @@ def test_an_insider_edge_costs_init_defaults_less_than_a_point(tmp_path: Path) -
     scenario = scenario_from_federation_files(
         files.network.configs[GATEWAY], list(files.edge_configs.values()), duration_s=3600.0,
         nodes={"step_time_ms": 10.0}, links={"latency_ms": 1.0})
-    clean = FederationRun(scenario).run().trace[-1].mean_accuracy
+    trace = FederationRun(scenario).run().trace
+    clean = sum(t.mean_accuracy for t in trace[-LAST_ROUNDS:]) / LAST_ROUNDS
     # Execute
     with processes(files) as run:
         run.start_all({INSIDER: hooks})
@@ -84,6 +88,6 @@ def test_an_insider_edge_costs_init_defaults_less_than_a_point(tmp_path: Path) -
         assert report["bounds"]["bounded"].get(reason, 0) >= 1, report
     counters = status(files, GATEWAY)["federation"]["counters"]
     assert counters["bounded_norm_median"] >= 2 and counters["bounded_samples_median"] >= 1, counters
-    accuracy = status(files, GATEWAY)["accuracy"]
+    accuracy = sum(rounds[i]["accuracy"] for i in sorted(rounds)[-LAST_ROUNDS:]) / LAST_ROUNDS
     print(f"\ninsider {INSIDER}, init's defaults: final accuracy {accuracy:.4f}, simulated clean {clean:.4f}")
     assert accuracy >= clean - 0.01, f"real attacked {accuracy:.4f} vs simulated clean {clean:.4f}"
