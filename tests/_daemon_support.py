@@ -11,6 +11,7 @@ peer adopts its own socket (``peers(files)``).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,6 +94,15 @@ def retry_if_port_taken(attempt: Callable[[int], HandRun], tries: int = 3) -> Ha
                                                                                   strict=True)):
             return run
     return run
+
+
+def set_peer_option(config: Path, key: str, value: str) -> None:
+    """Set one key of a peer config's [peer] table (written there by make_network, or added)."""
+    text = config.read_text()
+    line = re.compile(rf"^{key} = .*$", re.MULTILINE)
+    text = (line.sub(f"{key} = {value}", text, count=1) if line.search(text)
+            else text.replace("[peer]\n", f"[peer]\n{key} = {value}\n", 1))
+    config.write_text(text)
 
 
 def hold_at(step: int, gate: Path, marks: Path, name: str) -> Hook:

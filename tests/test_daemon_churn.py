@@ -49,6 +49,7 @@ from _daemon_support import (
     hold_at,
     make_network,
     peers,
+    set_peer_option,
     status,
     wait_for_files,
     wait_for_locks,
@@ -58,16 +59,6 @@ from _daemon_support import (
 from peer.runtime.testhooks import Hook
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
-
-
-def set_peer_option(config: Path, key: str, value: str) -> None:
-    """Set one key of a peer config's [peer] table (written there by make_network, or added)."""
-    text = config.read_text()
-    line = re.compile(rf"^{key} = .*$", re.MULTILINE)
-    text = (line.sub(f"{key} = {value}", text, count=1) if line.search(text)
-            else text.replace("[peer]\n", f"[peer]\n{key} = {value}\n", 1))
-    config.write_text(text)
-
 
 
 JOIN_STEP, KILL_STEP, REJOIN_STEP, STEPS = 60, 110, 200, 300

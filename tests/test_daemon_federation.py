@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,38 +113,63 @@ def test_ten_edge_clients_reach_the_bar_and_none_listens(tmp_path: Path) -> None
 def test_killed_clients_miss_their_round_and_rejoin_later(tmp_path: Path) -> None:
     """(b) two sampled clients die mid-round (a hook kills each before it trains its second sampled
     round): that round closes at its deadline with the rest, nothing crashes, and both, restarted,
-    are taken in later rounds."""
+    are taken in later rounds. The gateway is held before each round opens until every client
+    killed so far is back (its restart is a process start: seconds on a loaded machine, against
+    rounds of a second), so whether a victim is asked again is the draw's, not the race's."""
     # Prepare: short rounds, so that the deadline is the test's only wait on the clock
-    files = make_federation(tmp_path / "fed", rounds=12, round_timeout_s=4.0, local_epochs=1)
-    marks = tmp_path / "marks"
+    rounds = 12
+    files = make_federation(tmp_path / "fed", rounds=rounds, round_timeout_s=4.0, local_epochs=1)
+    marks, gates = tmp_path / "marks", tmp_path / "gates"
     marks.mkdir()
+    gates.mkdir()
     victims = ["e001", "e006"]
     hooks = {v: [Hook(at_step=1, action="kill", mark=str(marks / v))] for v in victims}
+    hooks[GATEWAY] = [Hook(at_step=r, action="hold", gate=str(gates / str(r)),
+                           mark=str(marks / f"{GATEWAY}-{r}")) for r in range(1, rounds)]
+    heard_before: dict[str, int] = {}      # what the gateway had received from each victim's first life
     with processes(files) as run:
         # Execute
         run.start_all(hooks)
-        for victim in victims:
-            wait_until(f"{victim} killed mid-round", (marks / victim).exists, files)
-            assert run.wait(30.0, [victim]) and run.exitcodes()[victim] == -9
-        for victim in victims:
-            run.start(victim)      # restarted: resumes from its checkpoint, registers again
+        for next_round in range(1, rounds):
+            wait_until(f"the gateway held before round {next_round}",
+                       (marks / f"{GATEWAY}-{next_round}").exists, files)
+            for victim in (v for v in victims if v not in heard_before and (marks / v).exists()):
+                assert run.wait(30.0, [victim]) and run.exitcodes()[victim] == -9
+                heard_before[victim] = _received_from(files, victim)
+                run.start(victim)      # restarted: resumes from its checkpoint, registers again
+            for victim, before in heard_before.items():
+                wait_until(f"the gateway heard {victim}'s second life", _heard_since(files, victim, before),
+                           files)
+            (gates / str(next_round)).touch()
         assert run.wait(CEILING_S), describe(files)
         codes = run.exitcodes()
     # Assert
+    assert sorted(heard_before) == victims, f"killed: {sorted(heard_before)}"
     assert all(code == 0 for name, code in codes.items()), codes
-    assert status(files, GATEWAY)["federation"]["rounds_closed"] == 12
-    rounds = closed_rounds(files)
-    assert sorted(rounds) == list(range(12))
+    assert status(files, GATEWAY)["federation"]["rounds_closed"] == rounds
+    closed = closed_rounds(files)
+    assert sorted(closed) == list(range(rounds))
     for victim in victims:
-        killed_in = min(i for i, r in rounds.items() if victim in r["missing"])
+        killed_in = min(i for i, r in closed.items() if victim in r["missing"])
         # the round it died in closed at its deadline, with the updates of the others
-        assert rounds[killed_in]["closed_by"] == "deadline" and rounds[killed_in]["aggregated"]
-        assert rounds[killed_in]["taken"], rounds[killed_in]
-        later = [i for i, r in rounds.items() if i > killed_in and victim in r["taken"]]
+        assert closed[killed_in]["closed_by"] == "deadline" and closed[killed_in]["aggregated"]
+        assert closed[killed_in]["taken"], closed[killed_in]
+        later = [i for i, r in closed.items() if i > killed_in and victim in r["taken"]]
         assert later, f"{victim} never taken after round {killed_in}: {describe(files)}"
         assert status(files, victim)["state"] == "finished"
         log = (files.network.out / "data" / victim / "peer.log").read_text()
         assert "resumed from checkpoint" in log, log    # its error feedback and trainer came back
+
+
+def _received_from(files: FederationFiles, client: str) -> int:
+    """The bytes the gateway has received from ``client`` (its status); a dead client sends none."""
+    return int(status(files, GATEWAY)["federation"]["clients"].get(client, {}).get("bytes_received", 0))
+
+
+def _heard_since(files: FederationFiles, client: str, received: int) -> Callable[[], bool]:
+    """Whether the gateway has received more than ``received`` bytes from ``client``: it heard a
+    message of its new life, and knows the connection it came on."""
+    return lambda: _received_from(files, client) > received
 
 
 def _attacker_frames(files: FederationFiles, name: str, message: Message, *,

@@ -68,10 +68,8 @@ def test_an_edge_started_after_its_gateway_finished_gets_the_final_model(tmp_pat
         assert run.wait(CEILING_S, ["e000", "e001"]), describe(files)
         wait_until("the gateway finished", lambda: status(files, GATEWAY).get("state") == "finished", files)
         # Execute
-        began = time.monotonic()
         run.start("e002")
         assert run.wait(CEILING_S, ["e002"]), describe(files)
-        took_s = time.monotonic() - began
         run.terminate(GATEWAY)
         assert run.wait(CEILING_S, [GATEWAY]), describe(files)
         codes = run.exitcodes()
@@ -79,7 +77,9 @@ def test_an_edge_started_after_its_gateway_finished_gets_the_final_model(tmp_pat
     assert codes == {GATEWAY: 0, "e000": 0, "e001": 0, "e002": 0}, codes
     late = status(files, "e002")
     assert late["state"] == "finished" and late["rounds_trained"] == 0, late
-    assert took_s < 60.0, took_s    # not the give-up
+    # not the give-up: on its own clock (from before its dial, not counting its imports, which a
+    # loaded machine stretches) it ended well before gateway_timeout_s
+    assert late["uptime_s"] < 60.0, late["uptime_s"]
     fed = status(files, GATEWAY)["federation"]
     assert fed["phase"] == "finished" and fed["counters"]["final_answers"] == 1, fed
     assert "e002" in fed["registered"]

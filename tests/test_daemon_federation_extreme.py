@@ -25,6 +25,7 @@ from _federation_support import (
     make_federation,
     processes,
     status,
+    wait_until,
 )
 
 from peer.net.dial import DialTransport
@@ -83,6 +84,9 @@ def test_a_taken_update_with_norms_times_1e30_ends_no_process(tmp_path: Path) ->
     with processes(files) as run, transport:
         for name in (GATEWAY, *HONEST):
             run.start(name)
+        # (its first status comes once it listens: _send's wait is then for a handshake, not for a
+        # process start, which a loaded machine stretches past it)
+        wait_until("the gateway listens", lambda: bool(status(files, GATEWAY)), files)
         _send(transport, sealed(endpoint, Heartbeat(step=0, loss=0.0)))
         start = round_start(transport, endpoint)
         # Execute: a small delta, encoded as an edge encodes it, its norms scaled after encoding

@@ -52,12 +52,23 @@ from _hosts_support import (
 from _netns import Hosts
 from _sim_predict import pre_fault_step_s, predict_cable_out
 
-from peer.files.statefiles import read_status
+from peer.files.statefiles import STATUS_FILE, read_status
 
 pytestmark = [pytest.mark.hosts, pytest.mark.processes, pytest.mark.slow]
 
 PEERS, STEPS, CUT_STEP, OUTAGE_S, SETTLE_S = 4, 300, 100, 4.0, 1.0
 CUT = 2      # the host whose cable is pulled
+
+
+def step_written_after(out: Path, name: str, wall_s: float) -> int:
+    """``name``'s step from a status.json written after ``wall_s`` (``time.time()``; it is rewritten
+    whole every ``status_interval_s``, 1 s)."""
+    path = out / "data" / name / STATUS_FILE
+    deadline = time.monotonic() + CEILING_S
+    while path.stat().st_mtime <= wall_s:
+        assert time.monotonic() < deadline, f"{name} wrote no status in {CEILING_S} s"
+        time.sleep(0.05)
+    return steps(out, [name])[name]
 
 
 def test_a_ring_across_hosts_survives_a_pulled_cable(tmp_path: Path) -> None:
@@ -72,11 +83,13 @@ def test_a_ring_across_hosts_survives_a_pulled_cable(tmp_path: Path) -> None:
         at_cut = time.monotonic() - started
         step_s = pre_fault_step_s(out / "data", names)
         hosts.link_down(CUT)
+        cut_s = time.monotonic()
         # the fault is a duration, a cable out for OUTAGE_S; its first SETTLE_S let the steps in flight
-        # (and a status written before the cut) pass, then the cut host must stand still
+        # pass, then the cut host must stand still: its step from a status it wrote after those
+        # (one written before them, late on a loaded machine, would count them as made while cut)
         time.sleep(SETTLE_S)
-        settled = steps(out, names)[names[CUT]]
-        time.sleep(OUTAGE_S - SETTLE_S)
+        settled = step_written_after(out, names[CUT], time.time())
+        time.sleep(max(0.0, cut_s + OUTAGE_S - time.monotonic()))
         during = steps(out, names)[names[CUT]] - settled
         hosts.link_up(CUT)
         back = time.monotonic()
