@@ -217,3 +217,33 @@ def test_one_insiders_round_costs_a_few_points_bounded_and_many_unbounded() -> N
           f"without {100 * costs['off']:.1f}")
     assert costs["off"] > 0.10                 # the attack bites without the bounds
     assert costs["on"] < 0.05 and costs["on"] < costs["off"] / 3
+
+
+def test_one_fast_client_filling_a_fedbuff_buffer_is_one_vote_in_its_medians() -> None:
+    """FedBuff asks a free client again at once: with ``concurrency`` above the clients registered,
+    a client that answers at once is the only free one, so it is asked again and can hold most of a
+    buffer. Its updates are one client's, and weigh one vote in the buffer's medians."""
+    # Prepare: four clients all training (default concurrency 10, buffer 5); "evil" answers at once
+    config = FederationConfig(mode="fedbuff", rounds=1, uplink="identity")
+    server = make_server(config, name="gw", params=torch.zeros(2), clients=["a", "b", "c", "evil"])
+    server.handle(Start(), 0.0)
+    # Execute: evil's three updates (each time asked again), then a's and b's
+    for i in range(3):
+        server.handle(Received("evil", _update(t(-1e30, 0.0), 10**9)), 1.0 + i)
+    server.handle(Received("a", UPDATES["a"]), 5.0)
+    server.handle(Received("b", UPDATES["b"]), 6.0)
+    # Assert: the buffer held evil three times, yet its bounds are the honest ones' (one of three votes)
+    report = server.reports[1]
+    assert report.contributors == ("evil", "evil", "evil", "a", "b")
+    assert report.bounds == {"samples_cap": 520, "norm_bound": 4.0,
+                             "bounded": {"norm_median": 3, "samples_median": 3}}
+    assert delta_norm(server.params) <= 4.0
+
+
+def test_many_small_updates_from_one_client_cannot_clip_the_others_to_nothing() -> None:
+    updates = {f"{i:06d}/evil": (t(0.0, 0.0), 1) for i in range(3)}
+    updates |= {"000003/a": (t(1.0, 0.0), 240), "000004/b": (t(0.0, 2.0), 260)}
+    voters = {key: key.partition("/")[2] for key in updates}
+    bounds = bound_updates(updates, samples_multiple=2.0, norm_multiple=2.0, voters=voters)
+    assert (bounds.samples_cap, bounds.norm_bound) == (480, 2.0)
+    assert torch.equal(bounds.updates["000003/a"][0], t(1.0, 0.0))
