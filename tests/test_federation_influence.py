@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from peer.cli.status import _federation_lines
 from peer.train.attack import Attack, forge, parse_attack
-from protocols.events import Received, Start
+from protocols.events import Received, Start, TimerFired
 from protocols.federation import (
     DifferentialPrivacyConfig,
     FederationConfig,
@@ -31,7 +31,10 @@ from protocols.federation import (
     report_row,
 )
 from protocols.federation.influence import bound_updates, delta_norm, lower_median, norm_bound, samples_cap
-from protocols.messages import ClientUpdate
+from protocols.gossip import GossipConfig, make_machine
+from protocols.messages import ClientUpdate, Heartbeat
+from protocols.node import Neighbour, Node, NodeConfig
+from topology import build
 
 INSIDER = "signflip:3,claim:1000000000"
 
@@ -247,3 +250,29 @@ def test_many_small_updates_from_one_client_cannot_clip_the_others_to_nothing() 
     bounds = bound_updates(updates, samples_multiple=2.0, norm_multiple=2.0, voters=voters)
     assert (bounds.samples_cap, bounds.norm_bound) == (480, 2.0)
     assert torch.equal(bounds.updates["000003/a"][0], t(1.0, 0.0))
+
+
+def test_a_huge_multiple_times_a_huge_claim_is_no_cap_not_an_error_that_ends_the_gateway() -> None:
+    """A multiple the config takes (any finite one >= 1: 1e300, "all but off") times a claim a member
+    may send (10^9) overflows a float: the round's cap is then none. Raised, it was dropped as the
+    closing update's ``internal_error`` with the round left open, and raised again from the round's
+    deadline timer, which no ``Node.receive`` wraps: the gateway ended."""
+    # Prepare: a gateway Node whose FedAvg server takes any claim up to 1e300 x the median
+    config = FederationConfig(**{**SERVER, "min_clients": 2}, samples_multiple=1e300)   # type: ignore[arg-type]
+    params = torch.zeros(2)
+    server = make_server(config, name="gw", params=params)
+    node: Node[Neighbour] = Node("gw", make_machine(GossipConfig(total_steps=10), name="p00",
+                                                    topology=build("ring:3"), params=params),
+                                 neighbours={}, config=NodeConfig(), early_per_neighbour=2,
+                                 answer_source=lambda: (params.clone(), 0), roles={"fedavg": server},
+                                 clients=("a", "b"))
+    node.start(0.0)
+    for name in ("a", "b"):
+        node.receive(name, Heartbeat(step=0, loss=0.0), 0.5)
+    # Execute: both updates (the second closes the round at its quota), then the round's deadline
+    node.receive("a", _update(t(1.0, 0.0), 10**9), 1.0)
+    node.receive("b", _update(t(0.0, 1.0), 10**9), 1.5)
+    node.handle(TimerFired("fedavg/deadline/0"), 100.0)
+    # Assert: nothing raised, the round was aggregated with no cap
+    assert node.all_rejections() == {} and server.reports[0].aggregated
+    assert server.reports[0].bounds["samples_cap"] is None

@@ -62,10 +62,12 @@ def lower_median(values: Sequence[float]) -> float:
 
 
 def samples_cap(claims: Sequence[float], multiple: float) -> int:
-    """``floor(multiple x lower median)`` of the claims, at least 1 (0: no cap, ``multiple`` 0)."""
+    """``floor(multiple x lower median)`` of the claims, at least 1 (0: no cap, ``multiple`` 0, or a
+    product past a float: 1e300 x a claim of 10^9)."""
     if multiple < 0:
         raise ValueError(f"samples multiple must be >= 0, not {multiple}")
-    return 0 if multiple == 0 else max(1, math.floor(multiple * lower_median([float(c) for c in claims])))
+    cap = multiple * lower_median([float(c) for c in claims])
+    return 0 if multiple == 0 or math.isinf(cap) else max(1, math.floor(cap))
 
 
 def delta_norm(delta: torch.Tensor) -> float:
