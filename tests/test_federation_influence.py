@@ -276,3 +276,19 @@ def test_a_huge_multiple_times_a_huge_claim_is_no_cap_not_an_error_that_ends_the
     # Assert: nothing raised, the round was aggregated with no cap
     assert node.all_rejections() == {} and server.reports[0].aggregated
     assert server.reports[0].bounds["samples_cap"] is None
+
+
+@pytest.mark.xfail(strict=True, reason="open: a FedBuff buffer that holds one client's updates only is "
+                   "that client's round of one (README, Influence bounds); one vote per client does not "
+                   "reach it, and asking no client twice per buffer lets one withholder stall the buffer")
+def test_one_fast_client_alone_in_a_fedbuff_buffer_moves_the_model_at_most_the_honest_multiple() -> None:
+    # Prepare: four clients all training (default concurrency 10, buffer 5); the honest ones are slow
+    config = FederationConfig(mode="fedbuff", rounds=1, uplink="identity")
+    server = make_server(config, name="gw", params=torch.zeros(2), clients=["a", "b", "c", "evil"])
+    server.handle(Start(), 0.0)
+    # Execute: evil answers five times (asked again each time) before anyone else answers
+    for i in range(5):
+        server.handle(Received("evil", _update(t(-1e30, 0.0), 10**9)), 1.0 + i)
+    # Assert: the model moved no further than twice an honest update (norm 2 at most here)
+    assert server.reports[1].contributors == ("evil",) * 5
+    assert delta_norm(server.params) <= 4.0
