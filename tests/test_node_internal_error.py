@@ -11,7 +11,7 @@ from _gateway_support import Machine, Server
 
 from peer.cli.status import render_edge
 from protocols.events import Event, Received
-from protocols.messages import ClientUpdate, Heartbeat
+from protocols.messages import ClientUpdate, Heartbeat, ParamPush
 from protocols.node import Neighbour, Node, NodeConfig, Note
 
 
@@ -58,3 +58,38 @@ def test_hivemesh_status_names_the_senders_of_messages_an_exception_dropped() ->
     shown = render_edge({"name": "e1", "rejections": {"internal_error": 2}, "internal_errors": {"gw0": 2}})
     assert "internal errors (messages dropped, a bug to report): gw0 2" in shown
     assert "internal errors" not in render_edge({"name": "e1"})
+
+
+class BrittleMachine(Machine):
+    """The gossip machine stand-in, with a bug that a push from ``p1`` meets."""
+
+    accepts = frozenset({ParamPush})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pushes: list[str] = []
+
+    def handle(self, event: Event, now: float) -> list[Any]:
+        if isinstance(event, Received):
+            if event.sender == "p1":
+                raise OverflowError("cannot convert float infinity to integer")
+            self.pushes.append(event.sender)
+        return []
+
+
+def test_a_message_held_before_start_that_raises_when_fed_is_dropped_not_the_start() -> None:
+    # Prepare: a peer's Node not started yet; p1's push (which the machine cannot handle) and p2's
+    # arrive before Start and are held (protocols/node/early.py)
+    machine = BrittleMachine()
+    node: Node[Neighbour] = Node("p0", machine, neighbours={"p1": Neighbour(), "p2": Neighbour()},  # type: ignore[arg-type]
+                                 config=NodeConfig(), early_per_neighbour=2,
+                                 answer_source=lambda: (torch.zeros(2), 0))
+    node.receive("p1", ParamPush(round=0), 0.5)
+    node.receive("p2", ParamPush(round=0), 0.6)
+    # Execute: Start feeds what was held
+    actions = node.start(1.0)
+    # Assert: p1's dropped and counted against it as if it had come after Start; p2's delivered
+    notes = [a.text for a in actions if isinstance(a, Note)]
+    assert any("param_push from p1 dropped: internal_error" in text for text in notes)
+    assert node.all_rejections() == {"internal_error": 1} and node.internal_errors == {"p1": 1}
+    assert machine.pushes == ["p2"]

@@ -38,14 +38,15 @@ class Combined:
 
 
 def combine(config: FederationConfig, updates: Mapping[str, tuple[torch.Tensor, int]],
-            weights: Mapping[str, float] | None = None) -> Combined:
+            weights: Mapping[str, float] | None = None, voters: Mapping[str, str] | None = None) -> Combined:
     """The configured aggregate of ``{client: (delta, num_samples)}``, taken in client-name order
     (so ties and float sums do not depend on arrival order). Each update's influence is bounded
     first (influence.py: its claim capped, its delta clipped), then scaled by its ``weights`` entry
-    (FedBuff's staleness discount; none: 1)."""
+    (FedBuff's staleness discount; none: 1). ``voters``: the client of each update, where one
+    client may send several (FedBuff's buffer): one vote each in the bounds' medians."""
     bounds = influence.bound_updates(updates, samples_multiple=config.samples_multiple,
                                      norm_multiple=config.norm_multiple, max_samples=config.max_samples,
-                                     clip_norm=config.clip_norm)
+                                     clip_norm=config.clip_norm, voters=voters)
     names = sorted(updates)
     deltas = [bounds.updates[name][0] * (1.0 if weights is None else weights[name]) for name in names]
     return Combined(_aggregate(config, deltas, [bounds.updates[name][1] for name in names]), bounds)

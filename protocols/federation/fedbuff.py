@@ -7,9 +7,9 @@ current global model in a ``RoundStart`` whose ``round`` is the model's
 for that version. An update ``s = version_now - version_sent`` versions old is
 weighed ``(1 + s)^-staleness_exponent`` (1/sqrt(1 + s) by default) and
 buffered; at ``buffer_size`` (K) buffered updates the server aggregates them
-(common.combine: each bounded against the buffer, influence.py, then weighted; with FedAvg and
-equal sample counts, Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``), steps its optimiser, and the
-version advances. A client whose update arrived (taken or refused) is free,
+(common.combine: each bounded against the buffer, one vote per client in its medians, influence.py,
+then weighted; with FedAvg and equal sample counts, Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``),
+steps its optimiser, and the version advances. A client whose update arrived (taken or refused) is free,
 and the server asks a free client (a counter-based draw keyed by (seed,
 client, dispatch number)) so ``concurrency`` keep training. A slow client
 therefore never holds up the others: its update counts, less, when it comes.
@@ -219,7 +219,8 @@ class FedBuffServer(FederationServer):
         weights = [staleness_weight(s, exponent) for _, _, _, s in self.buffer]
         keys = [f"{i:06d}/{client}" for i, (client, _, _, _) in enumerate(self.buffer)]
         buffered = {key: (delta, n) for key, (_, delta, n, _) in zip(keys, self.buffer, strict=True)}
-        combined = self._combine(buffered, dict(zip(keys, weights, strict=True)))   # bounded, then weighted
+        voters = {key: client for key, (client, _, _, _) in zip(keys, self.buffer, strict=True)}
+        combined = self._combine(buffered, dict(zip(keys, weights, strict=True)), voters)  # bounded, weighted
         delta = combined.delta
         new, self.opt_state = server_step(self.params, delta, self.opt_state, self.config.server_opt)
         self.params.copy_(new)

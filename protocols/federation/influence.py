@@ -17,6 +17,9 @@ values' range while ``f <= (n - 1) // 2``, and at most the largest honest value 
 weighs at most ``samples_multiple`` times the largest honest claim and moves the aggregate at
 most ``norm_multiple`` times the largest honest norm; it can pull a bound down to the smallest
 honest value, never below it. A round of one is its own median: only the fixed caps bound it.
+Those counts are of clients, not updates: a FedBuff buffer may hold one client's updates several
+times (a fast client is asked again at once), so each client votes once (``voters``), with the
+lower median of its own values.
 
 The fixed caps still apply where set; the tighter bound wins and names the reason each update
 was bounded (``samples_median``, ``samples_max``, ``norm_median``, ``norm_fixed``).
@@ -58,11 +61,13 @@ def lower_median(values: Sequence[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
-def samples_cap(claims: Sequence[int], multiple: float) -> int:
-    """``floor(multiple x lower median)`` of the claims, at least 1 (0: no cap, ``multiple`` 0)."""
+def samples_cap(claims: Sequence[float], multiple: float) -> int:
+    """``floor(multiple x lower median)`` of the claims, at least 1 (0: no cap, ``multiple`` 0, or a
+    product past a float: 1e300 x a claim of 10^9)."""
     if multiple < 0:
         raise ValueError(f"samples multiple must be >= 0, not {multiple}")
-    return 0 if multiple == 0 else max(1, math.floor(multiple * lower_median([float(c) for c in claims])))
+    cap = multiple * lower_median([float(c) for c in claims])
+    return 0 if multiple == 0 or math.isinf(cap) else max(1, math.floor(cap))
 
 
 def delta_norm(delta: torch.Tensor) -> float:
@@ -87,15 +92,16 @@ def clip(delta: torch.Tensor, norm: float, bound: float) -> torch.Tensor:
 
 
 def bound_updates(updates: Updates, *, samples_multiple: float, norm_multiple: float, max_samples: int = 0,
-                  clip_norm: float = 0.0) -> Bounds:
+                  clip_norm: float = 0.0, voters: Mapping[str, str] | None = None) -> Bounds:
     """Each update's claim capped and its delta clipped: at the round's median bounds (the multiples;
-    0 turns one off), or at the fixed ``max_samples`` / ``clip_norm`` where tighter (0: none)."""
+    0 turns one off), or at the fixed ``max_samples`` / ``clip_norm`` where tighter (0: none).
+    ``voters``: the client who sent each update (none: each its own), one vote each in the medians."""
     if not updates:
         return Bounds({}, 0, math.inf, Counter())
     names = sorted(updates)
     norms = {name: delta_norm(updates[name][0]) for name in names}
-    median_cap = samples_cap([updates[n][1] for n in names], samples_multiple)
-    median_norm = norm_bound(list(norms.values()), norm_multiple)
+    median_cap = samples_cap(_votes({n: float(updates[n][1]) for n in names}, voters), samples_multiple)
+    median_norm = norm_bound(_votes(norms, voters), norm_multiple)
     cap, cap_reason = _tighter((median_cap or math.inf, "samples_median"),
                                (max_samples or math.inf, "samples_max"))
     bound, bound_reason = _tighter((median_norm, "norm_median"), (clip_norm or math.inf, "norm_fixed"))
@@ -109,6 +115,14 @@ def bound_updates(updates: Updates, *, samples_multiple: float, norm_multiple: f
             bounded[bound_reason] += 1
         out[name] = (clip(delta, norms[name], bound), int(min(claim, cap)))
     return Bounds(out, 0 if math.isinf(cap) else int(cap), bound, bounded)
+
+
+def _votes(values: Mapping[str, float], voters: Mapping[str, str] | None) -> list[float]:
+    """One value per voter: the lower median of its updates' ``values`` (keyed by update)."""
+    by_voter: dict[str, list[float]] = {}
+    for name, value in values.items():
+        by_voter.setdefault(name if voters is None else voters[name], []).append(value)
+    return [lower_median(own) for own in by_voter.values()]
 
 
 def _tighter(median: tuple[float, str], fixed: tuple[float, str]) -> tuple[float, str]:

@@ -143,11 +143,12 @@ class FederationServer(Counted):
             return None
 
     def _combine(self, updates: Mapping[str, tuple[torch.Tensor, int]],
-                 weights: Mapping[str, float] | None = None) -> Combined:
+                 weights: Mapping[str, float] | None = None,
+                 voters: Mapping[str, str] | None = None) -> Combined:
         """The updates' aggregate (common.combine), each bounded first; what was bounded is counted
         ``bounded_<reason>`` (influence.py: ``samples_median``, ``samples_max``, ``norm_median``,
         ``norm_fixed``)."""
-        combined = combine(self.config, updates, weights)
+        combined = combine(self.config, updates, weights, voters)
         for reason, count in combined.bounds.bounded.items():
             self.counters[f"bounded_{reason}"] += count
         return combined

@@ -235,7 +235,7 @@ class Node(Generic[N]):
         for name in self.neighbourhood.absent():  # the rounds go on without it until it is heard
             actions += self._machine(NeighbourDown(name), now)
         for sender, message in self.early.release():
-            actions += self._deliver(sender, message, now)
+            actions += self._deliver_guarded(sender, message, now)
         return actions
 
     def stop(self) -> None:
@@ -328,6 +328,13 @@ class Node(Generic[N]):
         try:
             return self._receive(sender, message, now, reachable=reachable)
         except Exception as error:  # the one place every host hands a member's input in
+            return self._internal_error(sender, message, error)
+
+    def _deliver_guarded(self, sender: str, message: Message, now: float) -> list[NodeAction]:
+        """A message held before Start, fed now: what raises is dropped as if it had come after Start."""
+        try:
+            return self._deliver(sender, message, now)
+        except Exception as error:  # the member's input, handed in by start() rather than receive()
             return self._internal_error(sender, message, error)
 
     def _internal_error(self, sender: str, message: Message, error: Exception) -> list[NodeAction]:
