@@ -2,7 +2,8 @@
 aborts the whole process, exit 134): a Transport that reads its inbox only now and then, so its
 connections' receive queues are full most of the time (libzmq stops reading them), while its
 senders cut their connections (``abandon``) or it shuts them down itself (``punish``: the
-descriptor under a frame, as Transport.punish does).
+descriptor under a frame, as Transport.punish does); or (``edge``) an edge client's DialTransport
+that never reads while its gateway queues replies and goes away.
 
 Arguments: the repository root to import peer/ from (a worktree of an older commit reproduces the
 crash there), the mode, the seconds to run and the path of a listening socket's descriptor number
@@ -28,6 +29,9 @@ def main() -> None:
     config = TransportConfig(zmtp_heartbeat_ms=100, zmtp_heartbeat_timeout_ms=60_000)
     rng = random.Random(0)
     shut = drained = 0
+    if mode == "edge":
+        edge(config, sys.argv[5], seconds)
+        return
     with Transport(listen=sys.argv[5], neighbours={}, config=config, listen_fd=fd) as transport:
         print("ready", flush=True)
         end = time.monotonic() + seconds
@@ -43,6 +47,20 @@ def main() -> None:
                 shut += len(fds)
         print(json.dumps({"drained": drained, "shut": shut,
                           "closed": dict(transport.connections)}), flush=True)
+
+
+def edge(config: object, address: str, seconds: float) -> None:
+    """An edge client that never reads (it trains) while its gateway queues replies and goes away,
+    again and again: it only says hello, to each gateway that comes up."""
+    from peer.net.dial import DialTransport
+
+    with DialTransport(address, config=config) as transport:  # type: ignore[arg-type]
+        print("ready", flush=True)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            transport.send([b"hello"])
+            time.sleep(0.05)
+        print(json.dumps({"handshakes": transport.handshakes}), flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from peer.net.transport import Transport, TransportConfig, listener_address, reserve_listeners
 
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME = bytearray(1 << 20)
+REPLY = bytes(1 << 18)
 HEADER = bytes(200)     # a small frame before each large one, as a message's header
 SENDERS = 4
 CUTTING_S = 8.0
@@ -96,3 +98,49 @@ if __name__ == "__main__":
     # python tests/test_transport_cuts.py MODE [ROOT [SECONDS]]: one run, its counts (the rates)
     print(json.dumps(cut_under_load(sys.argv[1], Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT,
                                     float(sys.argv[3]) if len(sys.argv) > 3 else CUTTING_S)))
+
+
+def test_an_edge_client_that_reads_nothing_survives_its_gateway_going_away() -> None:
+    """The same mechanism on the edge client's one socket (peer/net/dial.py), which keeps its
+    heartbeats: its gateway queues replies (a model) while the client trains and reads nothing, then
+    goes away (a restart). Before, the client aborted at the first of these."""
+    (listener,) = reserve_listeners(1)
+    address = listener_address(listener)
+    listener.close()
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "_cut_receiver.py"), str(ROOT), "edge", "6", "-1", address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    context = zmq.Context()
+    restarts = 0
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end and child.poll() is None:
+            gateway = context.socket(zmq.ROUTER)
+            gateway.setsockopt(zmq.LINGER, 0)
+            gateway.setsockopt(zmq.SNDHWM, 1000)
+            try:
+                for _ in range(50):     # the last gateway's port is let go on libzmq's I/O thread
+                    try:
+                        gateway.bind(address)
+                        break
+                    except zmq.ZMQError:
+                        time.sleep(0.02)
+                if not gateway.poll(2000):
+                    continue
+                client = gateway.recv_multipart()[0]
+                for _ in range(150):    # past the old RCVHWM (64 frames) and the kernel's buffers
+                    gateway.send_multipart([client, REPLY], flags=zmq.NOBLOCK)
+                time.sleep(0.3)     # the client's queue fills; two of its heartbeats go by
+            finally:
+                gateway.close(linger=0)
+            restarts += 1
+            time.sleep(0.3)         # the client's next heartbeat finds the connection gone
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        context.term()
+    assert child.returncode == 0, err[-2000:]
+    assert restarts >= 3 and json.loads(out.strip().splitlines()[-1])["handshakes"] >= 3, (restarts, out)

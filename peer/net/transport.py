@@ -823,9 +823,10 @@ def heartbeat_options(config: TransportConfig) -> dict[int, int]:
     to a neighbour that closed its socket) and its heartbeat timer then fires: the timer's ping goes
     through ``out_event``, which asserts that no I/O error was seen. Without a heartbeat timer the
     broken connection waits, not polled, until its queue is read again, and is then torn down
-    (tests/test_transport_cuts.py). A dialing socket of ours is only ever sent replies its owner
-    reads (an edge client's gateway), so its heartbeats are kept: they tell a cut link from a quiet
-    one within ``zmtp_heartbeat_timeout_ms``."""
+    (tests/test_transport_cuts.py). A dialing socket keeps its heartbeats (they tell a cut link from
+    a quiet one within ``zmtp_heartbeat_timeout_ms``) because its queue never fills: an outbox is
+    sent nothing by an honest neighbour, and the edge client's socket queues its gateway's replies
+    without a bound (peer/net/dial.py)."""
     return {zmq.HEARTBEAT_IVL: config.zmtp_heartbeat_ms,
             zmq.HEARTBEAT_TIMEOUT: config.zmtp_heartbeat_timeout_ms,
             zmq.HEARTBEAT_TTL: config.zmtp_heartbeat_timeout_ms}
