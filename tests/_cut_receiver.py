@@ -2,8 +2,9 @@
 aborts the whole process, exit 134): a Transport that reads its inbox only now and then, so its
 connections' receive queues are full most of the time (libzmq stops reading them), while its
 senders cut their connections (``abandon``) or it shuts them down itself (``punish``: the
-descriptor under a frame, as Transport.punish does); or (``edge``) an edge client's DialTransport
-that never reads while its gateway queues replies and goes away.
+descriptor under a frame, as Transport.punish does; ``ping``: a dialer that pings every
+millisecond, its queue full of small messages when it is shut down); or (``edge``) an edge
+client's DialTransport that never reads while its gateway queues replies and goes away.
 
 Arguments: the repository root to import peer/ from (a worktree of an older commit reproduces the
 crash there), the mode, the seconds to run and the path of a listening socket's descriptor number
@@ -29,6 +30,9 @@ def main() -> None:
     config = TransportConfig(zmtp_heartbeat_ms=100, zmtp_heartbeat_timeout_ms=60_000)
     rng = random.Random(0)
     shut = drained = 0
+    if mode == "ping":
+        pinged(config, sys.argv[5], fd, seconds)
+        return
     if mode == "edge":
         edge(config, sys.argv[5], seconds)
         return
@@ -47,6 +51,44 @@ def main() -> None:
                 shut += len(fds)
         print(json.dumps({"drained": drained, "shut": shut,
                           "closed": dict(transport.connections)}), flush=True)
+
+
+def pinged(config: object, address: str, fd: int, seconds: float) -> None:
+    """An inbox shuts down connections whose queue is full of small messages from a dialer that pings
+    every millisecond (pings read ahead of the full queue), then reads: one dialer after another."""
+    import zmq
+
+    from peer.net.transport import Transport
+
+    shut = 0
+    with Transport(listen=address, neighbours={}, config=config, listen_fd=fd) as transport:  # type: ignore[arg-type]
+        print("ready", flush=True)
+        context = zmq.Context()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            dialer = context.socket(zmq.DEALER)
+            for option, value in ((zmq.LINGER, 0), (zmq.HEARTBEAT_IVL, 1), (zmq.HEARTBEAT_TTL, 60_000),
+                                  (zmq.HEARTBEAT_TIMEOUT, 60_000)):
+                dialer.setsockopt(option, value)
+            dialer.connect(address)
+            dialer.send(b"x")
+            arrivals = []
+            while not arrivals:
+                arrivals = transport.poll(1.0)
+            flood_end = time.monotonic() + 0.02
+            while time.monotonic() < flood_end:
+                try:
+                    dialer.send(b"h" * 100, zmq.NOBLOCK)
+                except zmq.Again:
+                    time.sleep(0.001)
+            transport._shut(int(arrivals[0].frame.get(zmq.SRCFD)), "test")
+            shut += 1
+            time.sleep(0.005)
+            while transport.poll(0.005):
+                pass
+            dialer.close(linger=0)
+        context.term()
+        print(json.dumps({"shut": shut}), flush=True)
 
 
 def edge(config: object, address: str, seconds: float) -> None:

@@ -10,8 +10,11 @@ its next tick sends a PING through ``out_event``, which asserts ``!_io_error`` a
 hang-up comes from either end: our own ``shutdown(SHUT_RDWR)`` of the descriptor (Transport.punish,
 ``allow``, a frame from a key no longer admitted, the monitor's shedding), or the neighbour closing
 its socket (an abandoned send redials: close and connect), after which our next PING is answered
-with a reset. The fix (peer/net/transport.py ``heartbeat_options``): the inbox runs no heartbeat timer
-of its own; its dialers' heartbeats still tell them a cut link.
+with a reset. A second way to the same assertion: after the hang-up, the engine answers a ping it
+had read ahead of the full queue (again through ``out_event``) once the queue is read. The fix:
+the inbox runs no heartbeat timer of its own (peer/net/transport.py ``heartbeat_options``; its
+dialers' heartbeats still tell them a cut link), and a connection is shut down for reading only
+(peer/net/admission.py ``shut_down``: no hang-up, libzmq reads the end of the stream and closes it).
 
 Each test runs a receiver in a process of its own (tests/_cut_receiver.py) that reads only now and
 then, against senders that fill its queues and cut their connections (or that it shuts down), for
@@ -82,6 +85,28 @@ def cut_under_load(mode: str, root: Path = ROOT, cutting_s: float = CUTTING_S) -
     return {"returncode": child.returncode, "stderr": err[-2000:], "seconds": time.monotonic() - began,
             "abandoned": sum(sum(s.abandoned.values()) for s in senders),
             "redialed": sum(sum(s.redialed.values()) for s in senders), **counts}
+
+
+def test_a_connection_shut_down_with_pings_read_ahead_never_aborts_the_inbox() -> None:
+    """The inbox shuts down (Transport.punish's ``_shut``) connections whose queue is full of small
+    messages, with a dialer's pings read ahead of it, then reads the queue: the engine decodes what
+    it read ahead and answers the pings. After a hang-up (SHUT_RDWR) that answer asserted
+    ``!_io_error`` at once, heartbeats off or not; shut for reading only, it is a live connection's."""
+    (listener,) = reserve_listeners(1)
+    address = listener_address(listener)
+    fd = listener.detach()
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "_cut_receiver.py"), str(ROOT), "ping", "4", str(fd), address],
+        pass_fds=[fd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(fd)
+    try:
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["shut"] >= 30, out
 
 
 @pytest.mark.parametrize("mode", ["abandon", "punish"])
