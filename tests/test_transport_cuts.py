@@ -13,8 +13,9 @@ its socket (an abandoned send redials: close and connect), after which our next 
 with a reset. A second way to the same assertion: after the hang-up, the engine answers a ping it
 had read ahead of the full queue (again through ``out_event``) once the queue is read. The fix:
 the inbox runs no heartbeat timer of its own (peer/net/transport.py ``heartbeat_options``; its
-dialers' heartbeats still tell them a cut link), and a connection is shut down for reading only
-(peer/net/admission.py ``shut_down``: no hang-up, libzmq reads the end of the stream and closes it).
+dialers' heartbeats still tell them a cut link), and a connection is shut down for reading
+(peer/net/admission.py ``shut_down``: no hang-up, libzmq reads the end of the stream and closes
+it), in both directions only if it still sends after that (a flood Linux keeps delivering).
 
 Each test runs a receiver in a process of its own (tests/_cut_receiver.py) that reads only now and
 then, against senders that fill its queues and cut their connections (or that it shuts down), for
@@ -115,8 +116,10 @@ def test_cut_connections_with_full_queues_never_abort_the_receiver(mode: str) ->
     assert result["returncode"] == 0, result
     closed = result["closed"]
     assert isinstance(closed, dict), result
-    cuts = closed.get("closed_after_handshake", 0) if mode == "abandon" else closed.get("closed_test", 0)
-    assert cuts >= 50, result     # the load did cut, many times (over 100 in 8 s on a loaded 2-core machine)
+    # the load did cut, many times: connections ended (over 100 in 8 s on a loaded 2-core machine)
+    assert closed.get("closed_after_handshake", 0) >= 50, result
+    if mode == "punish":
+        assert closed.get("closed_test", 0) >= 50, result
 
 
 if __name__ == "__main__":

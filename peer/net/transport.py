@@ -465,7 +465,9 @@ class Transport:
             self._gate.closed[f"punished_{reason}"] += 1
 
     def _shut(self, fd: int, reason: str) -> None:
-        if shut_down(fd, self._port):
+        """Shut ``fd`` down for reading; one still sending to us the next time, in both directions
+        (peer/net/admission.py ``shut_down``)."""
+        if shut_down(fd, self._port, hang_up=self._gate.shut_before(fd)):
             with self._gate.lock:
                 self._gate.closed[reason] += 1
 
