@@ -14,7 +14,7 @@ Three parts, used by peer.net.transport:
   drained only between training steps, a burst of junk connections would stall
   every socket of the peer (and a pending ``wait_sent`` with it).
 - ``shut_down``: closes a connection libzmq owns, by shutting the TCP socket
-  under it down for reading; libzmq sees the end of the stream and drops the connection.
+  under it down; libzmq sees the end of the stream and drops the connection.
 
 What libzmq 4.3.5's monitor tells (measured; see tests/test_transport_auth.py),
 per accepted connection, exactly one of:
@@ -84,7 +84,6 @@ class Gate:
         self._allowed = frozenset(allowed)
         self._cooling: dict[bytes, float] = {}        # key -> monotonic time its cool-down ends
         self._connections: dict[int, bytes] = {}      # file descriptor -> key it authenticated with
-        self._shut: set[int] = set()                  # descriptors shut down for reading (shut_down)
         self._clock = clock
         self.refused: Counter[str] = Counter()        # handshakes, by reason (shared with the monitor)
         self.closed: Counter[str] = Counter()         # admitted connections we shut down, by reason
@@ -134,14 +133,6 @@ class Gate:
         """``fd`` was closed (by libzmq): its number may be reused by another connection.
         The caller holds ``lock`` (the monitor does, while it counts)."""
         self._connections.pop(fd, None)
-        self._shut.discard(fd)
-
-    def shut_before(self, fd: int) -> bool:
-        """Whether ``fd`` was shut down (for reading) since libzmq opened it; it is from now on."""
-        with self.lock:
-            before = fd in self._shut
-            self._shut.add(fd)
-            return before
 
 
 class ConnectionMonitor:
@@ -278,17 +269,11 @@ def _protocol_error(value: int) -> str:
     return name if name and "|" not in name else f"protocol_{value:#x}"
 
 
-def shut_down(fd: int, local_port: int | None = None, *, hang_up: bool = False) -> bool:
+def shut_down(fd: int, local_port: int | None = None) -> bool:
     """Shut down the TCP connection under libzmq's descriptor ``fd`` (libzmq then closes it);
     False when ``fd`` is no longer a connection of ours. A descriptor number is reused as soon as
     libzmq closes it, possibly before its event reaches us: a descriptor that is not a socket, or
-    (``local_port`` given) not a connection to that port of ours, is left alone.
-
-    For reading only, unless ``hang_up``: see the comment below for why. Linux still hands over
-    what arrives after SHUT_RD and reports the end of the stream only once nothing is left, so a
-    sender that floods faster than its queue is read keeps a connection shut for reading;
-    ``hang_up`` (both directions) is for such a connection, shut down once already (the Gate
-    remembers which: ``Gate.shut_before``)."""
+    (``local_port`` given) not a connection to that port of ours, is left alone."""
     try:
         dup = os.dup(fd)
     except OSError:
@@ -302,13 +287,7 @@ def shut_down(fd: int, local_port: int | None = None, *, hang_up: bool = False) 
         try:
             if local_port is not None and conn.getsockname()[1] != local_port:
                 return False
-            # for reading only: libzmq reads the end of the stream and closes the connection (within
-            # a millisecond when it is reading). A hang-up (SHUT_RDWR) marks libzmq's engine failed
-            # even while its queue is full and it is not reading; once the queue is read, the engine
-            # first decodes what it had read ahead, and a ping among it is answered through
-            # out_event, which asserts that no I/O error was seen: the process aborts (issue 32;
-            # peer/net/transport.py heartbeat_options, tests/test_transport_cuts.py)
-            conn.shutdown(socket.SHUT_RDWR if hang_up else socket.SHUT_RD)
+            conn.shutdown(socket.SHUT_RDWR)
         except (OSError, IndexError, TypeError):
             return False
     return True

@@ -22,7 +22,7 @@ that finds no connection for ``reconnect_max_ms`` still dials afresh.
 
 The bounds are the peer transport's: single-frame wire messages (a
 multipart arrival is hostile, counted and dropped), ``MAXMSGSIZE`` per frame,
-``SNDHWM``, a cap per poll (but no ``RCVHWM``: see ``_dial``); zero-copy sends are
+``RCVHWM``/``SNDHWM`` per connection, a cap per poll; zero-copy sends are
 tracked and :meth:`DialTransport.wait_sent` blocks until ZeroMQ released them.
 :meth:`DialTransport.listening` says what this transport listens on: nothing
 (a process test checks the same in ``/proc/net/tcp``).
@@ -37,7 +37,7 @@ import zmq
 
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
-from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError, heartbeat_options
+from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
 
@@ -77,14 +77,11 @@ class DialTransport:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-            for option, value in heartbeat_options(cfg).items():
-                sock.setsockopt(option, value)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
             sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes)
-            # no bound on the replies queued (0): a queue that fills while the client trains stops
-            # libzmq reading the connection, and with heartbeats on, the gateway going away then
-            # aborts the client (issue 32: peer/net/transport.py heartbeat_options). The gateway,
-            # whose model the client takes anyway, is the one sender; its replies per round are few
-            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, cfg.high_water_mark)
             sock.setsockopt(zmq.SNDHWM, cfg.high_water_mark)
             sock.setsockopt(zmq.IMMEDIATE, 1)    # no connection: a send fails now (counted), not queued
             if self._curve is not None:

@@ -129,8 +129,7 @@ class TransportConfig:
     # first reconnect attempt after this long, doubling up to the maximum (ZeroMQ back-off)
     reconnect_ms: int = 100
     reconnect_max_ms: int = 5000  # the back-off's ceiling
-    # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes (sent by
-    # the sockets that dial out, never by the inbox: heartbeat_options says why)
+    # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
     zmtp_heartbeat_ms: int = 1000
     zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
     # how long a zero-copy send may hold a tensor before it is abandoned, however slowly it moves
@@ -312,7 +311,7 @@ class Transport:
             raise
         monitor: ConnectionMonitor | None = None
         try:
-            self._configure(inbox, heartbeats=False)
+            self._configure(inbox)
             # a reply to a connection that closed fails at once (counted) instead of vanishing silently
             inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
             monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
@@ -338,18 +337,14 @@ class Transport:
             raise
         return inbox, monitor
 
-    def _configure(self, sock: zmq.Socket, *, heartbeats: bool = True) -> None:
-        """Lingering, reconnecting and (``heartbeats``: a dialing socket) ZMTP heartbeats.
-
-        The inbox sends no heartbeat of its own (:func:`heartbeat_options` says why); it still
-        answers its dialers' pings, and closes a connection whose dialer's pings (their TTL) stop."""
+    def _configure(self, sock: zmq.Socket) -> None:
         cfg = self.config
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-        if heartbeats:
-            for option, value in heartbeat_options(cfg).items():
-                sock.setsockopt(option, value)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
 
     def _open_outbox(self, name: str, address: str) -> _Outbox:
         watch = HandshakeWatch(self.config, self.handshake_refused)
@@ -465,9 +460,7 @@ class Transport:
             self._gate.closed[f"punished_{reason}"] += 1
 
     def _shut(self, fd: int, reason: str) -> None:
-        """Shut ``fd`` down for reading; one still sending to us the next time, in both directions
-        (peer/net/admission.py ``shut_down``)."""
-        if shut_down(fd, self._port, hang_up=self._gate.shut_before(fd)):
+        if shut_down(fd, self._port):
             with self._gate.lock:
                 self._gate.closed[reason] += 1
 
@@ -813,25 +806,6 @@ class Transport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def heartbeat_options(config: TransportConfig) -> dict[int, int]:
-    """The ZMTP heartbeat options of a socket that dials out (an outbox; the edge client's DEALER).
-
-    Never on a socket whose receive queue may fill while its owner does not read (the inbox, issue
-    32): libzmq 4.3.5 aborts the process (``Assertion failed: !_io_error
-    (src/stream_engine_base.cpp:310)``) when a connection that stopped reading because its queue
-    was full reports a hang-up or a reset (our own ``shutdown``, or the reset that answers a ping
-    to a neighbour that closed its socket) and its heartbeat timer then fires: the timer's ping goes
-    through ``out_event``, which asserts that no I/O error was seen. Without a heartbeat timer the
-    broken connection waits, not polled, until its queue is read again, and is then torn down
-    (tests/test_transport_cuts.py). A dialing socket keeps its heartbeats (they tell a cut link from
-    a quiet one within ``zmtp_heartbeat_timeout_ms``) because its queue never fills: an outbox is
-    sent nothing by an honest neighbour, and the edge client's socket queues its gateway's replies
-    without a bound (peer/net/dial.py)."""
-    return {zmq.HEARTBEAT_IVL: config.zmtp_heartbeat_ms,
-            zmq.HEARTBEAT_TIMEOUT: config.zmtp_heartbeat_timeout_ms,
-            zmq.HEARTBEAT_TTL: config.zmtp_heartbeat_timeout_ms}
 
 
 class TransportError(HivemeshError):
