@@ -63,6 +63,18 @@ def test_a_float32_delta_scaled_by_1e30_has_a_finite_norm_and_clips_to_the_bound
     assert clipped.dtype == torch.float32 and torch.allclose(clipped, t(0.6, 0.8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bound", [4.90454462513686e-45, 1e-40, 3e-8, 0.7, 1e30])
+def test_a_clipped_delta_never_ends_longer_than_its_bound_in_its_own_dtype(dtype: torch.dtype,
+                                                                           bound: float) -> None:
+    """CI's counterexample: a 1.0 clipped to 3.5 x the smallest float32 subnormal rounded *up* to 4 of
+    them in the cast (5.6e-45 > 4.9e-45). Every element now rounds toward zero."""
+    delta = torch.tensor([1.0, -3.0, 7.0], dtype=dtype)
+    clipped = influence.clip(delta, delta_norm(delta), bound)
+    assert clipped.dtype == dtype and delta_norm(clipped) <= bound
+    assert bool((clipped * delta >= 0).all())                     # direction kept, element by element
+
+
 def test_a_liar_in_a_round_of_three_is_capped_and_clipped_and_counted_by_reason() -> None:
     # Prepare: two honest clients (norm 1 and 2), a liar claiming 10^9 with a delta 10^30 long
     updates = {"a": (t(1.0, 0.0), 240), "b": (t(0.0, 2.0), 260), "liar": (t(-1e30, 0.0), 10**9)}

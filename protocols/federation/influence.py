@@ -88,7 +88,15 @@ def clip(delta: torch.Tensor, norm: float, bound: float) -> torch.Tensor:
         return delta.clone()
     if bound <= 0 or not math.isfinite(norm):
         return torch.zeros_like(delta)
-    return (delta.to(torch.float64) * (bound / norm)).to(delta.dtype)
+    return _toward_zero((delta.to(torch.float64) * (bound / norm)), delta.dtype)
+
+
+def _toward_zero(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``exact`` in ``dtype``, each element rounded toward zero, so that no norm grows in the cast (a
+    nearest rounding can: a subnormal float32 moves by up to half its whole value)."""
+    rounded = exact.to(dtype)
+    away = rounded.to(torch.float64).abs() > exact.abs()
+    return torch.where(away, torch.nextafter(rounded, torch.zeros_like(rounded)), rounded)
 
 
 def bound_updates(updates: Updates, *, samples_multiple: float, norm_multiple: float, max_samples: int = 0,

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from protocols.federation import influence
 from protocols.rng import derive_seed
 
 
@@ -129,11 +130,9 @@ def poisson_sample(seed: int, draw: int, names: Iterable[str], rate: float,
 
 def clip(update: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, bool]:
     """``update`` scaled to L2 norm ``clip_norm`` when longer (a fresh tensor), and whether it was
-    within the bound already (the bit adaptive clipping counts)."""
-    norm = float(torch.linalg.vector_norm(update.double()))
-    if norm <= clip_norm:
-        return update.clone(), True
-    return update * (clip_norm / norm), False
+    within the bound already (the bit adaptive clipping counts). The one clip: influence.clip's."""
+    norm = influence.delta_norm(update)
+    return influence.clip(update, norm, clip_norm), norm <= clip_norm
 
 
 def noised_mean(clipped: Sequence[torch.Tensor], *, like: torch.Tensor, expected: float,
