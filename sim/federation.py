@@ -93,7 +93,6 @@ from peer.files.config import ConfigError
 from peer.files.statefiles import json_safe
 from peer.train.attack import Attack, forge, parse_attack, sign_flip
 from peer.train.build import build_trainers
-from peer.train.checkpoint import CheckpointSchedule
 from peer.train.federated import train_round
 from peer.train.trainer import Trainer
 from protocols.events import (
@@ -122,6 +121,7 @@ from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
 from protocols.messages import Message, RoundResult, SecAggMessage
 from protocols.node import Neighbour, Node
+from protocols.node.checkpoints import CheckpointSchedule
 from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed

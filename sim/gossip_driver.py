@@ -78,7 +78,6 @@ from typing import Any, cast
 
 import torch
 
-from peer.train.checkpoint import CheckpointConfig, CheckpointSchedule
 from protocols.codec import encode
 from protocols.events import (
     CancelTimer,
@@ -98,6 +97,7 @@ from protocols.events import (
 from protocols.identity import Identity
 from protocols.messages import Message, StateSyncRequest
 from protocols.node import Neighbour, Node, NodeAction, Note, Wait
+from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, MemberFaults, Schedule, Stop, met
 from protocols.roster import Member, Roster, run_id

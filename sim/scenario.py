@@ -8,7 +8,7 @@ shares with a peer file are one schema (:mod:`peer.files.schema`): ``[partition]
 :class:`protocols.gossip.GossipConfig` fields and ``[trainer]``
 :class:`peer.train.trainer.TrainerConfig` fields, both checked when the scenario is loaded
 by the same functions as a peer file's ``[network.gossip]`` and ``[network.trainer]``;
-``[checkpoint]`` is a peer file's (:class:`peer.train.checkpoint.CheckpointConfig`: when a
+``[checkpoint]`` is a peer file's (:class:`protocols.node.checkpoints.CheckpointConfig`: when a
 member writes the checkpoint a crashed member restarts from);
 ``[nodes]``' liveness and state-sync keys are :class:`protocols.node.NodeConfig`'s, as
 in a peer file's ``[peer]`` (``neighbour_timeout_s``: the old ``neighbour_timeout_ms`` is
@@ -64,7 +64,7 @@ from peer.files.schema import (
     resolve_network_paths,
     trainer_config,
 )
-from peer.train.checkpoint import CheckpointConfig
+from protocols.node.checkpoints import CheckpointConfig
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 from topology import Topology
@@ -276,7 +276,7 @@ class ScenarioConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     # when a member writes the checkpoint a crashed one restarts from: a peer file's [checkpoint]
-    # (peer.train.checkpoint.CheckpointConfig, the daemon's schedule); ``keep`` is not modelled
+    # (protocols.node.checkpoints.CheckpointConfig, the daemon's schedule); ``keep`` is not modelled
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
     federation: FederationSection = field(default_factory=FederationSection)  # gateways > 0: a federation

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from peer.train import checkpoint
-from peer.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointSchedule, load_latest, save
+from peer.train.checkpoint import CheckpointError, load_latest, save
 from peer.train.tasks import get_task
 from peer.train.trainer import Trainer, TrainerConfig
+from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 
 torch.set_num_threads(1)
 

@@ -16,9 +16,9 @@ import torch
 from peer.runtime.daemon import PeerDaemon
 from peer.runtime.netinit import NetworkFiles
 from peer.runtime.peerconfig import load_peer_config
-from peer.train.checkpoint import CheckpointConfig, CheckpointSchedule
 from protocols.messages import StateSyncResponse
 from protocols.node import Adoption
+from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 from tests._daemon_support import make_network
 from tests.test_daemon_limits import RecordingTransport, deliver
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from peer.runtime.daemon import PeerDaemon
-from peer.train.checkpoint import CheckpointConfig, CheckpointSchedule
 from protocols.events import SetTrainerStep
+from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 
 
 def _fake(step: int) -> SimpleNamespace:

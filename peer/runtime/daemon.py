@@ -165,7 +165,7 @@ from peer.runtime.testhooks import (
     save_point_from_environment,
     schedule_from_environment,
 )
-from peer.train.checkpoint import CheckpointSchedule, SavePoint
+from peer.train.checkpoint import SavePoint
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.consensus import max_relative_distance
 from protocols.events import (
@@ -194,6 +194,7 @@ from protocols.node import (
     Wait,
     waiting_line,
 )
+from protocols.node.checkpoints import CheckpointSchedule
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, Stop
 from protocols.roster import Roster

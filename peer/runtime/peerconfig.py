@@ -4,7 +4,7 @@ Layout::
 
     [peer]        who this peer is and where its files live (per peer)
     [transport]   socket limits and timings (per peer, peer.net.transport.TransportConfig)
-    [checkpoint]  interval and retention (per peer, peer.train.checkpoint.CheckpointConfig)
+    [checkpoint]  interval and retention (per peer, protocols.node.checkpoints.CheckpointConfig)
     [federation]  (a gateway only) FedAvg rounds for the roster's edge clients (FederationSection)
     [network]     what every member must agree on: topology, seed, task (peer.files.schema.NetworkSection),
       [network.partition] peer.files.schema.PartitionConfig
@@ -44,9 +44,9 @@ from peer.files.schema import (
     trainer_config,
 )
 from peer.net.transport import TransportConfig
-from peer.train.checkpoint import CheckpointConfig
 from protocols.federation import FederationConfig
 from protocols.federation.interleave import gossip_total_rounds
+from protocols.node.checkpoints import CheckpointConfig
 from protocols.node.config import NodeConfig
 
 
