@@ -11,11 +11,13 @@ place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
   Endpoint, whose rejections are counted by reason, then fed as ``Received``.
 * ``SetTimer`` / ``CancelTimer``: ``TimerFired`` at the virtual time asked.
 
-Checkpoints are the daemon's: at each work point a member asks
-:class:`peer.train.checkpoint.CheckpointSchedule` (the scenario's
-``[checkpoint]``, a peer file's) whether one is due, counting from the last one
-it wrote, and writes one at once after a jump of its step (``SetTrainerStep``:
-an adopted state sync, a catch-up), as the daemon does. A crash (a ``kill -9``)
+Each member's lifecycle is protocols/node/member.py's :class:`Member` (the
+start wait, the state sync, the stranded verdict, work points, checkpoints
+due, the fault schedule), its actions carried out by protocols/node/host.py's
+:class:`Host` through this module's port: the links, the engine, the trainer
+and checkpoint copies are all this module adds. A checkpoint is due at a work
+point (the scenario's ``[checkpoint]``, a peer file's), and at once after a
+jump of its step (``SetTrainerStep``: an adopted state sync, a catch-up). A crash (a ``kill -9``)
 loses what it did since: a restart restores trainer, machine and replay
 windows from its last checkpoint (a member that never wrote one: its state at
 its start, as a daemon with an empty data folder) with the next epoch; a
@@ -79,28 +81,16 @@ from typing import Any, cast
 import torch
 
 from protocols.codec import encode
-from protocols.events import (
-    CancelTimer,
-    Event,
-    Finished,
-    Machine,
-    Metric,
-    NeighbourDown,
-    NeighbourUp,
-    Send,
-    SetTimer,
-    SetTrainerStep,
-    StartWork,
-    TimerFired,
-    WorkDone,
-)
+from protocols.events import Finished, Machine, Send, SetTrainerStep, TimerFired, WorkDone
 from protocols.identity import Identity
-from protocols.messages import Message, StateSyncRequest
-from protocols.node import Neighbour, Node, NodeAction, Note, Wait
-from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
+from protocols.messages import Message
+from protocols.node import Neighbour, Node, Note
+from protocols.node import member as lifecycle
+from protocols.node.host import Host
 from protocols.node.membership import Connect
-from protocols.node.schedule import Cut, Flood, MemberFaults, Schedule, Stop, met
-from protocols.roster import Member, Roster, run_id
+from protocols.node.schedule import Condition, Schedule, met
+from protocols.roster import Member as RosterMember
+from protocols.roster import Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
 from sim.network import uniform
 from sim.node import churn_events, flip_signature, sim_identity, tamper, work_seconds
@@ -141,21 +131,13 @@ class RestartRecord:
                 "synced_at_s": self.synced_at_s, "recovery_s": self.synced_at_s - self.restarted_at_s}
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A member waiting for its neighbours (``Node.start_wait``), then to sync or start."""
-
-    since_s: float
-    sync: bool       # joins late or restarts: asks its neighbours for their state first
-    resumed: bool    # restarted from its checkpoint
-
-
 class SimPeer:
-    """One member: its trainer, machine, endpoint, liveness and counters."""
+    """One member: its trainer's place in the engine, its Member, Host, endpoint and counters."""
 
     def __init__(self, name: str, index: int, identity: Identity, endpoint: Endpoint, behaviour: str, *,
                  neighbours: Iterable[str], node: Callable[[SimPeer], Node[Neighbour]],
-                 checkpoint: CheckpointConfig) -> None:
+                 member: Callable[[Node[Neighbour]], lifecycle.Member[Neighbour]],
+                 host: Callable[[SimPeer], Host]) -> None:
         self.name = name
         self.index = index
         self.identity = identity
@@ -163,35 +145,30 @@ class SimPeer:
         self.behaviour = behaviour
         self.alive = False
         self.started = False  # ever started (a member that joins later has not, until it joins)
-        self.incarnation = 0
-        self.timers: dict[str, int] = {}
-        self.timer_tokens = 0
         self.work_index = 0
         self.send_index = 0
-        self.bytes_sent = 0
-        self.payload_bytes_sent = 0
-        self.messages_sent = 0
-        self.sent_by_kind: Counter[str] = Counter()   # messages, times recipients, by kind
-        self.bytes_by_kind: Counter[str] = Counter()  # their wire bytes, by kind
         self.started_at_s = math.nan                  # when it first started its rounds
         self.steps_done = 0
         self.restarts = 0
         self.rejections: Counter[str] = Counter()  # from endpoints retired by restarts
         self.dropped: Counter[str] = Counter()     # this member's messages that never arrived
-        self.metric_last: dict[str, float] = {}
         self.captured: dict[tuple[str, ...], list[bytes]] = {}  # stale-replay: first frames per recipients
         self.checkpoint: SimCheckpoint | None = None
-        self.saves = CheckpointSchedule(checkpoint)  # when the next one is due (after a step jump: at once)
         self.restarts_detail: list[RestartRecord] = []
         self.pending_work: WorkDone | None = None  # asked for, its maths done, its time not yet up
-        self.last_loss = math.nan                  # what its heartbeats say
-        self.waiting: Waiting | None = None        # waiting for its neighbours before its first round
-        self.resumed = False                       # this life began from its checkpoint
-        self.stranded = ""                         # why it stopped short of the end (Node.judge)
-        self.deferred_steps = 0  # work a schedule's hold keeps back
         self.trainer_steps_set: list[int] = []  # each SetTrainerStep (catch-up, sync), as the daemon shows
         self.neighbour_names = tuple(sorted(neighbours))
         self.node = node(self)  # machine, state sync, failure detector, early messages: protocols/node
+        self.member = member(self.node)   # its lifecycle around the Node
+        self.host = host(self)            # what carries out the member's actions here
+
+    @property
+    def messages_sent(self) -> int:
+        return self.host.counters.messages_sent
+
+    @property
+    def metric_last(self) -> dict[str, float]:
+        return self.host.metrics
 
     def fresh_neighbours(self) -> dict[str, Neighbour]:
         """What a (re)started member knows of its neighbours: nothing yet."""
@@ -199,6 +176,41 @@ class SimPeer:
 
     def all_rejections(self) -> Counter[str]:
         return self.rejections + self.endpoint.rejections + self.node.all_rejections()
+
+
+class SimPort:
+    """The simulator's side of protocols/node/host.py's port, for one member."""
+
+    def __init__(self, run: GossipRun, peer: SimPeer) -> None:
+        self.run = run
+        self.peer = peer
+
+    def send(self, send: Send) -> None:
+        self.run._send(self.peer, send)
+
+    def work_point(self, steps: int) -> None:
+        self.run._work_point(self.peer, steps)
+
+    def train(self, steps: int) -> None:
+        self.run._work(self.peer, steps)
+
+    def save(self, final: bool) -> None:
+        self.run._save(self.peer)
+
+    def say(self, note: Note) -> None:
+        pass  # the operator's lines: a simulation reports counters instead
+
+    def connect(self, connect: Connect) -> None:
+        self.peer.endpoint.set_roster(connect.roster)  # links need no dialling: the network reaches all
+        self.peer.neighbour_names = connect.neighbours
+
+    def wake(self, at: float, key: str, token: int) -> None:
+        engine = self.run.engine
+        engine.at(max(at, engine.now_s), functools.partial(self.run._timer, self.peer, self.peer.host.life,
+                                                           key, token))
+
+    def mark(self, action: Any) -> None:
+        self.run._mark(self.peer, action)
 
 
 class GossipRun:
@@ -220,29 +232,30 @@ class GossipRun:
         identities = {name: sim_identity(self.scenario.seed, name) for name in names}
         # Addresses are nominal (a roster requires one; nothing is ever dialled in a simulation).
         self.roster = Roster(members=tuple(
-            Member(name=name, public_id=identities[name].public_id, address=f"tcp://127.0.0.1:{20000 + i}")
-            for i, name in enumerate(names)))
+            RosterMember(name=name, public_id=identities[name].public_id,
+                         address=f"tcp://127.0.0.1:{20000 + i}") for i, name in enumerate(names)))
         self.run_id = run_id({"scenario": self.scenario.name, "seed": self.scenario.seed})
         self.rogue = sim_identity(self.scenario.seed, "rogue", "forged-key")
         self.node_config = self.scenario.nodes.node_config()
+        self.schedule = faults or Schedule()
+        self.reached: dict[str, int] = {}  # each member's latest work-point round
+        self._churn_events = churn_events(self.scenario, names)
+        # members a crash brings back: their state at start is kept, and a checkpoint when due
+        self._restartable = {e.node for e in self._churn_events if e.kind == "restart" or e.down_s >= 0}
         self.peers: dict[str, SimPeer] = {}
         for index, name in enumerate(names):
             endpoint = Endpoint(identities[name], self.roster, self.run_id, epoch=0)
             self.peers[name] = SimPeer(name, index, identities[name], endpoint, self.scenario.behaviour(name),
                                        neighbours=world.neighbours(name), node=self._node,
-                                       checkpoint=self.scenario.checkpoint)
+                                       member=self._member,
+                                       host=lambda peer: Host(peer.member.handle, SimPort(self, peer)))
         self.result = new_result(world, f"gossip:{self.config.algorithm}")
         for _, peer in sorted(self.peers.items()):   # every member derives the same settings: say each once
             self.result.notes.extend(n for n in peer.node.machine.notes() if n not in self.result.notes)
         self.recorder = Recorder(world, self.result, running=lambda n: self.peers[n].alive,
                                  bytes_sent=self._bytes_sent, progress=progress)
-        self.schedule = faults or Schedule()
-        self.reached: dict[str, int] = {}  # each member's latest work-point round
-        self.faults = {name: MemberFaults(self.schedule, name, reached=lambda m: self.reached.get(m, -1))
-                       for name in names}
         self._joined: set[str] = set()
-        self._stopped: dict[str, Stop] = {}  # stopped by the schedule, waiting to restart
-        self._restartable: set[str] = set()  # members a crash brings back: their state at start is kept
+        self._stopped: dict[str, Condition] = {}  # stopped by the schedule, restarted once this is met
         self._step_crashes: list[ChurnEvent] = []  # armed crashes placed on progress, in time order
 
     def _node(self, peer: SimPeer) -> Node[Neighbour]:
@@ -254,6 +267,15 @@ class GossipRun:
         node.set_membership(self.roster, self.world.topology)
         return node
 
+    def _member(self, node: Node[Neighbour]) -> lifecycle.Member[Neighbour]:
+        ahead = lifecycle.ahead_steps(max_rounds_ahead=self.config.max_rounds_ahead,
+                                      local_steps=self.config.local_steps,
+                                      scheduled=bool(self.schedule.faults))
+        config = lifecycle.MemberConfig(ahead_steps=ahead, checkpoint=self.scenario.checkpoint,
+                                        keeps_checkpoints=node.name in self._restartable)
+        return lifecycle.Member(node, config, schedule=self.schedule,
+                                reached=lambda m: self.reached.get(m, -1))
+
     def _machine(self, name: str) -> Machine:
         trainer = self.world.trainers[name]
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average";
@@ -264,7 +286,7 @@ class GossipRun:
         return machine
 
     def _bytes_sent(self) -> int:
-        return sum(peer.bytes_sent for _, peer in sorted(self.peers.items()))
+        return sum(peer.host.counters.wire_bytes_sent for _, peer in sorted(self.peers.items()))
 
     # ------------------------------------------------------------ running
 
@@ -276,47 +298,40 @@ class GossipRun:
 
     def begin(self) -> None:
         """Schedule the starts, the churn and the evaluations (a test may then step the engine)."""
-        churn = churn_events(self.scenario, self.world.names)
+        churn = self._churn_events
         joins_later = {e.node for e in churn if e.kind == "join"} | self.schedule.joins_later()
         first_join = {e.node: e.at_s for e in sorted(churn, key=lambda e: e.at_s) if e.kind == "join"}
         first = [peer for name, peer in sorted(self.peers.items())
                  if name not in joins_later or first_join.get(name, math.inf) <= 0.0]
         self.engine.at(0.0, functools.partial(self._start_together, first))
-        self._restartable = {e.node for e in churn if e.kind == "restart" or e.down_s >= 0}
         for event in churn:
             if event.kind == "join" and event.at_s <= 0.0:
                 continue
-            arm = self._step_crashes.append if event.at_step >= 0 else self._churn
+            arm = self._arm if event.at_step >= 0 else self._churn
             self.engine.at(max(event.at_s, 0.0), functools.partial(arm, event))
         self.recorder.start()
         self.engine.at(0.0, self._check_liveness)
 
+    def _arm(self, event: ChurnEvent) -> None:
+        """A crash placed on progress: the member fires it at its first work point at that step."""
+        self._step_crashes.append(event)
+        self.peers[event.node].member.handle(self.engine.now_s, lifecycle.ArmCrash(event.at_step))
+
     def _check_liveness(self) -> None:
         """Every running member's failure detector (protocols/node/neighbours.py), every quarter of
-        the timeout: the silent neighbours go down."""
+        the timeout: the silent neighbours go down (and may strand it)."""
         now = self.engine.now_s
         for _, peer in sorted(self.peers.items()):
-            if peer.alive and peer.waiting is None:
-                syncing = peer.node.syncing
-                silent, actions = peer.node.expire(now)
-                self._carry_out(peer, actions)
-                if syncing and not peer.node.syncing:  # a silent neighbour was all it still waited for
-                    self._synced(peer, unanswered=False)
-                elif silent and peer.node.started and not peer.node.finished:
-                    why = peer.node.judge(resumed=peer.resumed, start_wait_over=True)
-                    if why:
-                        self._strand(peer, why)
+            if peer.alive:
+                peer.host.handle(now, lifecycle.Expire())
         self.engine.at(now + self.node_config.neighbour_timeout_s / 4, self._check_liveness)
 
-    def _tick(self, peer: SimPeer, incarnation: int) -> None:
+    def _tick(self, peer: SimPeer, life: int) -> None:
         """The member's heartbeat (the Node's, when due) and, while it waits, whether the wait is over."""
-        if peer.incarnation != incarnation:
+        if peer.host.life != life:
             return
-        self._carry_out(peer, peer.node.tick(self.engine.now_s, step=self.world.trainers[peer.name].step,
-                                             loss=peer.last_loss))
-        if peer.waiting is not None:
-            self._check_wait(peer)
-        self.engine.at(peer.node.next_beat_s, functools.partial(self._tick, peer, incarnation))
+        peer.host.handle(self.engine.now_s, lifecycle.Beat())
+        self.engine.at(peer.member.next_beat_s, functools.partial(self._tick, peer, life))
 
     def end(self, wall_s: float = 0.0) -> ScenarioResult:
         """Evaluate everyone once more and fill in the result."""
@@ -327,17 +342,18 @@ class GossipRun:
         result.wall_s = wall_s
         for name, peer in sorted(self.peers.items()):
             metrics = self.recorder.final_peer_metrics(name)
+            counters = peer.host.counters
             result.peers[name] = {
                 "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.node.finished,
                 "steps": self.world.trainers[name].step, "restarts": peer.restarts,
                 "restarts_detail": [r.as_dict() for r in peer.restarts_detail],
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
-                "bytes_sent": peer.bytes_sent, "payload_bytes_sent": peer.payload_bytes_sent,
-                "messages_sent": peer.messages_sent,
-                "messages_sent_by_kind": dict(sorted(peer.sent_by_kind.items())),
-                "bytes_sent_by_kind": dict(sorted(peer.bytes_by_kind.items())),
+                "bytes_sent": counters.wire_bytes_sent, "payload_bytes_sent": counters.payload_bytes_sent,
+                "messages_sent": counters.messages_sent,
+                "messages_sent_by_kind": dict(sorted(counters.messages_by_kind.items())),
+                "bytes_sent_by_kind": dict(sorted(counters.wire_bytes_by_kind.items())),
                 "started_at_s": peer.started_at_s,
-                "state_sync": dict(sorted(peer.node.sync.outcomes.items())), "stranded": peer.stranded,
+                "state_sync": dict(sorted(peer.node.sync.outcomes.items())), "stranded": peer.member.stranded,
                 "sync_answers_sent": peer.node.sync.answers_sent,
                 "early_held": peer.node.early.held_total,
                 "trainer_steps_set": list(peer.trainer_steps_set),
@@ -356,7 +372,7 @@ class GossipRun:
         result.metrics = dict(sorted(result.metrics.items()))
         return result
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ lifecycle: processes and checkpoints
 
     def _start_together(self, peers: list[SimPeer]) -> None:
         """The members there from the start, launched at once: each then waits for its neighbours."""
@@ -366,79 +382,22 @@ class GossipRun:
             self._start(peer)
 
     def _start(self, peer: SimPeer, *, sync: bool = False, resumed: bool = False) -> None:
-        """The member's process is up: it heartbeats and waits for its neighbours (``_check_wait``)."""
+        """The member's process is up: it heartbeats and waits for its neighbours (``Launch``)."""
         peer.alive = True
         peer.started = True
-        peer.waiting = Waiting(since_s=self.engine.now_s, sync=sync, resumed=resumed)
-        peer.resumed = resumed
-        peer.stranded = ""
-        if peer.checkpoint is None and peer.name in self._restartable:
-            self._save(peer)  # no checkpoint yet: a crash restarts it from here
-        self._tick(peer, peer.incarnation)
+        life = peer.host.life
+        step = self.world.trainers[peer.name].step
+        peer.host.handle(self.engine.now_s, lifecycle.Launch(step=step, sync=sync, resumed=resumed))
+        self.engine.at(peer.member.next_beat_s, functools.partial(self._tick, peer, life))
 
-    def _check_wait(self, peer: SimPeer) -> None:
-        """Whether its wait for its neighbours is over (``Node.start_wait``, as in the daemon); then
-        it asks for their state (a late joiner, a restart, or one that finds the network ahead)
-        or starts its rounds."""
-        waiting = peer.waiting
-        assert waiting is not None
-        # under a test's schedule, as in the daemon: members it starts later are not waited for,
-        # and every running neighbour is (no far-ahead shortcut): a sync then asks them all
-        later = self.schedule.joins_later()
-        ahead_steps = (math.inf if self.schedule.faults
-                       else self.config.max_rounds_ahead * self.config.local_steps)
-        outcome = peer.node.start_wait(waited_s=self.engine.now_s - waiting.since_s, resumed=waiting.resumed,
-                                       ahead_steps=ahead_steps, later=later)
-        if outcome is Wait.WAIT:
-            return
-        peer.waiting = None
-        if waiting.sync or outcome is Wait.JOIN:
-            self._asked(peer, peer.node.begin_sync(resumed=waiting.resumed))
-        else:
-            self._begin(peer)
-
-    def _asked(self, peer: SimPeer, actions: list[NodeAction]) -> None:
-        """One state-sync attempt made (its timeout set), or, synced or none left, start."""
-        self._carry_out(peer, actions)
-        if not peer.node.syncing:
-            self._synced(peer, unanswered=peer.node.adoption is None)
-            return
-        attempt = peer.node.sync.attempts_made
-        self.engine.after(self.node_config.sync_timeout_s,
-                          functools.partial(self._sync_timeout, peer, peer.incarnation, attempt))
-
-    def _synced(self, peer: SimPeer, *, unanswered: bool) -> None:
-        """The state sync is over: the member starts, unless the Node finds nobody left to train
-        with (as the daemon does after its sync)."""
-        if peer.resumed and peer.restarts_detail and math.isnan(peer.restarts_detail[-1].synced_at_s):
+    def _synced(self, peer: SimPeer) -> None:
+        """Its state sync is over (adopted, refused or unanswered): a restart's recovery ends here."""
+        if peer.member.resumed and peer.restarts_detail and math.isnan(peer.restarts_detail[-1].synced_at_s):
             peer.restarts_detail[-1].synced_at_s = self.engine.now_s
-        why = peer.node.judge(resumed=peer.resumed, start_wait_over=unanswered)
-        if why:
-            self._strand(peer, why)
-        else:
-            self._begin(peer)
-
-    def _strand(self, peer: SimPeer, why: str) -> None:
-        """The member stops short of the end (the daemon exits with status 3), its state kept."""
-        peer.stranded = why
-        self._stop(peer, keep_checkpoint=True)
-        self._maybe_end()
 
     def _maybe_end(self) -> None:
         if all(p.node.finished or not p.alive for _, p in sorted(self.peers.items())):
             self.engine.stop()
-
-    def _begin(self, peer: SimPeer) -> None:
-        """Start the machine (the Node hands it what arrived before; a machine restored at a work
-        point asks for that work again: protocols/gossip)."""
-        if math.isnan(peer.started_at_s):
-            peer.started_at_s = self.engine.now_s
-        self._carry_out(peer, peer.node.start(self.engine.now_s))
-
-    def _sync_timeout(self, peer: SimPeer, incarnation: int, attempt: int) -> None:
-        if peer.incarnation == incarnation and peer.node.syncing and peer.node.sync.attempts_made == attempt:
-            self._asked(peer, peer.node.sync_timed_out())
-
 
     def _churn(self, event: ChurnEvent) -> None:
         peer = self.peers[event.node]
@@ -451,12 +410,12 @@ class GossipRun:
                     self.engine.after(event.down_s, functools.partial(
                         self._churn, ChurnEvent(node=peer.name, kind="restart", at_s=self.engine.now_s)))
                 return
-            self._stop(peer, keep_checkpoint=False)
+            self._stop(peer)
             if event.kind == "leave":  # a goodbye; a crash is noticed by the failure detector
                 for other in peer.node.neighbourhood.names():
                     neighbour = self.peers[other]
                     if neighbour.alive:
-                        self._carry_out(neighbour, neighbour.node.goodbye(peer.name, self.engine.now_s))
+                        neighbour.host.handle(self.engine.now_s, lifecycle.Goodbye(peer.name))
         elif event.kind == "restart":
             if peer.alive or peer.checkpoint is None:
                 return
@@ -474,7 +433,7 @@ class GossipRun:
         pending = peer.pending_work.steps if peer.pending_work is not None else 0
         peer.restarts_detail.append(RestartRecord(crashed_at_s=self.engine.now_s,
                                                   reached_step=self.world.trainers[peer.name].step - pending))
-        self._stop(peer, keep_checkpoint=False)
+        self._stop(peer)
         peer.pending_work = None  # its maths were done on a state the restart throws away
 
     def _save(self, peer: SimPeer) -> None:
@@ -488,17 +447,12 @@ class GossipRun:
                      "meta": dict(trainer_state["meta"])},
             machine=({k: v.clone() for k, v in tensors.items()}, _deep_copy(meta)),
             endpoint=peer.endpoint.export_state())
-        peer.saves.saved(trainer.step, self.engine.now_s)
 
-    def _stop(self, peer: SimPeer, *, keep_checkpoint: bool) -> None:
-        if keep_checkpoint:
-            self._save(peer)  # a clean stop: its state now
+    def _stop(self, peer: SimPeer) -> None:
+        """Its process is gone: pending work, timers and deliveries of this life are void."""
         peer.alive = False
-        peer.waiting = None
-        peer.deferred_steps = 0
-        peer.node.stop()
-        peer.incarnation += 1  # pending work, timers and deliveries of this life are void
-        peer.timers.clear()
+        peer.host.handle(self.engine.now_s, lifecycle.Halt())
+        peer.host.end_life()
 
     def _restore(self, peer: SimPeer) -> None:
         checkpoint = peer.checkpoint
@@ -513,7 +467,6 @@ class GossipRun:
                                _deep_copy(checkpoint.machine[1])))
         endpoint_state = checkpoint.endpoint
         peer.pending_work = None
-        peer.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=checkpoint.step)
         if peer.restarts_detail and peer.restarts_detail[-1].resumed_step < 0:
             peer.restarts_detail[-1].restarted_at_s = self.engine.now_s
             peer.restarts_detail[-1].resumed_step = checkpoint.step
@@ -523,48 +476,38 @@ class GossipRun:
         peer.endpoint.restore_state(endpoint_state)
         peer.restarts += 1
 
-    # ------------------------------------------------------------ events and actions
+    # ------------------------------------------------------------ what the member's host marks
 
-    def _feed(self, peer: SimPeer, event: Event) -> None:
-        if peer.alive:
-            self._carry_out(peer, peer.node.handle(event, self.engine.now_s))
-
-    def _carry_out(self, peer: SimPeer, actions: list[NodeAction]) -> None:
-        incarnation = peer.incarnation
-        for action in actions:
-            if peer.incarnation != incarnation:
-                return  # stopped (a schedule's stop at its work point): the rest died with it
-            self._act(peer, action)
-
-    def _act(self, peer: SimPeer, action: NodeAction) -> None:
+    def _mark(self, peer: SimPeer, action: Any) -> None:
         now = self.engine.now_s
         match action:
-            case Send():
-                self._send(peer, action)
-            case StartWork(steps=steps):
-                self._work_point(peer, steps)
-            case SetTimer(key=key, at=at):
-                peer.timer_tokens += 1
-                peer.timers[key] = peer.timer_tokens
-                self.engine.at(max(at, now), functools.partial(
-                    self._timer, peer, peer.incarnation, key, peer.timer_tokens))
-            case CancelTimer(key=key):
-                peer.timers.pop(key, None)
-            case Metric(name=name, value=value):
-                peer.metric_last[name] = float(value)
             case Finished():
                 if peer.node.left:      # removed by a roster version: gone, like a member that left
                     peer.alive = False
                 self._maybe_end()
             case SetTrainerStep(step=step):
-                peer.saves.step_set(self.world.trainers[peer.name].step, step)
                 self.world.trainers[peer.name].step = step  # the learning-rate schedule follows the network
                 peer.trainer_steps_set.append(step)
-            case Note():
-                pass  # the operator's lines: a simulation reports counters instead
-            case Connect(roster=roster, neighbours=neighbours):
-                peer.endpoint.set_roster(roster)   # links need no dialling: the network model reaches all
-                peer.neighbour_names = neighbours
+            case lifecycle.Entered(phase=phase, was=was):
+                if was is lifecycle.Phase.SYNCING:
+                    self._synced(peer)
+                if phase is lifecycle.Phase.TRAINING and math.isnan(peer.started_at_s):
+                    peer.started_at_s = now
+            case lifecycle.Exit(restart_when=restart_when):   # its checkpoint written: a clean stop
+                self._stop(peer)
+                if restart_when is not None:
+                    self._stopped[peer.name] = restart_when
+                    self.engine.at(now, self._check_schedule)
+                else:
+                    self._maybe_end()
+            case lifecycle.Crash(at_step=at_step):
+                event = next(e for e in self._step_crashes if e.node == peer.name and e.at_step == at_step)
+                self._step_crashes.remove(event)
+                self._churn(event)
+            case lifecycle.Reached(round=round_index):
+                self.reached[peer.name] = round_index
+            case lifecycle.ScheduleMoved():
+                self.engine.at(now, self._check_schedule)
 
     def change_roster(self, roster: Roster, topology: Topology, *, skip: Collection[str] = ()) -> None:
         """Every running member (but ``skip``: it never learns) learns roster ``roster`` (graph
@@ -573,8 +516,16 @@ class GossipRun:
         now = self.engine.now_s
         for _, peer in sorted(self.peers.items()):
             if peer.alive and peer.name not in skip:
-                self._carry_out(peer, peer.node.change_membership(roster, topology, now,
-                                                                  make_neighbour=Neighbour))
+                peer.host.handle(now, lifecycle.RosterChange(roster, topology, Neighbour))
+
+    def _feed(self, peer: SimPeer, event: Any) -> None:
+        if peer.alive:
+            peer.host.handle(self.engine.now_s, event)
+
+    def _work_point(self, peer: SimPeer, steps: int) -> None:
+        """The machine's work taken from the host's queue at once: the member's work point (a
+        checkpoint when due, a crash placed on progress, the schedule's faults, then the work)."""
+        self._feed(peer, lifecycle.WorkPoint(steps))
 
     def _work(self, peer: SimPeer, steps: int) -> None:
         """Run ``steps`` real SGD steps now; ``WorkDone`` comes after their modelled time."""
@@ -585,53 +536,7 @@ class GossipRun:
         peer.steps_done += steps
         peer.pending_work = WorkDone(steps, loss)
         self.engine.at(self.engine.now_s + duration_s, functools.partial(
-            self._work_done, peer, peer.incarnation))
-
-    # ------------------------------------------------------------ a test's fault schedule
-
-    def _work_point(self, peer: SimPeer, steps: int) -> None:
-        """The round's messages are out, its steps not done: what the schedule fires here, then the
-        work (unless a hold keeps it back, or a stop ends this life). A checkpoint is written here
-        when due, and a crash placed on progress fires here."""
-        trainer_step = self.world.trainers[peer.name].step
-        if peer.name in self._restartable and peer.saves.should_save(trainer_step, self.engine.now_s):
-            self._save(peer)  # (only a member a crash brings back needs one)
-        crash = next((e for e in self._step_crashes if e.node == peer.name and trainer_step >= e.at_step),
-                     None)
-        if crash is not None:
-            self._step_crashes.remove(crash)
-            self._churn(crash)
-            return
-        if not self.schedule.faults:
-            self._work(peer, steps)
-            return
-        round_index = peer.node.machine.position[0]
-        self.reached[peer.name] = max(self.reached.get(peer.name, -1), round_index)
-        self._heal(peer)  # before a hold is released by the same condition
-        faults = self.faults[peer.name]
-        for fault in faults.work_point(round_index):
-            match fault:
-                case Stop():
-                    self._stop(peer, keep_checkpoint=True)  # as a SIGTERM: its state is the checkpoint
-                    self._stopped[peer.name] = fault
-                case Flood(to=to, requests=requests):
-                    for _ in range(requests):
-                        self._send(peer, Send((to,), StateSyncRequest(reason="flood")))
-                case Cut():
-                    for name in sorted(fault.across(peer.name) & set(peer.neighbour_names)):
-                        self._feed(peer, NeighbourDown(name))
-        if peer.alive:
-            if faults.holding():
-                peer.deferred_steps = steps
-            else:
-                self._work(peer, steps)
-        self.engine.at(self.engine.now_s, self._check_schedule)
-
-    def _heal(self, peer: SimPeer) -> None:
-        """Its neighbours across a cut whose heal condition is met: up again for the machine."""
-        for other in self.faults[peer.name].heals():
-            if other in peer.neighbour_names:
-                self._feed(peer, NeighbourUp(other))
+            self._work_done, peer, peer.host.life))
 
     def _check_schedule(self) -> None:
         """Whatever conditions the last work point met: joins, restarts, heals, then holds released."""
@@ -643,28 +548,22 @@ class GossipRun:
                 self._joined.add(join.member)
                 self.engine.after(PROCESS_START_S, functools.partial(self._start, self.peers[join.member],
                                                                      sync=True))
-        for name, stop in sorted(self._stopped.items()):
-            if met(stop.restart_when, reached):
+        for name, restart_when in sorted(self._stopped.items()):
+            if met(restart_when, reached):
                 del self._stopped[name]
                 self.engine.after(PROCESS_START_S, functools.partial(self._restart, self.peers[name]))
-        for _, peer in sorted(self.peers.items()):
-            if peer.alive:
-                self._heal(peer)
-        for _, peer in sorted(self.peers.items()):
-            if peer.alive and peer.deferred_steps and not self.faults[peer.name].holding():
-                steps, peer.deferred_steps = peer.deferred_steps, 0
-                self._work_point(peer, steps)  # faults after the hold fire now, then the work
+        for event in (lifecycle.Heal(), lifecycle.Release()):
+            for _, peer in sorted(self.peers.items()):
+                self._feed(peer, event)
 
-    def _work_done(self, peer: SimPeer, incarnation: int) -> None:
-        if peer.incarnation == incarnation and peer.pending_work is not None:
+    def _work_done(self, peer: SimPeer, life: int) -> None:
+        if peer.host.life == life and peer.pending_work is not None:
             event, peer.pending_work = peer.pending_work, None
-            peer.last_loss = event.loss
             self._feed(peer, event)
 
-    def _timer(self, peer: SimPeer, incarnation: int, key: str, token: int) -> None:
-        if peer.incarnation == incarnation and peer.timers.get(key) == token:
-            del peer.timers[key]
-            self._feed(peer, TimerFired(key))
+    def _timer(self, peer: SimPeer, life: int, key: str, token: int) -> None:
+        if peer.host.life == life and peer.host.timers.take(key, token) and peer.alive:
+            peer.host.handle(self.engine.now_s, TimerFired(key))
 
     # ------------------------------------------------------------ the wire
 
@@ -695,14 +594,10 @@ class GossipRun:
         payload = nbytes - len(frames[0]) - len(frames[-1])
         fraction = self.scenario.verify_fraction
         for recipient in recipients:
-            if self.faults[peer.name].drops(recipient, send.message):
+            if peer.member.drops(recipient, send.message):
                 peer.dropped["schedule_cut"] += 1  # a test's cut (the daemon: test_cut_dropped)
                 continue
-            peer.bytes_sent += nbytes
-            peer.payload_bytes_sent += payload
-            peer.messages_sent += 1
-            peer.sent_by_kind[message.KIND] += 1
-            peer.bytes_by_kind[message.KIND] += nbytes
+            peer.host.counters.count(message.KIND, wire_bytes=nbytes, payload_bytes=payload)
             transfer = self.network.transmit(peer.name, recipient, nbytes, now)
             if transfer.arrival_s is None:
                 peer.dropped[transfer.dropped or "dropped"] += 1
@@ -728,12 +623,7 @@ class GossipRun:
             sender, message = opened.sender, opened.message
         else:
             message = delivery
-        was_syncing = peer.node.syncing
-        self._carry_out(peer, peer.node.receive(sender, message, self.engine.now_s))
-        if peer.waiting is not None:
-            self._check_wait(peer)
-        elif was_syncing and not peer.node.syncing:  # an answer was taken
-            self._synced(peer, unanswered=False)
+        peer.host.handle(self.engine.now_s, lifecycle.Arrived(sender, message))
 
 
 def _deep_copy(value: Any) -> Any:

@@ -348,9 +348,9 @@ class _ReplayRun(GossipRun):
                 start_s=now, end_s=now + cable.outage_s, groups=((cable.member,),),
                 retransmit_rto_s=RTO_S, reconnect_after_s=reconnect_after_s()))
 
-    def _synced(self, peer: Any, *, unanswered: bool) -> None:
+    def _synced(self, peer: Any) -> None:
         self.synced_at_s.setdefault(peer.name, self.engine.now_s)
-        super()._synced(peer, unanswered=unanswered)
+        super()._synced(peer)
 
     def _arrive(self, sender: str, recipient: str, delivery: Any) -> None:
         peer = self.peers[recipient]

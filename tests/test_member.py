@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from protocols.node.member import (
     Reached,
     Release,
     ScheduleMoved,
+    WorkPoint,
     ahead_steps,
 )
 from protocols.node.membership import Connect
@@ -52,6 +54,7 @@ class ListPort:
 
     name: str
     outbox: list[tuple[str, Send]]
+    on_work: Callable[[str, int], None]
     sent: list[Send] = field(default_factory=list)
     trains: list[int] = field(default_factory=list)
     saves: list[bool] = field(default_factory=list)
@@ -62,6 +65,9 @@ class ListPort:
     def send(self, send: Send) -> None:
         self.outbox.append((self.name, send))
         self.sent.append(send)
+
+    def work_point(self, steps: int) -> None:
+        self.on_work(self.name, steps)
 
     def train(self, steps: int) -> None:
         self.trains.append(steps)
@@ -89,6 +95,7 @@ class Net:
                  checkpoint: CheckpointConfig | None = None) -> None:
         topology = build("complete:2")
         self.outbox: list[tuple[str, Send]] = []
+        self.now = 0.0
         self.reached: dict[str, int] = {}
         self.ports: dict[str, ListPort] = {}
         self.members: dict[str, Member[Neighbour]] = {}
@@ -109,14 +116,19 @@ class Net:
                                          keeps_checkpoints=checkpoint is not None)
             self.members[name] = Member(node, member_config, schedule=schedule,
                                         reached=lambda m: self.reached.get(m, -1))
-            self.ports[name] = ListPort(name, self.outbox)
+            self.ports[name] = ListPort(name, self.outbox, self.work_point)
             self.hosts[name] = Host(self.members[name].handle, self.ports[name])
 
     def feed(self, name: str, now: float, event: Any) -> None:
+        self.now = now
         self.hosts[name].handle(now, event)
         for mark in self.ports[name].marks:
             if isinstance(mark, Reached):
                 self.reached[name] = mark.round
+
+    def work_point(self, name: str, steps: int) -> None:
+        """The host takes the work from its queue at once: the member's work point."""
+        self.hosts[name].handle(self.now, WorkPoint(steps))
 
     def deliver(self, now: float, *, drop_to: frozenset[str] = frozenset()) -> int:
         """One wave: what is in flight now arrives (what it makes them send waits for the next)."""

@@ -11,7 +11,6 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from protocols.events import StartWork
 from sim.gossip_driver import GossipRun
 from sim.network import Transfer
 from sim.scenario import scenario_from_dict
@@ -67,19 +66,18 @@ def observed_run(world: World) -> Observed:
         seen.sends[(src, dst)].append((now_s, nbytes, transfer))
         return transfer
 
-    act, work_done = run._act, run._work_done
+    work_point, work_done = run._work_point, run._work_done
 
-    def recording_act(peer: Any, action: Any) -> None:
-        if isinstance(action, StartWork):
-            seen.work[peer.name].append((world.engine.now_s, action.steps))
-        act(peer, action)
+    def recording_work_point(peer: Any, steps: int) -> None:   # the machine's StartWork, taken at once
+        seen.work[peer.name].append((world.engine.now_s, steps))
+        work_point(peer, steps)
 
     def recording_work_done(peer: Any, incarnation: int) -> None:
         seen.done[peer.name].append(world.engine.now_s)
         work_done(peer, incarnation)
 
     world.network.transmit = recording_transmit  # type: ignore[method-assign]
-    run._act = recording_act  # type: ignore[method-assign]
+    run._work_point = recording_work_point  # type: ignore[method-assign]
     run._work_done = recording_work_done  # type: ignore[method-assign]
     result = run.run()
     assert all(peer["finished"] for peer in result.peers.values())

@@ -10,8 +10,9 @@ action              carried out as
 ==================  ===================================================
 ``Send``            ``port.send`` (the port counts what goes out in
                     ``Host.counters``: only it knows the bytes)
-``Train``,          ``port.train(steps)`` at once, or queued for
-``StartWork``       :meth:`Host.next_work` (a host with its own loop)
+``StartWork``       the work queue: ``port.work_point(steps)`` at once, or
+                    :meth:`Host.next_work` (a host with its own loop)
+``Train``           ``port.train(steps)``
 ``SetTimer``        the timer table; ``port.wake(at, key, token)``
 ``CancelTimer``     the timer table
 ``Metric``          ``Host.metrics`` (the last value of each)
@@ -45,6 +46,10 @@ class Port(Protocol):
     """What a host gives the interpreter."""
 
     def send(self, send: Send) -> None: ...
+
+    def work_point(self, steps: int) -> None:
+        """Work the machine asked for is taken from the queue: a member's ``WorkPoint`` (a bare
+        machine's: its training)."""
 
     def train(self, steps: int) -> None: ...
 
@@ -129,13 +134,13 @@ Handler = Callable[[float, Any], Sequence[Any]]  # (now, event) -> actions: Memb
 
 
 class Host:
-    """Carries out ``handler``'s actions through ``port``; ``train_at_once``: False for a host that
+    """Carries out ``handler``'s actions through ``port``; ``work_at_once``: False for a host that
     takes queued work itself (:meth:`next_work`)."""
 
-    def __init__(self, handler: Handler, port: Port, *, train_at_once: bool = True) -> None:
+    def __init__(self, handler: Handler, port: Port, *, work_at_once: bool = True) -> None:
         self.handler = handler
         self.port = port
-        self.train_at_once = train_at_once
+        self.work_at_once = work_at_once
         self.timers = TimerTable()
         self.work: deque[int] = deque()
         self.counters = SendCounters()
@@ -175,11 +180,12 @@ class Host:
         match action:
             case Send():
                 self.port.send(action)
-            case Train(steps=steps) | StartWork(steps=steps):
-                if self.train_at_once:
-                    self.port.train(steps)
-                else:
-                    self.work.append(steps)
+            case StartWork(steps=steps):
+                self.work.append(steps)
+                if self.work_at_once:
+                    self.port.work_point(self.work.popleft())
+            case Train(steps=steps):
+                self.port.train(steps)
             case SetTimer(key=key, at=at):
                 self.port.wake(at, key, self.timers.set(key, at))
             case CancelTimer(key=key):

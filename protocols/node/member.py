@@ -19,12 +19,13 @@ training   ``Finished`` from the machine; a silent       finished, stranded; sto
 any        ``Halt`` (the host stopped it: a crash)       stopped
 =========  ===========================================  =========================
 
-A work point (the machine's ``StartWork``: the round's messages are out, its
-steps not done) is where a checkpoint falls due (:class:`CheckpointSchedule`),
-where a crash placed on progress fires (``ArmCrash``), and where a test's
-fault schedule fires (protocols/node/schedule.py): ``Stop``, ``Flood``,
-``Cut`` and heals, ``Hold`` (the work deferred until ``Release``). What is
-left is ``Train(steps)``. Writing files, processes and links stay the host's.
+A work point (``WorkPoint``: the host takes the machine's ``StartWork`` from
+its work queue; the round's messages are out, its steps not done) is where a
+checkpoint falls due (:class:`CheckpointSchedule`), where a crash placed on
+progress fires (``ArmCrash``), and where a test's fault schedule fires
+(protocols/node/schedule.py): ``Stop``, ``Flood``, ``Cut`` and heals, ``Hold``
+(the work deferred until ``Release``). What is left is ``Train(steps)``. Files,
+processes and links stay the host's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from protocols.events import (
     Finished,
@@ -53,6 +54,8 @@ from protocols.node.membership import Connect
 from protocols.node.neighbours import Neighbour
 from protocols.node.node import Node, NodeAction
 from protocols.node.schedule import Condition, Cut, Flood, Hold, MemberFaults, Schedule, Stop
+from protocols.roster import Roster
+from topology.membership import RoundGraph
 
 N = TypeVar("N", bound=Neighbour)
 
@@ -118,6 +121,30 @@ class Expire:
 
 
 @dataclass(frozen=True)
+class WorkPoint:
+    """The host takes ``steps`` of work the machine asked for (``StartWork``) from its queue."""
+
+    steps: int
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """Neighbour ``name`` said it leaves."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class RosterChange:
+    """A new roster version (graph ``graph`` over its members) learnt now; the Node applies it from
+    its effective round. ``make_neighbour``: what the host keeps per new neighbour."""
+
+    roster: Roster
+    graph: RoundGraph
+    make_neighbour: Callable[[], Any]
+
+
+@dataclass(frozen=True)
 class Heal:
     """The schedule's conditions may have moved: cuts whose heal is met are up again."""
 
@@ -139,7 +166,8 @@ class Halt:
     """The host stopped the member (a crash, a leave): this life is over."""
 
 
-MemberEvent = Launch | Beat | Arrived | Expire | Heal | Release | ArmCrash | Halt | WorkDone | TimerFired
+MemberEvent = (Launch | Beat | Arrived | Expire | WorkPoint | Goodbye | RosterChange | Heal | Release
+               | ArmCrash | Halt | WorkDone | TimerFired)
 
 # ------------------------------------------------------------ actions out
 
@@ -268,6 +296,13 @@ class Member(Generic[N]):
                 return self._arrived(now, sender, message, reachable)
             case Expire():
                 return self._expire(now) if self.phase is not Phase.WAITING else []
+            case WorkPoint(steps=steps):
+                return self._work_point(now, steps)
+            case Goodbye(name=name):
+                return self._pass(now, self.node.goodbye(name, now))
+            case RosterChange(roster=roster, graph=graph, make_neighbour=make_neighbour):
+                return self._pass(now, self.node.change_membership(roster, graph, now,
+                                                                   make_neighbour=make_neighbour))
             case Heal():
                 return self._heal(now)
             case Release():
@@ -370,13 +405,10 @@ class Member(Generic[N]):
     # ------------------------------------------------------------ the Node's actions
 
     def _pass(self, now: float, actions: list[NodeAction]) -> list[MemberAction]:
-        """The Node's actions, with a work point where it asks for work."""
+        """The Node's actions, as the lifecycle follows them (the trainer's step, the neighbours, the end)."""
         out: list[MemberAction] = []
         for action in actions:
             match action:
-                case StartWork(steps=steps):
-                    out += self._work_point(now, steps)
-                    continue
                 case SetTrainerStep(step=step):
                     self.saves.step_set(self.step, step)
                     self.step = step
@@ -446,8 +478,9 @@ class Member(Generic[N]):
         return actions
 
     def _release(self, now: float) -> list[MemberAction]:
+        """Held work back in the host's queue: its work point again (faults after the hold fire then)."""
         if not self.deferred_steps or self.faults.holding():
             return []
         steps, self.deferred_steps = self.deferred_steps, 0
-        return self._work_point(now, steps)  # faults after the hold fire now, then the work
+        return [StartWork(steps)]
 
