@@ -54,10 +54,18 @@ class Engine:
             if self._heap[0][0] > until_s:
                 self.now_s = until_s
                 return self.now_s
-            time_s, _, callback = heapq.heappop(self._heap)
-            self.now_s = time_s
-            self.events_run += 1
-            callback()
+            self.step()
         if not self._heap and not self._stopped and math.isfinite(until_s):
             self.now_s = max(self.now_s, until_s)
         return self.now_s
+
+    def next_at(self) -> float | None:
+        """When the next event is due (None: nothing scheduled)."""
+        return self._heap[0][0] if self._heap else None
+
+    def step(self) -> None:
+        """Run the next event (the clock moves to its time)."""
+        time_s, _, callback = heapq.heappop(self._heap)
+        self.now_s = time_s
+        self.events_run += 1
+        callback()

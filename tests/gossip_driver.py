@@ -1,22 +1,24 @@
 """The tiny in-process driver of the gossip machines, for tests only.
 
-The network is a list of in-flight deliveries (kept as a heap ordered by
-delivery time, then by send order), the clock is a number. ``StartWork(n)``
-runs the peer's worker at once (the machine does not touch its parameters
-until ``WorkDone``) and delivers ``WorkDone`` after ``n * step_time_s``; a
-``Send`` is sealed and opened through real wire Endpoints when they are given,
-so byte counts are the codec's. ``cut(sender, recipient, now)`` returning True
-drops that delivery (a partition); ``schedule`` feeds any event at a later time.
-No production code path uses this module.
+The network and the clock are the simulator's engine (sim/engine.py: deliveries
+in time order, then by send order); each machine's actions are carried out by
+protocols/node/host.py's :class:`Host` (its timer table, work queue and send
+counters) through this module's port. ``StartWork(n)`` runs the peer's worker at
+once (the machine does not touch its parameters until ``WorkDone``) and delivers
+``WorkDone`` after ``n * step_time_s``; a ``Send`` is sealed and opened through
+real wire Endpoints when they are given, so byte counts are the codec's.
+``cut(sender, recipient, now)`` returning True drops that delivery (a
+partition); ``schedule`` feeds any event at a later time. No production code
+path uses this module.
 """
 
 from __future__ import annotations
 
-import heapq
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,24 +26,24 @@ import torch
 
 from protocols.events import (
     Action,
-    CancelTimer,
     Event,
     Finished,
     Machine,
-    Metric,
     Received,
     Send,
-    SetTimer,
     SetTrainerStep,
     Start,
-    StartWork,
     TimerFired,
     WorkDone,
 )
 from protocols.identity import Identity
 from protocols.messages import Message, ParamPush
+from protocols.node import Note
+from protocols.node.host import Host
+from protocols.node.membership import Connect
 from protocols.roster import Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_size
+from sim.engine import Engine
 
 
 class Worker(Protocol):
@@ -56,18 +58,46 @@ class Worker(Protocol):
 Tamper = Callable[[str, Message], Message]
 
 
-@dataclass(order=True)
-class _Item:
-    at: float
-    seq: int
-    target: str = field(compare=False)
-    event: Any = field(compare=False)  # an Event, or ("frames", sender, frames) to open on delivery
-    token: int = field(compare=False, default=0)  # timers: delivered only if still the live token
-
-
 def tensor_bytes(message: Message) -> int:
     tensors = getattr(message, "tensors", {})
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class _Port:
+    """The driver's side of the host port, for machine ``name``."""
+
+    def __init__(self, driver: Driver, name: str) -> None:
+        self.driver = driver
+        self.name = name
+
+    def send(self, send: Send) -> None:
+        self.driver._send(self.name, send)
+
+    def work_point(self, steps: int) -> None:
+        self.driver._train(self.name, steps)   # a bare machine: its work is trained at once
+
+    def train(self, steps: int) -> None:
+        self.driver._train(self.name, steps)
+
+    def save(self, final: bool) -> None:
+        pass   # a bare machine never asks
+
+    def say(self, note: Note) -> None:
+        pass
+
+    def connect(self, connect: Connect) -> None:
+        pass
+
+    def wake(self, at: float, key: str, token: int) -> None:
+        self.driver._push(at, self.name, TimerFired(key), token)
+
+    def mark(self, action: Any) -> None:
+        match action:
+            case Finished():
+                self.driver.finished.add(self.name)
+                self.driver.finished_at.setdefault(self.name, self.driver.now)
+            case SetTrainerStep(step=step):
+                self.driver.workers[self.name].step = step
 
 
 class Driver:
@@ -89,19 +119,37 @@ class Driver:
         self.observe = observe
         self.cut = cut
         self.dropped = 0  # deliveries cut
-        self.now = 0.0
-        self.queue: list[_Item] = []  # the network and the timers: deliveries in flight
-        self._seq = 0
-        self._timers: dict[tuple[str, str], int] = {}
+        self.engine = Engine()  # the network and the timers: deliveries in flight
+        self.hosts = {name: Host(functools.partial(self._handle, name), _Port(self, name)) for name in names}
+        self._flying: dict[int, tuple[str, str, Message]] = {}  # deliveries of message objects not yet made
+        self._flights = 0
         self.steps: Counter[str] = Counter()
-        self.bytes_sent: Counter[str] = Counter()  # whole messages on the wire (header, frames, signature)
-        self.payload_bytes: Counter[str] = Counter()  # tensor frames only
-        self.messages_sent: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()  # wire rejections by reason
-        self.metrics: dict[str, dict[str, float]] = {n: {} for n in names}
         self.finished: set[str] = set()
         self.finished_at: dict[str, float] = {}
         self.events = 0
+
+    @property
+    def now(self) -> float:
+        return self.engine.now_s
+
+    @property
+    def metrics(self) -> dict[str, dict[str, float]]:
+        return {name: host.metrics for name, host in self.hosts.items()}
+
+    @property
+    def bytes_sent(self) -> Counter[str]:
+        """Whole messages on the wire (header, frames, signature); tensor bytes without endpoints."""
+        return Counter({name: host.counters.wire_bytes_sent for name, host in self.hosts.items()})
+
+    @property
+    def payload_bytes(self) -> Counter[str]:
+        """Tensor frames only."""
+        return Counter({name: host.counters.payload_bytes_sent for name, host in self.hosts.items()})
+
+    @property
+    def messages_sent(self) -> Counter[str]:
+        return Counter({name: host.counters.messages_sent for name, host in self.hosts.items()})
 
     # ------------------------------------------------------------ running
 
@@ -111,30 +159,22 @@ class Driver:
 
     def run(self, *, until_s: float = math.inf, max_events: int = 10_000_000,
             pause_after: int | None = None) -> bool:
-        """Deliver events in time order until the queue is empty or ``until_s``: True when done.
+        """Deliver events in time order until none is left or ``until_s``: True when done.
 
         ``pause_after``: return False after that many deliveries (to checkpoint, then run again).
         """
         for delivered in range(max_events):
-            if not self.queue or self.queue[0].at > until_s:
+            at = self.engine.next_at()
+            if at is None or at > until_s:
                 return True
             if pause_after is not None and delivered >= pause_after:
                 return False
-            item = heapq.heappop(self.queue)
-            self.now = item.at
-            if isinstance(item.event, TimerFired):
-                if self._timers.get((item.target, item.event.key)) != item.token:
-                    continue  # cancelled or replaced
-                del self._timers[(item.target, item.event.key)]
-            event = self._open(item) if isinstance(item.event, tuple) else item.event
-            if event is not None:
-                self.feed(item.target, event)
+            self.engine.step()
         raise AssertionError(f"driver did not settle within {max_events} events")
 
     def feed(self, name: str, event: Event) -> None:
         self.events += 1
-        for action in self.machines[name].handle(event, self.now):
-            self._act(name, action)
+        self.hosts[name].handle(self.now, event)
         if self.observe is not None:
             self.observe(self)
 
@@ -144,53 +184,55 @@ class Driver:
 
     # ------------------------------------------------------------ actions
 
+    def _handle(self, name: str, now: float, event: Event) -> list[Action]:
+        return self.machines[name].handle(event, now)   # looked up each time: a test may swap machines
+
     def _push(self, at: float, target: str, event: Any, token: int = 0) -> None:
-        self._seq += 1
-        heapq.heappush(self.queue, _Item(at, self._seq, target, event, token))
+        """``event`` (an Event, or ``("frames", sender, frames)`` to open) reaches ``target`` at ``at``;
+        a timer's only if ``token`` is still its live one."""
+        self._flights += 1
+        if isinstance(event, Received):
+            self._flying[self._flights] = (event.sender, target, event.message)
+        self.engine.at(at, functools.partial(self._deliver, self._flights, target, event, token))
 
-    def _act(self, name: str, action: Action) -> None:
-        match action:
-            case Send(recipients=recipients, message=message):
-                if name in self.tamper:
-                    message = self.tamper[name](name, message)
-                if self.cut is not None:
-                    self.dropped += sum(self.cut(name, r, self.now) for r in recipients)
-                    recipients = tuple(r for r in recipients if not self.cut(name, r, self.now))
-                    if not recipients:
-                        return
-                self.messages_sent[name] += len(recipients)
-                self.payload_bytes[name] += tensor_bytes(message) * len(recipients)
-                if self.endpoints is None:
-                    self.bytes_sent[name] += tensor_bytes(message) * len(recipients)
-                    for r in recipients:
-                        self._push(self.now + self.latency_s, r, Received(name, message))
-                else:
-                    frames = self.endpoints[name].seal(recipients, message)
-                    self.bytes_sent[name] += wire_size(frames) * len(recipients)
-                    for r in recipients:
-                        self._push(self.now + self.latency_s, r, ("frames", name, frames))
-            case StartWork(steps=n):
-                loss = self.workers[name].run_steps(n)
-                self.steps[name] += n
-                self._push(self.now + n * self.step_time_s[name], name, WorkDone(n, loss))
-            case SetTimer(key=key, at=at):
-                self._seq += 1
-                self._timers[(name, key)] = self._seq
-                self._push(at, name, TimerFired(key), token=self._seq)
-            case CancelTimer(key=key):
-                self._timers.pop((name, key), None)
-            case Metric(name=metric, value=value):
-                self.metrics[name][metric] = value
-            case Finished():
-                self.finished.add(name)
-                self.finished_at.setdefault(name, self.now)
-            case SetTrainerStep(step=step):
-                self.workers[name].step = step
+    def _deliver(self, flight: int, target: str, event: Any, token: int) -> None:
+        self._flying.pop(flight, None)
+        if isinstance(event, TimerFired) and not self.hosts[target].timers.take(event.key, token):
+            return  # cancelled or replaced
+        opened = self._open(target, event) if isinstance(event, tuple) else event
+        if opened is not None:
+            self.feed(target, opened)
 
-    def _open(self, item: _Item) -> Event | None:
+    def _send(self, name: str, send: Send) -> None:
+        recipients, message = send.recipients, send.message
+        if name in self.tamper:
+            message = self.tamper[name](name, message)
+        if self.cut is not None:
+            self.dropped += sum(self.cut(name, r, self.now) for r in recipients)
+            recipients = tuple(r for r in recipients if not self.cut(name, r, self.now))
+            if not recipients:
+                return
+        payload = tensor_bytes(message)
+        if self.endpoints is None:
+            for r in recipients:
+                self.hosts[name].counters.count(message.KIND, wire_bytes=payload, payload_bytes=payload)
+                self._push(self.now + self.latency_s, r, Received(name, message))
+        else:
+            frames = self.endpoints[name].seal(recipients, message)
+            size = wire_size(frames)
+            for r in recipients:
+                self.hosts[name].counters.count(message.KIND, wire_bytes=size, payload_bytes=payload)
+                self._push(self.now + self.latency_s, r, ("frames", name, frames))
+
+    def _train(self, name: str, steps: int) -> None:
+        loss = self.workers[name].run_steps(steps)
+        self.steps[name] += steps
+        self._push(self.now + steps * self.step_time_s[name], name, WorkDone(steps, loss))
+
+    def _open(self, target: str, event: tuple[str, str, Any]) -> Event | None:
         assert self.endpoints is not None
-        _, sender, frames = item.event
-        opened = self.endpoints[item.target].open(frames)
+        _, sender, frames = event
+        opened = self.endpoints[target].open(frames)
         if not isinstance(opened, Opened):
             self.rejections[opened.reason] += 1
             return None
@@ -201,11 +243,7 @@ class Driver:
 
     def in_flight(self) -> list[tuple[str, str, Message]]:
         """(sender, recipient, message) of every delivery not yet made."""
-        out = []
-        for item in self.queue:
-            if isinstance(item.event, Received):
-                out.append((item.event.sender, item.target, item.event.message))
-        return out
+        return list(self._flying.values())
 
 
 def endpoints_for(names: Sequence[str], *, shared: Mapping[str, Any] | None = None) -> dict[str, Endpoint]:
