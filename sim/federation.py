@@ -122,6 +122,7 @@ from protocols.gossip import make_machine
 from protocols.messages import Message, RoundResult, SecAggMessage
 from protocols.node import Neighbour, Node
 from protocols.node.checkpoints import CheckpointSchedule
+from protocols.node.host import TimerTable
 from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
@@ -178,7 +179,7 @@ class Member:
     on: bool = True
     incarnation: int = 0                     # bumped when it goes off: stale callbacks see it
     work_index: int = 0
-    timers: dict[str, int] = field(default_factory=dict)  # key -> token of the live timer
+    timers: TimerTable = field(default_factory=TimerTable)
     work: GatewayWork | None = None          # a gateway: what its machine's work is (interleave.py)
     finished: bool = False
     bytes_sent: int = 0
@@ -548,12 +549,11 @@ class FederationRun:
             case StartWork(steps=steps):
                 self._work(member, steps)
             case SetTimer(key=key, at=at):
-                token = member.timers.get(key, 0) + 1
-                member.timers[key] = token
+                token = member.timers.set(key, at)
                 incarnation = member.incarnation
                 self.engine.at(max(at, now), lambda: self._timer(member, incarnation, key, token))
             case CancelTimer(key=key):
-                member.timers.pop(key, None)
+                member.timers.cancel(key)
             case Finished() if member.server is None:
                 member.finished = True  # a client got the final model (a gateway: _gateway_progress)
             case _:
@@ -582,10 +582,8 @@ class FederationRun:
         self._maybe_end()
 
     def _timer(self, member: Member, incarnation: int, key: str, token: int) -> None:
-        if incarnation != member.incarnation or member.timers.get(key) != token:
-            return
-        del member.timers[key]
-        self._feed(member, TimerFired(key))
+        if incarnation == member.incarnation and member.timers.take(key, token):
+            self._feed(member, TimerFired(key))
 
     def _feed(self, member: Member, event: Event) -> None:
         self._carry_out(member, member.node.handle(event, self.engine.now_s))

@@ -21,8 +21,8 @@ from _federation_support import (
     wait_until,
 )
 
-from peer.runtime.daemon import EXIT_STRANDED
 from peer.runtime.testhooks import Hook
+from protocols.node.member import EXIT_STRANDED
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
 

@@ -28,9 +28,9 @@ from _daemon_support import (
     wait_for_log,
 )
 
-from peer.runtime.daemon import EXIT_STRANDED
 from peer.runtime.testhooks import Hook
 from protocols.node import NodeConfig
+from protocols.node.member import EXIT_STRANDED
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

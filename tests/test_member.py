@@ -333,3 +333,12 @@ def test_the_timer_table_fires_the_live_timer_of_each_key_in_deadline_order() ->
 def test_ahead_steps_is_what_the_machine_buffers_unless_a_schedule_runs() -> None:
     assert ahead_steps(max_rounds_ahead=4, local_steps=5, scheduled=False) == 20.0
     assert ahead_steps(max_rounds_ahead=4, local_steps=5, scheduled=True) == math.inf
+
+
+def test_the_timer_table_stays_the_size_of_its_live_timers_when_fired_by_token() -> None:
+    table = TimerTable()
+    for round_index in range(1000):
+        token = table.set("deadline", float(round_index))
+        assert table.take("deadline", token)
+        table.set("beat", float(round_index))
+    assert table.held <= 2 * 2 + 16 and table.next_at() == 999.0

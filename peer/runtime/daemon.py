@@ -128,8 +128,6 @@ neighbours at start-up it says whom it waits for, on change only
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import math
 import os
 import signal
@@ -195,6 +193,8 @@ from protocols.node import (
     waiting_line,
 )
 from protocols.node.checkpoints import CheckpointSchedule
+from protocols.node.host import TimerTable
+from protocols.node.member import EXIT_STRANDED, ahead_steps
 from protocols.node.membership import Connect
 from protocols.node.schedule import Cut, Flood, Stop
 from protocols.roster import Roster
@@ -205,7 +205,6 @@ MAX_LATENCY_MS = 3_600_000.0   # a heartbeat "older" than an hour says the sende
 CLOCK_SKEW_MS = 1000.0     # clocks of different hosts may disagree this much without being absurd
 SERVER_PREFIX = "fedavg/"     # a gateway's checkpoint: its server's tensors beside the machine's
 ROUNDS_FILE = "rounds.jsonl"  # a gateway: one line per closed round (its report and the global accuracy)
-EXIT_STRANDED = 3          # no neighbour left to train with (finished or gone): the run did not complete
 # while the trainer's steps run, the loop reads its inbox this often: a poll drains up to 64 MiB, so
 # this keeps up with a link of over 1 GB/s (and a step that ends wakes the loop at once)
 WORK_LOOK_S = 0.02
@@ -330,9 +329,7 @@ class PeerDaemon:
         self.neighbours = self.node.neighbourhood.members
         self.counters = Counters()
         self._t0 = time.monotonic()
-        self._timers: list[tuple[float, int, str]] = []
-        self._timer_due: dict[str, tuple[float, int]] = {}
-        self._timer_ids = itertools.count()
+        self.timers = TimerTable()
         self._work: list[int] = []
         self._stop_signal: int | None = None
         self._reload_asked = False     # SIGHUP: the roster file is read at the next periodic pass
@@ -462,12 +459,13 @@ class PeerDaemon:
         # under a test's schedule, members it starts later are not waited for, and every running
         # neighbour is (the simulator's start hears them all at once): a sync then asks them all
         later = self._joins_later()
-        ahead_steps = math.inf if self.faults is not None else gossip.max_rounds_ahead * gossip.local_steps
+        ahead = ahead_steps(max_rounds_ahead=gossip.max_rounds_ahead, local_steps=gossip.local_steps,
+                            scheduled=self.faults is not None)
         while self._stop_signal is None:
             self._tick()
             reachable = all(info.reachable for name, info in self.neighbours.items() if name not in later)
             outcome = self.node.start_wait(waited_s=self.now() - began, resumed=self._resumed,
-                                           ahead_steps=ahead_steps, later=later, all_reachable=reachable)
+                                           ahead_steps=ahead, later=later, all_reachable=reachable)
             if outcome is not Wait.WAIT:
                 break
             line = waiting_line(self.node.neighbourhood.presence())
@@ -610,8 +608,9 @@ class PeerDaemon:
     def _poll_timeout(self) -> float:
         now = self.now()
         deadlines = [self.node.next_beat_s, self.status.next_due]
-        if self._timers:
-            deadlines.append(self._timers[0][0])
+        timer_at = self.timers.next_at()
+        if timer_at is not None:
+            deadlines.append(timer_at)
         return max(0.0, min(min(deadlines) - now, 0.1 if self._work else 0.5))
 
     def _pump(self, timeout_s: float) -> None:
@@ -702,7 +701,7 @@ class PeerDaemon:
                 case SetTimer():
                     self._set_timer(action.key, action.at)
                 case CancelTimer():
-                    self._timer_due.pop(action.key, None)
+                    self.timers.cancel(action.key)
                 case Metric():
                     self.counters.metrics[action.name] = action.value   # running totals
                     self._machine_warnings()
@@ -824,17 +823,11 @@ class PeerDaemon:
     # ------------------------------------------------------------------ timers
 
     def _set_timer(self, key: str, at: float) -> None:
-        ident = next(self._timer_ids)
-        self._timer_due[key] = (at, ident)
-        heapq.heappush(self._timers, (at, ident, key))
+        self.timers.set(key, at)
 
     def _fire_timers(self) -> None:
         now = self.now()
-        while self._timers and self._timers[0][0] <= now and not self.node.finished:
-            at, ident, key = heapq.heappop(self._timers)
-            if self._timer_due.get(key) != (at, ident):
-                continue    # replaced or cancelled
-            del self._timer_due[key]
+        while not self.node.finished and (key := self.timers.pop_due(now)) is not None:
             self._feed(TimerFired(key))
 
     # ------------------------------------------------------------------ periodic duties

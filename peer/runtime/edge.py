@@ -38,7 +38,7 @@ whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
 that is up but samples other clients for a long while keeps it waiting, one
 that exited or never started does not. It then writes its checkpoint and
 status (state ``gave up``), says why with its counters, and exits
-:data:`peer.runtime.daemon.EXIT_STRANDED` (3).
+:data:`protocols.node.member.EXIT_STRANDED` (3).
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 SIGHUP is ignored from the start: an edge client reads its roster when it
@@ -55,8 +55,6 @@ round's ``WorkDone`` waits, the loop polling, until its steps took that long).
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import math
 import os
 import signal
@@ -71,7 +69,6 @@ from peer.files.console import ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
-from peer.runtime.daemon import EXIT_STRANDED
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
 from peer.runtime.netinit import load_roster
@@ -86,6 +83,8 @@ from protocols.federation.edge import EdgeMachine
 from protocols.federation.secure import roster_verify
 from protocols.identity import Identity
 from protocols.node import Neighbour, Node, NodeAction, Note
+from protocols.node.host import TimerTable
+from protocols.node.member import EXIT_STRANDED
 from protocols.roster import Roster, run_id
 from protocols.wire import Endpoint, Opened, wire_messages
 from topology.errors import HivemeshError
@@ -170,9 +169,7 @@ class EdgeClient:
             answer_source=lambda: (params.detach().clone(), self.trainer.step))
         self.transport: DialTransport | None = None
         self._t0 = time.monotonic()
-        self._timers: list[tuple[float, int, str]] = []
-        self._timer_due: dict[str, tuple[float, int]] = {}
-        self._timer_ids = itertools.count()
+        self.timers = TimerTable()
         self._work: list[int] = []
         self._trained: tuple[float, int, float] | None = None   # (WorkDone due at, steps, loss)
         self._stop_signal: int | None = None
@@ -265,8 +262,9 @@ class EdgeClient:
 
     def _poll_timeout(self) -> float:
         deadlines = [self.node.next_beat_s, self.status.next_due]
-        if self._timers:
-            deadlines.append(self._timers[0][0])
+        timer_at = self.timers.next_at()
+        if timer_at is not None:
+            deadlines.append(timer_at)
         if self._trained is not None:
             deadlines.append(self._trained[0])
         if self._work and self._trained is None:
@@ -317,11 +315,9 @@ class EdgeClient:
                 case StartWork():
                     self._work.append(action.steps)
                 case SetTimer():
-                    ident = next(self._timer_ids)
-                    self._timer_due[action.key] = (action.at, ident)
-                    heapq.heappush(self._timers, (action.at, ident, action.key))
+                    self.timers.set(action.key, action.at)
                 case CancelTimer():
-                    self._timer_due.pop(action.key, None)
+                    self.timers.cancel(action.key)
                 case Finished():
                     self._finished = True
                 case Note(text=text):
@@ -341,11 +337,7 @@ class EdgeClient:
             self.unsent[action.message.KIND] += 1   # no connection now: the gateway asks again later
 
     def _fire_timers(self) -> None:
-        while self._timers and self._timers[0][0] <= self.now():
-            at, ident, key = heapq.heappop(self._timers)
-            if self._timer_due.get(key) != (at, ident):
-                continue
-            del self._timer_due[key]
+        while (key := self.timers.pop_due(self.now())) is not None:
             self._carry_out(self.node.handle(TimerFired(key), self.now()))
 
     # ------------------------------------------------------------------ persistence and status

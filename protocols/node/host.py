@@ -79,7 +79,15 @@ class TimerTable:
         self._tokens += 1
         self._live[key] = (at, self._tokens)
         heapq.heappush(self._order, (at, self._tokens, key))
+        if len(self._order) > 2 * len(self._live) + 16:   # a host firing by token never pops: prune
+            self._order = [(t, token, k) for k, (t, token) in self._live.items()]
+            heapq.heapify(self._order)
         return self._tokens
+
+    @property
+    def held(self) -> int:
+        """Entries held, live or stale: bounded by the live timers, however many were set."""
+        return len(self._order)
 
     def cancel(self, key: str) -> None:
         self._live.pop(key, None)
@@ -98,13 +106,20 @@ class TimerTable:
             heapq.heappop(self._order)
         return self._order[0][0] if self._order else None
 
+    def pop_due(self, now: float) -> str | None:
+        """The earliest key due by ``now``, fired (gone); None when none is due."""
+        at = self.next_at()
+        if at is None or at > now:
+            return None
+        _, token, key = heapq.heappop(self._order)
+        self.take(key, token)
+        return key
+
     def due(self, now: float) -> list[str]:
         """The keys due by ``now``, earliest first (fired: gone)."""
         keys: list[str] = []
-        while (at := self.next_at()) is not None and at <= now:
-            _, token, key = heapq.heappop(self._order)
-            if self.take(key, token):
-                keys.append(key)
+        while (key := self.pop_due(now)) is not None:
+            keys.append(key)
         return keys
 
     def clear(self) -> None:
