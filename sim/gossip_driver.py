@@ -1,71 +1,29 @@
-"""The simulator's driver of the gossip state machines: the same machines the daemon drives.
+"""The simulator's host of gossip members: the same Member, Node and machines the daemon runs.
 
 For each member: a real :class:`peer.train.trainer.Trainer`, a machine from
 :func:`protocols.gossip.make_machine` mixing the trainer's ``mixed`` vector in
-place, and a :class:`protocols.wire.Endpoint`. Actions map to the engine:
+place, a :class:`protocols.wire.Endpoint`, and its lifecycle,
+protocols/node/member.py's :class:`Member` (start wait, state sync, stranded
+verdict, work points, checkpoints due, a test's fault schedule ``faults``),
+whose actions protocols/node/host.py's :class:`Host` carries out through
+:class:`SimPort`. This module adds the engine, the links and the copies:
 
-* ``StartWork(n)``: the trainer runs ``n`` real SGD steps now; ``WorkDone``
-  is fed ``n * step_time`` (modelled) later.
+* ``Train(n)``: the trainer runs ``n`` real SGD steps now; ``WorkDone`` is
+  fed ``n * step_time`` (modelled) later.
 * ``Send``: sealed by the sender's Endpoint (real signature, real bytes); each
-  recipient's copy crosses the link model and is opened by the recipient's
-  Endpoint, whose rejections are counted by reason, then fed as ``Received``.
-* ``SetTimer`` / ``CancelTimer``: ``TimerFired`` at the virtual time asked.
+  copy crosses the link model and is opened by the recipient's Endpoint
+  (rejections counted by reason), then handed in as ``Arrived``.
+* ``Checkpoint``: trainer, machine and replay windows copied; a crash (a
+  ``kill -9``, on time or on progress: ``ChurnEvent.at_step``) restarts from it
+  with the next epoch (``restarts_detail``: steps lost, ``recovery_s``).
+* heartbeats every ``heartbeat_interval_s`` and the failure detector every
+  quarter of ``neighbour_timeout_s`` (``Beat``, ``Expire``); a leave says goodbye.
+* a schedule's joins and restarts start processes ``PROCESS_START_S`` after their
+  condition is met, checked after every work point at one virtual instant.
 
-Each member's lifecycle is protocols/node/member.py's :class:`Member` (the
-start wait, the state sync, the stranded verdict, work points, checkpoints
-due, the fault schedule), its actions carried out by protocols/node/host.py's
-:class:`Host` through this module's port: the links, the engine, the trainer
-and checkpoint copies are all this module adds. A checkpoint is due at a work
-point (the scenario's ``[checkpoint]``, a peer file's), and at once after a
-jump of its step (``SetTrainerStep``: an adopted state sync, a catch-up). A crash (a ``kill -9``)
-loses what it did since: a restart restores trainer, machine and replay
-windows from its last checkpoint (a member that never wrote one: its state at
-its start, as a daemon with an empty data folder) with the next epoch; a
-machine restored at a work point asks for that work again at ``Start``
-(protocols/gossip), as the daemon's does. A clean stop (a schedule's ``Stop``,
-at a work point; a stranded member, before its start: never mid-work) writes
-one first, as the daemon does. Each restart is reported (``restarts_detail``): the step the crashed
-member had reached, the step it resumed from (the steps lost) and the seconds
-from the restart until its state sync was over (``recovery_s``). A crash may
-be placed on progress (``ChurnEvent.at_step``) and bring its own restart
-(``down_s``), to replay a real run's kills.
-
-A member that joins late or restarts first asks its neighbours for their
-state, as the daemon does, with the same code (protocols/node's
-``StateSync``: answers rate-limited per requester; the answers of the
-neighbours asked collected and the best adopted, unless behind us or the
-algorithm cannot join, with the trainer's step following), then feeds ``Start``; with no answer within
-``NodeConfig.sync_timeout_s`` it starts from what it has. Messages that arrive
-meanwhile are held as the daemon holds them (``EarlyMessages``: per
-neighbour, newest kept) and fed after ``Start``. ``SetTrainerStep`` (a
-catch-up or an adopted sync) sets the trainer's step, as in the daemon.
-
-Liveness is the daemon's, the same code (protocols/node): every running
-member sends the Node's heartbeat every ``heartbeat_interval_s`` (a real
-signed message over the link model, as any other); a neighbour is up from its
-first accepted message, down once nothing of it was accepted for
-``neighbour_timeout_s`` (``NeighbourDown``), and up again at its next accepted
-message (``NeighbourUp``). Before its first round a member waits for its
-neighbours as the daemon does (``Node.start_wait``: all up, one far ahead so
-it joins by state sync, or the start timeout); at ``Start`` the neighbours not
-heard yet are told down. Forgers are never heard, so their honest neighbours
-start only at ``start_timeout_s``, as real peers would. A member that leaves
-says goodbye: its neighbours are told at once.
-
-A test may hand the run a fault schedule keyed by rounds (``faults``:
-protocols/node/schedule.py, the one the daemon honours through its test hooks):
-its faults fire when a member carries out ``StartWork`` (the round's work
-point), holds defer that work, a stop keeps the member's state as its
-checkpoint and restarts it (with a state sync) once its condition is met,
-joins start a member, and cuts drop what crosses them and tell the machines
-their neighbours are down, then up, by the schedule. Conditions are checked
-after every work point, all at one instant of the virtual clock.
-
-``verify_fraction < 1`` (scale runs only): each honest message is opened by
-the codec with that probability (a counter-based draw per link and message);
-the others are handed over as the sender's message object, after the same
-link delay and with the same byte count. Attackers' messages are always
-verified, so a sampled run never lets a forgery through.
+``verify_fraction < 1`` (scale runs only): each honest message is opened by the
+codec with that probability (a counter-based draw per link and message); the
+others are handed over as the sender's object, same delay, same byte count.
 """
 
 from __future__ import annotations

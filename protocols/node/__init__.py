@@ -19,6 +19,11 @@ message by kind and holds the parts below.
 * :class:`Membership` (membership.py): roster versions, the round each takes
   effect, the version stamped on and checked in round-bearing messages, and the
   ``Connect`` action that tells a driver whom to verify and exchange with.
+* :class:`~protocols.node.member.Member` (member.py): the lifecycle around the Node (wait,
+  sync, train, finished or stranded; work points, checkpoints due, the fault schedule), one
+  ``handle(now, event) -> actions``; :class:`~protocols.node.host.Host` (host.py): the one
+  interpreter of its actions (timer table, work queue, send counters) behind a host's port;
+  :class:`~protocols.node.checkpoints.CheckpointSchedule` (checkpoints.py): when one is due.
 * :class:`~protocols.node.schedule.Schedule` (schedule.py, tests only): faults keyed by
   rounds (hold, stop and restart, join, cut, a flood of sync requests) that both
   drivers honour, so one test can ask them for the same decisions.
