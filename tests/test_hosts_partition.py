@@ -63,7 +63,7 @@ grid (:class:`TracedRun`: each member's parameters at its work point, every
 round), and its re-convergence time, by the same function, must be within 2x
 of the measured one, and it must re-converge too.
 
-What the simulator does not predict (README, Reliability): after the heal the
+What the simulator does not predict (docs/reliability.md): after the heal the
 real members do not always resume in step. One can stand rounds ahead of its
 neighbour across the cut for the rest of the run and drop its messages as
 ``stale_message`` (a laggard never waited for again: protocols/gossip/rounds.py),

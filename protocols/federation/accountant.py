@@ -183,7 +183,7 @@ class DistributedRoundAccountant:
     well: roughly how many took part). Bounding that honestly means bounding the divergence
     between sums of n and n + 1 discrete Gaussian shares in d dimensions (or accounting the
     cohort size as released), neither of which this accountant does; the figure is labelled so
-    in the status field and the README rather than dressed as a bound."""
+    in the status field and docs/privacy.md rather than dressed as a bound."""
 
     def __init__(self, sampling_rate: float, round_epsilon: float, delta: float) -> None:
         self.sampling_rate = sampling_rate
