@@ -1,81 +1,27 @@
 """ZeroMQ transport for one peer: a ROUTER to receive, a DEALER per neighbour to send.
 
-Why this pattern: every message is one-way and self-describing (the signed
-envelope names its sender), so a peer needs one inbox that anybody may reach
-(ROUTER, bound at the member's address) and one outbox per neighbour whose
-queue and reconnect state are that neighbour's alone (DEALER, connected to the
-neighbour's address). A slow or dead neighbour fills only its own bounded
-queue; ``IMMEDIATE`` makes a send to a neighbour with no live connection fail
-at once (counted as ``unreachable``) instead of piling up.
+One inbox anybody may reach (ROUTER, bound at the member's address) and one
+outbox per neighbour (DEALER) whose bounded queue and reconnect state are that
+neighbour's alone; ``IMMEDIATE`` makes a send with no live connection fail at once
+(``unreachable``). Every ZeroMQ message on the wire is a single frame, bounded by
+``MAXMSGSIZE``; a multipart arrival is counted and dropped; ``RCVHWM``/``SNDHWM``
+and a cap per poll bound the rest. Which frames are accepted is the protocol's
+business (protocols/assembly.py).
 
-Memory bounds against a hostile or slow neighbour: every ZeroMQ message on
-the wire is a single frame (``send`` queues a message's frames as messages of
-their own; ``poll`` returns each with its connection, and counts and drops a
-multipart arrival, which libzmq had to assemble whole), so ``MAXMSGSIZE`` (a
-frame larger than the wire's 16 MiB limit disconnects the sender before it is
-buffered) bounds each one; ``RCVHWM``/``SNDHWM`` (messages queued per
-connection) and a cap on the frames and bytes drained per poll bound the
-rest. Which frames are accepted is the protocol's business
-(protocols/assembly.py: a verified header announces them).
+- Zero-copy sends are tracked (``wait_sent``); one pending past ``send_timeout_s``,
+  or ``stall_timeout_s`` once the link acknowledges nothing (peer/net/progress.py),
+  is abandoned by closing that neighbour's socket.
+- While it waits it hands arrivals to ``while_waiting``, so two peers sending
+  large models to each other never deadlock.
+- Admission (peer/net/admission.py): ZAP admits the roster's transport keys
+  (``allow``, ``punish``, ``connection_key``); refused handshakes are redialed
+  after a backoff (peer/net/handshakes.py).
+- :meth:`Transport.reply` answers on the caller's connection (peer/runtime/routes.py);
+  ``reserve_listeners`` binds port 0 and keeps the socket (``listen_fd``).
+- ``close`` ends everything; its context cannot hang (peer/net/contexts.py).
 
-Zero-copy sends of tensors are *tracked*: ``wait_sent`` blocks until ZeroMQ
-has released every frame, and the driver calls it before anything may change
-a tensor in place (the torn-model trap in shared/ANCHORS.md). A send still
-pending after its timeout is abandoned by closing that neighbour's socket
-without lingering, which releases its frames. The timeout tells a slow link
-from a cut one: ``send_timeout_s`` while the kernel keeps acknowledging the
-connection's bytes, ``stall_timeout_s`` (the daemon's round deadline) once it
-acknowledges none (peer/net/progress.py reads ``tcpi_bytes_acked`` of the
-descriptor the outbox's monitor names).
-
-Reading while waiting (``while_waiting``): a driver that blocks in ``wait_sent``
-(or in ``send``, on a full queue) without reading its inbox deadlocks with a
-neighbour doing the same, as soon as a message is larger than what the
-receiving side's queue (``receive_high_water_mark`` frames) and the kernel's
-buffers absorb (about 200 MB with the defaults): each end's frames wait for
-the other to read, until the stall timeout abandons them (issue 29). So the
-transport hands whatever arrives while it waits to the driver's
-``while_waiting`` callback, which takes it in (assembles it; nothing it does
-may send or change a tensor being sent) and answers whether it takes more.
-
-Addresses for tests and local launches: ``reserve_listeners`` binds port 0
-and keeps the listening socket; a Transport adopts it through ZeroMQ's
-``USE_FD`` (``listen_fd``), so no other process can take the port between the
-moment it is written into a roster and the moment a peer listens on it.
-
-Admission (peer/net/admission.py): with CURVE, ZAP admits exactly the
-roster's transport keys; ``allow`` changes them while running and shuts down
-the open connections of a key that left; ``punish`` refuses a key for
-``multipart_cooldown_s`` and shuts its connections down;
-``connection_key`` binds a received frame to the key its connection
-authenticated with. Every connection the inbox refuses is counted by reason
-from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
-retries a refused handshake (a joiner that dialed a neighbour before that
-neighbour admitted its key), so each outbox's own monitor is watched
-(peer/net/handshakes.py, shared with the edge client's dial-out): a refusal is
-counted by reason (``handshake_refused``) and the outbox dialed afresh after a
-backoff of ``reconnect_ms`` doubling to ``reconnect_max_ms``, checked at each
-:meth:`Transport.poll` (which wakes for it). The fallback where no handshake
-event says anything: an outbox with no connection for the back-off's ceiling is
-dialed afresh at its next failed send.
-
-Replies on the caller's connection (:meth:`Transport.reply`): an edge client
-dials out and never listens (behind NAT), so its gateway answers on the
-connection the client opened, by the ROUTER's routing id of one of its
-frames (``Arrival.connection``). Which id stands for which member is the
-driver's to decide, from accepted messages only (the routing id of an
-unverified frame says nothing about its sender): see peer/runtime/routes.py.
-The dialling side is peer/net/dial.py.
-
-Lifetime: a transport makes its own context (peer/net/contexts.py: one dropped
-unterminated cannot hang the process) and ends everything in ``close`` (also a
-context manager): every socket closed without lingering, the monitor and ZAP
-threads stopped and joined, the context terminated. A constructor that fails
-part way does the same for what it had opened before it raises.
-
-This module, peer/net/admission.py, peer/net/handshakes.py and peer/net/dial.py
-are the only ones that touch sockets; they know nothing about messages or
-algorithms.
+With admission.py, handshakes.py and dial.py, the only modules that touch
+sockets; they know nothing of messages or algorithms. Why: docs/design/transport.md.
 """
 
 from __future__ import annotations
