@@ -23,16 +23,21 @@ SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
 README_MAX_LINES = 300
 
 
-def prose(text: str) -> str:
-    """The text without fenced code blocks and inline code spans (links there are not links)."""
+def unfenced(text: str) -> str:
+    """The text without its fenced code blocks."""
     kept, fenced = [], False
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
         if not fenced:
-            kept.append(re.sub(r"`[^`\n]*`", "", line))
+            kept.append(line)
     return "\n".join(kept)
+
+
+def prose(text: str) -> str:
+    """The text without code blocks and inline code spans (links there are not links)."""
+    return re.sub(r"`[^`\n]*`", "", unfenced(text))
 
 
 def slug(heading: str) -> str:
@@ -46,7 +51,7 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for line in prose(path.read_text()).splitlines():
+    for line in unfenced(path.read_text()).splitlines():
         match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not match:
             continue
@@ -76,6 +81,7 @@ def test_the_slug_is_githubs() -> None:
     assert (slug("Status, metrics.jsonl, Prometheus, TensorBoard")
             == "status-metricsjsonl-prometheus-tensorboard")
     assert slug("Differential privacy (central)") == "differential-privacy-central"
+    assert slug("The Node (`protocols/node/node.py`)") == "the-node-protocolsnodenodepy"
 
 
 def test_a_broken_link_is_found(tmp_path: Path) -> None:
