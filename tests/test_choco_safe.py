@@ -25,7 +25,7 @@ from topology import build
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bench_choco_grid import COMPRESSION, PARTITIONS, final_accuracy, scenario, stability
 
-STEPS = 600          # the budget the rule was measured at (consensus_step.py's docstring)
+STEPS = 600          # the budget the rule was measured at (docs/design/gossip-algorithms.md)
 CONTROL_STEPS = 300  # enough for the too-large step to trip the guard several times
 
 

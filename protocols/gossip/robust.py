@@ -76,7 +76,7 @@ class NormFilter:
         reference when nothing else gives one (called only then: it is a pass over memory).
         Without it, that reference is 0: only a zero difference passes. ``reports``: what each
         candidate's sender reported far in its own latest screen (:func:`read_report`), the
-        evidence that lets a far candidate in (see the module docstring, "A split healed").
+        evidence that lets a far candidate in (docs/design/insider-filter.md, "A split healed").
         """
         names = list(senders) if senders is not None else [f"#{i}" for i in range(len(norms))]
         if len(names) != len(norms) or (reports is not None and len(reports) != len(norms)):
