@@ -162,12 +162,11 @@ class TracedRun(GossipRun):
 
 
 def reconnect_after_s(transport: TransportConfig) -> tuple[float, float]:
-    """How long after a connection's last traffic ZeroMQ dials afresh, and the spread of that: a
-    PING goes out at the next heartbeat (somewhere in one interval, a phase of each connection's
-    own), the connection is closed when no answer came in the heartbeat timeout, and the first
-    reconnect follows."""
-    waited_ms = transport.zmtp_heartbeat_timeout_ms + transport.reconnect_ms
-    return waited_ms / 1000, transport.zmtp_heartbeat_ms / 1000
+    """How long after a connection's last traffic ZeroMQ dials afresh, and the spread of that: the
+    kernel probes the idle connection every keepalive interval (a phase of each connection's own)
+    and closes it when nothing answered for the dead-link time; the first reconnect follows."""
+    waited_ms = 1000 * transport.dead_link_s + transport.reconnect_ms
+    return waited_ms / 1000, float(transport.keepalive_s)
 
 
 def edit(config: Path, table: str, **settings: object) -> None:

@@ -75,9 +75,12 @@ class TransportConfig:
     # first reconnect attempt after this long, doubling up to the maximum (ZeroMQ back-off)
     reconnect_ms: int = 100
     reconnect_max_ms: int = 5000  # the back-off's ceiling
-    # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
-    zmtp_heartbeat_ms: int = 1000
-    zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
+    # a dead TCP connection (a cable cut: the kernel would keep it for minutes) is found by the kernel,
+    # never by libzmq's ZMTP heartbeats (link_options says why): an idle connection is probed every
+    # keepalive_s, and one that answers no probe, or acknowledges none of our bytes, for dead_link_s
+    # is closed (and dialed afresh)
+    keepalive_s: int = 1
+    dead_link_s: int = 5
     # how long a zero-copy send may hold a tensor before it is abandoned, however slowly it moves
     send_timeout_s: float = 30.0
     # a neighbour's connection whose kernel acknowledged none of our bytes this long is taken as cut
@@ -93,8 +96,8 @@ class TransportConfig:
 
     def __post_init__(self) -> None:
         for name in ("high_water_mark", "receive_high_water_mark", "max_frame_bytes", "max_messages_per_poll",
-                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "zmtp_heartbeat_ms",
-                     "zmtp_heartbeat_timeout_ms"):
+                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "keepalive_s",
+                     "dead_link_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reconnect_max_ms < self.reconnect_ms:
@@ -284,13 +287,13 @@ class Transport:
         return inbox, monitor
 
     def _configure(self, sock: zmq.Socket) -> None:
+        """Lingering, reconnecting and the kernel's probing of the link (:func:`link_options`)."""
         cfg = self.config
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+        for option, value in link_options(cfg).items():
+            sock.setsockopt(option, value)
 
     def _open_outbox(self, name: str, address: str) -> _Outbox:
         watch = HandshakeWatch(self.config, self.handshake_refused)
@@ -752,6 +755,28 @@ class Transport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def link_options(config: TransportConfig) -> dict[int, int]:
+    """The socket options that find a dead link: TCP keepalive probes every ``keepalive_s`` on an
+    idle connection, and ``dead_link_s`` (``TCP_USER_TIMEOUT``, ZMQ_TCP_MAXRT) without an answer or
+    an acknowledgement closes it. Every socket of ours, the inbox included.
+
+    Never libzmq's ZMTP heartbeats (issue 32, item 7): libzmq 4.3.5, the one pyzmq bundles and the
+    newest there is, aborts the process (``Assertion failed: !_io_error
+    (src/stream_engine_base.cpp:310)``) when a connection that stopped reading because its receive
+    queue was full (``RCVHWM``: its owner is busy) reports a hang-up or a reset, and a ping then goes
+    out through ``out_event``: its own heartbeat timer's (the tick after the break), or the answer
+    to a ping it had read ahead of the full queue, sent once the queue is read again. Kernel probes
+    never pass through libzmq's engine: the broken connection waits, not polled, until its queue is
+    read, and is then torn down (tests/test_transport_cuts.py). No honest member sends a ping;
+    one that does (a foreign client, or an insider) and resets its own connection behind a full
+    queue can still reach the assertion: libzmq's to fix (zeromq/libzmq#4841, unfixed there)."""
+    return {zmq.TCP_KEEPALIVE: 1,
+            zmq.TCP_KEEPALIVE_IDLE: config.keepalive_s,
+            zmq.TCP_KEEPALIVE_INTVL: config.keepalive_s,
+            zmq.TCP_KEEPALIVE_CNT: max(1, config.dead_link_s // config.keepalive_s),
+            zmq.TCP_MAXRT: 1000 * config.dead_link_s}
 
 
 class TransportError(HivemeshError):
