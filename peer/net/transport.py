@@ -80,6 +80,7 @@ class TransportConfig:
     # keepalive_s, and one that answers no probe, or acknowledges none of our bytes, for dead_link_s
     # is closed (and dialed afresh)
     keepalive_s: int = 1
+    # a link that answers no keepalive probe, or acknowledges none of our bytes, this long is closed
     dead_link_s: int = 5
     # how long a zero-copy send may hold a tensor before it is abandoned, however slowly it moves
     send_timeout_s: float = 30.0
