@@ -41,7 +41,6 @@ from protocols.codec import (
     Frame,
     Policy,
     Rejection,
-    ReplayWindows,
     Verifier,
     decode,
     encode,
@@ -50,6 +49,7 @@ from protocols.codec import (
 )
 from protocols.identity import Identity
 from protocols.messages import Message
+from protocols.replay import ReplayWindows
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 

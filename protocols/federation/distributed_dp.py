@@ -143,7 +143,8 @@ def noised_input(delta: torch.Tensor, privacy: DifferentialPrivacyConfig, secure
     clipped, _ = clip(delta.detach().to("cpu", torch.float64), privacy.clip_norm)
     quantised = quantise(clipped.numpy(), clip_value=secure.clip_value, bits=secure.bits)
     noise = discrete_gaussian(quantised.size, client_share_units(privacy, secure), generator).numpy()
-    return (quantised + noise) & RING_MASK
+    noised: np.ndarray = (quantised + noise) & RING_MASK
+    return noised
 
 
 def share_stddev(total_stddev: float, min_survivors: int) -> float:

@@ -114,12 +114,13 @@ from protocols.events import (
     TimerFired,
 )
 from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.node.check import SyncOffer
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership, Serving, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
-from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
+from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, best_offer
 from protocols.roster import Roster
 from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
