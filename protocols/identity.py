@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 KEY_FILE_MAGIC = "hivemesh-identity 1"
 PUBLIC_ID_CHARS = 52  # base32 of 32 bytes, padding dropped

@@ -65,10 +65,10 @@ from peer.files.schema import (
     trainer_config,
 )
 from peer.train.checkpoint import CheckpointConfig
+from protocols.errors import HivemeshError
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 from topology import Topology
-from topology.errors import HivemeshError
 
 Behaviour = Literal[
     "honest",            # follows the protocol

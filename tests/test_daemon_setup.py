@@ -14,9 +14,9 @@ from peer.files.config import ConfigError
 from peer.runtime.assemble import identity_and_roster, next_epoch
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import load_peer_config
+from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from topology import build
-from topology.errors import HivemeshError
 
 
 def _init(tmp_path: Path, *extra: str, peers: int = 4) -> Path:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 # Order here is the order in `hivemesh --help`.
 COMMAND_MODULES = (

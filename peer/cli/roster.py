@@ -239,7 +239,7 @@ def run_reload(args: argparse.Namespace) -> int:
 
     from peer.files.statefiles import read_status
     from peer.runtime.datalock import holder
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     if args.config:
         from peer.runtime.peerconfig import load_peer_config

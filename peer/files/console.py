@@ -28,7 +28,7 @@ from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
 from peer.files.statefiles import format_number, human_bytes
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 LOGGER = logging.getLogger("hivemesh")
 # the rejection reasons that mean a member is set up differently from us, not a transient fault:

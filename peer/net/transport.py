@@ -96,7 +96,7 @@ from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
 from peer.net.progress import acked_bytes, peer_of
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator

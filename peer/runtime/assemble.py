@@ -22,13 +22,13 @@ from peer.files.keydir import find_identity
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
+from protocols.errors import HivemeshError
 from protocols.events import Machine
 from protocols.identity import Identity
 from protocols.node.membership import Serving
 from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
-from topology.errors import HivemeshError
 
 
 @dataclass

@@ -37,10 +37,10 @@ from peer.files import roster_file, tomlout
 from peer.files.federation_layout import federation_names
 from peer.files.federation_layout import gateway_of as layout_gateway_of
 from peer.net.transport import free_tcp_addresses, listener_address, reserve_listeners
+from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
 from topology import default_names
-from topology.errors import HivemeshError
 
 
 @dataclass(frozen=True)

@@ -49,12 +49,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Send
 from protocols.gossip.admission import Lateness
 from protocols.gossip.consensus_step import ConsensusStepChoice, choose_consensus_step
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
-from topology.errors import HivemeshError
 from topology.membership import GraphView
 
 GUARD_WINDOW = 10          # rounds per median of ||x - x_hat||

@@ -97,6 +97,7 @@ from typing import Generic
 import torch
 
 from protocols.compress import BadParts
+from protocols.errors import HivemeshError
 from protocols.events import (
     Action,
     CancelTimer,
@@ -122,7 +123,6 @@ from protocols.node.membership import Connect, Membership, Serving, UnsignedKeyC
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
 from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, best_offer
 from protocols.roster import Roster
-from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
 
 
