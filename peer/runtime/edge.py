@@ -68,6 +68,7 @@ from types import FrameType
 from typing import Any
 
 from peer.files.console import ensure_logging
+from peer.files.keyfile import load_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
@@ -120,7 +121,7 @@ class EdgeClient:
         self.hooks = Hooks(hooks)
         edge = config.edge
         self.name = edge.name
-        identity = Identity.load(config.key_path)
+        identity = load_identity(config.key_path)
         roster = load_roster(config.roster_path)
         member, gateway = roster.get(edge.name), roster.get(edge.gateway)
         if member is None or member.role != "edge" or member.public_id != identity.public_id:
