@@ -24,7 +24,7 @@ from typing import Any
 from peer.files.config import load, read_toml
 from peer.files.paths import from_folder
 from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
-from peer.net.transport import TransportConfig
+from peer.net.transport_config import TransportConfig
 from peer.runtime.peerconfig import FederationSection, shared_settings
 from protocols.node.config import NodeConfig
 

@@ -3,7 +3,7 @@
 Layout::
 
     [peer]        who this peer is and where its files live (per peer)
-    [transport]   socket limits and timings (per peer, peer.net.transport.TransportConfig)
+    [transport]   socket limits and timings (per peer, peer.net.transport_config.TransportConfig)
     [checkpoint]  interval and retention (per peer, peer.train.checkpoint.CheckpointConfig)
     [federation]  (a gateway only) FedAvg rounds for the roster's edge clients (FederationSection)
     [network]     what every member must agree on: topology, seed, task (peer.files.schema.NetworkSection),
@@ -43,7 +43,7 @@ from peer.files.schema import (
     resolve_network_paths,
     trainer_config,
 )
-from peer.net.transport import TransportConfig
+from peer.net.transport_config import TransportConfig
 from peer.train.checkpoint import CheckpointConfig
 from protocols.federation import FederationConfig
 from protocols.federation.interleave import gossip_total_rounds
