@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from peer.files.fields import MACHINE_GAUGE_WORDS, machine_words
-from peer.files.statefiles import format_number as _num
-from peer.files.statefiles import human_bytes
+from peer.files.units import format_number as _num
+from peer.files.units import human_bytes
 
 # states a peer (or an edge client: "gave up" on its gateway) leaves only by being started again
 ENDED = ("finished", "stopped", "stranded", "gave up")

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
-from peer.files.statefiles import format_number, human_bytes
+from peer.files.units import format_number, human_bytes
 from protocols.errors import HivemeshError
 
 LOGGER = logging.getLogger("hivemesh")
