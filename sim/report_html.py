@@ -17,7 +17,7 @@ from typing import Any
 
 from peer.files.statefiles import json_safe
 from peer.files.units import human_bytes
-from sim.report import comparison, run_warnings
+from sim.comparison import comparison, run_warnings
 from sim.world import ScenarioResult
 
 STYLE = """
