@@ -181,14 +181,14 @@ def _federation(args: argparse.Namespace) -> int:
     """``--gateways G --edges E``: the gateways gossip over ``--topology`` (one gossip exchange after
     each FedAvg round when G > 1) and run ``--rounds`` FedAvg rounds for their edge clients."""
     from peer.runtime.netinit import create_federation
-    from peer.runtime.peerconfig import FederationSection
+    from peer.runtime.peerconfig import PeerFederationSection
     from protocols.errors import HivemeshError
 
     if args.gateways < 1 or args.edges < 1:
         raise HivemeshError("--gateways and --edges must both be at least 1")
     federation = default_federation(rounds=args.rounds, gateways=args.gateways, edges=args.edges,
                                     seed=args.seed)
-    _named("--rounds", lambda: FederationSection(**federation))
+    _named("--rounds", lambda: PeerFederationSection(**federation))
     network = _named("--algorithm", lambda: default_network(
         topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
         compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,

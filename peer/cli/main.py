@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "peer.cli.init",
     "peer.cli.config",
     "peer.cli.peer",
-    "peer.cli.edge",
+    "peer.cli.edge_command",
     "peer.cli.status",
     "peer.cli.export",
     "peer.cli.eval",

@@ -83,7 +83,7 @@ from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
 from protocols.federation import FedAvgClient, SecureClient
-from protocols.federation.edge import EdgeMachine
+from protocols.federation.edge_machine import EdgeMachine
 from protocols.federation.secure import roster_verify
 from protocols.identity import Identity
 from protocols.node import Neighbour, Node, NodeAction, Note

@@ -57,7 +57,7 @@ The members the roles serve (``clients``: a gateway's edge clients, not gossip
 neighbours) have a failure detector of their own with the same timeout: heard,
 a client is ``NeighbourUp`` for every role; silent or gone, ``NeighbourDown``
 (the machine never hears of them). An edge client's Node hosts its FedAvg
-client as its machine (protocols/federation/edge.py) and the gateway as its
+client as its machine (protocols/federation/edge_machine.py) and the gateway as its
 one neighbour, so its heartbeats are what keeps it registered.
 A role's timer keys and metric names reach the driver prefixed with its name
 (``fedavg/round``), and a ``TimerFired`` so prefixed goes back to that role.
