@@ -38,7 +38,6 @@ from protocols.codec import (
     Decoded,
     Frame,
     Rejection,
-    ReplayWindows,
     Verifier,
     allocate_flat,
     announced_frames,
@@ -48,6 +47,7 @@ from protocols.codec import (
     verify_header,
 )
 from protocols.identity import SIGNATURE_BYTES
+from protocols.replay import ReplayWindows
 
 __all__ = ["FRAME_DROPS", "Assembler", "AssemblyConfig", "header_message", "wire_messages"]
 

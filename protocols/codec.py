@@ -671,7 +671,8 @@ _HAS_TENSORS = {cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) f
 
 
 def _build(
-    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[Slot], flats: Sequence[torch.Tensor],
+    cls: type[Message], kind: str, header: Mapping[str, Any], entries: Sequence[Slot],
+    flats: Sequence[torch.Tensor],
 ) -> Message:
     scalars = _need(header, "f", dict)
     meta = _need(header, "m", dict)

@@ -65,7 +65,7 @@ from protocols.federation import (
     SecureServer,
     make_server,
 )
-from protocols.federation.edge import EdgeMachine
+from protocols.federation.edge_machine import EdgeMachine
 from protocols.federation.interleave import GatewayWork, gossip_total_rounds
 from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
@@ -75,8 +75,8 @@ from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
 from protocols.roster import Member as RosterMember
-from protocols.roster import Roster as MemberRoster
-from protocols.secagg.local import Roster
+from protocols.roster import Roster
+from protocols.secagg.local import SeededKeyring
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
@@ -174,7 +174,7 @@ class FederationRun:
                 for name in (*self.gateways, *self.clients)}
         self.network = Network({}, default=scenario.links, seed=scenario.seed, nics=nics)
         # secure aggregation: the clients' roster identities (the daemon's are the roster's keys)
-        self.secagg_roster = Roster(list(self.clients), scenario.seed) \
+        self.secagg_roster = SeededKeyring(list(self.clients), scenario.seed) \
             if self.config.secure_aggregation is not None else None
         self.kind_bytes: Counter[str] = Counter()  # message kind -> bytes sent
         self.members: dict[str, Member] = {}
@@ -232,13 +232,13 @@ class FederationRun:
         gossip = self.config.mode == "sync" and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         return self.gateways if gossip else (name,)
 
-    def _roster(self) -> MemberRoster:
+    def _roster(self) -> Roster:
         """Version 1: the gateways (nominal addresses: nothing is dialled here) and the clients not
         joining later; keys from the scenario's seed."""
         gateways = tuple(RosterMember(name=name, public_id=sim_identity(self.scenario.seed, name).public_id,
                                       role="gateway", address=f"tcp://127.0.0.1:{20000 + i}")
                          for i, name in enumerate(self.gateways))
-        return MemberRoster((*gateways, *(self._edge_entry(name) for name in self.clients
+        return Roster((*gateways, *(self._edge_entry(name) for name in self.clients
                                            if name not in self.joining)))
 
     def _edge_entry(self, name: str) -> RosterMember:
@@ -248,14 +248,14 @@ class FederationRun:
         public_id = sim_identity(self.scenario.seed, name).public_id
         return RosterMember(name=name, public_id=public_id, role="edge", gateway=gateway)
 
-    def roster_adding(self, names: Collection[str], *, effective_round: int) -> MemberRoster:
+    def roster_adding(self, names: Collection[str], *, effective_round: int) -> Roster:
         """The next version of the roster: ``names`` (joining clients) added, from ``effective_round``."""
         current = self.roster
         added = tuple(self._edge_entry(name) for name in self.clients if name in set(names))
         return dataclasses.replace(current, members=(*current.members, *added), version=current.version + 1,
                                    effective_round=effective_round)
 
-    def change_roster(self, roster: MemberRoster) -> None:
+    def change_roster(self, roster: Roster) -> None:
         """Every gateway learns roster version ``roster`` now (as a daemon that re-reads its roster
         file) and applies it from its ``effective_round``; the clients carry on."""
         self.roster = roster

@@ -117,6 +117,6 @@ def test_a_too_large_consensus_step_trips_the_guard_and_the_run_does_not_diverge
     assert all(peer["finished"] for peer in choco.peers.values())
     assert all(math.isfinite(p.consensus_rms) for p in choco.trace)
     assert stability(choco) <= 1.2
-    from sim.report import run_warnings
+    from sim.comparison import run_warnings
 
     assert any("guard halved the consensus step" in w for w in run_warnings(choco))

@@ -35,11 +35,11 @@ from prometheus_client.registry import CollectorRegistry
 from peer.cli.main import main
 from peer.files.fields import MACHINE_GAUGE_WORDS, SNAPSHOT_FIELDS, field_for, markdown_table
 from peer.runtime.prometheus import MetricsServer, SnapshotCollector, sample_key
+from protocols.errors import HivemeshError
 from protocols.events import Action, Metric, SetTimer, Start, StartWork, TimerFired, WorkDone
 from protocols.gossip import GossipConfig, make_machine, suggested_compression
 from protocols.gossip.config import ALGORITHMS
 from topology import build
-from topology.errors import HivemeshError
 
 MONITORING = Path(__file__).resolve().parent.parent / "docs" / "monitoring.md"   # carries the fields table
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

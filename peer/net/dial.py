@@ -37,7 +37,8 @@ import zmq
 
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
-from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError, link_options
+from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportError, link_options
+from peer.net.transport_config import TransportConfig
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
 

@@ -29,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-if TYPE_CHECKING:
-    from peer.net.transport import TransportConfig
+from peer.net.transport_config import TransportConfig
 
 REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the listener's ZAP said no
                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",

@@ -42,8 +42,8 @@ import torch
 
 from peer.train.attack import Attack, parse_attack
 from peer.train.checkpoint import SAVE_POINTS, SavePoint
+from protocols.errors import HivemeshError
 from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
-from topology.errors import HivemeshError
 
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
 PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this

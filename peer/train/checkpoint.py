@@ -43,7 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 log = logging.getLogger(__name__)
 

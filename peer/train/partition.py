@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from protocols.errors import HivemeshError
 from protocols.rng import numpy_generator
-from topology.errors import HivemeshError
 
 SCHEMES = ("iid", "dirichlet", "shards", "file")
 

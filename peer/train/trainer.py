@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from peer.train.tasks.base import EVAL_BATCH, Task
+from protocols.errors import HivemeshError
 from protocols.federation.server_opt import proximal_gradient
 from protocols.rng import derive_seed, torch_generator
-from topology.errors import HivemeshError
 
 
 @dataclass(frozen=True, kw_only=True)

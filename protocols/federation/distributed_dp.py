@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from protocols.federation.privacy import DifferentialPrivacyConfig, clip
+from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, levels, quantise
-
-if TYPE_CHECKING:  # secure.py imports this module
-    from protocols.federation.secure import SecureAggregationConfig
 
 TAIL_SIGMAS = 10.0  # the ring holds the noise to this many deviations: 2 exp(-50) ~ 4e-22 a coordinate
 PLAIN_EXACT = 1 << 24  # masking off: integers travel as float32, exact below 2^24
@@ -126,7 +123,8 @@ def noised_input(delta: torch.Tensor, privacy: DifferentialPrivacyConfig, secure
     clipped, _ = clip(delta.detach().to("cpu", torch.float64), privacy.clip_norm)
     quantised = quantise(clipped.numpy(), clip_value=secure.clip_value, bits=secure.bits)
     noise = discrete_gaussian(quantised.size, client_share_units(privacy, secure), generator).numpy()
-    return (quantised + noise) & RING_MASK
+    noised: np.ndarray = (quantised + noise) & RING_MASK
+    return noised
 
 
 def share_stddev(total_stddev: float, min_survivors: int) -> float:

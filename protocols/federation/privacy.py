@@ -95,7 +95,8 @@ class DifferentialPrivacyConfig:
         z = self.noise_multiplier
         if not self.adaptive or z == 0:
             return z
-        return (z ** -2 - (2 * self.count_noise_stddev) ** -2) ** -0.5
+        raised: float = (z ** -2 - (2 * self.count_noise_stddev) ** -2) ** -0.5
+        return raised
 
 
 def poisson_sample(seed: int, draw: int, names: Iterable[str], rate: float,

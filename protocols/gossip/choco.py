@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Send
 from protocols.gossip.admission import Lateness
-from protocols.gossip.base import GraphView
 from protocols.gossip.consensus_step import ConsensusStepChoice, choose_consensus_step
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
-from topology.errors import HivemeshError
+from topology.membership import GraphView
 
 GUARD_WINDOW = 10          # rounds per median of ||x - x_hat||
 GUARD_WARMUP_WINDOWS = 5   # windows ignored after the start or a change of step (x_hat is catching up)

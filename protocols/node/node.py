@@ -35,6 +35,7 @@ from typing import Generic
 import torch
 
 from protocols.compress import BadParts
+from protocols.errors import HivemeshError
 from protocols.events import (
     Action,
     CancelTimer,
@@ -52,14 +53,14 @@ from protocols.events import (
     TimerFired,
 )
 from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.node.check import SyncOffer
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership, Serving, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
-from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
+from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, best_offer
 from protocols.roster import Roster
-from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
 
 
