@@ -49,7 +49,7 @@ def wire_bytes(message: Message) -> int:
     return len(msgpack.packb(to_wire(message), use_bin_type=True))
 
 
-class Roster:
+class SeededKeyring:
     """Ed25519 identities for named members, derived from a seed; sign and verify by name."""
 
     def __init__(self, names: list[str], seed: int) -> None:
@@ -74,7 +74,7 @@ class LocalRound:
                  clock: Callable[[], float] | None = None, sample: frozenset[str] | None = None) -> None:
         names = sorted(inputs)
         self.inputs = dict(inputs)
-        self.roster = Roster(names, seed)
+        self.roster = SeededKeyring(names, seed)
         self.now_s = now_s
         self.clock = clock
         self.bytes_up: Counter[str] = Counter()  # client -> bytes it sent
