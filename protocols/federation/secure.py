@@ -71,6 +71,7 @@ from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
 from protocols.secagg import SecAggClient, SecAggConfig, SecAggConfigError, SecAggServer
 from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, dequantise_sum, levels, quantise, to_signed
+from protocols.secagg.insider import client_class
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -100,9 +101,17 @@ class SecureAggregationConfig(SecAggConfig):
     # W, samples: a client weighs min(num_samples, W) and scales its update by weight / W before
     # quantising (a client at the cap gets all 2^(bits-1) - 1 levels); 1: the unweighted mean
     weight_cap_samples: int = 1000
+    # offences (secagg/blame.py) after which the gateway asks a client into no later round: 3, so a
+    # one-off fault is not a ban while one colluder can cost the honest at most 3 accusations'
+    # worth of shares; 0: never barred (still named)
+    blame_limit: int = 3
 
     def validate(self, num_clients: int | None = None) -> None:
         super().validate(num_clients)
+        limit = self.blame_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise SecAggConfigError(f"secure_aggregation.blame_limit must be an integer >= 0 (0: never bar), "
+                                    f"not {limit!r}")
         if not self.masking and self.bits > PLAIN_BITS_MAX:
             raise SecAggConfigError(f"secure_aggregation.bits must be <= {PLAIN_BITS_MAX} with masking = "
                                     f"false (integers travel as float32), not {self.bits}")
@@ -231,6 +240,7 @@ class SecureOutcome:
     dropped: tuple[str, ...]
     mean: torch.Tensor | None  # None: the round failed (``failure`` says why)
     failure: str = ""
+    blamed: tuple[tuple[str, str], ...] = ()  # (culprit, offence) proven this round (secagg/blame.py)
 
 
 class SecureServer:
@@ -255,6 +265,8 @@ class SecureServer:
         # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
         self.costs: dict[str, PhaseCost] = {}
         self._phase_began_s = 0.0
+        self.offences: Counter[str] = Counter()  # client -> rounds it was blamed in, over the run
+        self.blamed: dict[str, str] = {}  # the latest round's culprits -> offence
 
     @property
     def masking(self) -> bool:
@@ -278,6 +290,7 @@ class SecureServer:
         self.round_index = round_index
         self.mean = None
         self.costs = {}
+        self.blamed = {}
         meta = {COHORT_META: ",".join(sorted(asked))}
         if not self.masking:
             return meta, []
@@ -337,14 +350,20 @@ class SecureServer:
             return [*actions, SetTimer(self.timer_key(), machine.deadline_s)], None
         result = machine.result
         self._retire()
+        blamed = tuple(self.blamed.items())
         if result is None:
-            return actions, SecureOutcome((), (), None, machine.failure)
+            return actions, SecureOutcome((), (), None, machine.failure, blamed)
         self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like,
                                 self.divide_by)
         if self.mean is None:  # a client put something else than its weight in the last element
             self.counters["secagg_bad_weight_sum"] += 1
-            return actions, SecureOutcome((), (), None, "bad_weight_sum")
-        return actions, SecureOutcome(result.survivors, result.dropped, self.mean)
+            return actions, SecureOutcome((), (), None, "bad_weight_sum", blamed)
+        return actions, SecureOutcome(result.survivors, result.dropped, self.mean, blamed=blamed)
+
+    def barred(self) -> frozenset[str]:
+        """The clients blamed in ``blame_limit`` rounds or more: asked into no later round."""
+        limit = self.config.blame_limit
+        return frozenset(name for name, count in self.offences.items() if limit and count >= limit)
 
     def _cost(self, phase: ServerPhase) -> PhaseCost:
         return self.costs.setdefault(_phase_name(phase), PhaseCost())
@@ -353,7 +372,9 @@ class SecureServer:
         """The latest round's SecAgg now (for the gateway's status): its phase ("none" when no
         machine runs: masking off, or the round ended) and its phases' costs so far."""
         phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
-        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index)}
+        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index),
+                "blamed": dict(self.blamed), "offences": dict(sorted(self.offences.items())),
+                "barred": sorted(self.barred())}
 
     def phase_costs(self, round_index: int) -> list[dict[str, Any]]:
         """Round ``round_index``'s phase costs as plain data, in the order the phases ran (a list:
@@ -368,6 +389,8 @@ class SecureServer:
         if self.machine is not None:
             _tally(self.counters, "secagg_refused_", self.machine.refused)
             _tally(self.counters, "secagg_", self.machine.counters)
+            self.blamed = dict(self.machine.blamed)
+            self.offences.update(self.blamed.keys())
             self.machine = None
 
     def decode_update(self, update: ClientUpdate) -> torch.Tensor:
@@ -429,6 +452,9 @@ class SecureClient:
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
         self.privacy: DifferentialPrivacyConfig | None = None
+        # round -> a dishonest behaviour (secagg/insider.py) in that round: set only by a test's
+        # hook or a simulated attacker; empty for every honest client
+        self.insider: dict[int, str] = {}
 
     def drain(self) -> Counter[str]:
         counts, self.counters = self.counters, Counter()
@@ -460,7 +486,8 @@ class SecureClient:
         if not isinstance(cohort, str) or self.name not in cohort.split(","):
             self.counters["secagg_no_cohort"] += 1
             return []
-        self.machine = SecAggClient(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
+        machine = client_class(self.insider.get(start.round, ""))
+        self.machine = machine(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
                                     cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
                                     sign=self.sign, verify=self.verify, attempt=self.attempt,
                                     revealed=self.revealed)

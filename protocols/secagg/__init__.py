@@ -20,6 +20,8 @@ The five rounds (server.py has the verdict table, client.py the abort table):
                     gateway -> ConsistencyProof (the signer's neighbours' signatures)
 4. unmask           client -> UnmaskShares: per neighbour, the self-seed share if it survived,
                     else the mask-key share, never both; gateway rebuilds and removes the masks
+5. recover (rare)   gateway -> RecoveryRequest to a culprit's neighbours, only when a survivor
+                    dealt a wrong self-mask seed (blame.py); client -> its mask-key share
 
 Plugging it into the federation (done by protocols/federation/secure.py; nothing here imports
 federation/, peer/ or sim/):
@@ -72,9 +74,14 @@ v gave its k neighbours; ``roster_floor`` is F, a number every client has from i
   which a gateway can re-draw by leaving adverts out, so do not count on the graph to keep
   colluders apart from a hostile gateway.
 * Colluding clients alone never see a masked input, so they learn nothing.
-* Not covered: a client that sends garbage (it corrupts the sum undetectably: SecAgg hides inputs,
-  it does not check them), and what the sums of several rounds over changing cohorts reveal by
-  differencing (client-level DP is the defence).
+* A client that deals garbage or shares of a wrong secret, accuses falsely or reveals a share it
+  was not dealt is proven so by its own signatures (blame.py), left out of the round, which ends
+  over the honest survivors, and named. An accusation reveals the accuser's round cipher key: the
+  gateway then holds one share of each of its neighbours' secrets, as if it had one more colluding
+  neighbour; a colluder can cause that once per round it is asked into, until barred.
+* Not covered: a client that masks a garbage *input* (it corrupts the sum undetectably: SecAgg
+  hides inputs, it does not check them; grouped aggregation bounds it), and what the sums of
+  several rounds over changing cohorts reveal by differencing (client-level DP is the defence).
 """
 
 from protocols.secagg.client import ClientPhase, SecAggClient
