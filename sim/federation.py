@@ -27,7 +27,8 @@ What the driver models, on the engine's virtual clock:
 * attackers (``attack = {e003 = "signflip:10"}``): train honestly, then upload
   ``-scale`` times their update (the delta is flipped in the trainer's vector
   before ``WorkDone``, by peer/train/attack.py, as a real edge's test hook does);
-  ``claim``, ``norms`` and ``value`` forge the upload itself (the same module);
+  ``claim``, ``norms`` and ``value`` forge the upload itself (the same module); ``secagg``
+  makes it a SecAgg insider (protocols/secagg/insider.py);
 * gateways: the gossip machine's rounds interleave with FedAvg rounds by
   protocols/federation/interleave.py's ``GatewayWork``, as in the daemon (the
   server pauses after each round; the machine's ``WorkDone`` is fed when a
@@ -363,6 +364,8 @@ class FederationRun:
                                      answer_source=lambda: (trainer.flat_params.clone(), 0))
         spec = self.section.client_availability.get(name, self.section.availability)
         attack = self.section.attack.get(name)
+        if attack and client.secure is not None:  # a SecAgg insider's rounds (peer/train/attack.py)
+            client.secure.insider = dict(parse_attack(attack).secagg)
         return Member(name, node, gateway=gateway, client=client, trainer=trainer,
                       availability=Availability.parse(spec),
                       attack=parse_attack(attack) if attack else Attack())
@@ -772,6 +775,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
         row["secagg_phases"] = list(report.secagg_phases)
     if report.bounds:  # the influence bounds the updates met (protocols/federation/influence.py)
         row["bounds"] = dict(report.bounds)
+    if getattr(report, "blamed", None):  # SecAgg's culprits of the round (protocols/secagg/blame.py)
+        row["blamed"] = dict(report.blamed)
     return row
 
 

@@ -13,8 +13,9 @@ sim/federation.py) and a real edge client under a test hook (peer/runtime/testho
   ``.../norms``: qsgd's scale) by ``factor``, so the delta decodes ``factor`` times as long;
 - ``value:<v>`` sets the first float of the upload's first float tensor to ``v`` (qsgd: its
   first norm, so that bucket decodes up to ``v``; identity: the delta's first coordinate);
-- ``secagg:<behaviour>@<round>`` makes its SecAgg machine of federation round ``round`` the insider
-  of protocols/secagg/insider.py (``garbage_shares``, ``wrong_secret``, ``false_accusation``).
+- ``secagg:<behaviour>@<round>`` makes it the SecAgg insider of protocols/secagg/insider.py
+  (``garbage_shares``, ``wrong_secret``, ``false_accusation``, ``extreme_input``) in federation
+  round ``round``; without ``@<round>``, in every round.
 
 A spec joins parts with commas: ``signflip:3,claim:1000000000`` (issue 32's insider).
 """
@@ -39,7 +40,7 @@ class Attack:
     claim_samples: int = 0  # > 0: claim this num_samples
     norm_factor: float = 0.0  # > 0: the upload's compression norms times this
     value: float = 0.0  # != 0: the upload's first float is this
-    secagg: tuple[tuple[int, str], ...] = ()  # (round, SecAgg insider behaviour in that round)
+    secagg: tuple[tuple[int, str], ...] = ()  # (round or -1: every round, SecAgg insider behaviour)
 
     @property
     def forges(self) -> bool:
@@ -77,11 +78,11 @@ def parse_attack(spec: str) -> Attack:
 
 
 def _secagg_part(spec: str, text: str) -> tuple[int, str]:
-    behaviour, _, round_text = text.partition("@")
-    if behaviour not in BEHAVIOURS or not round_text.isdigit():
-        raise ValueError(f"attack {spec!r}: expected 'secagg:<behaviour>@<round>', behaviour one of "
+    behaviour, at, round_text = text.partition("@")
+    if behaviour not in BEHAVIOURS or (at and not round_text.isdigit()):
+        raise ValueError(f"attack {spec!r}: expected 'secagg:<behaviour>[@<round>]', behaviour one of "
                          f"{BEHAVIOURS}, e.g. 'secagg:garbage_shares@2'")
-    return int(round_text), behaviour
+    return (int(round_text) if at else -1), behaviour
 
 
 def sign_flip(params: torch.Tensor, anchor: torch.Tensor, scale: float) -> None:

@@ -71,7 +71,7 @@ from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
 from protocols.secagg import SecAggClient, SecAggConfig, SecAggConfigError, SecAggServer
 from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, dequantise_sum, levels, quantise, to_signed
-from protocols.secagg.insider import client_class
+from protocols.secagg.insider import client_class, extreme_input
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -452,8 +452,8 @@ class SecureClient:
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
         self.privacy: DifferentialPrivacyConfig | None = None
-        # round -> a dishonest behaviour (secagg/insider.py) in that round: set only by a test's
-        # hook or a simulated attacker; empty for every honest client
+        # round (-1: every round) -> a dishonest behaviour (secagg/insider.py) in that round: set
+        # only by a test's hook or a simulated attacker; empty for every honest client
         self.insider: dict[int, str] = {}
 
     def drain(self) -> Counter[str]:
@@ -486,7 +486,7 @@ class SecureClient:
         if not isinstance(cohort, str) or self.name not in cohort.split(","):
             self.counters["secagg_no_cohort"] += 1
             return []
-        machine = client_class(self.insider.get(start.round, ""))
+        machine = client_class(self._behaviour(start.round))
         self.machine = machine(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
                                     cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
                                     sign=self.sign, verify=self.verify, attempt=self.attempt,
@@ -515,6 +515,8 @@ class SecureClient:
                                                    attempt=max(self.attempt, 0))
             quantised = np.append(distributed_dp.noised_input(delta, self.privacy, self.config, noise),
                                   np.int64(1))
+        if self._behaviour(round_index) == "extreme_input":  # a test's or a simulated insider
+            quantised = extreme_input(quantised)
         if not self.config.masking:
             signed = torch.from_numpy(to_signed(quantised)).to(torch.float32)
             return [Send((self.server,), ClientUpdate(round=round_index, num_samples=num_samples,
@@ -523,6 +525,10 @@ class SecureClient:
             self.counters["secagg_no_round_to_upload"] += 1
             return []
         return self._send(self.machine.provide_input(quantised, now_s))
+
+    def _behaviour(self, round_index: int) -> str:
+        """This client's insider behaviour in ``round_index`` (``insider``; -1: every round)."""
+        return self.insider.get(round_index, self.insider.get(-1, ""))
 
     def _send(self, messages: Sequence[SecAggWire]) -> list[Action]:
         for message in messages:  # what it sent (a status shows how far its round went)

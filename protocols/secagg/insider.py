@@ -10,7 +10,9 @@ own roster key, as a real insider holding its member's keys would:
 - ``wrong_secret``: it deals shares of another self-mask seed than the one it committed to and
   masks with (the gateway rebuilds a seed its commitment refuses: ``wrong_secret``);
 - ``false_accusation``: it accuses one neighbour whose bundle opened fine, revealing its key as
-  the protocol asks (the gateway opens the bundle: ``false_accusation``).
+  the protocol asks (the gateway opens the bundle: ``false_accusation``);
+- ``extreme_input``: an honest machine, but the input it masks is :func:`extreme_input`'s, far
+  outside what clipping allows (SecAgg cannot see it: grouped aggregation bounds its reach).
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from protocols.secagg import crypto
 from protocols.secagg.client import SecAggClient
 from protocols.secagg.messages import ClientMessage, KeyRoster, ShareKeys
 
-BEHAVIOURS = ("garbage_shares", "wrong_secret", "false_accusation")
+MACHINE_BEHAVIOURS = ("garbage_shares", "wrong_secret", "false_accusation")
+BEHAVIOURS = (*MACHINE_BEHAVIOURS, "extreme_input")
+EXTREME = 1 << 30  # what extreme_input puts in each coordinate: 2^14 clients' worth of 16-bit levels
 
 
 class InsiderClient(SecAggClient):
     """A SecAggClient that commits ``behaviour`` (one of :data:`BEHAVIOURS`)."""
 
     def __init__(self, *args: Any, behaviour: str, **kwargs: Any) -> None:
-        if behaviour not in BEHAVIOURS:
-            raise ValueError(f"a SecAgg insider's behaviour is one of {BEHAVIOURS}, not {behaviour!r}")
+        if behaviour not in MACHINE_BEHAVIOURS:
+            raise ValueError(f"a SecAgg insider machine's behaviour is one of {MACHINE_BEHAVIOURS}, "
+                             f"not {behaviour!r}")
         super().__init__(*args, **kwargs)
         self.behaviour = behaviour
 
@@ -68,8 +75,16 @@ class InsiderClient(SecAggClient):
 
 def client_class(behaviour: str) -> Callable[..., SecAggClient]:
     """What builds the machine of a client that behaves so ("": honest), from SecAggClient's arguments."""
-    if not behaviour:
+    if not behaviour or behaviour == "extreme_input":
         return SecAggClient
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"a SecAgg insider's behaviour is one of {BEHAVIOURS}, not {behaviour!r}")
     return functools.partial(InsiderClient, behaviour=behaviour)
+
+
+def extreme_input(quantised: np.ndarray) -> np.ndarray:
+    """``quantised`` (a client's ring vector, its weight last) with every coordinate but the weight
+    set to :data:`EXTREME`: a valid ring element no honest client can send."""
+    out = np.asarray(quantised, dtype=np.int64).copy()
+    out[:-1] = EXTREME
+    return out
