@@ -23,17 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _federation_support as fed
 import pytest
-from _federation_support import (
-    CEILING_S,
-    GATEWAY,
-    closed_rounds,
-    describe,
-    init_federation,
-    processes,
-    simulated_accuracy,
-    status,
-)
 
 from peer.runtime.testhooks import Hook
 
@@ -50,22 +41,22 @@ BLAMED = {1: {"e005": "bad_shares"}, 2: {"e004": "false_accusation"}, 3: {"e005"
 
 def test_an_insider_vetoes_no_secure_round_and_is_named(tmp_path: Path) -> None:
     # Prepare: init's tables with secure aggregation on
-    files = init_federation(tmp_path / "fed", edges=EDGES, rounds=ROUNDS, fraction=1.0, min_clients=5,
+    files = fed.init_federation(tmp_path / "fed", edges=EDGES, rounds=ROUNDS, fraction=1.0, min_clients=5,
                             uplink="identity", round_timeout_s=90.0, secure_aggregation=SECURE)
     marks = {name: tmp_path / f"insider-{name}" for name in INSIDERS}
     hooks = {name: [Hook(at_step=0, action="attack", spec=spec, mark=str(marks[name]))]
              for name, spec in INSIDERS.items()}
-    clean = simulated_accuracy(files, LAST_ROUNDS)
+    clean = fed.simulated_accuracy(files, LAST_ROUNDS)
     # Execute
-    with processes(files) as run:
+    with fed.processes(files) as run:
         run.start_all(hooks)
-        assert run.wait(CEILING_S), describe(files)
+        assert run.wait(fed.CEILING_S), fed.describe(files)
         codes = run.exitcodes()
     # Assert: everyone lived; every round closed by SecAgg and aggregated
-    assert codes == {name: 0 for name in codes}, f"{codes}\n{describe(files)}"
+    assert codes == {name: 0 for name in codes}, f"{codes}\n{fed.describe(files)}"
     assert all(mark.exists() for mark in marks.values())
-    rounds = closed_rounds(files)
-    assert sorted(rounds) == list(range(ROUNDS)), describe(files)
+    rounds = fed.closed_rounds(files)
+    assert sorted(rounds) == list(range(ROUNDS)), fed.describe(files)
     everyone = [f"e{i:03d}" for i in range(EDGES)]
     for index, row in rounds.items():
         blamed = BLAMED.get(index, {})
@@ -74,9 +65,9 @@ def test_an_insider_vetoes_no_secure_round_and_is_named(tmp_path: Path) -> None:
         assert row["taken"] == [name for name in everyone if name not in blamed], row
     phases = [cost["phase"] for cost in rounds[3]["secagg_phases"]]
     assert phases[-1] == "recover" and "recover" not in [c["phase"] for c in rounds[1]["secagg_phases"]]
-    secagg = status(files, GATEWAY)["federation"]["secagg"]
+    secagg = fed.status(files, fed.GATEWAY)["federation"]["secagg"]
     assert secagg["offences"] == {"e004": 1, "e005": 2} and secagg["barred"] == [], secagg
-    counters = status(files, GATEWAY)["federation"]["counters"]
+    counters = fed.status(files, fed.GATEWAY)["federation"]["counters"]
     assert counters["secagg_blamed_bad_shares"] == 1 and counters["secagg_blamed_wrong_secret"] == 1
     assert counters["secagg_blamed_false_accusation"] == 1
     accuracy = sum(rounds[i]["accuracy"] for i in sorted(rounds)[-LAST_ROUNDS:]) / LAST_ROUNDS

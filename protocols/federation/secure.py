@@ -29,6 +29,13 @@ daemon both reach it through FedAvgServer / FedAvgClient, never directly).
   it closed (:class:`PhaseCost`); the FedAvg server puts them in the round's report
   (``secagg_phases``, a list in the phases' order: the daemon's ``rounds.jsonl`` and status, the
   simulator's report rows; the gateway's status also says which phase the open round is in).
+* Groups (grouped.py; ``groups`` > 1): the cohort is drawn into groups of at least ``min_group``,
+  RoundStart's ``secagg_cohort`` lists them (``;``-separated, each client checks the draw), one
+  ``SecAggServer`` runs per group, and the round's mean is the median (or trimmed mean) of the group
+  means: the gateway learns each group's sum and weight only.
+* Blame (secagg/blame.py): a culprit a group's machine proves is out of its round and named in the
+  outcome (``blamed``: the round's report, ``rounds.jsonl``); :meth:`SecureServer.barred` keeps the
+  clients blamed in ``blame_limit`` rounds out of later ones (their count survives a checkpoint).
 * Client (:class:`SecureClient`): on RoundStart it advertises its keys (while it trains); after
   training it weighs, clips and quantises its delta and hands it to its machine, which sends the
   masked input once the shares have come.
@@ -65,6 +72,13 @@ import torch
 from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
 from protocols.federation import distributed_dp
+from protocols.federation.grouped import (
+    GROUP_AGGREGATORS,
+    combine_group_means,
+    decode_groups,
+    draw_groups,
+    encode_groups,
+)
 from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
@@ -83,7 +97,7 @@ from protocols.secagg.messages import (
     to_wire,
 )
 from protocols.secagg.messages import Message as SecAggWire
-from protocols.secagg.server import Deliver, ServerPhase
+from protocols.secagg.server import Deliver, SecAggResult, ServerPhase
 
 Sign = Callable[[bytes], bytes]
 Verify = Callable[[str, bytes, bytes], bool]
@@ -105,9 +119,29 @@ class SecureAggregationConfig(SecAggConfig):
     # one-off fault is not a ban while one colluder can cost the honest at most 3 accusations'
     # worth of shares; 0: never barred (still named)
     blame_limit: int = 3
+    # grouped secure aggregation (grouped.py): each round's cohort drawn into up to ``groups``
+    # groups of at least ``min_group``, SecAgg per group, the group means combined robustly, so one
+    # extreme input spoils one group's mean only; 1: plain SecAgg over the whole cohort
+    groups: int = 1
+    min_group: int = 5  # a group's fewest clients: the crowd each group mean hides a client in
+    group_aggregator: str = "median"  # or "trimmed_mean": how the group means are combined
+    group_trim_beta: float = 0.2  # trimmed_mean: the share of group means dropped at each end
 
     def validate(self, num_clients: int | None = None) -> None:
         super().validate(num_clients)
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
+            raise SecAggConfigError(f"secure_aggregation.groups must be an integer >= 1, not {self.groups!r}")
+        if isinstance(self.min_group, bool) or not isinstance(self.min_group, int) \
+                or self.min_group < self.roster_floor():
+            raise SecAggConfigError(f"secure_aggregation.min_group must be an integer >= "
+                                    f"{self.roster_floor()} (the smallest key roster a client accepts), "
+                                    f"not {self.min_group!r}")
+        if self.group_aggregator not in GROUP_AGGREGATORS:
+            raise SecAggConfigError(f"secure_aggregation.group_aggregator must be one of "
+                                    f"{GROUP_AGGREGATORS}, not {self.group_aggregator!r}")
+        if not 0.0 <= self.group_trim_beta < 0.5:
+            raise SecAggConfigError("secure_aggregation.group_trim_beta must be in [0, 0.5), "
+                                    f"not {self.group_trim_beta}")
         limit = self.blame_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise SecAggConfigError(f"secure_aggregation.blame_limit must be an integer >= 0 (0: never bar), "
@@ -244,7 +278,8 @@ class SecureOutcome:
 
 
 class SecureServer:
-    """The gateway's SecAgg per FedAvg round; ``verify`` checks a member's roster signature."""
+    """The gateway's SecAgg per FedAvg round, one machine per group (grouped.py: one group unless
+    ``groups`` > 1); ``verify`` checks a member's roster signature."""
 
     ACCEPTS: frozenset[type[Message]] = frozenset({SecAggMessage})
 
@@ -255,16 +290,19 @@ class SecureServer:
         self.verify = verify
         self.like = like  # the global model: its size and dtype
         self.round_index = -1
-        self.machine: SecAggServer | None = None
+        self.machines: dict[int, SecAggServer] = {}  # the open round's, by group (until each ends)
+        self.group_of: dict[str, int] = {}  # the open round's asked client -> its group
+        self.results: dict[int, SecAggResult | str] = {}  # group -> its sum, or why it failed
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
         # distributed DP (distributed_dp.py; the FedAvg server sets both): the clients' noise
         # settings, and the open round's fixed denominator q N (None: divide by the survivors)
         self.privacy: DifferentialPrivacyConfig | None = None
         self.divide_by: float | None = None
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
-        # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
+        # the round's phase name -> its cost, in the order the phases ran (until the next round
+        # opens): over all groups, messages and bytes added, a duration the longest group's
         self.costs: dict[str, PhaseCost] = {}
-        self._phase_began_s = 0.0
+        self._phase_began_s: dict[int, float] = {}
         self.offences: Counter[str] = Counter()  # client -> rounds it was blamed in, over the run
         self.blamed: dict[str, str] = {}  # the latest round's culprits -> offence
 
@@ -285,25 +323,35 @@ class SecureServer:
 
     def open(self, round_index: int, asked: Sequence[str],
              now_s: float) -> tuple[dict[str, str], list[Action]]:
-        """A round opens for ``asked``: RoundStart's extra meta, and the timer of its first deadline."""
+        """A round opens for ``asked``: RoundStart's extra meta (the groups), and the timer of its
+        first deadline."""
         self._retire()
         self.round_index = round_index
         self.mean = None
         self.costs = {}
         self.blamed = {}
-        meta = {COHORT_META: ",".join(sorted(asked))}
+        self.results = {}
+        groups = draw_groups(asked, groups=self.config.groups, min_group=self.config.min_group,
+                             run_id=self.run_id, round_index=round_index)
+        self.group_of = {name: index for index, group in enumerate(groups) for name in group}
+        meta = {COHORT_META: encode_groups(groups)}
         if not self.masking:
             return meta, []
-        try:
-            self.machine = SecAggServer(self.config, run_id=self.run_id, round_index=round_index,
-                                        cohort=frozenset(asked), numel=self.like.numel() + 1,  # + the weight
-                                        verify=self.verify, now_s=now_s)
-        except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
-            self.counters["secagg_round_not_started"] += 1
-            return meta, []
-        self._cost(self.machine.phase)
-        self._phase_began_s = now_s
-        return meta, [SetTimer(self.timer_key(), self.machine.deadline_s)]
+        for index, group in enumerate(groups):
+            try:
+                self.machines[index] = SecAggServer(
+                    self.config, run_id=self.run_id, round_index=round_index, cohort=frozenset(group),
+                    numel=self.like.numel() + 1, verify=self.verify, now_s=now_s)  # + the weight
+            except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
+                self.counters["secagg_round_not_started"] += 1
+                self.machines = {}
+                return meta, []
+            self._phase_began_s[index] = now_s
+        self._cost(ServerPhase.ADVERTISE)
+        return meta, [self._timer()]
+
+    def _timer(self) -> SetTimer:
+        return SetTimer(self.timer_key(), min(machine.deadline_s for machine in self.machines.values()))
 
     def receive(self, sender: str, message: SecAggMessage,
                 now_s: float) -> tuple[list[Action], SecureOutcome | None]:
@@ -311,29 +359,33 @@ class SecureServer:
         if isinstance(inner, Malformed):
             self.counters["secagg_refused_malformed"] += 1
             return [], None
-        if self.machine is None or message.round != self.round_index:
+        machine = self.machines.get(self.group_of.get(sender, -1))
+        if machine is None or message.round != self.round_index:
             self.counters["secagg_refused_no_round"] += 1
             return [], None
         if not isinstance(inner, _CLIENT_KINDS):
             self.counters["secagg_refused_wrong_kind"] += 1
             return [], None
-        phase = self.machine.phase
+        group = self.group_of[sender]
+        phase = machine.phase
         cost = self._cost(phase)
         cost.messages_received += 1
         cost.bytes_received += body_bytes(message)
-        return self._after(phase, self.machine.receive(sender, inner, now_s), now_s)
+        sends = self._after(group, phase, machine.receive(sender, inner, now_s), now_s)
+        return self._outcome(sends)
 
     def tick(self, key: str, now_s: float) -> tuple[list[Action], SecureOutcome | None]:
-        if self.machine is None or key != self.timer_key():
+        if not self.machines or key != self.timer_key():
             return [], None
-        phase = self.machine.phase
-        return self._after(phase, self.machine.tick(now_s), now_s)
+        sends: list[Action] = []
+        for group, machine in sorted(self.machines.items()):
+            sends += self._after(group, machine.phase, machine.tick(now_s), now_s)
+        return self._outcome(sends)
 
-    def _after(self, phase: ServerPhase, deliveries: list[Deliver],
-               now_s: float) -> tuple[list[Action], SecureOutcome | None]:
-        """``phase``: the machine's before the message or tick that gave ``deliveries``."""
-        machine = self.machine
-        assert machine is not None
+    def _after(self, group: int, phase: ServerPhase, deliveries: list[Deliver], now_s: float) -> list[Action]:
+        """Group ``group``'s sends; ``phase``: its machine's before the message or tick that gave
+        ``deliveries``. A machine that ended leaves ``machines`` for ``results``."""
+        machine = self.machines[group]
         cost = self._cost(phase)
         sends = [Send((d.recipient,), wrap(self.round_index, d.message)) for d in deliveries]
         for send in sends:  # ``phase``'s answer
@@ -341,24 +393,45 @@ class SecureServer:
             cost.messages_sent += 1
             cost.bytes_sent += body_bytes(send.message)
         if machine.phase is not phase:  # ``phase`` closed: the time it took; the next one begins
-            cost.duration_s = now_s - self._phase_began_s
-            self._phase_began_s = now_s
+            cost.duration_s = max(cost.duration_s, now_s - self._phase_began_s[group])
+            self._phase_began_s[group] = now_s
             if not machine.finished:
                 self._cost(machine.phase)
-        actions: list[Action] = list(sends)
-        if not machine.finished:
-            return [*actions, SetTimer(self.timer_key(), machine.deadline_s)], None
-        result = machine.result
-        self._retire()
+        if machine.finished:
+            self.results[group] = machine.result if machine.result is not None else machine.failure
+            self._retire_machine(machine)
+            del self.machines[group]
+        return list(sends)
+
+    def _outcome(self, sends: list[Action]) -> tuple[list[Action], SecureOutcome | None]:
+        """The sends, the timer of the next deadline, and the outcome once every group ended."""
+        if self.machines:
+            return [*sends, self._timer()], None
+        if not self.results:  # no round open (ended already)
+            return sends, None
         blamed = tuple(self.blamed.items())
-        if result is None:
-            return actions, SecureOutcome((), (), None, machine.failure, blamed)
-        self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like,
-                                self.divide_by)
-        if self.mean is None:  # a client put something else than its weight in the last element
-            self.counters["secagg_bad_weight_sum"] += 1
-            return actions, SecureOutcome((), (), None, "bad_weight_sum", blamed)
-        return actions, SecureOutcome(result.survivors, result.dropped, self.mean, blamed=blamed)
+        means: list[torch.Tensor] = []
+        survivors: list[str] = []
+        failures: list[str] = []
+        for _, result in sorted(self.results.items()):
+            if isinstance(result, str):
+                failures.append(result)
+                continue
+            mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like, self.divide_by)
+            if mean is None:  # a client put something else than its weight in the last element
+                self.counters["secagg_bad_weight_sum"] += 1
+                failures.append("bad_weight_sum")
+                continue
+            means.append(mean)
+            survivors += result.survivors
+        self.results = {}
+        if not means:
+            return sends, SecureOutcome((), (), None, failures[0], blamed)
+        self.counters["secagg_groups_summed"] += len(means)
+        self.counters["secagg_groups_failed"] += len(failures)
+        self.mean = combine_group_means(means, self.config.group_aggregator, self.config.group_trim_beta)
+        dropped = tuple(sorted(set(self.group_of) - set(survivors)))
+        return sends, SecureOutcome(tuple(sorted(survivors)), dropped, self.mean, blamed=blamed)
 
     def barred(self) -> frozenset[str]:
         """The clients blamed in ``blame_limit`` rounds or more: asked into no later round."""
@@ -369,9 +442,11 @@ class SecureServer:
         return self.costs.setdefault(_phase_name(phase), PhaseCost())
 
     def status(self) -> dict[str, Any]:
-        """The latest round's SecAgg now (for the gateway's status): its phase ("none" when no
-        machine runs: masking off, or the round ended) and its phases' costs so far."""
-        phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
+        """The latest round's SecAgg now (for the gateway's status): its phase (the least advanced
+        group's; "none" when no machine runs: masking off, or the round ended), its phases' costs
+        so far, its culprits, and the offences counted over the run."""
+        phases = [machine.phase for machine in self.machines.values()]
+        phase = _phase_name(min(phases, key=lambda p: p.value)) if phases else "none"
         return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index),
                 "blamed": dict(self.blamed), "offences": dict(sorted(self.offences.items())),
                 "barred": sorted(self.barred())}
@@ -385,13 +460,16 @@ class SecureServer:
         return [{"phase": phase, **dataclasses.asdict(cost)} for phase, cost in self.costs.items()]
 
     def _retire(self) -> None:
-        """The round's machine is done (or replaced): its counts go to ours."""
-        if self.machine is not None:
-            _tally(self.counters, "secagg_refused_", self.machine.refused)
-            _tally(self.counters, "secagg_", self.machine.counters)
-            self.blamed = dict(self.machine.blamed)
-            self.offences.update(self.blamed.keys())
-            self.machine = None
+        """The round's machines are done (or replaced): their counts go to ours."""
+        for machine in self.machines.values():
+            self._retire_machine(machine)
+        self.machines = {}
+
+    def _retire_machine(self, machine: SecAggServer) -> None:
+        _tally(self.counters, "secagg_refused_", machine.refused)
+        _tally(self.counters, "secagg_", machine.counters)
+        self.blamed.update(machine.blamed)
+        self.offences.update(machine.blamed.keys())
 
     def decode_update(self, update: ClientUpdate) -> torch.Tensor:
         """A plain ClientUpdate's quantised integers and weight (masking off: the model's size plus
@@ -483,12 +561,19 @@ class SecureClient:
             self.counters["secagg_refused_round_already_input"] += 1
             return []
         cohort = start.meta.get(COHORT_META)
-        if not isinstance(cohort, str) or self.name not in cohort.split(","):
+        groups = decode_groups(cohort) if isinstance(cohort, str) else ()
+        mine = next((group for group in groups if self.name in group), None)
+        if mine is None:
             self.counters["secagg_no_cohort"] += 1
+            return []
+        drawn = draw_groups([name for group in groups for name in group], groups=self.config.groups,
+                            min_group=self.config.min_group, run_id=self.run_id, round_index=start.round)
+        if groups != drawn:  # a gateway packing a client's group (with colluders, or to shrink it)
+            self.counters["secagg_refused_bad_groups"] += 1
             return []
         machine = client_class(self._behaviour(start.round))
         self.machine = machine(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
-                                    cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
+                                    cohort=frozenset(mine), client_secret=self.client_secret,
                                     sign=self.sign, verify=self.verify, attempt=self.attempt,
                                     revealed=self.revealed)
         return self._send(self.machine.start(now_s))
