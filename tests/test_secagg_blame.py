@@ -9,16 +9,27 @@ goes on without it. The sum checked is the ring sum of the honest survivors' inp
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
+from protocols.events import Start
+from protocols.federation import FedAvgServer, FederationConfig, SecureAggregationConfig, SecureServer
 from protocols.secagg import SecAggConfig, crypto, quantise
 from protocols.secagg.client import ClientPhase
 from protocols.secagg.fixedpoint import RING_MASK
 from protocols.secagg.local import LocalRound, holding
-from protocols.secagg.messages import ConsistencyProof, MaskedInput, RecoveryRequest, UnmaskShares
-from protocols.secagg.server import ServerPhase
+from protocols.secagg.messages import (
+    ConsistencyProof,
+    ForwardedShares,
+    MaskedInput,
+    RecoveryRequest,
+    ShareKeys,
+    UnmaskShares,
+)
+from protocols.secagg.server import Deliver, ServerPhase
 
 NAMES = [f"c{i}" for i in range(6)]
 INSIDER = "c2"
@@ -119,3 +130,67 @@ def test_a_holder_revealing_a_share_its_owner_never_dealt_is_blamed() -> None:
     assert server.blamed == {liar: "bad_reveal"} and server.refused["bad_reveal"] == 1
     assert server.phase is ServerPhase.DONE and server.result is not None
     assert np.array_equal(server.result.ring_sum, _exact(local, tuple(NAMES)))  # its input stays
+
+
+def test_an_accusation_with_a_key_that_is_not_the_accusers_blames_the_accuser() -> None:
+    # Prepare: the round held at the forwarded shares; c0 then accuses a neighbour with a made-up key
+    local = _round({})
+    held, hold_shares = holding(ForwardedShares)
+    local.run(tamper=hold_shares)
+    server = local.server
+    accuser = "c0"
+    (delivery,) = [d for d in held if d.recipient == accuser]
+    (honest,) = local.clients[accuser].receive(delivery.message, local.now_s)
+    assert isinstance(honest, MaskedInput) and honest.accused == ()
+    accused = sorted(server.graph[accuser])[0]
+    forged = dataclasses.replace(honest, accused=(accused,), cipher_private=bytes(range(32)))
+    # Execute
+    server.receive(accuser, forged, local.now_s)
+    # Assert: the accuser, not the accused, is named and out of the round
+    assert server.blamed == {accuser: "bad_evidence"} and server.refused["bad_evidence"] == 1
+    assert accuser not in server.inputs
+    assert server.receive(accuser, honest, local.now_s) == [] and server.refused["unknown_sender"] == 1
+
+
+def test_share_bundles_their_dealer_did_not_sign_get_it_blamed_and_left_out() -> None:
+    # Prepare: c3's ShareKeys reach the gateway with one signature altered
+    local = _round({})
+    original = local.server.receive
+
+    def receive(sender: str, message: Any, now_s: float) -> list[Deliver]:
+        if sender == "c3" and isinstance(message, ShareKeys):
+            recipient, ciphertext, commitment, _ = message.ciphertexts[0]
+            bad = (recipient, ciphertext, commitment, bytes(64))
+            message = dataclasses.replace(message, ciphertexts=(bad, *message.ciphertexts[1:]))
+        return original(sender, message, now_s)
+
+    local.server.receive = receive  # type: ignore[method-assign]
+    # Execute
+    result = local.run()
+    # Assert: c3 named and out from the share phase on; the round sums the other five
+    assert local.server.blamed == {"c3": "unsigned_shares"}
+    assert result is not None and "c3" not in result.survivors
+    assert np.array_equal(result.ring_sum, _exact(local, result.survivors))
+
+
+def test_offences_survive_a_gateway_checkpoint_and_bar_the_offender() -> None:
+    names = [f"c{i}" for i in range(7)]
+    config = FederationConfig(uplink="identity", min_clients=5, fraction=1.0, round_timeout_s=200.0,
+                              secure_aggregation=SecureAggregationConfig(blame_limit=2))
+    assert config.secure_aggregation is not None
+
+    def gateway() -> FedAvgServer:
+        params = torch.zeros(4)
+        secure = SecureServer(config.secure_aggregation, run_id="r", verify=lambda *args: True,  # type: ignore[arg-type]
+                              like=params)
+        return FedAvgServer(config, name="gw", params=params, clients=names, secure=secure)
+
+    first = gateway()
+    assert first.secure is not None
+    first.secure.offences.update({"c1": 2, "c4": 1})
+    second = gateway()
+    second.restore_state(first.export_state())
+    assert second.secure is not None and second.secure.offences == {"c1": 2, "c4": 1}
+    assert second.secure.barred() == {"c1"}
+    second.handle(Start(), 0.0)
+    assert "c1" not in second.asked and "c4" in second.asked and len(second.asked) == 6
