@@ -359,6 +359,9 @@ class SecureServer:
         if isinstance(inner, Malformed):
             self.counters["secagg_refused_malformed"] += 1
             return [], None
+        if self.machines and message.round == self.round_index and sender not in self.group_of:
+            self.counters["secagg_refused_unknown_sender"] += 1  # not asked into this round
+            return [], None
         machine = self.machines.get(self.group_of.get(sender, -1))
         if machine is None or message.round != self.round_index:
             self.counters["secagg_refused_no_round"] += 1
