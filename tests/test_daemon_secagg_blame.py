@@ -26,6 +26,7 @@ from pathlib import Path
 import _federation_support as fed
 import pytest
 
+from peer.cli.status import render
 from peer.runtime.testhooks import Hook
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
@@ -67,6 +68,7 @@ def test_an_insider_vetoes_no_secure_round_and_is_named(tmp_path: Path) -> None:
     assert phases[-1] == "recover" and "recover" not in [c["phase"] for c in rounds[1]["secagg_phases"]]
     secagg = fed.status(files, fed.GATEWAY)["federation"]["secagg"]
     assert secagg["offences"] == {"e004": 1, "e005": 2} and secagg["barred"] == [], secagg
+    assert "secagg offences: e004 1, e005 2; barred -" in render(fed.status(files, fed.GATEWAY))
     counters = fed.status(files, fed.GATEWAY)["federation"]["counters"]
     assert counters["secagg_blamed_bad_shares"] == 1 and counters["secagg_blamed_wrong_secret"] == 1
     assert counters["secagg_blamed_false_accusation"] == 1
