@@ -240,13 +240,13 @@ def _unsigned_codec(buffer: torch.Tensor, x: torch.Tensor, frame_bytes: int = WI
 def _signed_codec(me: str, other: str, names: list[str], allocate: Callable[[torch.dtype, int], torch.Tensor],
                   x: torch.Tensor, frame_bytes: int = WIRE_FRAME_BYTES, digest: Any = None,
                   ) -> tuple[Callable[[int], list[Any]], Callable[[Mailbox], torch.Tensor]]:
-    from protocols.identity import Identity
+    from peer.files.keyfile import parse_identity
     from protocols.messages import ParamPush
     from protocols.roster import Member, Roster, run_id
     from protocols.wire import Endpoint, Opened, Policy, wire_messages
 
     # both sides derive the same two identities from fixed seeds (a bench, not a deployment)
-    identities = [Identity.from_text(_key_text(i).encode()) for i in range(2)]
+    identities = [parse_identity(_key_text(i).encode()) for i in range(2)]
     roster = Roster(tuple(Member(name=n, public_id=identities[i].public_id, address="tcp://127.0.0.1:9")
                           for i, n in enumerate(names)))
     endpoint = Endpoint(identities[names.index(me)], roster, run_id({"bench": "exchange"}), epoch=0,
@@ -270,9 +270,9 @@ def _signed_codec(me: str, other: str, names: list[str], allocate: Callable[[tor
 
 def _curve_keys(index: int) -> CurveKeys:
     """CurveZMQ between the two sides (as a daemon runs by default): each admits only the other."""
-    from protocols.identity import Identity
+    from peer.files.keyfile import parse_identity
 
-    own, other = (Identity.from_text(_key_text(i).encode()) for i in (index, 1 - index))
+    own, other = (parse_identity(_key_text(i).encode()) for i in (index, 1 - index))
     other_key = other.curve_public_key.encode()
     return CurveKeys(public_key=own.curve_public_key.encode(), secret_key=own.curve_secret_key.encode(),
                      server_keys={["alice", "bob"][1 - index]: other_key},
@@ -283,7 +283,8 @@ def _key_text(index: int) -> str:
     import base64
 
     seed = base64.b64encode(bytes([index + 1]) * 32).decode()
-    from protocols.identity import KEY_FILE_MAGIC, z85_encode
+    from peer.files.keyfile import KEY_FILE_MAGIC
+    from protocols.identity import z85_encode
 
     return f"{KEY_FILE_MAGIC}\ned25519-seed {seed}\ncurve-secret {z85_encode(bytes([index + 7]) * 32)}\n"
 

@@ -1,39 +1,27 @@
 """Header-first assembly: messages that arrive one frame at a time, verified before they are read.
 
-On the wire (peer/net/transport.py) every ZeroMQ message is a single frame,
-because libzmq assembles a whole multipart message before anybody may look
-at it, and ``MAXMSGSIZE`` bounds a frame, not a message. A sealed message
-``[header, payload..., signature]`` (protocols/codec.py) therefore travels as
-(:func:`wire_messages`):
+On the wire every ZeroMQ message is a single frame (libzmq assembles a multipart
+message whole before anybody may look, and ``MAXMSGSIZE`` bounds a frame, not a
+message), so a sealed message travels as (:func:`wire_messages`) the header
+message (the 64-byte Ed25519 signature, then the header), then each payload frame
+as a message of its own, in order, on the same connection.
 
-1. the header message: the 64-byte Ed25519 signature followed by the header;
-2. each payload frame, as a message of its own, in order, on the same
-   connection (a DEALER to a ROUTER keeps a connection's order).
+An :class:`Assembler` keeps one state per connection (the driver's name for it):
 
-An :class:`Assembler` keeps one state per connection, keyed by whatever the
-driver names connections with (the ROUTER's routing id):
+* idle: the next frame must be a header (one too long is dropped unread,
+  ``unannounced``), verified completely (``codec.verify_header``) before any
+  payload byte is accepted; the bytes it announces are charged to its sender and
+  refused past ``max_in_flight_bytes``;
+* assembling: each frame must fit its announced tensor (``manifest_mismatch``,
+  ``frame_too_large``; the frame dropped, ``size_mismatch``) and is hashed as it
+  arrives and compared at once (``digest_mismatch``); the last completes the
+  message (``codec.complete``);
+* skipping: what a refused header still announced is dropped unread
+  (``after_rejection``): one refusal, one count.
 
-* idle: the next frame must be a header. One longer than a header may be is
-  dropped unread (``unannounced``). A header is verified completely
-  (signature, roster, run id, replay, manifest against the limits:
-  ``codec.verify_header``) before any payload byte is accepted; then the
-  bytes it announces are charged to its sender, and refused when that would
-  take the sender's bytes in flight over ``max_in_flight_bytes``.
-* assembling: each frame must fit the announced tensor it falls in (else the
-  message is refused as ``manifest_mismatch``, or ``frame_too_large``, and the
-  frame is dropped, ``size_mismatch``); it is hashed as it arrives (on the driver's digest
-  threads, while it is copied into its buffer) and compared with its
-  announced digest at once (``digest_mismatch``: the buffers go at once). The
-  last frame completes the message (``codec.complete``: fields, replay window).
-* skipping: the frames a refused header or an aborted message still announced
-  are dropped unread (``after_rejection``), so one refusal costs one counted
-  message, not a count per frame.
-
-A connection that sends nothing for ``idle_timeout_s`` while it owes frames
-releases what it holds (``incomplete``). Messages are counted by their
-reason (codec.REASONS) where the Endpoint counts them; frames dropped without
-being read are counted here by :data:`FRAME_DROPS`. Pure: time is the
-``now_s`` the driver passes.
+A connection silent for ``idle_timeout_s`` while it owes frames releases what it
+holds (``incomplete``). Frames dropped unread are counted by :data:`FRAME_DROPS`.
+Pure: time is the ``now_s`` the driver passes. Why: docs/design/wire.md.
 """
 
 from __future__ import annotations
@@ -50,7 +38,6 @@ from protocols.codec import (
     Decoded,
     Frame,
     Rejection,
-    ReplayWindows,
     Verifier,
     allocate_flat,
     announced_frames,
@@ -60,6 +47,7 @@ from protocols.codec import (
     verify_header,
 )
 from protocols.identity import SIGNATURE_BYTES
+from protocols.replay import ReplayWindows
 
 __all__ = ["FRAME_DROPS", "Assembler", "AssemblyConfig", "header_message", "wire_messages"]
 

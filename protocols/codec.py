@@ -1,50 +1,26 @@
 """Messages to signed multipart frames and back: ``encode`` and ``decode``.
 
-One message is ``[header, payload frames..., signature]``:
+One message is ``[header, payload frames..., signature]``: the header is a
+msgpack map (version, kind, sender's and recipients' Ed25519 public keys, run
+id, epoch and sequence, the scalar fields and ``meta``, the tensor manifest
+``[name, dtype, shape, byte length, frame count]`` and a BLAKE3 digest per
+payload frame); the payload is each tensor's bytes, zero-copy, in frames of at
+most ``max_frame_bytes`` (16 MiB); the signature is Ed25519 over a domain tag
+and the header bytes, which bind the payload digests.
 
-* header: a msgpack map binding the protocol version, the kind, the sender's
-  and recipients' Ed25519 public keys, the run id, the sender's epoch and
-  sequence number, the message's scalar fields and ``meta``, the tensor
-  manifest ``[name, dtype, shape, byte length, frame count]`` and a BLAKE3
-  digest per payload frame (BLAKE3 ran at about twice SHA-256 here; see
-  bench/bench_wire.py);
-* payload: each tensor's bytes, zero-copy memoryviews of contiguous CPU
-  tensors, cut into frames of at most ``max_frame_bytes`` (16 MiB: larger
-  frames take a fresh memory mapping per message and run at half speed);
-* signature: Ed25519 over a domain tag plus the header bytes. The header
-  binds the payload digests, so the 100 MB payload is hashed, never signed.
-
-``decode`` checks, in this order and without raising: frame count, header
-size and shape, version, kind, sender on the roster with a role allowed for
-the kind, this receiver among the recipients, the signature, the run id,
-(epoch, sequence) new for the sender, the manifest against the limits and the
-frames (before anything is allocated), every frame digest, then the fields.
-Every refusal is a :class:`Rejection` with a short reason code.
-
-The same checks come in two halves for a receiver that gets the frames one
-at a time (protocols/assembly.py, the ZeroMQ wire): :func:`verify_header`
-does everything up to and including the manifest against the limits, reading
-no payload, and :func:`complete` builds the message from the gathered
-tensors and moves the replay window. ``decode`` is the two with the frame
-and digest checks between them.
-
-Versions: ``encode`` writes the version it is told to speak (leaving out the
-fields a later version introduced, messages.FIELD_SINCE) and, as ``va``, the
-highest version its sender accepts, which a version-3 receiver ignores (it reads
-only the keys it knows). ``decode`` takes any version in
-``Policy.accepted_versions`` (an int: ``1.0`` and ``True`` are refused,
-``version_unsupported``) and hands the sender's ``va`` on, so the endpoint can
-speak that version back. A key the roster has revoked (rotated away, or its
-member revoked) is refused as ``revoked_key``, not as an unknown sender.
-
-Hashing is injectable (``digest=``, a :data:`DigestStarter`): this module
-stays single-threaded, and hashes serially by default. A driver may pass one
-that starts hashing the frames on worker threads (BLAKE3 releases the GIL):
-``encode`` then hashes the frames in parallel, and ``decode`` gathers the
-frames into their tensors while the digests are being computed, and compares
-them before any field is checked or anything is returned. Whatever the
-digester, the digests are BLAKE3 (:func:`frame_digest`) and the order of the
-checks is the same.
+``decode`` checks, in this order and without raising: frame count, header size
+and shape, version, kind, sender on the roster with a role allowed for the
+kind, this receiver among the recipients, the signature, the run id, (epoch,
+sequence) new for the sender, the manifest against the limits and the frames
+(before anything is allocated), every frame digest, then the fields. Every
+refusal is a :class:`Rejection` with a short reason code (a revoked key:
+``revoked_key``; a version outside ``Policy.accepted_versions``, or not an int:
+``version_unsupported``). For frames that come one at a time
+(protocols/assembly.py), :func:`verify_header` does everything up to the
+manifest, reading no payload, and :func:`complete` builds the message and moves
+the replay window. ``encode`` writes the version it is told to speak and, as
+``va``, the highest its sender accepts. Hashing is injectable (``digest=``, a
+:data:`DigestStarter`) and always BLAKE3. Why: docs/design/wire.md.
 """
 
 from __future__ import annotations
@@ -695,7 +671,8 @@ _HAS_TENSORS = {cls: any(f.name == "tensors" for f in dataclasses.fields(cls)) f
 
 
 def _build(
-    cls: type, kind: str, header: Mapping[str, Any], entries: Sequence[Slot], flats: Sequence[torch.Tensor],
+    cls: type[Message], kind: str, header: Mapping[str, Any], entries: Sequence[Slot],
+    flats: Sequence[torch.Tensor],
 ) -> Message:
     scalars = _need(header, "f", dict)
     meta = _need(header, "m", dict)

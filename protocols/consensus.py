@@ -5,26 +5,18 @@ members' mean x̄, in float64, summing in the order given (callers pass
 members sorted by name, so results are reproducible).
 
 - :func:`rms_distance` = sqrt(mean_i ||x_i − x̄||²), in the parameters' own
-  units (absolute). The consensus distance of the decentralised-SGD
-  literature (Ξ of Kong et al. 2021): the simulator's trace and reports give
-  it over every honest running member (``consensus_rms``).
-- :func:`max_relative_distance` = max_i ||x_i − x̄|| / ||x̄||, dimensionless
-  (a fraction of the mean's norm). Scale-free, so one threshold (say 1e-3)
-  means the same for any model: a peer's status gives it over itself and the
-  neighbours it has heard (``consensus_max_relative``), and the demo and the
-  tests over whole networks.
+  units: the simulator's ``consensus_rms``, over every honest running member.
+- :func:`max_relative_distance` = max_i ||x_i − x̄|| / ||x̄||, dimensionless: a
+  peer's ``consensus_max_relative`` over itself and its neighbours heard, and
+  the demo's and the tests' over whole networks. When x̄ = 0 it falls back to
+  the absolute max_i ||x_i||.
 
-One vector is a consensus of one (0). When x̄ = 0, the relative distance
-falls back to the absolute max_i ||x_i||, rather than dividing by zero.
-
-After a fault, :func:`reconvergence_time_s` says how long the network took to
-agree again, from a series of (time, distance) samples: the multi-host fault
-suite measures it on real peers and asks the simulator to predict it (issue
-16), both with this one function. Re-converged means *for good*: from that
-sample on, the median distance over a trailing window stays below
-``REBOUND_FACTOR`` times its median before the fault, to the end of the
-series; a dip that rises again does not count. The window (seconds) smooths
-the noise of single samples; the median ignores an outlier or two.
+One vector is a consensus of one (0). :func:`reconvergence_time_s`, from a series
+of (time, distance) samples after a fault: from that sample on, the median
+distance over a trailing window stays below ``REBOUND_FACTOR`` times its median
+before the fault, to the end of the series (a dip that rises again does not
+count); the multi-host suite and the simulator both measure with it. More:
+docs/design/simulator.md.
 """
 
 from __future__ import annotations

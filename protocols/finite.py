@@ -16,4 +16,4 @@ CHUNK_ELEMENTS = 1 << 22    # 16 MiB of float32: smaller chunks pay per-call ove
 def all_finite(x: torch.Tensor) -> bool:
     """True when no element of ``x`` is NaN or infinite (an empty tensor is finite)."""
     flat = x.reshape(-1)
-    return all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(CHUNK_ELEMENTS))
+    return all(bool(torch.isfinite(chunk).all()) for chunk in torch.split(flat, CHUNK_ELEMENTS))

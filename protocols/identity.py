@@ -6,8 +6,8 @@ along so that the daemon can switch on CurveZMQ transport encryption with the
 roster as its allowlist; it is stored and shown in Z85, the encoding ZeroMQ
 uses, and generated here with ``cryptography`` so this package never imports zmq.
 
-A key file is a small text file written with mode 0600 that is never
-overwritten; loading refuses a file that others may read or that is corrupt.
+Key files (reading, writing, their text format) are peer/files/keyfile.py's:
+this module holds keys in memory only.
 
 A key is rotated by signing, with the old signing key, a statement of the new
 keys (:func:`rotation_statement`): the roster carries that signature
@@ -19,25 +19,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from topology.errors import HivemeshError
-
-KEY_FILE_MAGIC = "hivemesh-identity 1"
 PUBLIC_ID_CHARS = 52  # base32 of 32 bytes, padding dropped
 SIGNATURE_BYTES = 64
 ROTATION_DOMAIN = b"hivemesh-key-rotation/1\x00"
-
-
-class KeyFileError(HivemeshError):
-    """A key file that is missing, corrupt, already present, or readable by others."""
 
 
 # ------------------------------------------------------------ encodings
@@ -193,92 +183,6 @@ class Identity:
 
     def __repr__(self) -> str:
         return f"Identity(public_id={self.public_id!r})"
-
-    # ---------------------------------------------------------- key files
-
-    def to_text(self) -> str:
-        seed = base64.b64encode(self.signing_key.private_bytes_raw()).decode("ascii")
-        return (
-            "# hivemesh identity key: keep it secret (mode 0600); share only the public id\n"
-            f"{KEY_FILE_MAGIC}\n"
-            f"public-id {self.public_id}\n"
-            f"ed25519-seed {seed}\n"
-            f"curve-secret {self.curve_secret_key}\n"
-        )
-
-    def save(self, path: str | Path) -> None:
-        """Write a new key file with mode 0600; refuse to overwrite an existing file."""
-        path = Path(path)
-        try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise KeyFileError(f"{path}: already exists; refusing to overwrite a key file") from None
-        except OSError as error:
-            raise KeyFileError(f"{path}: cannot create: {error.strerror}") from None
-        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-            os.fchmod(handle.fileno(), 0o600)  # whatever the umask said
-            handle.write(self.to_text())
-
-    @classmethod
-    def load(cls, path: str | Path) -> Identity:
-        """Read a key file; KeyFileError if missing, readable by others, or corrupt."""
-        path = Path(path)
-        try:
-            descriptor = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise KeyFileError(f"{path}: no such key file (create one with `hivemesh keygen`)") from None
-        except OSError as error:
-            raise KeyFileError(f"{path}: cannot read: {error.strerror}") from None
-        with os.fdopen(descriptor, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                raise KeyFileError(f"{path}: not a regular file")
-            if mode & 0o077:
-                raise KeyFileError(
-                    f"{path}: key file is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
-                    f"run `chmod 600 {path}`")
-            data = handle.read(4096)
-        return cls.from_text(data, source=str(path))
-
-    @classmethod
-    def from_text(cls, data: bytes, *, source: str = "<key>") -> Identity:
-        """Parse key file contents; KeyFileError naming ``source`` if they are corrupt."""
-        def corrupt(why: str) -> KeyFileError:
-            return KeyFileError(f"{source}: not a valid hivemesh key file ({why})")
-
-        try:
-            text = data.decode("ascii")
-        except UnicodeDecodeError:
-            raise corrupt("not ASCII text") from None
-        lines = [line.strip() for line in text.splitlines()]
-        lines = [line for line in lines if line and not line.startswith("#")]
-        if not lines or lines[0] != KEY_FILE_MAGIC:
-            raise corrupt(f"first line is not {KEY_FILE_MAGIC!r}")
-        values: dict[str, str] = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(" ")
-            if key in values:
-                raise corrupt(f"{key} given twice")
-            values[key] = value.strip()
-        missing = {"ed25519-seed", "curve-secret"} - values.keys()
-        if missing:
-            raise corrupt("missing " + ", ".join(sorted(missing)))
-        try:
-            seed = base64.b64decode(values["ed25519-seed"], validate=True)
-        except (binascii.Error, ValueError):
-            raise corrupt("ed25519-seed is not base64") from None
-        if len(seed) != 32:
-            raise corrupt("ed25519-seed is not 32 bytes")
-        try:
-            curve = z85_decode(values["curve-secret"])
-        except ValueError as error:
-            raise corrupt(f"curve-secret: {error}") from None
-        if len(curve) != 32:
-            raise corrupt("curve-secret is not 32 bytes")
-        identity = cls(Ed25519PrivateKey.from_private_bytes(seed), curve)
-        if "public-id" in values and values["public-id"] != identity.public_id:
-            raise corrupt("public-id does not match the secret key")
-        return identity
 
 
 def load_public_key(public_key: bytes) -> Ed25519PublicKey:

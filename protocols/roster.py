@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from protocols.errors import HivemeshError
 from protocols.identity import (
     decode_public_id,
     decode_signature,
@@ -40,7 +41,6 @@ from protocols.identity import (
     verify_signature,
     z85_decode,
 )
-from topology.errors import HivemeshError
 
 ROLES = ("peer", "gateway", "edge")
 ROLES_WITH_ADDRESS = ("peer", "gateway")

@@ -41,17 +41,17 @@ from protocols.codec import (
     Frame,
     Policy,
     Rejection,
-    ReplayWindows,
     Verifier,
     decode,
     encode,
     fresh_tensor,
     serial_digests,
 )
+from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from protocols.messages import Message
+from protocols.replay import ReplayWindows
 from protocols.roster import Roster
-from topology.errors import HivemeshError
 
 __all__ = ["DigestStarter", "Endpoint", "Frame", "Opened", "Policy", "Rejection", "wire_messages",
            "wire_size"]

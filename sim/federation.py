@@ -1,78 +1,26 @@
 """The simulator's driver of a federation: gateways and edge clients, each on the per-member Node.
 
-A scenario with ``[federation] gateways > 0`` runs here instead of gossip
-(sim/run.py). The roles are the daemon's: a gateway is a :class:`Node` whose
-machine is a gossip machine over the gateways' graph (``complete:G``, mixing
-"after") with the FedAvg (or FedBuff) server as its ``fedavg`` role, both on
-one flat vector; an edge client is a Node whose machine is its
-:class:`FedAvgClient` (protocols/federation/edge.py), with its gateway as its
-one neighbour. Registration is the Node's: a client's heartbeats reach its
-gateway, whose Node tells the server ``NeighbourUp`` (registered) and, after
-``neighbour_timeout_s`` of silence, ``NeighbourDown``.
+A scenario with ``[federation] gateways > 0`` runs here instead of gossip (sim/run.py).
+The roles are the daemon's: a gateway is a :class:`Node` whose machine gossips over
+the gateways' graph with the FedAvg (or FedBuff) server as its ``fedavg`` role, both
+on one flat vector; an edge client is a Node whose machine is its
+:class:`FedAvgClient`, its gateway its one neighbour (registration by heartbeats).
 
-What the driver models, on the engine's virtual clock:
+On the engine's virtual clock it models: messages over the link model
+(sim/network.py), sized as their tensor bytes plus :data:`HEADER_BYTES`; local work
+as real SGD steps whose ``WorkDone`` comes ``sim.node.work_seconds`` later;
+availability (sim/availability.py: an off client's messages are dropped,
+``client_offline``); attackers (peer/train/attack.py); gateways' gossip rounds
+interleaved with FedAvg rounds as in the daemon; a gateway's crash as a ``kill -9``
+restarted from its last checkpoint (``restarts_detail``); roster versions through
+:meth:`FederationRun.change_roster`, each gateway serving the edge members the
+``Serving`` table gives it from the version's round on.
 
-* messages: every ``Send`` crosses the link model (sim/network.py: ``[links]``,
-  each member's NIC from ``[nodes.nic.NAME]``, so a slow uplink is a NIC). Its
-  size is the payload's tensor bytes plus :data:`HEADER_BYTES` (the frame
-  header and signature); messages are handed over as objects, unsigned (the
-  codec's checks are the daemon's tests' business, not this model's);
-* local work: ``StartWork(n)`` runs ``n`` real SGD steps on the client's
-  trainer now and feeds ``WorkDone`` ``sim.node.work_seconds`` later
-  (``[nodes] step_time_ms``, ``speed`` per client: 0.2 is five times slower,
-  and ``straggle_probability``);
-* availability (sim/availability.py): an off client's Node stops, what is sent
-  to it is dropped (counted ``client_offline``), its work in progress is lost;
-  back on, it starts again with its FedAvg client as it was;
-* attackers (``attack = {e003 = "signflip:10"}``): train honestly, then upload
-  ``-scale`` times their update (the delta is flipped in the trainer's vector
-  before ``WorkDone``, by peer/train/attack.py, as a real edge's test hook does);
-  ``claim``, ``norms`` and ``value`` forge the upload itself (the same module); ``secagg``
-  makes it a SecAgg insider (protocols/secagg/insider.py);
-* gateways: the gossip machine's rounds interleave with FedAvg rounds by
-  protocols/federation/interleave.py's ``GatewayWork``, as in the daemon (the
-  server pauses after each round; the machine's ``WorkDone`` is fed when a
-  FedAvg round closes, at once for the gossip-only rounds). FedBuff has no
-  rounds to pause between: its gateway's machine is alone in its graph and its
-  work is the whole buffered run.
-
-A gateway's crash (``[[faults.churn]]``, ``kind = "crash"`` naming a gateway: at ``at_s``, or
-at its work point once its machine has done ``at_step`` rounds, the daemon's count, one per
-gossip round; back ``down_s`` later) is a ``kill -9``: it restarts from its last checkpoint,
-written on the daemon's schedule (``[checkpoint] every_steps``, counted in those rounds) as the
-daemon writes it: the machine's and the server's state at one moment. The restored server
-forgets its clients (they register again as they are heard) and opens the round it was at
-again (protocols/federation/interleave.py ``GatewayWork.restarted``). Each restart is in the
-result (``peers[GATEWAY]["restarts_detail"]``): the rounds reached and resumed from, and the
-seconds from the restart to its first round closed again. Clients take no churn here (their
-``availability`` is theirs).
-
-Membership changes as in the daemon, through the same Node: the run holds a
-roster (gateways and edge clients, keys from the scenario's seed; clients named
-in ``joining`` are not on it yet) and :meth:`FederationRun.change_roster` makes
-every gateway learn a later version now, as a gateway that reads its roster
-file does. Each gateway serves the edge members that
-protocols/node/membership.py's ``Serving`` gives it (its own block of clients,
-as ``hivemesh init`` lists them; a joiner by its roster entry, which names its
-gateway) from the version's round on: a joiner's heartbeats before that round
-are counted ``client_not_served_yet``, from it on they register it and it is
-asked into rounds.
-
-The run ends when every gateway is done (its last round closed, its last gossip rounds played)
-and the final models it sent (``RoundResult``) have arrived, so each client ends holding the
-federation's model as a real edge client does (tests/test_sim_vs_real_federation.py compares them).
-
-The result: one trace point per closed FedAvg round (the gateways' global
-models evaluated on the test split, against simulated time and bytes sent),
-and ``rounds``: per gateway and round, who was asked, who answered, who was
-late, what was refused. With ``[federation.server.differential_privacy]`` each row also
-carries ``epsilon`` (spent so far) and ``clip_norm``; the result's ``metrics["epsilon"]``
-and a note give the total (sim/report.py writes an infinite one as "inf"). With
-``[federation.server.secure_aggregation]`` the five SecAgg rounds run inside each FedAvg round
-(protocols/federation/secure.py) as ``secagg`` messages over the same links; the clients' SecAgg
-identities and secrets come from the scenario's seed; ``metrics["bytes_secagg"]`` (and per
-message kind) and a note give what they cost on the links, and each round's row its five phases'
-time, messages and bytes at the gateway (``secagg_phases``, as in the daemon's ``rounds.jsonl``).
+The run ends when every gateway is done and its final models have reached their
+clients. The result: a trace point per closed FedAvg round, and ``rounds`` (per
+gateway and round: asked, answered, late, refused; ``epsilon`` and ``clip_norm``
+with DP; ``secagg_phases`` with SecAgg, whose bytes are in ``metrics``). What
+each of these models, in full: docs/design/simulator.md.
 """
 
 from __future__ import annotations
@@ -117,7 +65,7 @@ from protocols.federation import (
     SecureServer,
     make_server,
 )
-from protocols.federation.edge import EdgeMachine
+from protocols.federation.edge_machine import EdgeMachine
 from protocols.federation.interleave import GatewayWork, gossip_total_rounds
 from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
@@ -127,8 +75,8 @@ from protocols.node.membership import Serving
 from protocols.node.node import NodeAction
 from protocols.rng import derive_seed
 from protocols.roster import Member as RosterMember
-from protocols.roster import Roster as MemberRoster
-from protocols.secagg.local import Roster
+from protocols.roster import Roster
+from protocols.secagg.local import SeededKeyring
 from sim.availability import Availability
 from sim.engine import Engine
 from sim.network import Network, NicSpec
@@ -226,7 +174,7 @@ class FederationRun:
                 for name in (*self.gateways, *self.clients)}
         self.network = Network({}, default=scenario.links, seed=scenario.seed, nics=nics)
         # secure aggregation: the clients' roster identities (the daemon's are the roster's keys)
-        self.secagg_roster = Roster(list(self.clients), scenario.seed) \
+        self.secagg_roster = SeededKeyring(list(self.clients), scenario.seed) \
             if self.config.secure_aggregation is not None else None
         self.kind_bytes: Counter[str] = Counter()  # message kind -> bytes sent
         self.members: dict[str, Member] = {}
@@ -284,13 +232,13 @@ class FederationRun:
         gossip = self.config.mode == "sync" and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         return self.gateways if gossip else (name,)
 
-    def _roster(self) -> MemberRoster:
+    def _roster(self) -> Roster:
         """Version 1: the gateways (nominal addresses: nothing is dialled here) and the clients not
         joining later; keys from the scenario's seed."""
         gateways = tuple(RosterMember(name=name, public_id=sim_identity(self.scenario.seed, name).public_id,
                                       role="gateway", address=f"tcp://127.0.0.1:{20000 + i}")
                          for i, name in enumerate(self.gateways))
-        return MemberRoster((*gateways, *(self._edge_entry(name) for name in self.clients
+        return Roster((*gateways, *(self._edge_entry(name) for name in self.clients
                                            if name not in self.joining)))
 
     def _edge_entry(self, name: str) -> RosterMember:
@@ -300,14 +248,14 @@ class FederationRun:
         public_id = sim_identity(self.scenario.seed, name).public_id
         return RosterMember(name=name, public_id=public_id, role="edge", gateway=gateway)
 
-    def roster_adding(self, names: Collection[str], *, effective_round: int) -> MemberRoster:
+    def roster_adding(self, names: Collection[str], *, effective_round: int) -> Roster:
         """The next version of the roster: ``names`` (joining clients) added, from ``effective_round``."""
         current = self.roster
         added = tuple(self._edge_entry(name) for name in self.clients if name in set(names))
         return dataclasses.replace(current, members=(*current.members, *added), version=current.version + 1,
                                    effective_round=effective_round)
 
-    def change_roster(self, roster: MemberRoster) -> None:
+    def change_roster(self, roster: Roster) -> None:
         """Every gateway learns roster version ``roster`` now (as a daemon that re-reads its roster
         file) and applies it from its ``effective_round``; the clients carry on."""
         self.roster = roster

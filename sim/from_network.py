@@ -37,7 +37,7 @@ from peer.files.roster_file import read as read_roster
 from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
 from protocols.roster import GOSSIP_ROLES, Roster
-from sim.scenario import FederationSection, ScenarioConfig, scenario_from_dict
+from sim.scenario import ScenarioConfig, ScenarioFederationSection, scenario_from_dict
 from topology import build
 
 
@@ -105,7 +105,7 @@ def scenario_from_federation_files(gateway: str | Path, edges: Sequence[str | Pa
         raise ConfigError(f"{path}: the roster has {len(gateways)} gateways and {len(clients)} edge "
                           "clients; the simulator serves the same number of clients from each gateway")
     per_gateway = len(clients) // len(gateways)
-    section = FederationSection(gateways=len(gateways), clients=per_gateway)
+    section = ScenarioFederationSection(gateways=len(gateways), clients=per_gateway)
     simulated = (*section.gateway_names(), *section.client_names())
     if simulated != (*sorted(gateways), *sorted(clients)):
         raise ConfigError(f"{path}: the roster's members {', '.join(sorted(gateways + clients))} are not "
@@ -135,7 +135,7 @@ def _check_gateway_graph(path: Path, scenario: dict[str, Any], gateways: tuple[s
                           f"complete:{len(gateways)} (a different mixing)", key="network.topology")
 
 
-def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: FederationSection,
+def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: ScenarioFederationSection,
                  edges: list[Path]) -> None:
     """Every edge client on the roster has a config here, trains on its task shard, is served by the
     gateway the simulator gives it, and agrees with the gateway's ``[network]`` and ``[federation]``."""

@@ -1,37 +1,25 @@
 """The link model: shared NICs, per-link latency and bandwidth with FIFO queueing, loss, jitter, partitions.
 
-A message of ``B`` bytes from ``src`` to ``dst`` passes three FIFO stages,
-each serving messages in the order they were sent:
-
-1. ``src``'s uplink (``NicSpec.uplink_mbps``, shared by all of its links),
-2. the directed link ``src -> dst`` (its own ``bandwidth_mbps``, then ``latency_ms``),
-3. ``dst``'s downlink (``NicSpec.downlink_mbps``, shared by all links into it).
-
-Each stage is cut-through: a message starts on a stage when its first bit is
-there and the stage is free, and it leaves when both its own serialisation
-at that stage's rate (``8 B / R``) is done and its last bit has arrived from
-the stage before. Alone on an idle path a message so takes
-``8 B / min(U, R, D) + latency``; a member sending the same message to
-``k`` neighbours through an uplink slower than its links delivers the last
-copy ``k 8 B / U + latency`` after sending. With one link per member
-direction (or unlimited NICs, the default) this is exactly the per-link
-model::
+A message of ``B`` bytes from ``src`` to ``dst`` passes three cut-through FIFO
+stages, each serving messages in the order they were sent: ``src``'s uplink
+(``NicSpec.uplink_mbps``, shared by its links), the directed link (its own
+``bandwidth_mbps``, then ``latency_ms``), and ``dst``'s downlink
+(``NicSpec.downlink_mbps``). Alone on an idle path a message takes
+``8 B / min(U, R, D) + latency``; with unlimited NICs (the default) this is the
+per-link model::
 
     start   = max(now, link_free_at)
     arrival = start + 8 B / R + latency_ms / 1000 (+ jitter)
 
-Every stage is O(1) per message and decided at send time, so the downlink
-serves messages in send order, not arrival order (a message sent later
-over a much shorter link can wait behind one still in flight elsewhere).
-An unlimited NIC keeps no state at all. Loss and jitter draws are
-counter-based (keyed by the scenario seed, the link and the message's index
-on that link), never drawn from a shared generator, so the same messages
-meet the same fate whatever order the engine ran other work in. A lost
-message still used the bandwidth along its way (it was sent); a message
-sent across a cut edge of an active partition never leaves, unless the
-partition models TCP (``retransmit_rto_s``): then it is held, and leaves when
-TCP's retransmission back-off lets the connection carry again (or is lost with a
-connection the transport gives up and dials afresh: ``reconnect_after_s``).
+Every stage is O(1) per message and decided at send time (so a downlink serves in
+send order, not arrival order). Loss and jitter draws are counter-based (scenario
+seed, link, message index on that link), so the same messages meet the same fate
+whatever order the engine ran other work in. A lost message still used the
+bandwidth along its way. A message across a cut edge of an active partition never
+leaves, unless the partition models TCP (``retransmit_rto_s``): then it is held
+until TCP's retransmission back-off lets the connection carry again, or lost with
+a connection the transport dials afresh (``reconnect_after_s``). More:
+docs/design/simulator.md.
 """
 
 from __future__ import annotations

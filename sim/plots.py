@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.files.statefiles import human_bytes
+from peer.files.units import human_bytes
 from sim.world import ScenarioResult
 
 # Above this many members the topology plot is left out of the report: one arrow per edge of a

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.files.statefiles import human_bytes, json_safe
-from sim.report import comparison, run_warnings
+from peer.files.statefiles import json_safe
+from peer.files.units import human_bytes
+from sim.comparison import comparison, run_warnings
 from sim.world import ScenarioResult
 
 STYLE = """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from protocols.errors import HivemeshError
 from sim.scenario import ScenarioConfig
 from sim.world import Progress, ScenarioResult, build_world
-from topology.errors import HivemeshError
 
 
 def check_scenario(scenario: ScenarioConfig) -> None:

@@ -16,7 +16,7 @@ refused with the new name). :meth:`ScenarioConfig.network` gives the shared sett
 as a peer file's ``[network]``.
 
 A ``[federation]`` table with ``gateways > 0`` makes the scenario a federation of gateways and
-edge clients (:class:`FederationSection`, run by sim/federation.py); ``[federation.server]`` holds
+edge clients (:class:`ScenarioFederationSection`, run by sim/federation.py); ``[federation.server]`` holds
 :class:`protocols.federation.FederationConfig` fields, and ``[algorithm]`` the gateways' gossip.
 
 A minimal scenario::
@@ -65,10 +65,10 @@ from peer.files.schema import (
     trainer_config,
 )
 from peer.train.checkpoint import CheckpointConfig
+from protocols.errors import HivemeshError
 from protocols.node.config import NodeConfig
 from sim.network import LinkSpec, PartitionSpec
 from topology import Topology
-from topology.errors import HivemeshError
 
 Behaviour = Literal[
     "honest",            # follows the protocol
@@ -214,7 +214,7 @@ class BaselineConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FederationSection:
+class ScenarioFederationSection:
     """A federation instead of a gossip run (sim/federation.py): gateways serving edge clients.
 
     Clients are ``e000``, ``e001``, ...; the first ``clients`` belong to gateway ``gw0``, the next to
@@ -279,7 +279,8 @@ class ScenarioConfig:
     # (peer.train.checkpoint.CheckpointConfig, the daemon's schedule); ``keep`` is not modelled
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     compare_with: tuple[Literal["allreduce", "parameter-server"], ...] = ()  # also run these baselines
-    federation: FederationSection = field(default_factory=FederationSection)  # gateways > 0: a federation
+    # gateways > 0: a federation
+    federation: ScenarioFederationSection = field(default_factory=ScenarioFederationSection)
     # the file it came from, for error messages and the report (the loader's, not the file's)
     source: str = field(default="<scenario>", metadata=INTERNAL)
 

@@ -1,5 +1,5 @@
 """The multi-host fault suite's report (issue 16, item 6): one row per fault kind, printed at the end
-of the session and kept in the README's reliability section.
+of the session and kept in docs/reliability.md.
 
 A test calls :func:`record` once per fault kind it injected; ``conftest.py``
 prints every recorded row as one table after the run (``pytest -s`` not
@@ -47,7 +47,7 @@ def record(fault: str, *, injected: int, survived: int, steps_lost: Sequence[int
 
 
 def table(rows: Sequence[FaultRow]) -> str:
-    """A Markdown table (the README keeps one as printed)."""
+    """A Markdown table (docs/reliability.md keeps one as printed)."""
     def seconds(value: float | None) -> str:
         return "–" if value is None else f"{value:.1f}"
 

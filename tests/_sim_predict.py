@@ -256,14 +256,13 @@ class Replayed:
 
 
 def reconnect_after_s() -> float:
-    """How long after a connection's last traffic ZeroMQ dials afresh (the transport's defaults): a
-    PING at the next heartbeat (half an interval later, on average), the heartbeat timeout, the first
-    reconnect. (tests/test_hosts_partition.py computes the same for its split.)"""
+    """How long after a connection's last traffic ZeroMQ dials afresh (the transport's defaults): the
+    kernel's probes (half an interval later, on average, than a whole one), the dead-link time, the
+    first reconnect. (tests/test_hosts_partition.py computes the same for its split.)"""
     from peer.net.transport import TransportConfig
 
     transport = TransportConfig()
-    return (transport.zmtp_heartbeat_ms / 2 + transport.zmtp_heartbeat_timeout_ms
-            + transport.reconnect_ms) / 1000
+    return (transport.keepalive_s / 2 + transport.dead_link_s + transport.reconnect_ms / 1000)
 
 
 class _ReplayRun(GossipRun):

@@ -25,7 +25,7 @@ from topology import build
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bench_choco_grid import COMPRESSION, PARTITIONS, final_accuracy, scenario, stability
 
-STEPS = 600          # the budget the rule was measured at (consensus_step.py's docstring)
+STEPS = 600          # the budget the rule was measured at (docs/design/gossip-algorithms.md)
 CONTROL_STEPS = 300  # enough for the too-large step to trip the guard several times
 
 
@@ -117,6 +117,6 @@ def test_a_too_large_consensus_step_trips_the_guard_and_the_run_does_not_diverge
     assert all(peer["finished"] for peer in choco.peers.values())
     assert all(math.isfinite(p.consensus_rms) for p in choco.trace)
     assert stability(choco) <= 1.2
-    from sim.report import run_warnings
+    from sim.comparison import run_warnings
 
     assert any("guard halved the consensus step" in w for w in run_warnings(choco))

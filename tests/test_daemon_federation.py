@@ -30,6 +30,7 @@ from _federation_support import (
     wait_until,
 )
 
+from peer.files.keyfile import load_identity
 from peer.net.dial import DialTransport
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.export import latest_params
@@ -178,7 +179,7 @@ def _attacker_frames(files: FederationFiles, name: str, message: Message, *,
     as the wire's single-frame messages."""
     config = load_edge_config(files.edge_configs[name])
     roster = load_roster(files.network.roster)
-    endpoint = Endpoint(Identity.load(config.key_path), roster, run_id(config.shared()), epoch)
+    endpoint = Endpoint(load_identity(config.key_path), roster, run_id(config.shared()), epoch)
     return [bytes(f) for f in wire_messages(endpoint.seal((recipient,), message))]
 
 
@@ -226,7 +227,7 @@ def test_hostile_updates_are_counted_and_none_is_taken(tmp_path: Path) -> None:
         address = _gateway_address(files)
         # two connections: the replay comes on the second, and must not take e003's replies there
         # e003's own keys, its CurveZMQ pair included: its connections are admitted as e003's
-        e003 = Identity.load(config.key_path)
+        e003 = load_identity(config.key_path)
         curve = (e003.curve_public_key.encode(), e003.curve_secret_key.encode(),
                  load_roster(files.network.roster).member(GATEWAY).curve_key.encode())
         with DialTransport(address, curve=curve) as attacker, DialTransport(address, curve=curve) as replayer:

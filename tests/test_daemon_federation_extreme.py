@@ -28,13 +28,13 @@ from _federation_support import (
     wait_until,
 )
 
+from peer.files.keyfile import load_identity
 from peer.net.dial import DialTransport
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.netinit import FederationFiles, load_roster
 from peer.train.checkpoint import load_latest
 from protocols.assembly import wire_messages
 from protocols.federation.common import payload
-from protocols.identity import Identity
 from protocols.messages import ClientUpdate, Heartbeat, Message, RoundStart
 from protocols.roster import run_id
 from protocols.wire import Endpoint, Opened
@@ -64,7 +64,7 @@ def sealed(endpoint: Endpoint, message: Message) -> list[bytes]:
 
 def attacker(files: FederationFiles) -> tuple[DialTransport, Endpoint]:
     config = load_edge_config(files.edge_configs[ATTACKER])
-    identity = Identity.load(config.key_path)
+    identity = load_identity(config.key_path)
     roster = load_roster(files.network.roster)
     curve = (identity.curve_public_key.encode(), identity.curve_secret_key.encode(),
              roster.member(GATEWAY).curve_key.encode())

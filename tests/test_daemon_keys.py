@@ -31,6 +31,7 @@ from _daemon_support import (
 )
 
 from peer.files import roster_file
+from peer.files.keyfile import load_identity, save_identity
 from peer.net.transport import CurveKeys, Transport, listener_address, reserve_listeners
 from peer.runtime.netinit import NetworkFiles
 from protocols.identity import Identity
@@ -52,9 +53,9 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
     files = make_network(tmp_path / "net", peers=5, steps=steps,
                          gossip={"deadline_s": 1.0, "final_gossip_rounds": 10})
     version_1 = roster_file.read(files.roster)
-    old = {name: Identity.load(files.keys[name]) for name in ("p01", "p03")}
+    old = {name: load_identity(files.keys[name]) for name in ("p01", "p03")}
     new_p01 = Identity.generate()
-    new_p01.save(files.keys["p01"].with_name("p01-rotated.key"))
+    save_identity(new_p01, files.keys["p01"].with_name("p01-rotated.key"))
     signature = old["p01"].sign_rotation("p01", new_p01, EFFECTIVE_ROUND)
     version_2 = version_1.rotate("p01", public_id=new_p01.public_id, curve_key=new_p01.curve_public_key,
                                  at_round=EFFECTIVE_ROUND, signature=signature).revoke("p03")
@@ -65,7 +66,7 @@ def test_a_rotated_and_a_revoked_key_are_refused_while_a_member_one_version_behi
     (attacker_port,) = reserve_listeners(1)
     # the forged messages come over an admitted member's connection (p02's CurveZMQ keys): the codec
     # refuses them by their signing key; a handshake with p01's old CurveZMQ key is refused by ZAP
-    p02 = Identity.load(files.keys["p02"])
+    p02 = load_identity(files.keys["p02"])
     server_key = version_1.member("p00").curve_key.encode()
     attacker = Transport(listen=listener_address(attacker_port), listen_fd=attacker_port.detach(),
                          neighbours={"p00": version_1.member("p00").address},

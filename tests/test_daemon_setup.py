@@ -11,12 +11,12 @@ import pytest
 from peer.cli.main import main
 from peer.files import tomlout
 from peer.files.config import ConfigError
+from peer.files.keyfile import load_identity
 from peer.runtime.assemble import identity_and_roster, next_epoch
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import load_peer_config
-from protocols.identity import Identity
+from protocols.errors import HivemeshError
 from topology import build
-from topology.errors import HivemeshError
 
 
 def _init(tmp_path: Path, *extra: str, peers: int = 4) -> Path:
@@ -42,7 +42,7 @@ def test_init_writes_keys_roster_and_loadable_configs(tmp_path: Path,
     for name in roster.names:
         key = out / "keys" / f"{name}.key"
         assert os.stat(key).st_mode & 0o777 == 0o600
-        assert Identity.load(key).public_id == roster.member(name).public_id
+        assert load_identity(key).public_id == roster.member(name).public_id
         config = load_peer_config(out / f"{name}.toml")
         assert config.gossip.algorithm == "choco" and config.gossip.compression == "topk:fraction=0.01"
         assert config.trainer.total_steps == 50

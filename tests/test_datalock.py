@@ -19,7 +19,7 @@ from _daemon_support import CEILING_S, make_network, peers, wait_for_files, wait
 
 from peer.runtime import datalock
 from peer.runtime.datalock import DataDirLock
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def test_a_second_lock_on_a_held_directory_is_refused_naming_the_holder(tmp_path: Path) -> None:

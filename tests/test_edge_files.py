@@ -16,8 +16,8 @@ from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import load_peer_config
 from peer.train.local_data import load_local_data
+from protocols.errors import HivemeshError
 from protocols.roster import run_id
-from topology.errors import HivemeshError
 
 
 def test_init_writes_a_federation_whose_members_share_one_run_id(tmp_path: Path) -> None:

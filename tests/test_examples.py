@@ -137,13 +137,15 @@ def test_the_path_pattern_finds_files_and_globs() -> None:
     assert named_paths(text) == {"examples/scenario-a.toml", "examples/scenario-*.toml", "bench/b.py"}
 
 
-@pytest.mark.parametrize("where", ["hivemesh sim --help", "README.md", "examples/*.toml"])
+@pytest.mark.parametrize("where", ["hivemesh sim --help", "README.md", "docs/**/*.md", "examples/*.toml"])
 def test_every_example_path_we_name_exists(where: str, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     if where == "hivemesh sim --help":
         text = sim_help(monkeypatch, capsys)
     elif where == "README.md":
         text = (ROOT / "README.md").read_text()
+    elif where == "docs/**/*.md":
+        text = "\n".join(path.read_text() for path in sorted((ROOT / "docs").rglob("*.md")))
     else:
         text = "\n".join(path.read_text() for path in EXAMPLES)
     paths = named_paths(text)

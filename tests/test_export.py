@@ -12,7 +12,7 @@ from peer.runtime.export import average_states, model_state
 from peer.train.checkpoint import load_latest, save
 from peer.train.tasks import get_task
 from peer.train.trainer import Trainer, TrainerConfig
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def _trained(task_name: str, *, dtype: str = "float32", steps: int = 3) -> Trainer:

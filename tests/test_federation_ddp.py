@@ -45,7 +45,7 @@ from protocols.federation.secure import SecureClient, SecureServer, unwrap
 from protocols.federation.server import FedAvgServer
 from protocols.messages import SecAggMessage
 from protocols.secagg.fixedpoint import levels
-from protocols.secagg.local import Roster
+from protocols.secagg.local import SeededKeyring
 from protocols.secagg.messages import ShareKeys
 from sim.run import run_scenario
 from sim.scenario import scenario_from_dict
@@ -73,7 +73,7 @@ class Federation:
     def __init__(self, config: FederationConfig, *, clients: int, numel: int,
                  gone: frozenset[str] = frozenset()) -> None:
         self.names = [f"c{i:02d}" for i in range(clients)]
-        roster = Roster([*self.names, GATEWAY], seed=5)
+        roster = SeededKeyring([*self.names, GATEWAY], seed=5)
         secure = config.secure_aggregation
         assert secure is not None
         gateway_side = SecureServer(secure, run_id="ddp", verify=roster.verify, like=torch.zeros(numel))

@@ -16,7 +16,7 @@ from peer.runtime.peerconfig import load_peer_config
 from protocols.federation.accountant import DistributedRoundAccountant
 from protocols.federation.distributed_dp import round_epsilon
 from protocols.federation.privacy import DifferentialPrivacyConfig
-from protocols.federation.secure import SecureAggregationConfig
+from protocols.federation.secure_config import SecureAggregationConfig
 
 pytestmark = pytest.mark.processes
 

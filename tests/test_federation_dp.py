@@ -18,7 +18,7 @@ import torch
 from dp_accounting.rdp import RdpAccountant
 
 from peer.files.config import ConfigError, load
-from peer.runtime.peerconfig import FederationSection
+from peer.runtime.peerconfig import PeerFederationSection
 from protocols.events import Action, Received, Send, Start, TimerFired
 from protocols.federation import (
     DifferentialPrivacyConfig,
@@ -110,17 +110,17 @@ def test_the_toml_section_parses_and_its_errors_name_the_key() -> None:
                                                    "sampling_rate": 0.2, "target_quantile": 0.5,
                                                    "count_noise_stddev": 1.0}}
     # Execute
-    section = load(FederationSection, table, source="peer.toml", prefix="federation")
-    plain = load(FederationSection, {"rounds": 5}, source="peer.toml", prefix="federation")
+    section = load(PeerFederationSection, table, source="peer.toml", prefix="federation")
+    plain = load(PeerFederationSection, {"rounds": 5}, source="peer.toml", prefix="federation")
     # Assert
     assert section.differential_privacy == DifferentialPrivacyConfig(
         noise_multiplier=1.1, clip_norm=0.5, sampling_rate=0.2, target_quantile=0.5, count_noise_stddev=1.0)
     assert plain.differential_privacy is None
     with pytest.raises(ConfigError, match=r"'federation\.differential_privacy\.noise_multiplier'"):
-        load(FederationSection, {"differential_privacy": {"noise_multiplier": -2.0}}, source="peer.toml",
+        load(PeerFederationSection, {"differential_privacy": {"noise_multiplier": -2.0}}, source="peer.toml",
              prefix="federation")
     with pytest.raises(ConfigError, match=r"unknown key 'federation\.differential_privacy\.noise'"):
-        load(FederationSection, {"differential_privacy": {"noise": 1.0}}, source="peer.toml",
+        load(PeerFederationSection, {"differential_privacy": {"noise": 1.0}}, source="peer.toml",
              prefix="federation")
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from peer.runtime.peerconfig import FederationSection
+from peer.runtime.peerconfig import PeerFederationSection
 from protocols.events import Action, Finished, Received, Send, SetTimer, Start, TimerFired
 from protocols.federation import FedBuffServer, FederationConfig, make_server, staleness_weight
 from protocols.messages import ClientUpdate, RoundResult, RoundStart
@@ -134,7 +134,7 @@ def test_restore_keeps_the_version_and_the_model() -> None:
 
 def test_only_sync_federation_has_rounds_so_only_it_takes_gateway_gossip_rounds() -> None:
     assert FederationConfig(mode="sync").has_rounds and not FederationConfig(mode="fedbuff").has_rounds
-    assert FederationSection(mode="sync", gossip_rounds=2).gossip_rounds == 2
-    assert FederationSection(mode="fedbuff", gossip_rounds=0).gossip_rounds == 0
+    assert PeerFederationSection(mode="sync", gossip_rounds=2).gossip_rounds == 2
+    assert PeerFederationSection(mode="fedbuff", gossip_rounds=0).gossip_rounds == 0
     with pytest.raises(ValueError, match="FedBuff has no rounds to gossip between"):
-        FederationSection(mode="fedbuff", gossip_rounds=2)
+        PeerFederationSection(mode="fedbuff", gossip_rounds=2)

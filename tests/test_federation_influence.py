@@ -291,7 +291,8 @@ def test_a_huge_multiple_times_a_huge_claim_is_no_cap_not_an_error_that_ends_the
 
 
 @pytest.mark.xfail(strict=True, reason="open: a FedBuff buffer that holds one client's updates only is "
-                   "that client's round of one (README, Influence bounds); one vote per client does not "
+                   "that client's round of one (docs/federation.md, Influence bounds); one vote per client "
+                   "does not "
                    "reach it, and asking no client twice per buffer lets one withholder stall the buffer")
 def test_one_fast_client_alone_in_a_fedbuff_buffer_moves_the_model_at_most_the_honest_multiple() -> None:
     # Prepare: four clients all training (default concurrency 10, buffer 5); the honest ones are slow

@@ -1,6 +1,6 @@
 """A federation on the per-member Node (protocols/node/node.py): a gateway is a Node with its gossip
 machine and the FedAvg server as a role, an edge client a Node whose machine is its FedAvg client
-(protocols/federation/edge.py). Clients register by being heard (the Node's ``clients`` failure
+(protocols/federation/edge_machine.py). Clients register by being heard (the Node's ``clients`` failure
 detector tells the roles ``NeighbourUp``) and leave by falling silent (``NeighbourDown``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from protocols.events import NeighbourUp, Send, StartWork, WorkDone
 from protocols.federation import FedAvgClient, FedAvgServer, FederationConfig, make_server
-from protocols.federation.edge import EdgeMachine
+from protocols.federation.edge_machine import EdgeMachine
 from protocols.gossip import GossipConfig, make_machine
 from protocols.messages import ClientUpdate, Heartbeat, RoundStart
 from protocols.node import Neighbour, Node, NodeConfig

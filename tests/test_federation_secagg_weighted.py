@@ -37,7 +37,7 @@ from protocols.federation.secure import (
 from protocols.messages import ClientUpdate, RoundStart, SecAggMessage
 from protocols.secagg import SecAggConfigError
 from protocols.secagg.fixedpoint import RING_MASK, levels
-from protocols.secagg.local import Roster
+from protocols.secagg.local import SeededKeyring
 from sim.federation import FederationRun
 from sim.scenario import scenario_from_dict
 
@@ -63,7 +63,7 @@ def one_round(secure: SecureAggregationConfig, updates: dict[str, torch.Tensor]
               ) -> tuple[torch.Tensor, SecureServer, int]:
     """One FedAvg round's SecAgg between a gateway and the clients of ``updates``: the mean update,
     the gateway's side, and the secagg body bytes that crossed the list (both ways)."""
-    roster = Roster(NAMES, seed=5)
+    roster = SeededKeyring(NAMES, seed=5)
     like = torch.zeros(NUMEL, dtype=torch.float64)
     server = SecureServer(secure, run_id="run", verify=roster.verify, like=like)
     clients = {name: SecureClient(secure, name=name, server="gw", run_id="run", client_secret=bytes([i]) * 32,

@@ -287,7 +287,7 @@ def test_a_far_insider_moves_the_honest_members_a_bounded_distance(spec: str, ki
 @pytest.mark.parametrize("kind", list(CREEPING))
 def test_a_creeping_insider_drags_them_off_with_the_reports_no_sooner(spec: str, kind: str) -> None:
     # The plain bound follows the distances it is measured against, so an insider that starts
-    # near and grows with them is never refused (README, Reliability: a known limit). The reports
+    # near and grows with them is never refused (docs/reliability.md: a known limit). The reports
     # add nothing to it: every candidate they let in is clipped to that same bound.
     def dragged(reports: bool) -> int:
         trace = attacked(spec, CREEPING[kind], reports)

@@ -24,13 +24,13 @@ from peer.runtime.edge import EdgeClient
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import load_peer_config
+from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from protocols.messages import Heartbeat
 from protocols.node import Neighbour, Node, NodeConfig, Note
 from protocols.node.membership import Connect, Serving
 from protocols.roster import Member, Roster
 from topology import build
-from topology.errors import HivemeshError
 
 GATEWAYS = ("gw0", "gw1")
 EFFECTIVE_ROUND = 5

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.runtime.daemon import ROUNDS_FILE, PeerDaemon
-from peer.runtime.peerconfig import FederationSection
+from peer.runtime.peerconfig import PeerFederationSection
 from protocols.events import Metric, StartWork, TimerFired, WorkDone
 from protocols.federation import FedAvgServer, ServerOptConfig, make_server
 from protocols.federation.config import AGGREGATORS
@@ -84,7 +84,7 @@ class Gateway:
             self.carry_out(self.node.receive(name, Heartbeat(step=0, loss=0.0), now), now)
 
 
-def gateway(config: FederationSection) -> Gateway:
+def gateway(config: PeerFederationSection) -> Gateway:
     params = torch.zeros(D)
     gossip = config.gateway_gossip(GossipConfig())
     machine = make_machine(gossip, name="gw0", topology=build("complete:1", ("gw0",)), params=params)
@@ -159,7 +159,7 @@ def test_extreme_updates_leave_the_gateway_usable(spec: str, downlink: str, aggr
                                                   clip_norm: float, bounds: float, factors: list[float],
                                                   num_samples: list[int], values: list[float]) -> None:
     # Prepare: hivemesh init's federation (fraction 0.5 of 6, min 2) on this uplink, edges heard
-    config = FederationSection(rounds=4, fraction=0.5, min_clients=2, round_timeout_s=30.0, uplink=spec,
+    config = PeerFederationSection(rounds=4, fraction=0.5, min_clients=2, round_timeout_s=30.0, uplink=spec,
                                downlink=downlink, aggregator=aggregator,  # type: ignore[arg-type]
                                server_opt=ServerOptConfig(name=server_opt),  # type: ignore[arg-type]
                                clip_norm=clip_norm, samples_multiple=bounds, norm_multiple=bounds)

@@ -12,6 +12,7 @@ import torch
 from gossip_driver import Driver, LogRegWorker, QuadraticWorker
 
 from peer.files.config import ConfigError, load
+from protocols.errors import HivemeshError
 from protocols.events import (
     CancelTimer,
     Finished,
@@ -30,7 +31,6 @@ from protocols.gossip.mixing import nesterov_outer_step
 from protocols.gossip.robust import NormFilter
 from protocols.messages import ParamPush
 from topology import build, from_graph
-from topology.errors import HivemeshError
 
 
 def _logreg_data(n_peers: int, m: int, d: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -1,4 +1,4 @@
-"""Acceptance h: protocols/ (gossip/, node/, ...) is pure -- no sockets, threads, clocks or global randomness.
+"""Acceptance h: protocols/ (gossip/, node/, ...) is pure -- no sockets, threads, clocks, files, global RNG.
 
 An AST scan of every module under protocols/, and every gossip machine run
 with the clock and the global random generators patched to raise.
@@ -25,7 +25,13 @@ PROTOCOLS = Path(__file__).resolve().parent.parent / "protocols"
 FORBIDDEN_MODULES = {
     "socket", "ssl", "selectors", "select", "asyncio", "threading", "_thread", "multiprocessing",
     "concurrent", "subprocess", "signal", "time", "datetime", "random", "zmq", "requests", "urllib", "http",
+    # files: key files, checkpoints and configs are peer/'s (peer/files, peer/train)
+    "os", "pathlib", "shutil", "tempfile", "glob", "fileinput", "mmap", "pickle", "safetensors",
 }
+# calls that read or write files whatever the module imported: open(), torch's and numpy's file functions
+FILE_CALLS = {"open", "torch.save", "torch.load", "np.save", "np.load", "np.savez", "np.savez_compressed",
+              "np.fromfile", "np.loadtxt", "np.savetxt", "numpy.save", "numpy.load", "numpy.fromfile"}
+PATH_METHODS = {"read_text", "write_text", "read_bytes", "write_bytes", "tofile"}
 # numpy's seeded generator classes are fine; its module-level functions draw from global state
 NUMPY_RANDOM_ALLOWED = {"Generator", "PCG64", "PCG64DXSM", "Philox", "SFC64", "SeedSequence", "BitGenerator"}
 TORCH_GLOBAL_RANDOM = {"manual_seed", "seed", "initial_seed", "set_rng_state", "get_rng_state"}
@@ -75,6 +81,9 @@ def impurities(source: str, filename: str) -> list[str]:
                 found.append(f"{where}: .{node.func.attr}() without generator=")
             elif parts[0] == "os" and parts[-1] in ("fork", "system", "popen", "urandom"):
                 found.append(f"{where}: {name}()")
+            elif name in FILE_CALLS or (
+                    isinstance(node.func, ast.Attribute) and node.func.attr in PATH_METHODS):
+                found.append(f"{where}: {name}() reads or writes a file")
     return found
 
 
@@ -83,11 +92,17 @@ def test_h_the_scan_finds_what_it_looks_for() -> None:
         "import time", "from threading import Thread", "import numpy as np", "import torch",
         "x = np.random.rand(3)", "torch.manual_seed(0)", "y = torch.randn(3)", "y.uniform_()",
         "ok = torch.randn(3, generator=g)", "ok2 = np.random.Generator(np.random.PCG64(1))",
+        "import os", "from pathlib import Path", "f = open('k.key')", "torch.save(x, 'm.pt')",
+        "np.load('a.npy')", "Path('a').write_text('x')", "p.read_bytes()",
+        "ok3 = server.open(round_index)", "ok4 = io.BytesIO(b'')",
     ])
     found = impurities(bad, "bad.py")
     assert [f.split(": ", 1)[1] for f in found] == [
-        "import time", "from threading import ...", "np.random.rand()", "torch.manual_seed()",
-        "torch.randn() without generator=", ".uniform_() without generator=",
+        "import time", "from threading import ...", "import os", "from pathlib import ...",
+        "np.random.rand()", "torch.manual_seed()",
+        "torch.randn() without generator=", ".uniform_() without generator=", "open() reads or writes a file",
+        "torch.save() reads or writes a file", "np.load() reads or writes a file",
+        "?.write_text() reads or writes a file", "p.read_bytes() reads or writes a file",
     ]
 
 

@@ -214,7 +214,7 @@ def test_peers_killed_and_restarted_and_a_full_disk(tmp_path: Path) -> None:
     # CI runs one fixed plan, so that a landing does not depend on the draw; HIVEMESH_TEST_KILL_SEED=N
     # replays another, "random" draws one. Plan 17795954 used to fail: this test's wait for a step a
     # peer held in a write could not show (all_past), and a peer restarted and synced while the ring
-    # ran on had no pace to catch up by (protocols/gossip/catchup.py; README, Reliability).
+    # ran on had no pace to catch up by (protocols/gossip/catchup.py; docs/reliability.md).
     chosen = os.environ.get("HIVEMESH_TEST_KILL_SEED") or str(DEFAULT_SEED)
     seed = random.SystemRandom().randrange(1 << 31) if chosen == "random" else int(chosen)
     kills = plan(random.Random(seed))

@@ -63,7 +63,7 @@ grid (:class:`TracedRun`: each member's parameters at its work point, every
 round), and its re-convergence time, by the same function, must be within 2x
 of the measured one, and it must re-converge too.
 
-What the simulator does not predict (README, Reliability): after the heal the
+What the simulator does not predict (docs/reliability.md): after the heal the
 real members do not always resume in step. One can stand rounds ahead of its
 neighbour across the cut for the rest of the run and drop its messages as
 ``stale_message`` (a laggard never waited for again: protocols/gossip/rounds.py),
@@ -162,12 +162,11 @@ class TracedRun(GossipRun):
 
 
 def reconnect_after_s(transport: TransportConfig) -> tuple[float, float]:
-    """How long after a connection's last traffic ZeroMQ dials afresh, and the spread of that: a
-    PING goes out at the next heartbeat (somewhere in one interval, a phase of each connection's
-    own), the connection is closed when no answer came in the heartbeat timeout, and the first
-    reconnect follows."""
-    waited_ms = transport.zmtp_heartbeat_timeout_ms + transport.reconnect_ms
-    return waited_ms / 1000, transport.zmtp_heartbeat_ms / 1000
+    """How long after a connection's last traffic ZeroMQ dials afresh, and the spread of that: the
+    kernel probes the idle connection every keepalive interval (a phase of each connection's own)
+    and closes it when nothing answered for the dead-link time; the first reconnect follows."""
+    waited_ms = 1000 * transport.dead_link_s + transport.reconnect_ms
+    return waited_ms / 1000, float(transport.keepalive_s)
 
 
 def edit(config: Path, table: str, **settings: object) -> None:

@@ -12,9 +12,9 @@ import zmq
 from zmq.utils import z85
 
 from peer.cli.main import main
+from peer.files.keyfile import KeyFileError, identity_text, load_identity, save_identity
 from protocols.identity import (
     Identity,
-    KeyFileError,
     decode_public_id,
     encode_public_id,
     z85_decode,
@@ -47,26 +47,26 @@ def test_save_writes_mode_0600_and_refuses_overwrite(tmp_path: Path) -> None:
     path = tmp_path / "alice.key"
     old_umask = os.umask(0)  # even a permissive umask gives 0600
     try:
-        identity.save(path)
+        save_identity(identity, path)
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    loaded = Identity.load(path)
+    loaded = load_identity(path)
     assert loaded.public_id == identity.public_id
     assert loaded.curve_secret_key == identity.curve_secret_key
     before = path.read_bytes()
     with pytest.raises(KeyFileError, match="refusing to overwrite"):
-        Identity.generate().save(path)
+        save_identity(Identity.generate(), path)
     assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644])
 def test_key_readable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
     path = tmp_path / "k.key"
-    Identity.generate().save(path)
+    save_identity(Identity.generate(), path)
     path.chmod(mode)
     with pytest.raises(KeyFileError, match="chmod 600"):
-        Identity.load(path)
+        load_identity(path)
 
 
 @pytest.mark.parametrize("content", [
@@ -79,22 +79,22 @@ def test_corrupt_key_file_gives_a_clear_error(tmp_path: Path, content: bytes) ->
     path.write_bytes(content)
     path.chmod(0o600)
     with pytest.raises(KeyFileError, match="not a valid hivemesh key file"):
-        Identity.load(path)
+        load_identity(path)
 
 
 def test_key_file_with_mismatched_public_id_is_refused(tmp_path: Path) -> None:
-    text = Identity.generate().to_text().replace(
+    text = identity_text(Identity.generate()).replace(
         "public-id ", "public-id " + Identity.generate().public_id + "\n# was ")
     path = tmp_path / "mixed.key"
     path.write_text(text)
     path.chmod(0o600)
     with pytest.raises(KeyFileError, match="does not match"):
-        Identity.load(path)
+        load_identity(path)
 
 
 def test_missing_key_file(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match="hivemesh keygen"):
-        Identity.load(tmp_path / "nope.key")
+        load_identity(tmp_path / "nope.key")
 
 
 def test_curve_keys_agree_with_libzmq() -> None:
@@ -194,16 +194,16 @@ def test_keygen_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["keygen", "--out", str(key)]) == 0
     public_id = capsys.readouterr().out.strip()
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
-    assert Identity.load(key).public_id == public_id
+    assert load_identity(key).public_id == public_id
     assert main(["keygen", "--out", str(key)]) == 2
     assert "refusing to overwrite" in capsys.readouterr().err
-    assert Identity.load(key).public_id == public_id
+    assert load_identity(key).public_id == public_id
 
 
 def test_roster_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     roster_path, alice_key = str(tmp_path / "roster.toml"), tmp_path / "alice.key"
     alice, bob = Identity.generate(), Identity.generate()
-    alice.save(alice_key)
+    save_identity(alice, alice_key)
     assert main(["roster", "add", "--roster", roster_path, "alice", "--key", str(alice_key),
                  "--address", "tcp://10.0.0.1:7000"]) == 0
     assert main(["roster", "add", "--roster", roster_path, "bob", "--public-id", bob.public_id,

@@ -15,6 +15,7 @@ import torch
 from peer.cli.main import main
 from peer.files import roster_file
 from peer.files.keydir import find_identity
+from peer.files.keyfile import load_identity, save_identity
 from protocols.codec import Policy
 from protocols.compress.accounting import endpoint_message_bytes
 from protocols.identity import Identity
@@ -156,8 +157,8 @@ def test_a_member_without_its_new_key_cannot_take_the_new_roster(keys: Keys) -> 
 
 
 def test_the_new_key_file_is_found_beside_the_configured_one(keys: Keys, tmp_path: Path) -> None:
-    keys.old["a"].save(tmp_path / "a.key")
-    keys.new_a.save(tmp_path / "a-2.key")
+    save_identity(keys.old["a"], tmp_path / "a.key")
+    save_identity(keys.new_a, tmp_path / "a-2.key")
     (tmp_path / "junk.key").write_text("not a key")
     (tmp_path / "junk.key").chmod(0o600)
     found = find_identity(tmp_path / "a.key", keys.new_a.public_id)
@@ -220,8 +221,8 @@ def test_roster_rotate_and_revoke_from_the_command_line(keys: Keys, tmp_path: Pa
     path = tmp_path / "roster.toml"
     roster_file.write(path, keys.roster())
     for name, key in keys.old.items():
-        key.save(tmp_path / f"{name}.key")
-    keys.new_a.save(tmp_path / "a-2.key")
+        save_identity(key, tmp_path / f"{name}.key")
+    save_identity(keys.new_a, tmp_path / "a-2.key")
     roster = ["--roster", str(path)]
     # Execute
     wrong = main(["roster", "rotate", *roster, "a", "--old-key", str(tmp_path / "b.key"),
@@ -306,8 +307,8 @@ def test_a_restarted_member_finds_its_rotated_key_and_a_foreign_key_is_still_an_
     # Prepare: a network of three whose roster rotated p01's key; the new key file beside the old
     files = create_network(tmp_path / "net", peers=3, network=NETWORK)
     roster = roster_file.read(files.roster)
-    old, new = Identity.load(files.keys["p01"]), Identity.generate()
-    new.save(files.keys["p01"].with_name("p01-next.key"))
+    old, new = load_identity(files.keys["p01"]), Identity.generate()
+    save_identity(new, files.keys["p01"].with_name("p01-next.key"))
     rotated = roster.rotate("p01", public_id=new.public_id, curve_key=new.curve_public_key, at_round=ROUND,
                             signature=old.sign_rotation("p01", new, ROUND)).revised(ROUND)
     roster_file.write(files.roster, rotated)

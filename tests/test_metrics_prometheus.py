@@ -2,7 +2,7 @@
 
 One real run of two peers gives the snapshots: p00 serves its metrics (``[peer]
 metrics_port``) and is scraped while a test hook holds it; what both left on disk
-feeds the collector, the README check and ``hivemesh status``.
+feeds the collector, the check of docs/monitoring.md's table and ``hivemesh status``.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from prometheus_client.registry import CollectorRegistry
 from peer.cli.main import main
 from peer.files.fields import MACHINE_GAUGE_WORDS, SNAPSHOT_FIELDS, field_for, markdown_table
 from peer.runtime.prometheus import MetricsServer, SnapshotCollector, sample_key
+from protocols.errors import HivemeshError
 from protocols.events import Action, Metric, SetTimer, Start, StartWork, TimerFired, WorkDone
 from protocols.gossip import GossipConfig, make_machine, suggested_compression
 from protocols.gossip.config import ALGORITHMS
 from topology import build
-from topology.errors import HivemeshError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+MONITORING = Path(__file__).resolve().parent.parent / "docs" / "monitoring.md"   # carries the fields table
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -152,22 +152,22 @@ def test_a_peer_serves_its_metrics_while_it_runs(run: Run) -> None:
 
 
 @pytest.mark.processes
-def test_every_field_the_daemon_writes_is_documented_in_the_readme(run: Run) -> None:
+def test_every_field_the_daemon_writes_is_documented_in_the_monitoring_doc(run: Run) -> None:
     written = {key for line in run.metric_lines for key in line} | set(run.statuses["p00"])
     nested = {f"{head}.{key}" for head in ("receive_buffers", "metrics")
               for key in run.statuses["p00"][head]}
     nested |= {f"neighbours.*.{key}" for info in run.statuses["p00"]["neighbours"].values() for key in info}
-    rows = set(re.findall(r"^\| `([^`]+)` \|", README.read_text(), flags=re.MULTILINE))
+    rows = set(re.findall(r"^\| `([^`]+)` \|", MONITORING.read_text(), flags=re.MULTILINE))
     described = {path: field_for(path) for path in written | nested}
     undocumented = sorted(path for path, field in described.items()
                           if path not in rows and (field is None or field.key not in rows))
     assert undocumented == []
-    # and the README's table is the one generated from the fields (python -m peer.files.fields)
+    # and the monitoring doc's table is the one generated from the fields (python -m peer.files.fields)
     assert {f.key for f in SNAPSHOT_FIELDS} <= rows
 
 
-def test_the_readme_table_of_fields_is_the_one_generated_from_them() -> None:
-    assert markdown_table() in README.read_text()     # regenerate: python -m peer.files.fields
+def test_the_monitoring_doc_table_of_fields_is_the_one_generated_from_them() -> None:
+    assert markdown_table() in MONITORING.read_text()     # regenerate: python -m peer.files.fields
 
 
 def test_the_endpoint_serves_over_http_on_loopback() -> None:

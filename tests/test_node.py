@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Machine, Received, Send, SetTrainerStep, Start, StartWork, WorkDone
 from protocols.gossip import GossipConfig, make_machine
 from protocols.messages import ParamPush, StateSyncResponse
 from protocols.node import Adoption, EarlyMessages, NodeConfig, StateSync, SyncOffer
 from protocols.node.sync import best_offer
 from topology import build
-from topology.errors import HivemeshError
 
 RING = build("ring:4")  # p00's neighbours: p01, p03
 NEIGHBOURS = frozenset({"p01", "p03"})

@@ -17,6 +17,7 @@ from peer.runtime.testhooks import (
     schedule_from_environment,
     schedule_json,
 )
+from protocols.errors import HivemeshError
 from protocols.messages import ParamPush, StateSyncRequest
 from protocols.node.schedule import (
     Cut,
@@ -31,7 +32,6 @@ from protocols.node.schedule import (
     met,
     to_plain,
 )
-from topology.errors import HivemeshError
 
 SCHEDULE = Schedule((
     Hold(member="p00", at_round=3, until=(Reached("p04", 3),)),

@@ -15,7 +15,7 @@ from peer.runtime.testhooks import (
     params_writer_from_environment,
     read_params_trace,
 )
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def test_a_peer_writes_its_parameters_every_n_steps_once_each(tmp_path: Path,

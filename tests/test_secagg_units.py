@@ -27,7 +27,7 @@ from protocols.secagg import (
 )
 from protocols.secagg.fixedpoint import RING_MASK, levels, to_signed
 from protocols.secagg.graph import graph_seed, neighbours
-from protocols.secagg.local import LocalRound, Roster, holding
+from protocols.secagg.local import LocalRound, SeededKeyring, holding
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencyProof,
@@ -317,7 +317,7 @@ def test_a_client_aborts_on_a_tampered_share() -> None:
 
 
 def test_roster_signatures_verify_only_under_the_right_name() -> None:
-    roster = Roster(["a", "b"], seed=1)
+    roster = SeededKeyring(["a", "b"], seed=1)
     signature = roster.signer("a")(b"data")
     assert roster.verify("a", signature, b"data")
     assert not roster.verify("b", signature, b"data")

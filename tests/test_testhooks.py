@@ -27,7 +27,7 @@ from peer.runtime.testhooks import (
     schedule_from_environment,
 )
 from peer.train.attack import Attack, parse_attack, sign_flip
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def test_a_hold_fires_at_its_step_marks_it_and_lasts_until_the_gate_exists(tmp_path: Path) -> None:

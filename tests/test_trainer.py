@@ -9,7 +9,7 @@ from peer.files.config import ConfigError, load
 from peer.train.tasks import get_task
 from peer.train.tasks.logreg import full_loss_and_grad
 from peer.train.trainer import Trainer, TrainerConfig, epoch_order, lr_at
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 torch.set_num_threads(1)
 

@@ -82,7 +82,7 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
     for _ in range(20):
         _send_until_connected(a, "b", frames)
         # drained as it comes, as a daemon does: 80 messages would fill the receiver's queue, and
-        # a sender that hears nothing for zmtp_heartbeat_timeout_ms reconnects
+        # a sender whose bytes go unacknowledged for dead_link_s reconnects
         arrivals += _arrivals(b, 4)
         a.wait_sent(timeout_s=10)
         assert a.pending_sends() == 0

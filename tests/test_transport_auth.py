@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from peer.files.keyfile import load_identity
 from peer.net.contexts import new_context
 from peer.net.transport import (
     Arrival,
@@ -29,7 +30,6 @@ from peer.net.transport import (
 from peer.runtime.assemble import tcp_address
 from peer.runtime.daemon import PeerDaemon
 from peer.runtime.peerconfig import load_peer_config
-from protocols.identity import Identity
 from protocols.messages import Heartbeat
 from protocols.wire import Endpoint, wire_messages
 from tests._daemon_support import make_network
@@ -278,12 +278,12 @@ def test_a_member_cannot_speak_through_another_members_connection(tmp_path: Path
                                      listen_fd=files.listeners["p00"].detach())
         context = new_context()
         try:
-            p01 = Identity.load(files.keys["p01"])
+            p01 = load_identity(files.keys["p01"])
             server_key = roster.member("p00").curve_key.encode()
             client = _dealer(context, daemon.transport.listen, server_key,
                              (p01.curve_public_key.encode(), p01.curve_secret_key.encode()))
             for name in ("p02", "p01"):     # the forgery first, then the genuine message
-                sender = Endpoint(Identity.load(files.keys[name]), roster, daemon.endpoint.run_id, epoch=1)
+                sender = Endpoint(load_identity(files.keys[name]), roster, daemon.endpoint.run_id, epoch=1)
                 for frame in wire_messages(sender.seal(["p00"], Heartbeat(step=0))):
                     client.send(bytes(frame))
             deadline = time.monotonic() + 10.0

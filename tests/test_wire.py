@@ -262,7 +262,7 @@ def test_bool_tensor_with_bytes_other_than_0_and_1(net: Network) -> None:
 
 
 def test_seal_refuses_unknown_recipient_and_endpoint_needs_roster_key(net: Network) -> None:
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
     with pytest.raises(HivemeshError, match="no member"):
         net.endpoint("alice").seal(["nobody"], Heartbeat(step=1))
     with pytest.raises(HivemeshError, match="not on the roster"):

@@ -1,12 +1,11 @@
-"""The one exception family a user sees as a plain message instead of a traceback.
+"""Errors of the graph layer: :class:`GraphError`, a :class:`HivemeshError` (protocols.errors).
 
-It lives in the lowest package so that every layer (topology, protocols,
-peer, sim) can raise it; the CLI catches it and prints ``hivemesh: error: ...``.
+The CLI prints either as ``hivemesh: error: ...``, never as a traceback.
 """
 
+from protocols.errors import HivemeshError
 
-class HivemeshError(Exception):
-    """A problem the user can fix: bad config, bad graph, bad key file, ..."""
+__all__ = ["GraphError", "HivemeshError"]
 
 
 class GraphError(HivemeshError, ValueError):

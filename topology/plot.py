@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from protocols.errors import HivemeshError
 from topology.analysis import consensus_rate
-from topology.errors import HivemeshError
 from topology.schedule import Topology
 
 MATRIX_LABEL_PT = 8      # the smallest tick label that reads on a screen at the saved 110 dpi

@@ -125,7 +125,7 @@ def _check_run(source: Path | str, task: str, task_options: dict[str, Any], goss
 
 def _named(source: Path | str, key: str, check: Callable[[], T]) -> T:
     """``check()``, with an error it raises made one line naming the file and the key."""
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     try:
         return check()

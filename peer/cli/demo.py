@@ -132,7 +132,7 @@ def _network_reading(statuses: dict[str, dict[str, Any]], exited: set[str]) -> R
 def _report(configs: dict[str, Path], codes: dict[str, int | None], elapsed_s: float) -> int:
     import torch
 
-    from peer.files.statefiles import human_bytes
+    from peer.files.units import human_bytes
     from peer.runtime.export import latest_params
     from peer.runtime.peerconfig import load_peer_config
     from protocols.consensus import max_relative_distance

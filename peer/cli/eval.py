@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

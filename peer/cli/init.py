@@ -89,7 +89,7 @@ def task_as_written(task: str) -> str:
 def _named(option: str, check: Callable[[], T]) -> T:
     """``check()``, with any error it raises made one line that names the command-line option."""
     from peer.files.config import ConfigError
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     try:
         return check()
@@ -108,9 +108,9 @@ def check_network(network: dict[str, Any], *, peers: int, out: str, federated: b
     from peer.files.schema import NetworkSection, gossip_config, trainer_config
     from peer.train.tasks import get_task, resolve_task_paths
     from protocols.compress import from_spec
+    from protocols.errors import HivemeshError
     from protocols.gossip import make_machine
     from topology import build, default_names
-    from topology.errors import HivemeshError
 
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
@@ -136,7 +136,7 @@ def check_network(network: dict[str, Any], *, peers: int, out: str, federated: b
 
 def hosts_given(args: argparse.Namespace) -> list[str] | None:
     """The per-member addresses of ``--hosts`` or ``--hosts-file`` (None: one ``--host`` for all)."""
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     if args.hosts is not None:
         return [entry.strip() for entry in args.hosts.split(",")]
@@ -152,7 +152,7 @@ def hosts_given(args: argparse.Namespace) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     from peer.runtime.netinit import create_network
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     if args.gateways or args.edges:
         if args.peers:
@@ -181,14 +181,14 @@ def _federation(args: argparse.Namespace) -> int:
     """``--gateways G --edges E``: the gateways gossip over ``--topology`` (one gossip exchange after
     each FedAvg round when G > 1) and run ``--rounds`` FedAvg rounds for their edge clients."""
     from peer.runtime.netinit import create_federation
-    from peer.runtime.peerconfig import FederationSection
-    from topology.errors import HivemeshError
+    from peer.runtime.peerconfig import PeerFederationSection
+    from protocols.errors import HivemeshError
 
     if args.gateways < 1 or args.edges < 1:
         raise HivemeshError("--gateways and --edges must both be at least 1")
     federation = default_federation(rounds=args.rounds, gateways=args.gateways, edges=args.edges,
                                     seed=args.seed)
-    _named("--rounds", lambda: FederationSection(**federation))
+    _named("--rounds", lambda: PeerFederationSection(**federation))
     network = _named("--algorithm", lambda: default_network(
         topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
         compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,

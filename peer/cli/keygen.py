@@ -17,10 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from peer.files.keyfile import save_identity
     from protocols.identity import Identity
 
     identity = Identity.generate()
-    identity.save(args.out)
+    save_identity(identity, args.out)
     print(identity.public_id)
     print(f"wrote {args.out} (mode 0600); curve key {identity.curve_public_key}\n"
           f"add it to a roster with: hivemesh roster add --roster roster.toml NAME --key {args.out} "

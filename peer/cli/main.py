@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 # Order here is the order in `hivemesh --help`.
 COMMAND_MODULES = (
@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "peer.cli.init",
     "peer.cli.config",
     "peer.cli.peer",
-    "peer.cli.edge",
+    "peer.cli.edge_command",
     "peer.cli.status",
     "peer.cli.export",
     "peer.cli.eval",

@@ -4,8 +4,8 @@ The keys, types and defaults are read from the config dataclasses the loaders us
 (:func:`peer.files.config.accepted_fields`, plus the class a plain table is checked against,
 :func:`peer.files.schema.checked_as`); the meaning is the comment written beside (or just above)
 the field in its class, the unit the one its name carries (``_s``, ``_ms``, ``_mbps``...). So a
-new key shows up here the day it is added, and tests/test_config_check.py compares this list
-with what the loaders accept.
+new key shows up here the day it is added, and a test compares this list with what the loaders
+accept.
 """
 
 from __future__ import annotations

@@ -138,13 +138,13 @@ def _said(roster: Roster) -> str:
 
 def run_add(args: argparse.Namespace) -> int:
     from peer.files import roster_file
-    from protocols.identity import Identity
+    from peer.files.keyfile import load_identity
     from protocols.roster import Member, RosterError
 
     roster = roster_file.read(args.roster, missing_ok=True)
     public_id, curve_key = args.public_id, args.curve_key
     if args.key:
-        identity = Identity.load(args.key)
+        identity = load_identity(args.key)
         public_id, curve_key = identity.public_id, curve_key or identity.curve_public_key
     if args.name in roster:
         raise RosterError(f"{args.roster}: member {args.name!r} is already listed; remove it first")
@@ -197,7 +197,7 @@ def run_set_address(args: argparse.Namespace) -> int:
 
 def run_rotate(args: argparse.Namespace) -> int:
     from peer.files import roster_file
-    from protocols.identity import Identity
+    from peer.files.keyfile import load_identity
     from protocols.roster import RosterError
 
     roster = roster_file.read(args.roster)
@@ -205,7 +205,7 @@ def run_rotate(args: argparse.Namespace) -> int:
     if args.effective_round < 1:
         raise RosterError(f"--effective-round must be >= 1 (a round no member has reached), not "
                           f"{args.effective_round}")
-    old, new = Identity.load(args.old_key), Identity.load(args.new_key)
+    old, new = load_identity(args.old_key), load_identity(args.new_key)
     if old.public_id != member.public_id:
         raise RosterError(f"{args.old_key} (public id {old.public_id}) is not {args.name}'s key on "
                           "the roster")
@@ -239,7 +239,7 @@ def run_reload(args: argparse.Namespace) -> int:
 
     from peer.files.statefiles import read_status
     from peer.runtime.datalock import holder
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     if args.config:
         from peer.runtime.peerconfig import load_peer_config

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 if TYPE_CHECKING:
     from peer.files.console import Progress

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from peer.files.fields import MACHINE_GAUGE_WORDS, machine_words
-from peer.files.statefiles import format_number as _num
-from peer.files.statefiles import human_bytes
+from peer.files.units import format_number as _num
+from peer.files.units import human_bytes
 
 # states a peer (or an edge client: "gave up" on its gateway) leaves only by being started again
 ENDED = ("finished", "stopped", "stranded", "gave up")
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     folders = _folders(args)
     if not folders:
@@ -96,7 +96,7 @@ def _data_dir(path: Path) -> Path:
 def network_configs(folder: Path) -> list[Path]:
     """The configs of a network folder: its TOML files with a [peer] table (peers and gateways), then
     those with an [edge] table (a federation's edge clients); not the roster."""
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     if not folder.is_dir():
         raise HivemeshError(f"--net {folder}: no such folder")
@@ -118,7 +118,7 @@ def network_configs(folder: Path) -> list[Path]:
 
 def _read(folders: list[Path], *, tolerate_missing: bool) -> list[dict[str, Any]]:
     from peer.files.statefiles import pid_alive, read_status
-    from topology.errors import HivemeshError
+    from protocols.errors import HivemeshError
 
     statuses = []
     for folder in folders:

@@ -64,8 +64,8 @@ def _build(args: argparse.Namespace) -> Topology:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from protocols.errors import HivemeshError
     from topology.analysis import summary
-    from topology.errors import HivemeshError
 
     if args.model_params is not None and args.model_params < 0:
         raise HivemeshError(f"--model-params must be >= 0, got {args.model_params}")

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 T = TypeVar("T")
 

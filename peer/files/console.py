@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
-from peer.files.statefiles import format_number, human_bytes
-from topology.errors import HivemeshError
+from peer.files.units import format_number, human_bytes
+from protocols.errors import HivemeshError
 
 LOGGER = logging.getLogger("hivemesh")
 # the rejection reasons that mean a member is set up differently from us, not a transient fault:

@@ -1,7 +1,7 @@
 """Every field of a peer's status snapshot: its unit, whether it counts or measures, its meaning.
 
 One table, read by three readers so that none of them can drift from what the daemon
-writes: the README's ``metrics.jsonl`` table (a test compares the two), the Prometheus
+writes: docs/monitoring.md's ``metrics.jsonl`` table (a test compares the two), the Prometheus
 collector (``peer.runtime.prometheus``: metric type, help text and unit from here) and
 ``hivemesh status`` (its words for the gossip machine's gauges).
 
@@ -260,7 +260,7 @@ def machine_words(name: str) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of these fields (``python -m peer.files.fields`` prints it)."""
+    """docs/monitoring.md's table of these fields (``python -m peer.files.fields`` prints it)."""
     rows = ["| field | unit | kind | meaning |", "|---|---|---|---|"]
     for field in SNAPSHOT_FIELDS:
         by = f" (`{{{field.label}: number}}`)" if field.label else ""

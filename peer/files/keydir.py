@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocols.identity import Identity, KeyFileError
+from peer.files.keyfile import KeyFileError, load_identity
+from protocols.identity import Identity
 
 KEY_SUFFIX = ".key"
 
@@ -26,14 +27,14 @@ def find_identity(key_path: str | Path, public_id: str) -> Identity | None:
     """The identity whose public id is ``public_id``: the file at ``key_path`` or a ``*.key`` file in
     its directory; None if there is none (KeyFileError from ``key_path`` itself goes up)."""
     key_path = Path(key_path)
-    configured = Identity.load(key_path)
+    configured = load_identity(key_path)
     if configured.public_id == public_id:
         return configured
     for path in sorted(key_path.parent.glob(f"*{KEY_SUFFIX}")):
         if path == key_path:
             continue
         try:
-            identity = Identity.load(path)
+            identity = load_identity(path)
         except KeyFileError:
             continue
         if identity.public_id == public_id:

@@ -1,9 +1,8 @@
 """The one schema of the settings a peer file and a scenario share, loaded by both.
 
-``hivemesh peer`` reads them from ``[network]`` (and ``[peer]``) of a peer file,
-``hivemesh sim`` from a scenario; each setting has one dataclass field here (or
-in its owner's config class), one default and one validation, so the same
-table gives the same object, or the same error, through either loader.
+``hivemesh peer`` reads them from a peer file's ``[network]`` (and ``[peer]``), ``hivemesh sim``
+from a scenario; each setting has one dataclass field here (or in its owner's config class),
+one default and one validation: the same object, or the same error, through either loader.
 
 =================  ===========================  ===========================  =================
 setting            peer file                    scenario                     defined by
@@ -19,31 +18,10 @@ liveness, sync     [peer] neighbour_timeout_s,  [nodes] neighbour_timeout_s, Nod
                    sync_answer_interval_s, ...  sync_answer_interval_s, ...  (protocols.node)
 =================  ===========================  ===========================  =================
 
-Where the two disagreed, one choice was made:
-
-* ``partition.scheme`` defaults to ``"iid"`` (the daemon said ``"dirichlet"``). The
-  default is the split with no parameter; label skew is an experiment's choice,
-  written down where it is made. Every network ``hivemesh init`` and ``hivemesh
-  demo`` write names its scheme (dirichlet by default), so only hand-written
-  peer files without ``[network.partition]`` change, and the run id digests
-  the partition in full, so members of different versions refuse each other
-  rather than train on different splits. Every scenario, example and test kept
-  its split; the simulator's default was the one results relied on.
-* the neighbour timeout is ``neighbour_timeout_s`` (seconds, 5 s) in both; a
-  scenario's old ``nodes.neighbour_timeout_ms`` is refused with an error naming
-  the new key (``peer.files.config.RENAMED_KEYS``), not converted: one spelling, not
-  two generations side by side.
-* the trainer's decay horizon ``trainer.total_steps``, when not given, is the
-  scenario's ``steps``, else ``gossip.total_steps`` as written (the simulator's
-  rule; the daemon used to leave it at 0 and refuse a decaying schedule); in a
-  federation it is the federation's rounds (peer/train/federated.py).
-* ``gossip.seed`` defaults to the root seed in both (the machines are seeded from
-  the root seed by both drivers anyway).
-
-Layouts differ (a peer file nests the shared settings under ``[network]``); the
-values do not: :func:`sim.scenario.ScenarioConfig.network` gives a scenario's as
-a :class:`NetworkSection`. Only TOML and dataclasses here: no ZeroMQ, no torch at
-import time (the trainer's config class is imported when a table is checked).
+Defaults: ``partition.scheme = "iid"``; ``neighbour_timeout_s`` 5 s (the old
+``nodes.neighbour_timeout_ms`` is refused, naming the new key); ``trainer.total_steps``
+the scenario's ``steps``, else ``gossip.total_steps``; ``gossip.seed`` the root seed. No
+ZeroMQ, no torch at import time. Why these defaults: docs/design/config.md.
 """
 
 from __future__ import annotations

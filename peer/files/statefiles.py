@@ -28,8 +28,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from peer.files.console import LOGGER, Progress, Reading
+
 if TYPE_CHECKING:
-    from peer.files.console import Progress, Reading
     from peer.train.checkpoint import SavePoint
 
 STATUS_FILE = "status.json"
@@ -116,8 +117,6 @@ class StatusWriter:
         self.guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
         if self.progress:
             if self.display is None:
-                from peer.files.console import Progress
-
                 self.display = Progress(self.name, self.total_steps)
             self.display.update(peer_reading(record))
 
@@ -154,13 +153,9 @@ class StatusWriter:
         self._failing = ""
 
     def say(self, text: str) -> None:
-        from peer.files.console import LOGGER
-
         LOGGER.info(text)
 
     def warn(self, text: str) -> None:
-        from peer.files.console import LOGGER
-
         LOGGER.warning(text)
 
     def warn_once(self, text: str) -> None:
@@ -170,18 +165,9 @@ class StatusWriter:
             self.warn(text)
 
 
-def format_number(value: Any, spec: str, unit: str = "") -> str:
-    """``value`` formatted with ``spec`` and ``unit``; "-" for a missing or non-finite number."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, spec) + unit
-
-
 def peer_reading(status: dict[str, Any]) -> Reading:
     """What the progress display shows of one peer's status: its state when it is not training
     (``waiting for p01, p03 (1/3 up)``, ``syncing``, ``finished``, ...)."""
-    from peer.files.console import Reading
-
     neighbours = status.get("neighbours", {})
     up = sum(1 for n in neighbours.values() if n.get("up"))
     accuracy = status.get("accuracy")
@@ -191,14 +177,6 @@ def peer_reading(status: dict[str, Any]) -> Reading:
                    bytes_sent=status.get("bytes_sent", 0), bytes_received=status.get("bytes_received", 0),
                    rejected=sum(status.get("rejections", {}).values()),
                    members=f"neighbours {up}/{len(neighbours)}", note="" if state == "training" else state)
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 def os_error_reason(error: OSError) -> str:

@@ -2,53 +2,24 @@
 
 Three parts, used by peer.net.transport:
 
-- ``Gate``: the ZAP decision (pyzmq's authenticator thread calls it at each
-  CURVE handshake). It admits exactly the roster's transport keys, minus keys
-  cooling down after misbehaving (``punish``). ZAP judges only new handshakes,
-  so the gate also remembers which connection (file descriptor) carries which
-  key, learned from received frames (``SRCFD`` and the ZAP ``User-Id``), and
+- ``Gate``: the ZAP decision at each CURVE handshake. It admits exactly the
+  roster's transport keys, minus keys cooling down after misbehaving
+  (``punish``), remembers which connection (descriptor) carries which key, and
   shuts those connections down when their key stops being admitted.
-- ``ConnectionMonitor``: drains the inbox's ZeroMQ socket monitor and counts
-  each connection's outcome by reason. It runs on its own small thread because
-  libzmq's monitor blocks the I/O thread once its queue (1000 events) is full:
-  drained only between training steps, a burst of junk connections would stall
-  every socket of the peer (and a pending ``wait_sent`` with it).
-- ``shut_down``: closes a connection libzmq owns, by shutting the TCP socket
-  under it down; libzmq sees the end of the stream and drops the connection.
+- ``ConnectionMonitor``: drains the inbox's socket monitor on its own thread
+  (a full monitor queue would block libzmq's I/O thread) and counts each
+  connection's outcome by reason: ``not_on_roster``/``cooling_down``,
+  ``handshake_<protocol error>``, ``handshake_no_detail``,
+  ``closed_before_handshake`` (bytes that are not ZMTP), and, not a refusal,
+  ``closed_after_handshake``. It keeps at most ``max_handshaking`` connections
+  mid-handshake and shuts the oldest down beyond that (``shed_mid_handshake``).
+- ``shut_down``: closes a connection libzmq owns by shutting its TCP socket down.
 
-What libzmq 4.3.5's monitor tells (measured; see tests/test_transport_auth.py),
-per accepted connection, exactly one of:
-
-================================  =========================================================
-``not_on_roster``/``cooling_down`` ZAP refused the CURVE key (counted by the gate; the monitor
-                                   says ``HANDSHAKE_FAILED_AUTH``)
-``handshake_<protocol error>``     ``HANDSHAKE_FAILED_PROTOCOL``: e.g. a client without CURVE
-                                   (``handshake_zmtp_mechanism_mismatch``), a malformed or
-                                   oversize handshake command (``handshake_zmtp_malformed_...``)
-``handshake_no_detail``            ``HANDSHAKE_FAILED_NO_DETAIL``: closed or timed out mid-handshake
-``closed_before_handshake``        no handshake event at all before ``DISCONNECTED``: bytes that are
-                                   not ZMTP (an HTTP request, random bytes) or an oversize greeting
-``closed_after_handshake``         (not a refusal) an admitted connection ended: its peer closed it,
-                                   a ZMTP heartbeat timed out, or it sent a frame over
-                                   ``MAXMSGSIZE``; libzmq emits the same bare ``DISCONNECTED`` for
-                                   all three, so an oversize frame cannot be told apart here
-================================  =========================================================
-
-Strangers' memory: libzmq reads a handshake command of up to MAXMSGSIZE (16 MiB) into memory
-and waits ZMQ_HANDSHAKE_IVL (30 s) for the rest of it, so each connection mid-handshake can pin
-a frame's worth (10 held at once: ~160 MiB, measured). The monitor keeps at most
-``max_handshaking`` connections mid-handshake and shuts the oldest down beyond that
-(``shed_mid_handshake``; such a connection is then counted by its own events, as
-``handshake_no_detail``). An honest handshake takes milliseconds, and its client dials again.
-
-Only ``ACCEPTED`` and ``DISCONNECTED`` name the connection (its descriptor); the handshake
-events name none. So a failed handshake is counted by its reason when it happens, and the next
-``DISCONNECTED`` of a connection still mid-handshake is taken as its end. ``HANDSHAKE_SUCCEEDED``
-is pinned to a descriptor when only one connection is mid-handshake, or when a message later
-arrives on it; otherwise a bare ``DISCONNECTED`` is put in ``closed_after_handshake`` only while
-unpinned successes outnumber the other connections mid-handshake. Each refused connection is
-counted exactly once, by its reason; only the split between ``closed_before_handshake`` and
-``closed_after_handshake`` can err, while handshakes overlap (never in the total).
+Invariant: each refused connection is counted exactly once, by its reason; only
+the split between ``closed_before_handshake`` and ``closed_after_handshake`` can
+err while handshakes overlap (never the total). What libzmq's monitor tells, the
+memory a stranger can pin, and how events are matched to connections:
+docs/design/transport.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,22 @@
 """Every ZeroMQ context hivemesh creates, made so that dropping one can never hang the process.
 
-Why: pyzmq's ``Context.__del__`` closes the sockets it still knows of and then terminates the
-context, and ``zmq_ctx_term`` waits, with no timeout, until every socket of the context is closed.
-A socket holds its context, so a context is only ever finalised while it has open sockets when
-they are garbage together (a cycle: a traceback's frames holding a transport, a failed test's
-locals). pyzmq knows its sockets through weak references, which the garbage collector clears
-before it runs any finaliser: the context terminates with its sockets still open, and waits for
-finalisers that can only run after it returns. That was a CI run stuck 17 minutes in an unrelated
-import that happened to trigger a collection. Linger alone does not help: it bounds how long a
-*closed* socket keeps its unsent messages, not an open one.
+pyzmq's ``Context.__del__`` terminates a context whose sockets may still be open
+(garbage together, in a cycle), and ``zmq_ctx_term`` then waits for them with no
+timeout. A context from :func:`new_context` (every transport's, every test's):
 
-A context from :func:`new_context` (every transport's, every test's):
+- when it is garbage-collected unterminated, terminates itself on a thread of its
+  own, so nothing waits for it;
+- gives every new socket ``LINGER`` 0, so a socket closed with messages queued
+  never holds the termination up;
+- is terminated by its owner through :func:`terminate`, which waits a bounded time;
+- is listed while open (:func:`open_contexts`), and one dropped unterminated leaves
+  a note of where it was made (:func:`dropped_unterminated`), which the test suite's
+  guard turns into a failure. Every transport terminates its own context in
+  ``close``, so in a running peer these lists stay empty.
 
-- when it is garbage-collected unterminated, terminates itself on a thread of its own: the
-  collection goes on, finalises the sockets (which closes them) and that termination ends;
-  nothing waits for it;
-- gives every new socket ``LINGER`` 0, so a socket closed with messages queued (those sockets'
-  finalisers, the sockets pyzmq opens for us: socket monitors, the ZAP authenticator's) never
-  holds the termination up either;
-- is terminated by its owner through :func:`terminate`, which waits a bounded time: libzmq may
-  still be tearing a closed socket down, and a ``close`` must not hang its caller either;
-- is listed while open (:func:`open_contexts`), and one dropped unterminated leaves a note of where
-  it was made (:func:`dropped_unterminated`). The test suite's guard (tests/conftest.py) fails the
-  test that leaked one. Every transport terminates its own context in ``close``, so in a running
-  peer these lists stay empty.
-
-The registry is module state on purpose: like pyzmq's ``Context.instance``, it describes the
-process (which contexts exist), not any one component.
+The registry is module state on purpose: like pyzmq's ``Context.instance``, it
+describes the process (which contexts exist), not any one component. Why a
+dropped context hung: docs/design/transport.md.
 """
 
 from __future__ import annotations

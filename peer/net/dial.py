@@ -37,7 +37,8 @@ import zmq
 
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
-from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportConfig, TransportError
+from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportError, link_options
+from peer.net.transport_config import TransportConfig
 
 GATEWAY = b"gateway"  # the connection every arrival comes on (there is only one)
 
@@ -77,9 +78,8 @@ class DialTransport:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+            for option, value in link_options(cfg).items():
+                sock.setsockopt(option, value)
             sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes)
             sock.setsockopt(zmq.RCVHWM, cfg.high_water_mark)
             sock.setsockopt(zmq.SNDHWM, cfg.high_water_mark)

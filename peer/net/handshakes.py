@@ -21,7 +21,7 @@ The watch also follows which descriptor carries the socket's connection (``fd``)
 one monitor per socket, and peer/net/progress.py reads that connection's progress from it. A
 socket closed mid-connect (an outbox redialed across a cut) emits ``EVENT_CLOSED``, so with these
 events watched the order in :meth:`detach` is what keeps a redial across a cut from freezing the
-context (tests/test_handshake_watch_detach.py).
+context.
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-if TYPE_CHECKING:
-    from peer.net.transport import TransportConfig
+from peer.net.transport_config import TransportConfig
 
 REFUSED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",   # the listener's ZAP said no
                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",

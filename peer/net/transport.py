@@ -1,81 +1,27 @@
 """ZeroMQ transport for one peer: a ROUTER to receive, a DEALER per neighbour to send.
 
-Why this pattern: every message is one-way and self-describing (the signed
-envelope names its sender), so a peer needs one inbox that anybody may reach
-(ROUTER, bound at the member's address) and one outbox per neighbour whose
-queue and reconnect state are that neighbour's alone (DEALER, connected to the
-neighbour's address). A slow or dead neighbour fills only its own bounded
-queue; ``IMMEDIATE`` makes a send to a neighbour with no live connection fail
-at once (counted as ``unreachable``) instead of piling up.
+One inbox anybody may reach (ROUTER, bound at the member's address) and one
+outbox per neighbour (DEALER) whose bounded queue and reconnect state are that
+neighbour's alone; ``IMMEDIATE`` makes a send with no live connection fail at once
+(``unreachable``). Every ZeroMQ message on the wire is a single frame, bounded by
+``MAXMSGSIZE``; a multipart arrival is counted and dropped; ``RCVHWM``/``SNDHWM``
+and a cap per poll bound the rest. Which frames are accepted is the protocol's
+business (protocols/assembly.py).
 
-Memory bounds against a hostile or slow neighbour: every ZeroMQ message on
-the wire is a single frame (``send`` queues a message's frames as messages of
-their own; ``poll`` returns each with its connection, and counts and drops a
-multipart arrival, which libzmq had to assemble whole), so ``MAXMSGSIZE`` (a
-frame larger than the wire's 16 MiB limit disconnects the sender before it is
-buffered) bounds each one; ``RCVHWM``/``SNDHWM`` (messages queued per
-connection) and a cap on the frames and bytes drained per poll bound the
-rest. Which frames are accepted is the protocol's business
-(protocols/assembly.py: a verified header announces them).
+- Zero-copy sends are tracked (``wait_sent``); one pending past ``send_timeout_s``,
+  or ``stall_timeout_s`` once the link acknowledges nothing (peer/net/progress.py),
+  is abandoned by closing that neighbour's socket.
+- While it waits it hands arrivals to ``while_waiting``, so two peers sending
+  large models to each other never deadlock.
+- Admission (peer/net/admission.py): ZAP admits the roster's transport keys
+  (``allow``, ``punish``, ``connection_key``); refused handshakes are redialed
+  after a backoff (peer/net/handshakes.py).
+- :meth:`Transport.reply` answers on the caller's connection (peer/runtime/routes.py);
+  ``reserve_listeners`` binds port 0 and keeps the socket (``listen_fd``).
+- ``close`` ends everything; its context cannot hang (peer/net/contexts.py).
 
-Zero-copy sends of tensors are *tracked*: ``wait_sent`` blocks until ZeroMQ
-has released every frame, and the driver calls it before anything may change
-a tensor in place (the torn-model trap in shared/ANCHORS.md). A send still
-pending after its timeout is abandoned by closing that neighbour's socket
-without lingering, which releases its frames. The timeout tells a slow link
-from a cut one: ``send_timeout_s`` while the kernel keeps acknowledging the
-connection's bytes, ``stall_timeout_s`` (the daemon's round deadline) once it
-acknowledges none (peer/net/progress.py reads ``tcpi_bytes_acked`` of the
-descriptor the outbox's monitor names).
-
-Reading while waiting (``while_waiting``): a driver that blocks in ``wait_sent``
-(or in ``send``, on a full queue) without reading its inbox deadlocks with a
-neighbour doing the same, as soon as a message is larger than what the
-receiving side's queue (``receive_high_water_mark`` frames) and the kernel's
-buffers absorb (about 200 MB with the defaults): each end's frames wait for
-the other to read, until the stall timeout abandons them (issue 29). So the
-transport hands whatever arrives while it waits to the driver's
-``while_waiting`` callback, which takes it in (assembles it; nothing it does
-may send or change a tensor being sent) and answers whether it takes more.
-
-Addresses for tests and local launches: ``reserve_listeners`` binds port 0
-and keeps the listening socket; a Transport adopts it through ZeroMQ's
-``USE_FD`` (``listen_fd``), so no other process can take the port between the
-moment it is written into a roster and the moment a peer listens on it.
-
-Admission (peer/net/admission.py): with CURVE, ZAP admits exactly the
-roster's transport keys; ``allow`` changes them while running and shuts down
-the open connections of a key that left; ``punish`` refuses a key for
-``multipart_cooldown_s`` and shuts its connections down;
-``connection_key`` binds a received frame to the key its connection
-authenticated with. Every connection the inbox refuses is counted by reason
-from ZeroMQ's socket monitor (``refused``, ``connections``). libzmq never
-retries a refused handshake (a joiner that dialed a neighbour before that
-neighbour admitted its key), so each outbox's own monitor is watched
-(peer/net/handshakes.py, shared with the edge client's dial-out): a refusal is
-counted by reason (``handshake_refused``) and the outbox dialed afresh after a
-backoff of ``reconnect_ms`` doubling to ``reconnect_max_ms``, checked at each
-:meth:`Transport.poll` (which wakes for it). The fallback where no handshake
-event says anything: an outbox with no connection for the back-off's ceiling is
-dialed afresh at its next failed send.
-
-Replies on the caller's connection (:meth:`Transport.reply`): an edge client
-dials out and never listens (behind NAT), so its gateway answers on the
-connection the client opened, by the ROUTER's routing id of one of its
-frames (``Arrival.connection``). Which id stands for which member is the
-driver's to decide, from accepted messages only (the routing id of an
-unverified frame says nothing about its sender): see peer/runtime/routes.py.
-The dialling side is peer/net/dial.py.
-
-Lifetime: a transport makes its own context (peer/net/contexts.py: one dropped
-unterminated cannot hang the process) and ends everything in ``close`` (also a
-context manager): every socket closed without lingering, the monitor and ZAP
-threads stopped and joined, the context terminated. A constructor that fails
-part way does the same for what it had opened before it raises.
-
-This module, peer/net/admission.py, peer/net/handshakes.py and peer/net/dial.py
-are the only ones that touch sockets; they know nothing about messages or
-algorithms.
+With admission.py, handshakes.py and dial.py, the only modules that touch
+sockets; they know nothing of messages or algorithms. Why: docs/design/transport.md.
 """
 
 from __future__ import annotations
@@ -96,14 +42,14 @@ from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
 from peer.net.progress import acked_bytes, peer_of
-from topology.errors import HivemeshError
+from peer.net.transport_config import WIRE_FRAME_LIMIT_BYTES, TransportConfig
+from protocols.errors import HivemeshError
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
 
 Frames = Sequence[bytes | bytearray | memoryview]
 
-WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
 # a poll hands over at most about this many bytes (four of the largest frames): what the driver holds
 # at once while it feeds them to the assembly stays small, however many are queued
 POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
@@ -111,53 +57,6 @@ POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
 PROGRESS_LOOK_S = 0.2
 # and, with a while_waiting callback, the inbox this often (a frame released wakes the wait at once)
 INBOX_LOOK_S = 0.005
-
-
-@dataclass(frozen=True, kw_only=True)
-class TransportConfig:
-    """Socket limits and timings; the defaults suit a LAN or loopback."""
-
-    # frames queued per outgoing connection; a 25M-parameter push is ~7 frames, so this is ~10 pushes
-    high_water_mark: int = 64
-    # frames libzmq reads ahead per incoming connection before we look at them: with up to
-    # max_frame_bytes each, this bounds what one member's connection pins (8 x 16 MiB)
-    receive_high_water_mark: int = 8
-    # the wire's frame limit plus slack for a header; a larger frame disconnects its sender
-    max_frame_bytes: int = WIRE_FRAME_LIMIT_BYTES + 64 * 1024
-    # drain at most this many messages per poll so timers and work still run under a flood
-    max_messages_per_poll: int = 256
-    # first reconnect attempt after this long, doubling up to the maximum (ZeroMQ back-off)
-    reconnect_ms: int = 100
-    reconnect_max_ms: int = 5000  # the back-off's ceiling
-    # ZMTP-level pings detect a dead TCP connection that the kernel would keep for minutes
-    zmtp_heartbeat_ms: int = 1000
-    zmtp_heartbeat_timeout_ms: int = 5000  # a connection with no ping answer this long is closed
-    # how long a zero-copy send may hold a tensor before it is abandoned, however slowly it moves
-    send_timeout_s: float = 30.0
-    # a neighbour's connection whose kernel acknowledged none of our bytes this long is taken as cut
-    # and its sends are abandoned before send_timeout_s (peer/net/progress.py); a slow link that
-    # still moves bytes is waited for. The daemon sets it to the round deadline
-    stall_timeout_s: float = 10.0
-    # a member that sent a multipart message (the wire is single-frame, so it is hostile: libzmq
-    # assembled all of it in memory) is disconnected and its handshakes refused this long
-    multipart_cooldown_s: float = 60.0
-    # connections mid-handshake at once; beyond it the oldest is shut down. libzmq buffers a
-    # handshake frame of up to max_frame_bytes per connection, so this bounds what strangers pin
-    max_handshaking_connections: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("high_water_mark", "receive_high_water_mark", "max_frame_bytes", "max_messages_per_poll",
-                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "zmtp_heartbeat_ms",
-                     "zmtp_heartbeat_timeout_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.reconnect_max_ms < self.reconnect_ms:
-            raise ValueError("reconnect_max_ms must be >= reconnect_ms")
-        for name in ("send_timeout_s", "stall_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.multipart_cooldown_s < 0:
-            raise ValueError(f"multipart_cooldown_s must be >= 0, got {self.multipart_cooldown_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,13 +237,13 @@ class Transport:
         return inbox, monitor
 
     def _configure(self, sock: zmq.Socket) -> None:
+        """Lingering, reconnecting and the kernel's probing of the link (:func:`link_options`)."""
         cfg = self.config
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, cfg.reconnect_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, cfg.reconnect_max_ms)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, cfg.zmtp_heartbeat_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, cfg.zmtp_heartbeat_timeout_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, cfg.zmtp_heartbeat_timeout_ms)
+        for option, value in link_options(cfg).items():
+            sock.setsockopt(option, value)
 
     def _open_outbox(self, name: str, address: str) -> _Outbox:
         watch = HandshakeWatch(self.config, self.handshake_refused)
@@ -806,6 +705,28 @@ class Transport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def link_options(config: TransportConfig) -> dict[int, int]:
+    """The socket options that find a dead link: TCP keepalive probes every ``keepalive_s`` on an
+    idle connection, and ``dead_link_s`` (``TCP_USER_TIMEOUT``, ZMQ_TCP_MAXRT) without an answer or
+    an acknowledgement closes it. Every socket of ours, the inbox included.
+
+    Never libzmq's ZMTP heartbeats (issue 32, item 7): libzmq 4.3.5, the one pyzmq bundles and the
+    newest there is, aborts the process (``Assertion failed: !_io_error
+    (src/stream_engine_base.cpp:310)``) when a connection that stopped reading because its receive
+    queue was full (``RCVHWM``: its owner is busy) reports a hang-up or a reset, and a ping then goes
+    out through ``out_event``: its own heartbeat timer's (the tick after the break), or the answer
+    to a ping it had read ahead of the full queue, sent once the queue is read again. Kernel probes
+    never pass through libzmq's engine: the broken connection waits, not polled, until its queue is
+    read, and is then torn down (tests/test_transport_cuts.py). No honest member sends a ping;
+    one that does (a foreign client, or an insider) and resets its own connection behind a full
+    queue can still reach the assertion: libzmq's to fix (zeromq/libzmq#4841, unfixed there)."""
+    return {zmq.TCP_KEEPALIVE: 1,
+            zmq.TCP_KEEPALIVE_IDLE: config.keepalive_s,
+            zmq.TCP_KEEPALIVE_INTVL: config.keepalive_s,
+            zmq.TCP_KEEPALIVE_CNT: max(1, config.dead_link_s // config.keepalive_s),
+            zmq.TCP_MAXRT: 1000 * config.dead_link_s}
 
 
 class TransportError(HivemeshError):

@@ -19,16 +19,17 @@ from typing import Any
 
 from peer.files.config import ConfigError
 from peer.files.keydir import find_identity
+from peer.files.keyfile import load_identity
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.netinit import load_roster
 from peer.runtime.peerconfig import PeerConfig
+from protocols.errors import HivemeshError
 from protocols.events import Machine
 from protocols.identity import Identity
 from protocols.node.membership import Serving
 from protocols.roster import GOSSIP_ROLES, Roster, run_id
 from protocols.wire import Endpoint
 from topology import Topology, build
-from topology.errors import HivemeshError
 
 
 @dataclass
@@ -114,7 +115,7 @@ def _named(config: PeerConfig, key: str, error: HivemeshError) -> ConfigError:
 def identity_and_roster(config: PeerConfig) -> tuple[Identity, Roster, str]:
     """This peer's key and the roster, checked against each other (errors name the file and key)."""
     try:
-        identity = Identity.load(config.key_path)
+        identity = load_identity(config.key_path)
     except HivemeshError as error:
         raise _named(config, "peer.key", error) from None
     try:

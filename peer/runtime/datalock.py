@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 LOCK_FILE = "lock"
 PROBE_GRACE_S = 0.2   # how long a held lock is asked again before it counts as another peer's

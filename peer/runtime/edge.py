@@ -1,7 +1,7 @@
 """``hivemesh edge``: an edge client's driver. Its Node hosts a FedAvg client; the gateway decides.
 
 A driver only, like the peer daemon (peer/runtime/daemon.py): the Node
-(protocols/node) with the client as its machine (protocols/federation/edge.py)
+(protocols/node) with the client as its machine (protocols/federation/edge_machine.py)
 and the gateway as its one neighbour decides everything; this loop carries its
 actions out with one dial-out connection (peer/net/dial.py: nothing listens,
 so it works behind NAT), the trainer and the monotonic clock:
@@ -68,6 +68,7 @@ from types import FrameType
 from typing import Any
 
 from peer.files.console import ensure_logging
+from peer.files.keyfile import load_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
@@ -82,7 +83,7 @@ from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
 from protocols.federation import FedAvgClient, SecureClient
-from protocols.federation.edge import EdgeMachine
+from protocols.federation.edge_machine import EdgeMachine
 from protocols.federation.secure import roster_verify
 from protocols.identity import Identity
 from protocols.node import Neighbour, Node, NodeAction, Note
@@ -120,7 +121,7 @@ class EdgeClient:
         self.hooks = Hooks(hooks)
         edge = config.edge
         self.name = edge.name
-        identity = Identity.load(config.key_path)
+        identity = load_identity(config.key_path)
         roster = load_roster(config.roster_path)
         member, gateway = roster.get(edge.name), roster.get(edge.gateway)
         if member is None or member.role != "edge" or member.public_id != identity.public_id:

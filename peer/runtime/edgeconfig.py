@@ -24,8 +24,8 @@ from typing import Any
 from peer.files.config import load, read_toml
 from peer.files.paths import from_folder
 from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
-from peer.net.transport import TransportConfig
-from peer.runtime.peerconfig import FederationSection, shared_settings
+from peer.net.transport_config import TransportConfig
+from peer.runtime.peerconfig import PeerFederationSection, shared_settings
 from protocols.node.config import NodeConfig
 
 
@@ -68,7 +68,7 @@ class EdgeSection(NodeConfig):
 @dataclass(frozen=True, kw_only=True)
 class EdgeFile:
     edge: EdgeSection
-    federation: FederationSection
+    federation: PeerFederationSection
     network: NetworkSection = field(default_factory=NetworkSection)
     transport: TransportConfig = field(default_factory=TransportConfig)
 
@@ -77,7 +77,7 @@ class EdgeFile:
 class EdgeConfig:
     source: Path
     edge: EdgeSection
-    federation: FederationSection
+    federation: PeerFederationSection
     network: NetworkSection            # paths resolved
     network_as_written: NetworkSection  # for the run id
     transport: TransportConfig

@@ -33,7 +33,7 @@ from torch import nn
 from peer.files.statefiles import CheckpointStore, read_status
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.train.tasks import Task, get_task
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 @dataclass(frozen=True)

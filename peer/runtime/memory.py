@@ -1,6 +1,6 @@
 """The process's resident memory, as status.json reports it: the peak (``ru_maxrss``, what an attack must
-not grow: issue 14) and the current one (what an operator watches for a leak: a peak set by torch's import
-hides growth for a long time; issue 16's RSS check reads the same number from /proc)."""
+not grow) and the current one (what an operator watches for a leak: a peak set by torch's import
+hides growth for a long time; the multi-host suite's RSS check reads the same number from /proc)."""
 
 from __future__ import annotations
 

@@ -36,11 +36,12 @@ from typing import Any
 from peer.files import roster_file, tomlout
 from peer.files.federation_layout import federation_names
 from peer.files.federation_layout import gateway_of as layout_gateway_of
+from peer.files.keyfile import save_identity
 from peer.net.transport import free_tcp_addresses, listener_address, reserve_listeners
+from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from protocols.roster import Member, Roster
 from topology import default_names
-from topology.errors import HivemeshError
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     for name, address in zip(member_names, addresses, strict=True):
         identity = Identity.generate()
         keys[name] = out / "keys" / f"{name}.key"
-        identity.save(keys[name])
+        save_identity(identity, keys[name])
         members.append(Member(name=name, public_id=identity.public_id, role="peer", address=address,
                               curve_key=identity.curve_public_key))
     roster = Roster(tuple(members))
@@ -244,7 +245,7 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     for name in edge_names:
         identity = Identity.generate()
         keys[name] = files.out / "keys" / f"{name}.key"
-        identity.save(keys[name])
+        save_identity(identity, keys[name])
         members.append(Member(name=name, public_id=identity.public_id, role="edge", address="",
                               curve_key=identity.curve_public_key))
     roster_file.write(files.roster, Roster(tuple(members)))

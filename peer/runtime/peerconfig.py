@@ -3,9 +3,9 @@
 Layout::
 
     [peer]        who this peer is and where its files live (per peer)
-    [transport]   socket limits and timings (per peer, peer.net.transport.TransportConfig)
+    [transport]   socket limits and timings (per peer, peer.net.transport_config.TransportConfig)
     [checkpoint]  interval and retention (per peer, peer.train.checkpoint.CheckpointConfig)
-    [federation]  (a gateway only) FedAvg rounds for the roster's edge clients (FederationSection)
+    [federation]  (a gateway only) FedAvg rounds for the roster's edge clients (PeerFederationSection)
     [network]     what every member must agree on: topology, seed, task (peer.files.schema.NetworkSection),
       [network.partition] peer.files.schema.PartitionConfig
       [network.gossip]   protocols.gossip.GossipConfig (peer.files.schema.gossip_config)
@@ -43,7 +43,7 @@ from peer.files.schema import (
     resolve_network_paths,
     trainer_config,
 )
-from peer.net.transport import TransportConfig
+from peer.net.transport_config import TransportConfig
 from peer.train.checkpoint import CheckpointConfig
 from protocols.federation import FederationConfig
 from protocols.federation.interleave import gossip_total_rounds
@@ -51,7 +51,7 @@ from protocols.node.config import NodeConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class FederationSection(FederationConfig):
+class PeerFederationSection(FederationConfig):
     """``[federation]``: protocols.federation.FederationConfig's keys, and how the gateways' gossip
     interleaves with the FedAvg rounds (protocols/federation/interleave.py). The same table, word
     for word, is in every gateway's and every edge client's config: it is part of the run id."""
@@ -131,7 +131,7 @@ class PeerFile:
     network: NetworkSection = field(default_factory=NetworkSection)
     transport: TransportConfig = field(default_factory=TransportConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    federation: FederationSection | None = None    # present: this peer is a gateway
+    federation: PeerFederationSection | None = None    # present: this peer is a gateway
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +149,7 @@ class PeerConfig:
     key_path: Path
     roster_path: Path
     data_dir: Path
-    federation: FederationSection | None = None    # a gateway's FedAvg rounds (None: a plain peer)
+    federation: PeerFederationSection | None = None    # a gateway's FedAvg rounds (None: a plain peer)
 
     def shared(self) -> dict[str, Any]:
         """The network-wide settings that go into the run id (never the member list: membership
@@ -157,7 +157,7 @@ class PeerConfig:
         return shared_settings(self.network_as_written, self.federation)
 
 
-def shared_settings(network: NetworkSection, federation: FederationSection | None) -> dict[str, Any]:
+def shared_settings(network: NetworkSection, federation: PeerFederationSection | None) -> dict[str, Any]:
     """What the run id digests: ``[network]`` as written and, in a federation, ``[federation]``
     (a gateway's and its edge clients' configs give the same)."""
     shared: dict[str, Any] = {"network": dataclasses.asdict(network)}
@@ -197,5 +197,13 @@ def _resolve(base: Path, value: str) -> Path:
     return Path(from_folder(base, value))
 
 
-__all__ = ["ConfigError", "FederationSection", "NetworkSection", "PartitionConfig", "PeerConfig",
-           "PeerFile", "PeerSection", "load_peer_config"]
+__all__ = [
+    "ConfigError",
+    "NetworkSection",
+    "PartitionConfig",
+    "PeerConfig",
+    "PeerFederationSection",
+    "PeerFile",
+    "PeerSection",
+    "load_peer_config",
+]

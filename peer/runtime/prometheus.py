@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from peer.files.fields import FIELDS_BY_KEY, MACHINE_GAUGE_WORDS, SNAPSHOT_FIELDS, Field, field_for
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 PREFIX = "hivemesh"
 # units the snapshot keeps for people, converted to Prometheus' base units

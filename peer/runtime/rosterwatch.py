@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peer.files import roster_file
+from protocols.errors import HivemeshError
 from protocols.roster import Roster
-from topology.errors import HivemeshError
 
 
 @dataclass(frozen=True)

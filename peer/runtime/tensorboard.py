@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 FOLDER = "tensorboard"
 NOT_SCALARS = ("name", "state", "stranded", "waiting_for", "warnings", "neighbours", "timeline", "time",

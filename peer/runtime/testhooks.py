@@ -1,57 +1,27 @@
 """Faults that fire on a peer's own progress, for process tests: no wall-clock sleeps.
 
-A process test needs its faults at known points of a run: a peer killed right
-after step 110, every peer held at step 60 until a late joiner has synced. A
-sleep in the test cannot give that (on a loaded machine 300 steps take 2 s or
-20 s), so the daemon honours hooks instead. Each hook names a trainer step and
-what happens when the peer reaches it, before it trains further (a gateway,
-which trains nothing, counts its rounds instead, as its checkpoints do):
+``HIVEMESH_TEST_HOOKS`` (a JSON list; nothing sets it in normal use, and a
+malformed value is a configuration error) names a trainer step (a gateway: a
+round) and what happens when the peer reaches it, before it trains further:
+``hold`` until the file ``gate`` exists; ``kill`` (SIGKILL) or ``stop`` (SIGTERM)
+itself; ``cut`` every message for ``seconds``, then create ``healed``; and for an
+edge client ``signflip`` or ``attack`` (a peer/train/attack.py spec) from then on,
+or ``pace``: at least ``seconds`` per training step (a peer honours it too). When
+a hook fires, the peer first creates the file ``mark``, so a test waits on files.
 
-- ``hold``: stop training (messages, heartbeats, state-sync answers and
-  status go on) until the file ``gate`` exists;
-- ``kill``: SIGKILL itself (a crash: no checkpoint, no goodbye);
-- ``stop``: SIGTERM itself (the clean path: checkpoint, exit 0);
-- ``cut``: drop every message it sends or receives (heartbeats included), counted,
-  for ``seconds`` of its clock, as a cut link would; it creates the file
-  ``healed`` (if given) when the cut ends;
-- ``signflip`` (an edge client): from then on it is an attacker, as a scenario's
-  ``attack = {NAME = "signflip:<scale>"}`` makes one in the simulator: it trains
-  honestly, then uploads ``-scale`` times its update (peer/train/attack.py);
-- ``attack`` (an edge client): from then on it is the attacker its ``spec`` says (any
-  peer/train/attack.py spec: a flip, a forged claim, norms or value), replacing an earlier one;
-- ``pace`` (an edge client): from then on each training step takes at least
-  ``seconds`` of its clock: the round's ``WorkDone`` waits (messages and
-  heartbeats go on) until ``steps * seconds`` after its training began, as the
-  simulator's modelled compute time does (``[nodes] step_time_ms`` / ``speed``);
-  a slow device for a process test, on top of a host's real speed. A peer
-  honours it too, as slower compute would: it blocks in its training until
-  then, so a test's timeline in steps holds on a fast machine and a slow one.
+``HIVEMESH_TEST_CHECKPOINT_HOOK`` (:class:`SaveHook`): at one of
+peer/train/checkpoint.py's ``SAVE_POINTS`` of the first save of at least step
+``at_step``, the writer creates ``mark``, then kills itself or holds until ``gate``.
 
-When a hook fires, the peer first creates the file ``mark`` (if given), so a
-test waits on files, not on time. Hooks come from the environment variable
-``HIVEMESH_TEST_HOOKS``, a JSON list of objects with these keys; nothing sets
-it in normal use, and a malformed value is a configuration error.
+``HIVEMESH_TEST_PARAMS_TRACE`` (:class:`ParamsTrace`): every ``every_steps``
+steps, at the work point, the flat parameters, step and wall clock go to
+``folder/NAME/STEP.pt`` (:func:`read_params_trace`).
 
-A checkpoint write can be stopped halfway (``HIVEMESH_TEST_CHECKPOINT_HOOK``, a JSON
-object, :class:`SaveHook`): at one of peer/train/checkpoint.py's ``SAVE_POINTS``
-(``temp_data``, ``temp_complete``, ``old_moved``, ``new_placed``) of the first save
-of at least step ``at_step``, the writer creates ``mark`` (if given), then SIGKILLs
-itself (``kill``) or waits until the file ``gate`` exists (``hold``), so a test kills
-a peer inside a write, at an instant it chose, without timing it.
-
-A peer's parameters over time (``HIVEMESH_TEST_PARAMS_TRACE``, a JSON object,
-:class:`ParamsTrace`): every ``every_steps`` steps, at the work point, it writes
-its flat parameters, step and wall clock to ``folder/NAME/STEP.pt``, from which a
-multi-host test computes the consensus distance over time
-(:func:`read_params_trace`).
-
-A fault schedule keyed by rounds (protocols/node/schedule.py, the one the
-simulator honours too) comes from ``HIVEMESH_TEST_SCHEDULE``: a JSON object
-``{"progress": DIR, "faults": [...]}``. Peers of one test share ``DIR``: each
-writes there the round of its latest work point (``DIR/NAME``, what other
-peers' conditions read) and the faults it has fired (``DIR/NAME.fired``, so a
-restarted peer does not fire its stop again). :class:`ScheduleFiles` is that
-file side; the daemon carries out what :class:`MemberFaults` says fires.
+``HIVEMESH_TEST_SCHEDULE``: a fault schedule keyed by rounds
+(protocols/node/schedule.py, which the simulator honours too) with a shared
+``progress`` folder: each peer writes its latest work point's round
+(``DIR/NAME``) and the faults it fired (``DIR/NAME.fired``). :class:`ScheduleFiles`
+is that file side; the daemon does what :class:`MemberFaults` fires. Why: docs/design/testhooks.md.
 """
 
 from __future__ import annotations
@@ -72,8 +42,8 @@ import torch
 
 from peer.train.attack import Attack, parse_attack
 from peer.train.checkpoint import SAVE_POINTS, SavePoint
+from protocols.errors import HivemeshError
 from protocols.node.schedule import MemberFaults, Schedule, from_plain, to_plain
-from topology.errors import HivemeshError
 
 ENVIRONMENT_VARIABLE = "HIVEMESH_TEST_HOOKS"
 PROTOCOL_VARIABLE = "HIVEMESH_TEST_PROTOCOL_VERSION"   # a member not yet upgraded: speaks at most this

@@ -6,8 +6,7 @@ sim/federation.py) and a real edge client under a test hook (peer/runtime/testho
 ``signflip`` and ``attack`` actions, peer/runtime/edge.py) train honestly; then
 
 - ``signflip:<scale>`` turns the trained model into ``anchor - scale * (trained - anchor)``
-  before their FedAvg client takes the delta: the upload is ``-scale`` times the honest update
-  (acceptance (d) of issue 12: sign-flipped, scaled by 10);
+  before their FedAvg client takes the delta: the upload is ``-scale`` times the honest update;
 - ``claim:<n>`` sends ``num_samples = n`` whatever the shard holds;
 - ``norms:<factor>`` multiplies the upload's compression norms (its float tensors named
   ``.../norms``: qsgd's scale) by ``factor``, so the delta decodes ``factor`` times as long;
@@ -17,7 +16,7 @@ sim/federation.py) and a real edge client under a test hook (peer/runtime/testho
   (``garbage_shares``, ``wrong_secret``, ``false_accusation``, ``extreme_input``) in federation
   round ``round``; without ``@<round>``, in every round.
 
-A spec joins parts with commas: ``signflip:3,claim:1000000000`` (issue 32's insider).
+A spec joins parts with commas: ``signflip:3,claim:1000000000``.
 """
 
 from __future__ import annotations

@@ -7,36 +7,20 @@ Layout of one checkpoint, a directory ``ckpt-<step, 12 digits>/`` under the chec
     manifest.json          step, the JSON metadata of both slots, ``extra``, and the
                            size and BLAKE3 digest of every file; plus a digest of itself
 
-It is written into a hidden temporary directory ``.tmp-ckpt-<step>-<pid>/``, every
-file and the directory are fsynced (the manifest last: a directory is complete exactly
-when its manifest verifies), and only then renamed into place. Saving a step that is
-already there (a final or SIGTERM save right after a periodic one) takes two renames:
-the old copy steps aside to ``.tmp-ckpt-old-<step>-<pid>/``, the new one takes its
-name, the old one is removed. A kill between the two leaves both complete copies in
-temporary directories and none under the checkpoint's name, so a checkpoint is found
-among the temporaries too: at every instant the newest step (or, in the middle of its
-first write, the previous one) is loadable, whatever ``keep`` is.
+Written into a hidden temporary directory, fsynced (the manifest last), then
+renamed into place; a re-save of the same step takes two renames. Invariant: at
+every instant the newest step (or, during its first write, the previous one) is
+loadable, whatever ``keep`` is. :func:`load_latest` verifies sizes and digests
+before parsing and falls back to the newest checkpoint that verifies (a complete
+temporary is a candidate too); :func:`recover`, at start-up, puts the best
+complete temporary in place and removes the rest.
 
-:func:`load_latest` verifies sizes and digests before parsing anything and falls back
-to the newest checkpoint that verifies, so a torn or bit-flipped newest checkpoint
-costs one interval of work, not the run. A complete temporary is a candidate behind a
-named checkpoint of the same step (the new copy before the old one); a torn one is
-passed over without a word, since a kill halfway through a write leaves one by design.
-:func:`recover` (at start-up, by the one process that holds the data folder) renames
-the best complete temporary into place and removes every other temporary, so a dead
-writer's leftovers neither hide a checkpoint nor take the disk.
-
-Metadata is strict JSON; a non-finite number in it (an overflow a member's update caused) is
-written as null and listed by its path under the manifest's ``nonfinite``, and read back as the
-number it was, so a restore continues exactly. Metadata JSON cannot hold at all raises
-:class:`MetadataError` before anything is written.
-
-A write that fails (``ENOSPC``: a full disk) removes its temporary directory and
-leaves the checkpoints before it as they were; the caller decides what a failure
-means (peer.files.statefiles.CheckpointStore counts and reports it, the peer trains
-on). ``at_point`` lets a test stop the writer at each of its instants
-(:data:`SAVE_POINTS`, peer/runtime/testhooks.py). Tensors are read with safetensors;
-nothing is ever unpickled.
+Metadata is strict JSON: a non-finite number is written as null, listed under the
+manifest's ``nonfinite`` and read back as it was; what JSON cannot hold raises
+:class:`MetadataError` before anything is written. A failed write (``ENOSPC``)
+removes its temporary and leaves older checkpoints as they were. ``at_point``
+stops the writer at one of :data:`SAVE_POINTS` for tests. Nothing is unpickled.
+The write sequence in full: docs/design/training.md.
 """
 
 from __future__ import annotations
@@ -59,7 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 log = logging.getLogger(__name__)
 

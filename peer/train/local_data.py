@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 
 def load_local_data(spec: str, *, label_column: str = "label") -> tuple[torch.Tensor, torch.Tensor]:

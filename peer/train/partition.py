@@ -1,45 +1,27 @@
 """Split a training set across named members, reproducibly from a seed, stable as members come and go.
 
 ``partition(labels, names, scheme=..., seed=...)`` returns ``{name: sorted int64
-index array}``. Each member's shard is keyed by its *name*, never by its position
-among the others: the roster can gain or lose a member while a run goes on
-(issue 11, item 5), and a member's data must not change because someone else
-joined. Every scheme is a rendezvous (highest-random-weight) assignment: each
-member scores each sample from a counter-based draw of (seed, member name,
-sample index) and the best score takes the sample. So:
+index array}``. Each member's shard is keyed by its *name*, never its position:
+every scheme is a rendezvous (highest-random-weight) assignment, each member
+scoring each sample from a counter-based draw of (seed, member name, sample
+index), the best score taking the sample. So:
 
-- a member that joins takes samples only from the others (those it now wins),
-  and one that leaves hands out only its own (each to its runner-up);
-- every member computes the same assignment from the same seed and names,
-  whatever order it asks in; every sample lands in exactly one shard.
+- a member that joins takes samples only from the others, and one that leaves
+  hands out only its own (each to its runner-up);
+- every member computes the same assignment from the same seed and names, in
+  any order; every sample lands in exactly one shard. Sizes are multinomial.
 
-Shard sizes are multinomial (each sample is won independently), not cut to
-equal parts: with ``N`` members a shard holds Binomial(n, 1/N) samples for
-``iid``.
+Schemes (``iid``: the winner of each sample is uniform over the members):
 
-Schemes:
+- ``dirichlet``: label skew; per class a Gamma(alpha) weight per member keyed by
+  (seed, name, class), an exponential race, exactly Dirichlet(alpha * 1_N).
+- ``shards``: McMahan et al. 2017's label-sorted runs, by consistent hashing
+  (``shards_per_member`` points per member on a circle of label-sorted samples).
+- ``file``: ``{name: [indices]}`` (:func:`save_index_file`): every member named,
+  the lists disjoint and covering every sample.
 
-- ``iid``: the winner of each sample is uniform over the members.
-- ``dirichlet``: label skew (Hsu et al. 2019; Wang et al. 2020). Each member
-  draws a weight g[m, c] ~ Gamma(alpha) per class, keyed by (seed, name,
-  class); member m wins a sample of class c with probability g[m, c] / sum_m
-  g[m, c] (an exponential race: score log E - log g, E ~ Exp(1), lowest wins).
-  Normalised over the members, g[:, c] is exactly Dirichlet(alpha * 1_N), the
-  usual scheme; small alpha: each member sees few classes.
-- ``shards``: McMahan et al. 2017, label-sorted runs: the samples sorted by
-  label (seeded tie-break) lie on a circle; each member places
-  ``shards_per_member`` points on it, keyed by (seed, name), and owns the run
-  from each of its points to the next point (consistent hashing). A joiner's
-  points cut runs out of others'; a leaver's runs go to the points before them.
-  Runs have random lengths (mean n / (N * k)), so sizes vary.
-- ``file``: a JSON object ``{name: [indices]}`` (written by :func:`save_index_file`):
-  every member named, the lists disjoint and covering every sample; names of
-  members not in this run (another roster version) may be listed too.
-
-A shard left empty by the draw (tiny alpha, few samples) is repaired
-deterministically: in name order, an empty member takes the sample it scores
-best among those of members holding more than one. Only a repair moves samples
-between members that did not join or leave.
+An empty shard is repaired deterministically, in name order: only a repair moves
+samples between members that did not join or leave. Details: docs/design/training.md.
 """
 
 from __future__ import annotations
@@ -50,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from protocols.errors import HivemeshError
 from protocols.rng import numpy_generator
-from topology.errors import HivemeshError
 
 SCHEMES = ("iid", "dirichlet", "shards", "file")
 

@@ -4,30 +4,22 @@ The model's parameters and floating buffers (BatchNorm running statistics) are
 views into ONE contiguous 1-D tensor: :attr:`Trainer.flat_params` is its first
 part, :attr:`Trainer.flat_buffers` the rest; gradients live in
 :attr:`Trainer.flat_grads`. A protocol that mixes or compresses these in place
-therefore changes the model itself, with no copy per step. The optimizer works on
-the flat vectors too (one fused update, and a state that is just a few flat tensors).
+changes the model itself, with no copy per step; the optimizer works on them too.
 
 :attr:`Trainer.mixed` is what gossip mixes, sends and state-syncs: the whole
-vector when ``TrainerConfig.buffers == "average"`` (buffers then get the same
-weights as the parameters in every algorithm, with no protocol knowing), only
-``flat_params`` when ``"local"`` (each member keeps its own statistics). Integer
-buffers (``num_batches_tracked``) always stay local.
+vector when ``TrainerConfig.buffers == "average"``, only ``flat_params`` when
+``"local"``. Integer buffers (``num_batches_tracked``) always stay local.
 
-Data order: each epoch visits the member's shard in a permutation drawn from the
-counter-based generator keyed by (seed, "member-<index>", epoch, "data-order"), so
-the position is just (epoch, offset) and a resumed run continues exactly.
-Batches are ``batch_size`` consecutive positions of that permutation; the last batch
-of an epoch may be smaller. ``batch_size = 0`` means the whole shard every step.
+Data order: each epoch visits the shard in a permutation keyed by (seed,
+"member-<index>", epoch, "data-order"), so a resumed run continues exactly;
+batches are ``batch_size`` consecutive positions (0: the whole shard).
 
-FedProx (Li et al. 2020): ``run_steps(n, proximal=(anchor, mu))`` adds the gradient of
-``mu/2 ||params - anchor||^2`` (protocols/federation/server_opt.py's ``proximal_gradient``)
-to every step's gradient before clipping and the optimiser step, so the local model is
-pulled toward the round's global model. Both federation drivers (the edge client,
-peer/runtime/edge.py, and the simulator, sim/federation.py) pass their FedAvg client's
-anchor and ``prox_mu`` here; with ``mu = 0`` (or no anchor) the step is plain SGD, bit for bit.
-
-Deterministic from the seed on CPU. On CUDA, :meth:`Trainer.host_mixed` stages the
-mixed vector through a pinned host buffer for sending.
+FedProx (Li et al. 2020): ``run_steps(n, proximal=(anchor, mu))`` adds the
+gradient of ``mu/2 ||params - anchor||^2`` to every step's gradient before
+clipping and the optimiser step; with ``mu = 0`` (or no anchor) the step is plain
+SGD, bit for bit. Deterministic from the seed on CPU; on CUDA,
+:meth:`Trainer.host_mixed` stages the mixed vector through a pinned host buffer.
+More: docs/design/training.md.
 """
 
 from __future__ import annotations
@@ -42,9 +34,9 @@ import torch
 from torch import nn
 
 from peer.train.tasks.base import EVAL_BATCH, Task
+from protocols.errors import HivemeshError
 from protocols.federation.server_opt import proximal_gradient
 from protocols.rng import derive_seed, torch_generator
-from topology.errors import HivemeshError
 
 
 @dataclass(frozen=True, kw_only=True)

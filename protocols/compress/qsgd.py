@@ -47,7 +47,8 @@ _NOISE_OFFSET = 0.5 + 0.5 * 2.0**-16  # int16 noise r -> u = (r + 32768 + 1/2) /
 
 def levels(bits: int) -> int:
     """Levels per sign for ``bits`` bits per element."""
-    return 2 ** (bits - 1) - 1
+    count: int = 2 ** (bits - 1) - 1  # int ** int is typed as Any (a negative power is a float)
+    return count
 
 
 def bucket_norms(x: torch.Tensor, bucket: int) -> torch.Tensor:

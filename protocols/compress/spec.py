@@ -6,7 +6,7 @@ declares which keys it takes, so a typo is an error naming the key.
 
 from __future__ import annotations
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 SpecValue = int | float | bool
 

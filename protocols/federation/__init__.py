@@ -55,7 +55,8 @@ from protocols.federation.client import ClientPhase, FedAvgClient
 from protocols.federation.config import AGGREGATORS, FederationConfig
 from protocols.federation.fedbuff import BufferReport, BuffPhase, FedBuffServer, staleness_weight
 from protocols.federation.privacy import DifferentialPrivacyConfig
-from protocols.federation.secure import SecureAggregationConfig, SecureClient, SecureServer
+from protocols.federation.secure import SecureClient, SecureServer
+from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase, report_row
 from protocols.federation.server_opt import (
     SERVER_OPTIMIZERS,

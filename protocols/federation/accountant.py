@@ -1,40 +1,23 @@
 """The privacy spent so far by DP-FedAvg rounds, as (epsilon, delta), from ``dp-accounting``.
 
-Each round is one ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (protocols/federation/
-privacy.py says why adaptive clipping's count query is inside that ``z``), composed once per
-round closed. The accountant is dp-accounting's RDP accountant (Mironov 2017; Mironov, Talwar
-and Zhang 2019 for the sampled Gaussian), not one written here.
+Central DP: each round is one ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
+(privacy.py), composed once per round closed by dp-accounting's RDP accountant.
+One round's RDP is computed once and composed ``r`` times. dp-accounting is
+imported when an accountant is made (about a second), not with this module; the
+absl warnings for orders whose series does not converge are filtered, nothing else.
 
-Why the RDP of one round is computed once: RDP composes by addition, so ``r`` rounds are ``r``
-times one round's RDP, exactly what ``RdpAccountant.compose(event, r)`` computes. One round's
-RDP costs about 0.15 s here (a series per order), the conversion to epsilon well under a
-millisecond, and a gateway reports epsilon after every round.
+Distributed DP (under SecAgg) is :class:`DistributedRoundAccountant`: one round's
+RDP is Kairouz, Liu and Steinke's bound (:func:`kls_epsilon`), Poisson sampling
+Zhu and Wang's general amplification (:func:`poisson_subsampled_rdp`), both pure
+functions here; composition and conversion are dp-accounting's. Of its figures,
 
-dp-accounting logs an absl warning for every fractional order whose series does not converge
-(and leaves that order out, which only makes epsilon the bound from the other orders); the
-filter below drops exactly those lines and nothing else.
+- ``gateway_epsilon`` (``epsilon_vs_gateway_per_round``, not amplified) is a
+  proven upper bound;
+- ``epsilon`` (amplified by sampling) is an approximation, not a proven bound:
+  an unsampled client adds no noise share either, so the released sums differ
+  in variance, not by a shift alone.
 
-dp-accounting is imported when an accountant is made, not with this module: it takes about a
-second to import here, and every gateway and edge client imports protocols.federation.
-
-Distributed DP (under SecAgg, distributed_dp.py) is :class:`DistributedRoundAccountant`: a sum
-of discrete Gaussians is not a Gaussian, so dp-accounting has no event for it. One round's RDP
-is Kairouz, Liu and Steinke's bound (:func:`kls_epsilon`), Poisson sampling is Zhu and Wang's
-general amplification bound (:func:`poisson_subsampled_rdp`; dp-accounting's exact one is the
-Gaussian's only), both pure functions here; the composition over rounds and the conversion to
-(epsilon, delta) are dp-accounting's (``compute_epsilon``). Which of its two figures is proven:
-
-- ``gateway_epsilon`` (the status's ``epsilon_vs_gateway_per_round``, not amplified) is an upper
-  bound: each step is one (Kairouz et al.'s per-round RDP for the neighbour that replaces a
-  client's update by zeros while its share is still added, a pure shift of the others' noise;
-  RDP composition; dp-accounting's conversion). See distributed_dp.round_epsilon for what is
-  counted.
-- ``epsilon`` (amplified by Poisson sampling) is an approximation, not a proven bound: Zhu and
-  Wang's amplification is an upper bound for whatever base mechanism it is given, but the curve
-  given is that pure shift, whereas in the protocol a client that was not sampled adds no share
-  either, so with and without it the released sum differs in its noise's variance too (one
-  share in at least t + 1) and not by a shift alone. Kairouz et al.'s experiments make the same
-  simplification. DistributedRoundAccountant says why no cheap bound replaces it.
+Why each step holds or does not: docs/design/privacy.md.
 """
 
 from __future__ import annotations
@@ -183,7 +166,7 @@ class DistributedRoundAccountant:
     well: roughly how many took part). Bounding that honestly means bounding the divergence
     between sums of n and n + 1 discrete Gaussian shares in d dimensions (or accounting the
     cohort size as released), neither of which this accountant does; the figure is labelled so
-    in the status field and the README rather than dressed as a bound."""
+    in the status field and docs/privacy.md rather than dressed as a bound."""
 
     def __init__(self, sampling_rate: float, round_epsilon: float, delta: float) -> None:
         self.sampling_rate = sampling_rate

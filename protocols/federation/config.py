@@ -13,7 +13,7 @@ from typing import Literal
 from protocols.compress import SpecError, from_spec
 from protocols.federation.distributed_dp import check_ring
 from protocols.federation.privacy import DifferentialPrivacyConfig
-from protocols.federation.secure import SecureAggregationConfig
+from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.federation.server_opt import ServerOptConfig
 from protocols.secagg import check_compatible
 

@@ -1,59 +1,39 @@
 """Distributed DP under secure aggregation: what each client adds, and what the ring must hold.
 
-Under SecAgg the gateway sees only the sum, so it cannot add the noise itself: each client adds a
-share before masking, and the shares sum to the noise the round needs. The sum lives in the
-ring Z_2^32 (protocols/secagg/), so the noise must be integer: the distributed discrete Gaussian
-(Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism for Federated
-Learning with Secure Aggregation"). A client (:func:`noised_input`):
+Under SecAgg the gateway sees only the sum, so each client adds a share of the
+noise before masking: the distributed discrete Gaussian (Kairouz, Liu and Steinke
+2021), integer because the sum lives in the ring Z_2^32. A client
+(:func:`noised_input`) clips its delta to L2 norm ``C`` (fixed: adaptive clipping
+is refused under SecAgg), quantises it into the ring (``L / c`` ring units per
+update unit), adds ``N_Z(0, sigma_i^2)`` per coordinate (:func:`discrete_gaussian`,
+``sigma_i`` = :func:`client_share_units`) from a generator only it can seed
+(:func:`noise_generator`, from its own SecAgg secret), then masks and sends it.
+The gateway divides the decoded sum by the expected cohort ``m = q N``.
 
-1. clips its delta to L2 norm ``C`` (privacy.clip; fixed C: adaptive clipping is refused under
-   SecAgg, its covered-or-not bit would need a secure sum of its own);
-2. quantises it into the ring (secagg.fixedpoint: ``L / c`` ring units per update unit, ``L`` the
-   ``bits``' levels, ``c`` the ``clip_value``; rounding to nearest, as without DP);
-3. adds ``N_Z(0, sigma_i^2)`` per coordinate (:func:`discrete_gaussian`), ``sigma_i`` =
-   :func:`client_share_units`, drawn from a generator only the client can seed
-   (:func:`noise_generator`: from the client's own 32-byte SecAgg secret, which the daemon draws
-   from the OS and the simulator derives per client from the scenario's seed);
+Each share is calibrated to ``t + 1`` survivors (:func:`share_stddev`), the
+fewest the gateway can unmask, so every completed round carries at least the
+target noise; ``secure_aggregation.threshold`` must therefore be fixed.
 
-then masks and sends it. The gateway decodes the sum and divides it by the *expected* cohort
-``m = q N`` (as central DP does), so the mean's noise is ``z C / m`` when exactly the smallest
-cohort that can survive answers.
+:func:`check_ring`: the sum decodes exactly while ``|sum| < 2^31``; the config
+asks ``n L + TAIL_SIGMAS sigma_i sqrt(n) < 2^31`` at ``n = max_clients`` (a wrap
+then has probability about 4e-22 per coordinate and round).
 
-Why the smallest cohort that can survive: a client cannot know how many others will still be
-there when the sum is unmasked. The gateway unmasks only with at least ``t + 1`` masked inputs
-(secagg/server.py), so each share is calibrated to ``t + 1`` survivors
-(:func:`share_stddev`): any round that completes carries at least the target noise; a larger
-surviving cohort only adds noise (more privacy, less accuracy: ``sqrt(survivors / (t + 1))``
-times the target). ``t`` must therefore be fixed in the config (``secure_aggregation.threshold``):
-the automatic one depends on how many advertised keys, which a client learns only later.
-
-The ring (:func:`check_ring`): a sum of ``n`` clients is ``sum q_i + sum e_i`` with ``|q_i| <=
-L`` and the noise ``n sigma_i^2``-sub-Gaussian (a discrete Gaussian is ``sigma^2``-sub-Gaussian:
-Canonne, Kamath and Steinke 2020); it decodes exactly while ``|sum| < 2^31``. The check asks
-``n L + TAIL_SIGMAS sigma_i sqrt(n) < 2^31`` at ``n = max_clients``: the noise passes
-``TAIL_SIGMAS`` of its deviations with probability at most ``2 exp(-TAIL_SIGMAS^2 / 2)``
-(about 4e-22 per coordinate and round at 10), so a wrap is negligible at any model size.
-
-Accounting: :func:`round_epsilon` is one round's bound (Kairouz et al.'s, for the others'
-shares), composed with Poisson sampling by accountant.DistributedRoundAccountant: unamplified
-a proven bound (``epsilon_vs_gateway_per_round``), amplified an approximation (accountant.py
-says why).
+:func:`round_epsilon` is one round's bound, composed by
+accountant.DistributedRoundAccountant. Why, and what is proven:
+docs/design/privacy.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from protocols.federation.privacy import DifferentialPrivacyConfig, clip
+from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, levels, quantise
-
-if TYPE_CHECKING:  # secure.py imports this module
-    from protocols.federation.secure import SecureAggregationConfig
 
 TAIL_SIGMAS = 10.0  # the ring holds the noise to this many deviations: 2 exp(-50) ~ 4e-22 a coordinate
 PLAIN_EXACT = 1 << 24  # masking off: integers travel as float32, exact below 2^24
@@ -143,7 +123,8 @@ def noised_input(delta: torch.Tensor, privacy: DifferentialPrivacyConfig, secure
     clipped, _ = clip(delta.detach().to("cpu", torch.float64), privacy.clip_norm)
     quantised = quantise(clipped.numpy(), clip_value=secure.clip_value, bits=secure.bits)
     noise = discrete_gaussian(quantised.size, client_share_units(privacy, secure), generator).numpy()
-    return (quantised + noise) & RING_MASK
+    noised: np.ndarray = (quantised + noise) & RING_MASK
+    return noised
 
 
 def share_stddev(total_stddev: float, min_survivors: int) -> float:

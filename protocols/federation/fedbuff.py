@@ -1,38 +1,24 @@
 """Asynchronous FedBuff (Nguyen et al. 2022, "Federated Learning with Buffered Asynchronous
 Aggregation") as a pure Role: no rounds to wait for, a model version every K updates.
 
-The server keeps ``concurrency`` clients training at once. Each is sent the
-current global model in a ``RoundStart`` whose ``round`` is the model's
-*version* (how many aggregations made it), and answers with a ``ClientUpdate``
-for that version. An update ``s = version_now - version_sent`` versions old is
-weighed ``(1 + s)^-staleness_exponent`` (1/sqrt(1 + s) by default) and
-buffered; at ``buffer_size`` (K) buffered updates the server aggregates them
-(common.combine: each bounded against the buffer, one vote per client in its medians, influence.py,
-then weighted; with FedAvg and equal sample counts, Nguyen et al.'s ``(1/K) sum_k w(s_k) delta_k``),
-steps its optimiser, and the version advances. A client whose update arrived (taken or refused) is free,
-and the server asks a free client (a counter-based draw keyed by (seed,
-client, dispatch number)) so ``concurrency`` keep training. A slow client
-therefore never holds up the others: its update counts, less, when it comes.
+The server keeps ``concurrency`` clients training at once. Each is sent the current
+global model in a ``RoundStart`` whose ``round`` is the model's *version*, and answers
+with a ``ClientUpdate`` for that version. An update ``s`` versions old is weighed
+``(1 + s)^-staleness_exponent`` and buffered; at ``buffer_size`` (K) buffered updates
+the server aggregates them (common.combine: bounded against the buffer, influence.py,
+then weighted), steps its optimiser, and the version advances. A client whose update
+arrived is free, and a free client is asked by a counter-based draw keyed by (seed,
+client, dispatch number), so a slow client never holds up the others.
 
-What a ``ClientUpdate`` meets (counted ``refused_<reason>``):
-
-===============================================  ============================================
-update                                           verdict
-===============================================  ============================================
-after the federation finished                    ``after_finish``, answered with the end (1)
-from a client whose dispatch timed out           ``late``
-from a client not training for us                ``not_sampled``
-for another version than the one it was sent     ``wrong_round``
-more than ``max_staleness`` versions old         ``stale``
-malformed, not finite, num_samples < 1           ``bad_update``, ``bad_num_samples``
-otherwise                                        buffered (``updates_taken``)
-===============================================  ============================================
-
-(1) The final ``RoundResult`` again, as to a client that registers after the end: at most
-once per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
-
-A dispatch not answered within ``round_timeout_s`` is given up (``missing``) and
-another client is asked.
+What a ``ClientUpdate`` meets (counted ``refused_<reason>``): after the end,
+``after_finish`` (answered with the final ``RoundResult``, at most once per client
+per ``round_timeout_s``); from a client whose dispatch timed out, ``late``; from one
+not training for us, ``not_sampled``; for another version than it was sent,
+``wrong_round``; more than ``max_staleness`` versions old, ``stale``; malformed, not
+finite or ``num_samples < 1``, ``bad_update``/``bad_num_samples``; otherwise
+buffered (``updates_taken``). A dispatch not answered within ``round_timeout_s`` is
+given up (``missing``) and another client asked. The verdict table:
+docs/design/federation.md.
 """
 
 from __future__ import annotations

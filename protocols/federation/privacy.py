@@ -1,46 +1,26 @@
 """Client-level differential privacy for FedAvg rounds (DP-FedAvg), central: the gateway adds the noise.
 
-McMahan et al. 2018 ("Learning Differentially Private Recurrent Language Models"): a round's
-output changes little whether or not any one client took part, because
+McMahan et al. 2018: a round's output changes little whether or not any one client took part:
 
-1. *sampling* is Poisson: each registered client is asked independently with probability ``q``
-   (:func:`poisson_sample`), drawn from the gateway's own secret seed (a client that knew the
-   seed could tell who was asked, and sampling would no longer amplify privacy);
-2. *clipping*: each update (the client's model minus the global model) is scaled down to L2
-   norm ``C`` at most (:func:`clip`), so one client moves the sum by ``C`` at most;
-3. *the fixed-denominator mean*: the clipped updates are summed and divided by the *expected*
-   cohort ``m = q N`` (not by the number that answered, which would itself depend on who took
-   part), and Gaussian noise of standard deviation ``z C / m`` is added to every coordinate
-   (:func:`noised_mean`); ``z`` is the noise multiplier.
+1. *sampling* is Poisson: each registered client is asked with probability ``q``
+   (:func:`poisson_sample`), drawn from the gateway's own secret seed;
+2. *clipping*: each update is scaled down to L2 norm ``C`` at most (:func:`clip`);
+3. *the fixed-denominator mean*: the clipped updates' sum over the *expected*
+   cohort ``m = q N``, plus Gaussian noise of standard deviation ``z C / m`` on
+   every coordinate (:func:`noised_mean`).
 
-Adaptive clipping (Andrew et al. 2021, "Differentially Private Learning with Adaptive
-Clipping"): ``C`` follows the ``target_quantile`` of the updates' norms. The count of the
-updates within ``C`` is a query on the clients' data too, so it is released noised, and in the
-form Andrew et al. analyse: each update taken gives a bit ``b`` (1: within ``C``) shifted to
-``b - 1/2``, the shifted bits are summed and N(0, sigma_b^2) is added (:func:`noised_centred_count`).
-One client added or removed moves that sum by 1/2 at most (a raw 0/1 count would move by 1,
-twice the sensitivity, four times the RDP). The covered share is then estimated as
-``sum / m + 1/2`` with ``m = q N`` the expected cohort, and ``C`` moves geometrically
-(:func:`next_clip_norm`). Both queries run on the same Poisson sample: the update with
-multiplier ``z_update`` (sensitivity ``C``), the shifted count with multiplier ``2 sigma_b``
-(sensitivity 1/2). A pair of Gaussian queries costs exactly what one Gaussian of multiplier
-``(z_update^-2 + (2 sigma_b)^-2)^-1/2`` costs, so the update's multiplier is raised to
-``z_update = (z^-2 - (2 sigma_b)^-2)^-1/2`` (:meth:`DifferentialPrivacyConfig.update_noise_multiplier`;
-it exists when ``2 sigma_b > z``) and the accountant (protocols/federation/accountant.py) sees
-one event per round, ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, equal to dp-accounting's
-own composition of the two queries as run (tests/test_federation_dp.py checks both).
+Adaptive clipping (Andrew et al. 2021): ``C`` follows the ``target_quantile`` of
+the updates' norms, from a noised count of the updates within ``C``
+(:func:`noised_centred_count`: bits shifted to ±1/2, sensitivity 1/2) and a
+geometric step (:func:`next_clip_norm`). The update's multiplier is raised to
+``z_update = (z^-2 - (2 sigma_b)^-2)^-1/2``
+(:meth:`DifferentialPrivacyConfig.update_noise_multiplier`), so the accountant
+sees exactly one ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` per round.
 
-Randomness: every draw comes from a generator keyed by (secret seed, gateway, round, purpose)
-(protocols/rng.py), never from a global one. The secret seed is the driver's (the daemon draws
-it from the OS, the simulator derives it from the scenario's seed): the federation config's
-``seed`` is shared with every client and would let them subtract the noise.
-
-Distributed DP, when ``[federation.secure_aggregation]`` is on too (distributed_dp.py): the
-gateway sees only the sum, so each client clips its own update to ``C`` and adds its share of
-the noise before masking, in the ring (a discrete Gaussian, calibrated to the smallest cohort
-the gateway can unmask); the gateway divides the sum by ``q N`` as here and adds nothing, except
-in a round SecAgg could not sum, which releases the gateway's noise alone (as an empty round
-does here). Sampling is this module's Poisson draw; adaptive clipping is refused there.
+Randomness: every draw comes from a generator keyed by (secret seed, gateway,
+round, purpose) (protocols/rng.py); the secret seed is the driver's, never the
+federation's shared ``seed``. With secure aggregation on too, the noise is the
+clients' (distributed_dp.py). Why: docs/design/privacy.md.
 """
 
 from __future__ import annotations
@@ -115,7 +95,8 @@ class DifferentialPrivacyConfig:
         z = self.noise_multiplier
         if not self.adaptive or z == 0:
             return z
-        return (z ** -2 - (2 * self.count_noise_stddev) ** -2) ** -0.5
+        raised: float = (z ** -2 - (2 * self.count_noise_stddev) ** -2) ** -0.5
+        return raised
 
 
 def poisson_sample(seed: int, draw: int, names: Iterable[str], rate: float,

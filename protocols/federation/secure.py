@@ -1,60 +1,31 @@
 """Secure aggregation in a FedAvg round: the gateway's and the client's side, for every driver.
 
-protocols/secagg/ holds the five-round protocol as one machine per party per round; this module
-is what a FedAvg server and client add around it (one implementation: the simulator and the
-daemon both reach it through FedAvgServer / FedAvgClient, never directly).
+protocols/secagg/ holds the five-round protocol; this module is what a FedAvg
+server and client add around it (the simulator and the daemon both reach it
+through FedAvgServer / FedAvgClient, never directly).
 
-* Wire: each secagg message travels as one :class:`protocols.messages.SecAggMessage` whose uint8
-  tensor ``body`` is msgpack of ``secagg.messages.to_wire`` (:func:`wrap`, :func:`unwrap`; an
-  untrusted body gives ``Malformed``, never an exception). The envelope proves the sender.
-* Gateway (:class:`SecureServer`): at each round's open it says who was asked (RoundStart's meta
-  ``secagg_cohort``: the client's ``cohort``) and starts a ``SecAggServer`` over them; the five
-  client kinds go to it; its ``Deliver`` become Sends; one timer ``secagg/<round>`` follows its
-  deadline. When it ends, :class:`SecureOutcome` says who survived and the mean update, weighted
-  by samples as plain FedAvg's (below). ``round_timeout_s`` still bounds the whole round (the
-  config checks it covers the five deadlines): a round it closes first is not aggregated.
-* Weights: SecAgg only sums, so each client weighs itself. Its weight is ``w = min(num_samples,
-  W)``, ``W = weight_cap_samples`` (FedAvg's sample cap: ``federation.max_samples`` must be 0 or
-  W); it clips its delta per coordinate to ``[-c, c]``, scales it by ``w / W`` and quantises it
-  (secagg.fixedpoint: ``|q| <= L = 2^(bits-1) - 1``, so the ring's no-overflow bound ``n L <
-  2^31`` is unchanged), and appends ``w`` as one more ring element. The gateway decodes the sum
-  of the first elements times ``W``, divided by the summed weight (:func:`mean_of_sum`): the
-  weighted mean, within ``n c W / (2 L sum w)`` per coordinate of the clipped updates' exact
-  one. The summed weight (at most ``max_clients W``, checked by the config to stay below 2^31)
-  is all the gateway learns beyond the sum; one outside ``[n, n W]`` fails the round
-  (``bad_weight_sum``). ``W = 1`` is the unweighted mean (``aggregator = "mean"`` needs it); a
-  client far below ``W`` uses ``L w / W`` of the levels, so set ``W`` near the largest shard.
-* Phases: for each round the gateway counts each of the five phases' duration (from the ``now``
-  values it is given), and the messages and body bytes received while it was open and sent when
-  it closed (:class:`PhaseCost`); the FedAvg server puts them in the round's report
-  (``secagg_phases``, a list in the phases' order: the daemon's ``rounds.jsonl`` and status, the
-  simulator's report rows; the gateway's status also says which phase the open round is in).
-* Groups (grouped.py; ``groups`` > 1): the cohort is drawn into groups of at least ``min_group``,
-  RoundStart's ``secagg_cohort`` lists them (``;``-separated, each client checks the draw), one
-  ``SecAggServer`` runs per group, and the round's mean is the median (or trimmed mean) of the group
-  means: the gateway learns each group's sum and weight only.
-* Blame (secagg/blame.py): a culprit a group's machine proves is out of its round and named in the
-  outcome (``blamed``: the round's report, ``rounds.jsonl``); :meth:`SecureServer.barred` keeps the
-  clients blamed in ``blame_limit`` rounds out of later ones (their count survives a checkpoint).
-* Client (:class:`SecureClient`): on RoundStart it advertises its keys (while it trains); after
-  training it weighs, clips and quantises its delta and hands it to its machine, which sends the
-  masked input once the shares have come.
-* ``masking = false`` (:class:`SecureAggregationConfig`): the same weighting, clipping and
-  quantisation, sent in the clear as a ClientUpdate of integers (as float32: exact for bits <= 24
-  and weights <= 2^24) and summed in the same ring: the baseline a masked run must equal bit for
-  bit. The gateway reads every update then: it is for tests and comparisons, not privacy.
+* Wire: each secagg message is one :class:`protocols.messages.SecAggMessage` whose
+  uint8 ``body`` is msgpack (:func:`wrap`, :func:`unwrap`: untrusted bytes give
+  ``Malformed``, never an exception).
+* Gateway (:class:`SecureServer`): says who was asked (meta ``secagg_cohort``),
+  runs a ``SecAggServer`` over them on one timer ``secagg/<round>``, and ends
+  with a :class:`SecureOutcome` (survivors, mean update) and a
+  :class:`PhaseCost` per phase (``secagg_phases`` in the round's report).
+* Client (:class:`SecureClient`): advertises keys while it trains, then weighs
+  (``w = min(num_samples, weight_cap_samples)``), clips to ``[-c, c]``, scales
+  by ``w / W``, quantises and appends ``w``; the gateway divides the sum by the
+  summed weight (:func:`mean_of_sum`; a sum outside ``[n, n W]``: ``bad_weight_sum``).
+* ``masking = false``: the same integers in the clear, a baseline a masked run
+  equals bit for bit; no privacy.
+* Distributed DP (distributed_dp.py): the client adds its noise share before
+  masking, weighs 1, and the gateway divides by the expected cohort ``q N``.
+* Blame (protocols/secagg/blame.py): clients proven to have cheated are named in the
+  round's ``blamed``, and after ``blame_limit`` offences asked into no later round.
+* Groups (grouped.py, ``groups > 1``): SecAgg per group of at least ``min_group``, the
+  group means combined by ``group_aggregator``, so one extreme input spoils one group.
 
-Distributed DP (distributed_dp.py; ``privacy`` set by the FedAvg server and client from the
-federation config): the client's step between clipping and masking adds its noise share
-(``distributed_dp.noised_input`` instead of ``quantise_update``), and the gateway divides the
-decoded sum by ``divide_by``, the expected cohort ``q N``, instead of the summed weight: DP-FedAvg's
-fixed denominator, so every client weighs 1 (its update unscaled, its weight element 1, never
-noised) whatever ``weight_cap_samples`` says; masking off accepts integers up to
-``distributed_dp.plain_limit`` (the noise on top of ``L``) and a weight of 1 only.
-
-Refusals and aborts of the secagg machines are added to the FedAvg server's / client's counters
-(``secagg_refused_<reason>``, ``secagg_abort_<reason>``, ``secagg_<counter>``) when their round
-ends or is replaced.
+Refusals and aborts are counted ``secagg_refused_<reason>``, ``secagg_abort_<reason>``.
+The arithmetic and its error bound: docs/design/secagg.md.
 """
 
 from __future__ import annotations
@@ -73,18 +44,18 @@ from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
 from protocols.federation import distributed_dp
 from protocols.federation.grouped import (
-    GROUP_AGGREGATORS,
     combine_group_means,
     decode_groups,
     draw_groups,
     encode_groups,
 )
 from protocols.federation.privacy import DifferentialPrivacyConfig
+from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.identity import load_public_key, verify_signature
 from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
-from protocols.secagg import SecAggClient, SecAggConfig, SecAggConfigError, SecAggServer
-from protocols.secagg.fixedpoint import RING_BITS, RING_MASK, dequantise_sum, levels, quantise, to_signed
+from protocols.secagg import SecAggClient, SecAggConfigError, SecAggServer
+from protocols.secagg.fixedpoint import RING_MASK, dequantise_sum, levels, quantise, to_signed
 from protocols.secagg.insider import client_class, extreme_input
 from protocols.secagg.messages import (
     AdvertiseKeys,
@@ -102,70 +73,7 @@ from protocols.secagg.server import Deliver, SecAggResult, ServerPhase
 Sign = Callable[[bytes], bytes]
 Verify = Callable[[str, bytes, bytes], bool]
 COHORT_META = "secagg_cohort"  # RoundStart meta: the asked clients, comma-separated (names have no commas)
-PLAIN_BITS_MAX = 24  # masking off: quantised integers travel as float32, exact up to 2^24
-WEIGHT_SUM_MAX = (1 << (RING_BITS - 1)) - 1  # the survivors' summed weight decodes exactly up to here
 _CLIENT_KINDS = (AdvertiseKeys, ShareKeys, MaskedInput, ConsistencySignature, UnmaskShares)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SecureAggregationConfig(SecAggConfig):
-    """``[federation.secure_aggregation]``: protocols.secagg's settings, plus whether to mask."""
-
-    masking: bool = True  # false: clip and quantise only, in the clear (a baseline; no privacy)
-    # W, samples: a client weighs min(num_samples, W) and scales its update by weight / W before
-    # quantising (a client at the cap gets all 2^(bits-1) - 1 levels); 1: the unweighted mean
-    weight_cap_samples: int = 1000
-    # offences (secagg/blame.py) after which the gateway asks a client into no later round: 3, so a
-    # one-off fault is not a ban while one colluder can cost the honest at most 3 accusations'
-    # worth of shares; 0: never barred (still named)
-    blame_limit: int = 3
-    # grouped secure aggregation (grouped.py): each round's cohort drawn into up to ``groups``
-    # groups of at least ``min_group``, SecAgg per group, the group means combined robustly, so one
-    # extreme input spoils one group's mean only; 1: plain SecAgg over the whole cohort
-    groups: int = 1
-    min_group: int = 5  # a group's fewest clients: the crowd each group mean hides a client in
-    group_aggregator: str = "median"  # or "trimmed_mean": how the group means are combined
-    group_trim_beta: float = 0.2  # trimmed_mean: the share of group means dropped at each end
-
-    def validate(self, num_clients: int | None = None) -> None:
-        super().validate(num_clients)
-        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
-            raise SecAggConfigError(f"secure_aggregation.groups must be an integer >= 1, not {self.groups!r}")
-        if isinstance(self.min_group, bool) or not isinstance(self.min_group, int) \
-                or self.min_group < self.roster_floor():
-            raise SecAggConfigError(f"secure_aggregation.min_group must be an integer >= "
-                                    f"{self.roster_floor()} (the smallest key roster a client accepts), "
-                                    f"not {self.min_group!r}")
-        if self.group_aggregator not in GROUP_AGGREGATORS:
-            raise SecAggConfigError(f"secure_aggregation.group_aggregator must be one of "
-                                    f"{GROUP_AGGREGATORS}, not {self.group_aggregator!r}")
-        if not 0.0 <= self.group_trim_beta < 0.5:
-            raise SecAggConfigError("secure_aggregation.group_trim_beta must be in [0, 0.5), "
-                                    f"not {self.group_trim_beta}")
-        limit = self.blame_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise SecAggConfigError(f"secure_aggregation.blame_limit must be an integer >= 0 (0: never bar), "
-                                    f"not {limit!r}")
-        if not self.masking and self.bits > PLAIN_BITS_MAX:
-            raise SecAggConfigError(f"secure_aggregation.bits must be <= {PLAIN_BITS_MAX} with masking = "
-                                    f"false (integers travel as float32), not {self.bits}")
-        cap = self.weight_cap_samples
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-            raise SecAggConfigError("secure_aggregation.weight_cap_samples must be an integer >= 1, "
-                                    f"not {cap!r}")
-        if self.max_clients * cap > WEIGHT_SUM_MAX:  # the summed weight is decoded as a signed ring value
-            raise SecAggConfigError(
-                f"secure_aggregation: {self.max_clients} clients of weight up to weight_cap_samples = {cap} "
-                f"can overflow the ring's weight coordinate (their sum must stay <= {WEIGHT_SUM_MAX}); "
-                "lower weight_cap_samples or max_clients")
-        if not self.masking and cap > 1 << PLAIN_BITS_MAX:
-            raise SecAggConfigError(f"secure_aggregation.weight_cap_samples must be <= 2^{PLAIN_BITS_MAX} "
-                                    f"with masking = false (the weight travels as float32), not {cap}")
-
-    def total_timeout_s(self) -> float:
-        """The five rounds' deadlines together: the longest a masked round can take (s)."""
-        return (self.advertise_timeout_s + self.share_timeout_s + self.masked_input_timeout_s
-                + self.consistency_timeout_s + self.unmask_timeout_s)
 
 
 def roster_verify(roster: Callable[[], Roster]) -> Verify:

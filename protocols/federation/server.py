@@ -1,67 +1,27 @@
 """The synchronous FedAvg server (McMahan et al. 2017) as a pure Role: rounds, sampling, deadlines.
 
-A gateway's Node hosts it beside its gossip machine (protocols/node/node.py:
-the Node routes ``ClientUpdate`` here, prefixes its timer keys and metrics with
-the role's name). The server owns no tensor of its own: ``params`` is the flat
-global model it updates in place (a gateway passes the vector its gossip
-machine mixes, so gossip between rounds moves the next round's model).
+A gateway's Node hosts it beside its gossip machine (routing ``ClientUpdate`` to
+it, prefixing its timer keys and metrics with the role's name). It owns no tensor:
+``params``, the global model it updates in place, is the gossip machine's. A round:
 
-A round, from the table below:
+1. *Open* (at ``Start`` and after each close, once ``min_registered`` clients are
+   registered): ask ``n = ceil(m (1 + over_selection))`` clients, ``m =
+   max(min_clients, ceil(fraction * registered))``, by a counter-based draw
+   (common.sample); send each a ``RoundStart``; set the deadline timer.
+2. *Collect* the first ``m`` valid updates.
+3. *Close* at the ``m``-th update (``quota``) or the deadline: with at least
+   ``min_updates``, the bounded aggregate (common.combine, influence.py) goes
+   through the server optimiser into ``params``; else ``rounds_failed``. The
+   round's :class:`RoundReport` is kept in ``reports``.
+4. After ``rounds`` rounds every registered client gets a ``RoundResult``, then
+   ``Finished``; a later client gets it at most once per ``round_timeout_s``.
 
-1. *Open* (at ``Start``, and after each close): when at least ``min_registered``
-   clients are registered, ask ``n = ceil(m (1 + over_selection))`` of them,
-   ``m = max(min_clients, ceil(fraction * registered))``, chosen by a
-   counter-based draw keyed by (seed, client, round) (common.sample), and send
-   them one ``RoundStart`` with the global model and the local work; set the
-   deadline timer.
-2. *Collect*: the first ``m`` valid updates are taken.
-3. *Close*, at the ``m``-th update (``quota``) or at the deadline
-   (``deadline``): with at least ``min_updates`` taken, the aggregate delta
-   (common.combine: each update's claim capped and delta clipped by the round's own
-   medians first, influence.py, counted ``bounded_<reason>`` and in the report's
-   ``bounds``) goes through the server optimiser (server_opt.server_step)
-   into ``params``; else the model is left as it was and the round is counted
-   ``rounds_failed``. The round's :class:`RoundReport` (asked, taken, missing,
-   late, refused by reason) is kept in ``reports`` (by round): failures are data.
-With ``differential_privacy`` on (protocols/federation/privacy.py: DP-FedAvg, central), step 1
-asks each registered client independently with probability ``q`` (Poisson, from the driver's
-``secret_seed``; a round nobody was drawn for closes at once, ``closed_by`` ``empty``), step 2
-takes every update of the asked, and step 3 always aggregates: the clipped updates' sum over
-the expected cohort ``q N`` plus Gaussian noise, released even when few or none answered
-(a round left out would tell how many took part). Adaptive clipping moves the clip norm after
-each round; ``epsilon``, the privacy spent so far at the configured ``delta``
-(protocols/federation/accountant.py), is in each round's report and in ``status``.
-With ``secure_aggregation`` on too, DP is distributed (protocols/federation/distributed_dp.py):
-the clients clip and noise their own updates, step 3 takes the SecAgg sum over ``q N`` (a round
-SecAgg could not sum releases the gateway's noise alone), and the accountant is
-``DistributedRoundAccountant``.
-
-4. After ``rounds`` rounds every registered client gets a ``RoundResult``
-   with the final model, and ``Finished``; a client that registers later gets it
-   then (server_base.py: once per ``round_timeout_s`` at most).
-
-``pause_between_rounds``: a gateway that gossips between FedAvg rounds gets the
-phase ``PAUSED`` after each close and calls :meth:`FedAvgServer.resume` when its
-gossip is done; the next round then sends whatever ``params`` holds.
-
-What a ``ClientUpdate`` meets (every refusal counted ``refused_<reason>`` and in
-the round's report; ``refused_update`` is their total):
-
-=============================================  ====================================================
-update                                         verdict
-=============================================  ====================================================
-after the federation finished                  ``after_finish``, answered with the end (1)
-for the open round, from a client not asked    ``not_sampled``
-for the open round, a second one               ``duplicate``
-for the open round, malformed or not finite    ``bad_update`` (+ its reason)
-for the open round, num_samples < 1            ``bad_num_samples``
-for the open round, otherwise                  taken (``updates_taken``)
-for a closed round, from one asked and missing ``late`` (deadline) / ``surplus`` (quota), once
-for any other round                            ``wrong_round``
-=============================================  ====================================================
-
-(1) The final ``RoundResult`` again, as to a client that registers after the end: at most once
-per client per ``round_timeout_s``, counted ``final_answers`` (server_base.py).
+With ``differential_privacy`` on, clients are drawn by Poisson sampling and every
+round releases a noised aggregate (privacy.py; distributed with SecAgg:
+distributed_dp.py). ``pause_between_rounds``: the phase is ``PAUSED`` after each
+close until :meth:`FedAvgServer.resume`. Every refused update is counted
+``refused_<reason>`` (``not_sampled``, ``duplicate``, ``bad_update``,
+``late``, ``wrong_round``, ...). The verdict table: docs/design/federation.md.
 """
 
 from __future__ import annotations

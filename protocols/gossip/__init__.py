@@ -18,12 +18,13 @@ from collections.abc import Sequence
 import torch
 
 from protocols.gossip.adpsgd import ADPSGD
-from protocols.gossip.base import GraphView, MachineBase, Phase
+from protocols.gossip.base import MachineBase, Phase
 from protocols.gossip.choco import Choco
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.dpsgd import DPSGD
 from protocols.gossip.pushsum import PushSum
 from protocols.gossip.rounds import RoundMachine
+from topology.membership import GraphView
 
 __all__ = [
     "ADPSGD",

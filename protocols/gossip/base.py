@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Action, Event, Metric, ProtocolState
 from protocols.gossip.config import GossipConfig
 from protocols.gossip.diloco import OuterNesterov
 from protocols.gossip.payload import Payload
 from protocols.gossip.robust import NormFilter, Report
 from protocols.messages import Message, ParamPush
-from topology.errors import HivemeshError
 from topology.membership import GraphView
 
 

@@ -1,73 +1,26 @@
 """How far a round machine may jump ahead on its in-neighbours' word (catching up), pure.
 
-A member that fell far behind (a partition, a straggler) catches up by a
-jump to a round its in-neighbours are in (protocols/gossip/rounds.py,
-"Catching up"). A round number is only a claim, though: a member's signed
-message for round ``last_round`` is as valid as an honest one, and followed
-blindly it made each of its neighbours skip the rest of its training, their
-neighbours then follow them, and one message stopped a 4-peer ring's training
-(97% of it skipped). So a jump is bounded by two rules; the farther one wins:
+A member far behind catches up by a jump to a round its in-neighbours are in
+(protocols/gossip/rounds.py). A round number is only a claim, so a jump is
+bounded by two rules; the farther one wins:
 
 * **Time.** One in-neighbour moves us only as far as it could have trained
-  since we last believed it: from the round of its last believed message (or,
-  not heard yet in this life, our own position at ``Start``), at ``speedup``
-  (2) times our own step rate. The rate is how fast we really go through the
-  schedule: the median time per step of our last ``ROUNDS_TIMED`` training
-  rounds in this life, each from its start to its close on the driver's clock
-  (``now``), exchange included; only rounds that closed complete, as the
-  network's pace (a member cut off waits out a deadline per round: timed, it
-  would never catch up at twice that). Not the work alone: where rounds wait
-  on the network (1 ms of compute in 15 ms rounds), a neighbour heard every
-  round would otherwise reach 30 rounds ahead at each message. The median, so
-  that a held round, or one closed at once on buffered messages, does not set
-  it. Until a round has closed complete, the rate is that of our local work
-  alone (``StartWork`` to ``WorkDone``), taken in the rounds a deadline closed
-  with no message for them at all (not before one: a liar's claim in round 0
-  would move us as many steps as a network-bound round is long in steps of
-  compute; not one with some message: a neighbour withholding one round would
-  then set our reach by our compute alone). The rate is a duration, so the
-  checkpoint keeps it and a new life starts with it. A
-  member that starts more than the buffer window behind its neighbours (at
-  round 0 on a stale heartbeat while they ran on) never closes a round
-  complete, since every message it hears is far ahead; with no rate at all it
-  refused every claim and trained alone at one round per deadline for the
-  whole run. Its compute rate is the closest honest bound it has (nobody
-  trains faster than twice it), and it serves only until a round closes
-  complete.
-  A claim within that reach is believed and becomes the sender's new
-  reference; a claim beyond it is credited only to the reach (the reference is
-  kept, so repeating the claim gains nothing but time). No round measured
-  yet (none closed complete, none closed by its deadline): no reach beyond
-  the reference. A ring's only help across a cut is its one neighbour there:
-  the half behind catches up through this rule, at the rate of the reach.
-* **Evidence.** Where the in-degree ``d`` allows (``d >= 2f + 1``, with ``f``
-  the Byzantine in-neighbours tolerated, ``byzantine_neighbours``: by default
-  1 where ``d >= 3``, else 0), claims from ``f + 1`` distinct in-neighbours
-  lift the time bound: the jump goes to the ``(f + 1)``-th highest claimed
-  round, which at least one honest in-neighbour is in. ``d >= 2f + 1`` keeps
-  ``f + 1`` honest in-neighbours however the ``f`` others lie. With ``f = 0``
-  no claims lift the bound.
+  since we last believed it, at ``speedup`` (2) times our own step rate: the
+  median time per step of our last ``ROUNDS_TIMED`` rounds that closed
+  complete (exchange included), or, before any did, the rate of our local work
+  in rounds a deadline closed with no message. A claim within reach is believed
+  and becomes the sender's reference; one beyond is credited only to the reach.
+  No rate measured yet: no reach beyond the reference.
+* **Evidence.** Where the in-degree ``d >= 2f + 1`` (``f``:
+  ``byzantine_neighbours``, by default 1 where ``d >= 3``, else 0), claims from
+  ``f + 1`` distinct in-neighbours take the jump to the ``(f + 1)``-th highest
+  claimed round, which at least one honest in-neighbour is in.
 
-What the time rule cannot tell: a neighbour whose round messages stopped
-for a while (a cut, or the whole network held) may really be that far ahead,
-so a claim within the time since is followed, whoever signed it. Heard every
-round, a member gains about ``speedup`` rounds per message, within the buffer
-window: nothing. (Heartbeats, which the Node sees and the machine does not,
-are not consulted.)
-
-References are times on this life's clock, so they are not checkpointed: a
-restarted machine starts from its own position. Our step rate is a duration,
-not a time: a checkpoint keeps it (``export``/``restore``) and a new life
-(``Start``, also after a state-sync adoption) keeps it, to be replaced as the
-new life's rounds close. Measured anew, it was missing exactly when it was
-needed: a member restarted from a checkpoint and handed its neighbours' round
-by a state sync has no round of its own timed yet, while the neighbours, which
-took it for a laggard when it died, do not wait for it and run on past its
-buffer window as it starts. It refused every claim (``catch_up_refused``, about
-100 a second at 50 steps/s), waited out its first round's deadline for messages
-sent to its dead life, and only then caught up at its compute rate, with
-parameters a deadline's worth of the ring's training behind
-(tests/test_catchup_rejoin.py). Its pace in its last life is an honest bound.
+References are times on this life's clock and are not checkpointed. The step
+rate is a duration: ``export``/``restore`` keep it in a checkpoint and a new
+life (``Start``, also after a state-sync adoption) starts with it. Limit: a
+neighbour silent for a while may claim as far as it could have trained in that
+silence. Why, with the attack that made this necessary: docs/design/gossip-rounds.md.
 """
 
 from __future__ import annotations

@@ -9,35 +9,19 @@ vectors whatever the degree. Round ``t``:
   s_i += sum_j W_ij q_j            for every received q_j (sorted by sender)
   x_i += gamma (s_i - x_hat_i)     the consensus step
 
-The compression error is not lost: it stays in ``x_i - x_hat_i`` and is sent
-in later rounds (error feedback by construction). With ``choco_full_start``
-round 0 goes uncompressed, so the public copies start exact instead of at 0
-(top-1% alone would need about 100 rounds to fill them). A ``q_j`` that arrives after
-its round closed is still added at the next mix, so the neighbours' views of
-``x_hat_j`` never drift apart. The ``s_i`` form needs a static graph.
+The compression error stays in ``x_i - x_hat_i`` and is sent later (error
+feedback by construction). ``choco_full_start`` sends round 0 uncompressed. A
+late ``q_j`` is still added at the next mix. The ``s_i`` form needs a static
+graph, and CHOCO does not catch up after a partition (``CATCHES_UP`` is false):
+a lost ``q_j`` leaves a view of ``x_hat_j`` wrong for good.
 
-A ``q_j`` lost on the way (a lossy link, a partition) leaves ``i``'s view of
-``x_hat_j`` wrong for good, and every later consensus step then pushes the
-average by that error. So CHOCO does not catch up after a partition
-(rounds.py, "Catching up"): re-mixing the two sides through views that miss
-every ``q`` lost while they were apart drove the simulator's run from 0.75 to
-0.05 accuracy, against a slow decline to 0.69 with the sides left apart.
-Healing CHOCO needs the public copies re-synchronised (not done yet).
-
-The consensus step. ``consensus_step = 0`` (the default) takes it from
-``consensus_step.py``: the largest step of a √2 grid under which seeded CHOCO
-gossip alone does not grow the disagreement on this W with this compressor,
-the same on every member (that module says why not half of it). A
-guard watches what each member can see alone, the norm of its own correction
-``x - x_hat`` (what the public copy has not caught up with yet): once the
-warm-up is over, a window whose median is ``GUARD_GROWTH`` times the smallest
-window median since the last change means the public copies are running away,
-so the step is halved (``consensus_step_reduced``). Members with different
-steps would no longer average correctly, so every message carries the
-sender's step and a member mixes with the smallest step it has heard
-(``consensus_step_adopted``), never below ``2**-GUARD_MAX_HALVINGS`` of its
-start, which bounds what a lying neighbour can do to it. Parameters that are
-no longer finite are counted (``nonfinite_params``) and never sent.
+``consensus_step = 0`` (the default) takes gamma from consensus_step.py. A guard
+halves it once the median norm of ``x - x_hat`` over a window grows
+``GUARD_GROWTH`` times past its smallest since the last change
+(``consensus_step_reduced``); every message carries the sender's step and a
+member mixes with the smallest it has heard (``consensus_step_adopted``), never
+below ``2**-GUARD_MAX_HALVINGS`` of its start. Non-finite parameters are counted
+(``nonfinite_params``) and never sent. Why: docs/design/gossip-algorithms.md.
 """
 
 from __future__ import annotations
@@ -49,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Send
 from protocols.gossip.admission import Lateness
-from protocols.gossip.base import GraphView
 from protocols.gossip.consensus_step import ConsensusStepChoice, choose_consensus_step
 from protocols.gossip.rounds import Candidate, RoundMachine
 from protocols.messages import ParamPush
-from topology.errors import HivemeshError
+from topology.membership import GraphView
 
 GUARD_WINDOW = 10          # rounds per median of ||x - x_hat||
 GUARD_WARMUP_WINDOWS = 5   # windows ignored after the start or a change of step (x_hat is catching up)

@@ -5,42 +5,21 @@ Koloskova et al. 2019 (Theorem 2) prove that CHOCO-gossip converges for
     γ ≤ γ* = ρ²δ / (16ρ + ρ² + 4β² + 2ρβ² − 8ρδ),
 
 with ρ the spectral gap of W, β = ||I − W||₂ and δ the compressor's
-contraction (E||C(x) − x||² ≤ (1 − δ)||x||²). That bound is far too small to
-train with (about 3e-6 for top-1% on a ring of 16), and the step that works
-in practice is orders of magnitude larger, but not every step does: top-1% at
-γ = 0.1 diverges on a ring of 16 even with no training at all.
+contraction (E||C(x) − x||² ≤ (1 − δ)||x||²); far too small to train with
+(about 3e-6 for top-1% on a ring of 16), and it is reported beside the step used.
 
-So the step is found by trying: seeded CHOCO gossip alone (no training, the
+The step used is found by trying: seeded CHOCO gossip alone (no training, the
 same public-copy recursion as ``choco.py``, the real compressor) runs on this W
 for ``PROBE_ROUNDS`` rounds at γ = 1, 2^-1/2, 1/2, ... (a grid of ratio √2);
 CHOCO uses the largest γ under which the members' disagreement never rises
-above where it started. Everything is keyed by the run's seed, so every
-member, and both drivers, compute the same γ. A compressor under which no
-step of the grid is stable (an unbiased quantiser whose noise exceeds the
-signal, such as QSGD at 4 bits, is not a contraction) is refused with a clear
-error.
+above where it started. Everything is keyed by the run's seed, so every member,
+and both drivers, compute the same γ. A compressor under which no step of the
+grid is stable (an unbiased quantiser whose noise exceeds the signal, such as
+QSGD at 4 bits) is refused with a clear error.
 
-Why not "half the largest step under which the probe converges" (the rule
-first proposed in issue 15): measured on ring:16, Dirichlet(0.3), digits-mlp,
-top-1%, 600 steps, exact D-PSGD ending at 0.959 mean accuracy, CHOCO ended at
-
-    γ        0.0156  0.03125  0.0625  0.088  0.1
-    acc      0.819   0.883    0.923   0.933  0.934
-
-(no guard trip in any), so only γ >= 0.088 is within 3 points of exact
-gossip, and "half of converging in 200 rounds" gives 0.0156 there. Top-1%
-moves 5 of the probe's 512 coordinates a round, so it is slow by nature:
-asking it to halve the disagreement tests speed, not stability. The probe
-now asks only that the disagreement stay at most where it started over
-``PROBE_ROUNDS`` = 100 rounds, and the factor 1/2 is gone; this gives 0.088
-on ring:16, 0.044 on exponential:16 and 0.0625 on hypercube:16. Those are
-at the edge: gossip alone at 0.088 on the ring creeps up again after about
-100 rounds (x1.4 at 200, x4.5 at 600 rounds), as does 0.044 on the
-exponential graph (x1.05 at 600). Training hides such a slow drift for the
-first hundreds of steps, and the guard in ``choco.py`` (halve the step when
-``||x - x_hat||`` grows, everyone adopting the smallest) is what catches it
-later; the step one grid point above is already clearly unstable
-(ring 0.125: x4 at 200 rounds).
+The chosen step sits at the edge of stability; the guard in ``choco.py`` (halve
+the step when ``||x - x_hat||`` grows) catches a slow drift later. Why this
+rule, with the measurements behind it: docs/design/gossip-algorithms.md.
 """
 
 from __future__ import annotations

@@ -1,124 +1,26 @@
 """The insider filter: updates that are not finite, or far larger than their neighbours', are not mixed.
 
-The statistic. Each candidate's norm (a neighbour's difference to us, or its
+The statistic: each candidate's norm (a neighbour's difference to us, or its
 compressed update) is compared with ``multiple`` times a reference built from
-evidence the candidate does not control: the *other* senders' latest norms
-(this round's where they sent one, else the last one heard from them) and our
-own step's norm (when we took a step: a gossip-only round has none), taking
-the upper median of those, and never less than our own step's norm. Each
-sender has one vote, its latest, so a sender cannot
-outvote the others by sending more often, and it never votes for itself:
-with one candidate (AD-PSGD's exchanges, a round machine with one
-in-neighbour, or the only message in by the deadline) a median that counted
-it would be half its own norm, and any finite update would pass.
+evidence the candidate does not control: the upper median of the *other*
+senders' latest norms (one vote each, its latest; never its own) and of our own
+step's norm, never less than our own step's norm, and at least ``scale`` (the
+norm of our own parameters) when no other sender gives evidence. A refused norm
+still becomes its sender's latest, so a member that comes back far from
+neighbours that agree is heard again within a bounded number of rounds.
 
-Why not a running history (what this filter used to keep): on non-IID data
-the distance between honest neighbours changes with the run (it grows from 0
-when peers start equal, it shrinks as the learning rate decays), and a history
-of older, smaller norms refused honest updates by the thousand. This round's
-neighbours move with the run, so comparing a neighbour with its peers of the
-same round refuses only what is far larger than what the others send *now*.
-An honest run therefore sees no refusal unless one neighbour is more than
-``multiple`` times as far from us as the upper median of the others (and as
-our own step).
+Far reports (``far_reports``, off by default; only machines that can clip,
+``CLIPS_FAR``: D-PSGD and local SGD): each round message carries its sender's
+report (meta ``far/<member>``, relayed up to ``MAX_HOPS`` hops, ``MAX_ENTRIES``
+at most); a far candidate that a near sender's entry shows to be one of a far
+pair of other members is clipped to the bound (``far_corroborated``) instead of
+refused. A member of an older version ignores the entries and sends none.
 
-Warm-up and sole senders. When no other sender gives evidence (nobody
-else heard yet, or a sole in-neighbour, as on a directed ring), or all of it
-is 0, the reference is at least ``scale``, the norm of our own parameters (our
-own step alone says nothing about how far apart honest members start): a first update may move us at most
-``multiple`` times as far as our parameters are from the origin, and honest
-peers that start apart (different initialisations) are still heard. The
-own-step floor keeps a run of zero differences (peers that start equal) from
-making every later update look infinitely large.
-
-Rejoining. A refused norm still becomes its sender's latest: refusals count.
-So a member that comes back far from neighbours that agree with one another
-is never locked out:
-
-* its own filter judges each neighbour against the *others*, which are just
-  as far: it accepts them from the first round in which more than half of
-  its in-neighbours' latest norms are the new, far ones (a round machine: the
-  first round back, where all of them arrive; AD-PSGD: once it has heard from
-  more than half of its neighbours since coming back);
-* so it mixes, and its distance ``D`` to its neighbours shrinks by at least
-  the factor ``rho = 1 - (weight it gives the accepted neighbours)`` per
-  round (its self weight ``W_ii`` when all are accepted; 1/2 per AD-PSGD
-  exchange);
-* its neighbours refuse it only while ``D > multiple * r`` (``r``: their own
-  reference), hence for at most ``ceil(log(D / (multiple * r)) / log(1 / rho))``
-  rounds after the first one back. On a ring with Metropolis weights
-  (``rho = 1/3``) and ``multiple = 10``, a member that comes back 300 times
-  farther away than its neighbours' reference is heard again within 4 rounds
-  (tests/test_filter.py freezes one for a third of a run).
-
-An insider is still refused: its norm never enters its own reference, and
-with an honest majority among a peer's in-neighbours the upper median of the
-others is an honest norm, however large the insider's own latest is.
-
-A split healed. After a long partition the members along the cut each hear
-near neighbours (their own half) and far ones (the other half): on a ring one
-of each, and the far one is as far beyond the reference as an insider would
-be. Nothing a member sees alone tells the two apart, and refused, the halves
-never mix again. What tells them apart is elsewhere: after a split, honest
-members all along the cut see a far neighbour; an insider makes only its own
-neighbours see one, itself. So each round message carries its sender's
-*report* (meta ``far/<member>``): the members its latest screen found far,
-with their norms, and the entries its near senders reported to it (relayed up
-to ``MAX_HOPS`` hops, ``MAX_ENTRIES`` at most), each with the path it came by:
-who saw it, then each relay. A receiver adds the sender itself, the hop it saw.
-
-A far candidate is then *clipped*, not refused, when an entry from a sender
-that is itself near shows a far pair of other members: the far member is
-neither the candidate's sender nor us, the path (with that sender) goes
-through neither, and the pair is at least ``1 / multiple`` as far apart as
-the candidate. It is mixed in its own direction at the plain bound
-(``multiple`` times its reference: the largest norm the screen accepts), and
-counted (``far_corroborated``); without such an entry it is refused as before.
-
-Why one insider gains nothing:
-
-* a clipped candidate is a value the insider could have sent itself (same
-  direction, norm at the bound) and had accepted with no report at all, so
-  whatever bounds the plain screen's effect bounds it with the reports: far
-  values (constant, growing, sign-flipped, alternating, a far half's look)
-  are refused or clipped and move honest members no farther than an honest
-  run's own spread (tests/test_filter_rejoin.py, 300 rounds, three graphs);
-* it cannot forge evidence for itself: an honest relay names the hop it heard
-  an entry from, so an entry that went through the insider carries its name
-  and vouches for nothing from it, nor does one about it. What is left was
-  seen by an honest member about an honest member: a real far pair.
-
-Why the halves re-join (measured, not proven): the far half pulls at the
-bound, ``w * multiple * r`` a round (``w`` its weight, ``r`` our reference),
-ten times what a neighbour at the reference pulls, and ``r`` grows as an edge
-member is drawn from its own half, so they close faster and faster until
-the far neighbour is within the bound and mixed in full (the toy: ring:8, a
-4x4 torus and exponential:16, halves 2 x 5 apart, back to their pre-split
-spread within 60 rounds; refused, never).
-Honest runs without a split see no far member: no report, no byte added.
-
-The limit, not new: the plain bound follows the distances it is measured
-against. An insider that starts near and grows with them (each value just
-under the bound) is never refused and drags its neighbours, then the rest,
-away, with or without reports (no sooner with them: tests/test_filter_rejoin.py).
-Bounding that needs a reference the honest distances do not feed (a frozen
-quantile, the members' own training steps), at the price of refusals on
-honest non-IID runs; not done.
-
-Two insiders break it, which is why it is off by default (``far_reports``):
-each one's far values are evidence for the other. An honest member refuses
-the first and reports it far; that entry, about a member other than the
-second and never through it, vouches for the second elsewhere, and back. Each
-then pulls at the bound every round, as a creeping insider does. Measured: the
-simulator's 4x4 torus with a sign-flip and a noise member
-(tests/test_sim_gossip.py) refused 95 of their updates with the reports on,
-over 500 with them off. Telling an honest far half from insiders that are far
-needs evidence about the far member's values (that it agrees with its own
-half), not only its distance; not done.
-
-Only machines that can clip a candidate (D-PSGD and local SGD: ``CLIPS_FAR``)
-send and use reports, and only with ``far_reports`` on; the others screen as
-before. A member of an older version ignores the meta entries and sends none.
+Invariants: a non-finite update is never mixed; one insider among an honest
+majority of in-neighbours is refused or clipped, whatever it reports. Known
+limits: an insider that grows with the distances it is judged against, and two
+insiders with reports on. Why, with the rejoin bound and the measurements:
+docs/design/insider-filter.md.
 """
 
 from __future__ import annotations
@@ -174,7 +76,7 @@ class NormFilter:
         reference when nothing else gives one (called only then: it is a pass over memory).
         Without it, that reference is 0: only a zero difference passes. ``reports``: what each
         candidate's sender reported far in its own latest screen (:func:`read_report`), the
-        evidence that lets a far candidate in (see the module docstring, "A split healed").
+        evidence that lets a far candidate in (docs/design/insider-filter.md, "A split healed").
         """
         names = list(senders) if senders is not None else [f"#{i}" for i in range(len(norms))]
         if len(names) != len(norms) or (reports is not None and len(reports) != len(norms)):

@@ -1,107 +1,27 @@
 """Synchronous gossip rounds with deadlines: the skeleton D-PSGD, local SGD, CHOCO and push-sum share.
 
-A round ``t``:
+A round ``t`` (``mixing = "overlap"``, the default): send this round's message
+to the out-neighbours of ``W_t``, built from the parameters before the local
+steps; ask for ``H`` local steps (``StartWork``); on ``WorkDone`` wait for every
+in-neighbour's round-``t`` message up to ``deadline_s`` (``SetTimer``); screen
+and mix what arrived in sorted name order (a missing one's weight goes to the
+self weight, ``missed_deadline``); start round ``t + 1``. With ``mixing =
+"after"`` the message is built and sent after the local steps. Rules:
 
-1. the machine sends its message for round ``t`` to its out-neighbours of
-   ``W_t`` (built from the parameters *before* the local steps, so sending
-   overlaps computing and D-PSGD is exactly ``x <- W x - lr g(x)``), then
-   asks for ``H`` local steps (``StartWork``);
-2. on ``WorkDone`` it waits for the round-``t`` message of every in-neighbour
-   of ``W_t``, with a deadline (``SetTimer``) of ``deadline_s``;
-3. with all of them (or when the deadline fires: the missing ones are left
-   out, their weight renormalised into the self weight, and
-   ``missed_deadline`` counted) it screens and mixes them, in sorted name
-   order, and starts round ``t + 1``.
+- a neighbour that missed a deadline is a *laggard*: mixed if there, not
+  waited for, until heard at most one round behind;
+- with no in-neighbour to wait for, a round waits for the first message or
+  its deadline (``rounds_alone``): a cut-off member keeps its place;
+- a neighbour that comes up (``NeighbourUp``) is sent this round's message again;
+- later rounds are buffered up to ``max_rounds_ahead``; closed ones are
+  ``stale_message``, or applied late by push-sum and CHOCO (``late_message``);
+  a (sender, round) is never applied twice;
+- a message more than ``max_rounds_ahead`` ahead makes the machine catch up by
+  a jump protocols/gossip/catchup.py bounds, never past the final gossip rounds.
 
-That is ``mixing = "overlap"`` (combine-then-adapt), the default: the
-exchange travels while the peer computes, so a round costs
-``max(compute, network)`` rather than their sum. ``mixing = "after"``
-(adapt-then-combine, the classic local SGD of Stich 2019) sends nothing at
-the start: step 1 is the ``H`` local steps, and on ``WorkDone`` the message
-is built from the parameters *after* them, sent, and the round then goes on
-from step 2 exactly as above (deadlines, renormalisation, insider filter,
-catch-up), mixing ``x_i <- sum_j W_ij x_j`` of post-step values. The
-exchange is then on the critical path, but on a complete graph with uniform
-weights ``x <- mean_i (x - lr g_i(x))`` is exactly data-parallel SGD (an
-all-reduce of the gradients), which "overlap" is not (``x_i <- mean(x) - lr
-g_i(x_i)`` keeps each peer's last gradient unaveraged). In "after" the
-insider filter's own norm is the peer's own step ``||x_after - x_before||``
-(as in "overlap"), measured on a copy taken at ``StartWork`` when the filter is on.
-
-A neighbour that missed a deadline becomes a *laggard*: later rounds mix its
-message if it is there but do not wait for it, until a message of it arrives
-at most one round behind ours. Without this, one straggler makes each of its
-neighbours wait a full deadline every round, their own neighbours then miss
-*them* by a hair, and the delay cascades through the graph.
-
-A member with no in-neighbour left to wait for (every one down, e.g. a cut
-link, or a laggard) does not close its rounds at once: that would race it
-alone through its remaining steps, finished before the link returns. Each
-such round waits for the first message of any in-neighbour, or its deadline,
-and one that closes with no in-neighbour's message counts ``rounds_alone``.
-So a cut-off member keeps its place in the schedule (a round per deadline),
-mixes again once its neighbours are back (catching up by a jump when they
-are far ahead, see "Catching up"), and finishes by the same rules as
-everyone else.
-
-A neighbour that comes up (``NeighbourUp``: a late joiner, a restarted peer,
-one back from a partition) is sent this round's message again: what was sent
-while it was away is lost, and without it the round it joins would wait out
-its deadline. One that already had it counts a duplicate (never mixed twice).
-
-After ``total_steps`` local steps (or ``duration_s``), ``final_gossip_rounds``
-rounds without local work drive the peers to consensus; then ``Finished``.
-Messages for later rounds are buffered (up to ``max_rounds_ahead``); messages
-for rounds already closed are dropped (``stale_message``), except by
-algorithms whose sums stay right when a message is applied late (push-sum's
-mass, CHOCO's public copies), which apply them at their next mix
-(``late_message``): CHOCO up to ``max_rounds_ahead`` rounds old, push-sum
-whatever their age, and also those too far ahead to buffer (a weight share
-is mass whenever it is added). A (sender, round) is never applied twice, so a
-peer restarted from a checkpoint may resend its round: each sender's rounds
-are remembered up to ``max_rounds_ahead`` behind the newest one heard from it,
-and older ones are dropped as ``stale_message`` (mass lost, never doubled).
-
-Catching up. Round numbers are a logical clock, and two parts of the network
-can drift apart by more than ``max_rounds_ahead`` rounds (a partition that
-outlasts the neighbour timeout, a straggler its neighbours stopped waiting
-for); then every message across is too far ahead on one side and stale on the
-other, and the parts never mix again. So a message from an in-neighbour more
-than ``max_rounds_ahead`` rounds ahead makes the machine *catch up*: it closes
-its current round at once, mixing what it has (no deadline wait: it is leaving
-that round anyway), and jumps ahead, counting ``rounds_skipped``. How far is
-bounded, since a round number is only a claim (protocols/gossip/catchup.py):
-to where that sender could have trained since it was last believed (at twice
-this peer's own step rate), unless ``f + 1`` in-neighbours confirm a farther
-round (where the in-degree is at least ``2f + 1``). A jump short of the claim
-counts ``catch_up_bounded``, and the sender, ahead of the rounds landed in, is
-not waited for there (a laggard until heard at most a round ahead); a claim
-that moves nothing is dropped as ``catch_up_refused``, or, where claims can be
-confirmed, kept as its sender's one claim (``catch_up_unconfirmed``, the
-newest per sender: a bounded buffer). Repeated, a claim moves the machine
-along at the rate of the bound, so a half left behind by a cut catches up
-across the single edge a ring gives it. The skipped
-rounds send nothing and do no local work, but their steps count as done
-(``steps_skipped``), so ``steps_done`` stays the schedule position of the
-round (``round * local_steps``, as after ``join_at``) and both parts finish
-training together: the peer that fell behind gives up that share of its local
-work for staying in step, as synchronous SGD does with dropped stragglers.
-Messages buffered for skipped rounds are applied late by the algorithms that
-keep late messages and dropped (``stale_message``) by the others. A jump never
-skips the final gossip rounds (they are what brings the peers to consensus):
-it stops where training ends, and once training is over nothing far ahead
-starts one. A jump only goes to a round some peer is in, so rounds never run
-away, and the parts that fell behind follow one another like a Lamport clock.
-The other side needs nothing: it already treats the peers behind as
-laggards, and hears from them in step again once they have jumped. The round
-a jump leaves makes no laggards (it closes early, not at a deadline): the
-round landed in waits for every live in-neighbour not known to be short of it,
-so what it mixes does not depend on which message made the machine jump. CHOCO does
-not catch up (``CATCHES_UP``): see protocols/gossip/choco.py.
-
-Which message is buffered, jumped to, kept late or dropped is one table over
-(how far its round is, whether the machine may jump, how its kind treats late
-messages): protocols/gossip/admission.py.
+After ``total_steps`` (or ``duration_s``), ``final_gossip_rounds`` rounds without
+work, then ``Finished``. Which message is buffered, jumped to, kept late or
+dropped: protocols/gossip/admission.py. Why: docs/design/gossip-rounds.md.
 """
 
 from __future__ import annotations

@@ -1,78 +1,26 @@
 """Membership that changes while the network runs: roster versions and the round each takes effect.
 
-A roster carries a ``version`` and an ``effective_round`` (protocols/roster.py).
-A member that learns a new version (the daemon re-reads its roster file; the
-simulator schedules it) keeps the old membership for the rounds before
-``effective_round`` and applies the new one from it on, like every other
-member, so all of them switch neighbour sets at the same round without a
-restart and without a new run id.
+A roster carries a ``version`` and an ``effective_round`` (protocols/roster.py). A
+member that learns a new version keeps the old membership for the rounds before
+``effective_round`` and applies the new one from it on, like every other member:
+all switch neighbour sets at the same round, without a restart or a new run id. Its tables:
 
-The rule for each round-bearing message (``ParamPush``, ``ParamPull``,
-``StateSyncResponse``), one table both drivers apply through the Node:
+- round-bearing messages (``ParamPush``, ``ParamPull``, ``StateSyncResponse``):
+  a ``roster_version`` other than ours for the message's round is refused,
+  counted ``roster_version_mismatch`` and said once per (sender, version); what
+  the Node sends is stamped the same way (:meth:`Membership.stamp`);
+- keys while two versions are in use (:meth:`Membership.either`): the same key
+  is kept, a rotated member's old and new keys are both accepted until our round
+  reaches the change, a revoked key is refused at once (``revoked_key``); a key
+  changed without a rotation signed by the old key is no new version
+  (:meth:`Membership.changed_to`);
+- edge clients a gateway serves (:class:`Serving`): a roster entry naming its
+  gateway decides; otherwise the gateway's configured client list, or every
+  edge member for a gateway that lists none.
 
-=====================================  =========================================
-the message's ``roster_version``       the Node
-=====================================  =========================================
-equals ours for the message's round    routes it as usual
-differs                                refuses it, counted ``roster_version_mismatch``,
-                                       and says once per (sender, their version):
-                                       ``p03 refused p02's param_push for round 121:
-                                       roster version 1 (theirs) != 2 (ours)``
-=====================================  =========================================
-
-"Ours for round r" is the version in force at r: the current one from its
-``effective_round`` on, the previous one before it. A member that has not yet
-learnt the new version still speaks the old one for every round, so it is
-refused only for the rounds from ``effective_round`` on, where the two would mix
-with different neighbour sets. What the Node sends is stamped the same way
-(:meth:`Membership.stamp`). Pure: no files, no clocks.
-
-Keys change the same way (protocols/roster.py): which keys a member accepts
-while two versions are in use is :meth:`Membership.either`'s table:
-
-====================================  ===============================================
-a member in the two versions          accepted until our round reaches the change
-====================================  ===============================================
-same key in both                      that key
-rotated (the new entry's              both keys; the old one is the member's entry (we
-``rotated_from`` is the old key)      still address and dial it by that), from the
-                                      change's round on only the new one
-only in the previous version, its     neither: refused at once (``revoked_key``), and
-key revoked in the current one        its CurveZMQ key leaves the allowlist at once
-only in the previous version          its key, until the change's round
-====================================  ===============================================
-
-A key that changed without a rotation signed by the old key is no new
-version at all (:meth:`Membership.changed_to` refuses it). So "from round R on
-only the new key" holds where the receiver is: it stops accepting the old key
-when its own round reaches R, as it switches neighbour sets.
-
-Edge clients (a gateway's, not gossip neighbours) follow the roster too: from a
-version's round on, a gateway serves that version's ``edge`` members by
-:class:`Serving`'s table (one added is known and registered by its next
-heartbeat; one removed is no longer asked), without a restart:
-
-==============================  ===========================  ======================
-the edge member's entry          the gateway's config         served by this gateway
-==============================  ===========================  ======================
-``gateway = "gw1"``              anything                     by gw1 only
-no ``gateway``                   lists no clients             yes (a lone gateway:
-                                                              every edge member)
-no ``gateway``                   lists it                     yes
-no ``gateway``                   lists others                 no
-==============================  ===========================  ======================
-
-So an edge client joins a running multi-gateway federation by a roster entry
-that names its gateway (``hivemesh roster add e010 --role edge --gateway gw1``),
-and no gateway's config changes; a restarted gateway reads the same rule from
-the roster at start. Its transport key is admitted at once, when the version
-is learnt (``either`` above: it may connect and heartbeat before its round),
-but it is served, asked into rounds, only from the version's round on.
-
-Not handled yet: a member that (re)starts with the new roster before its
-effective round knows the previous version's number but not its members, so it
-mixes by the new graph for those rounds (a joiner is unaffected: it
-state-syncs to a round at or past the change before it mixes).
+Pure: no files, no clocks. Not handled yet: a member that (re)starts with the new
+roster before its effective round mixes by the new graph for those rounds. The
+tables in full: docs/design/node.md.
 """
 
 from __future__ import annotations

@@ -1,88 +1,26 @@
 """The Node: one member around its machine, routing what it hears. Both drivers host it.
 
-A driver (the daemon with sockets and the wall clock, the simulator with its
-link model and virtual clock) opens and verifies frames, then hands each
-message to :meth:`Node.receive`; it calls :meth:`Node.start` when the member
-starts its rounds, :meth:`Node.handle` for its own events (work done, a timer),
-and, as time passes, :meth:`Node.tick` (the heartbeat, when due: a real signed
-message in both drivers) and :meth:`Node.expire`. Before the first round it
-asks :meth:`Node.start_wait` whether its wait for its neighbours is over. It carries out the actions that come
-back, in order: the machine's (``Send``, ``StartWork``, timers, ``Metric``,
-``Finished``, ``SetTrainerStep``) and the Node's own :class:`Note` lines.
+A driver opens and verifies frames, then hands each message to :meth:`Node.receive`;
+it calls :meth:`Node.start` when the member starts its rounds, :meth:`Node.handle`
+for its own events (work done, a timer), :meth:`Node.tick` (the heartbeat, when
+due) and :meth:`Node.expire` as time passes, and, before the first round,
+:meth:`Node.start_wait`. It carries out the actions that come back, in order: the
+machine's (``Send``, ``StartWork``, timers, ``Metric``, ``Finished``,
+``SetTrainerStep``) and the Node's own :class:`Note` lines.
 
-Routing by kind, one rule for both drivers:
+Routing by kind is one table for both drivers: refusals first (``after_leaving``,
+``sender_revoked``, ``roster_version_mismatch``); heartbeats noted; state sync
+answered or collected (protocols/node/sync.py); a kind no role takes counted
+``no_role_for_<kind>``; anything else held before ``Start`` (protocols/node/early.py)
+and fed to the role that takes its kind after; a message whose handling raises is
+dropped and counted ``internal_error``, and the member lives on.
 
-==========================  ============================================================
-message                     what the Node does
-==========================  ============================================================
-anything, once we left      counted ``after_leaving`` (a roster version removed us)
-anything from a member      counted ``sender_revoked`` (verified before the version that
-whose key was revoked       revoked it was learnt)
-a roster version not ours   counted ``roster_version_mismatch``, said once per sender and
-for its round               version (protocols/node/membership.py)
-anything from a neighbour   the failure detector hears it (``NeighbourUp`` once started)
-anything from a client      the roles' failure detector hears it (``NeighbourUp`` to every
-(``clients``)               role: a FedAvg server registers it; one heard before Start, just
-                            before the roles' ``Start``; also after the machine finished, so a
-                            finished server answers a late client with the final model)
-``Heartbeat``               its step and "finished" flag are noted (from one neither a
-                            neighbour nor a client: counted ``heartbeat_not_neighbour``, or
-                            ``client_not_served_yet`` from a client served from a learnt
-                            version's round on); a later roster version than ours is said
-                            once per neighbour
-``StateSyncRequest``        answered, rate-limited per requester (protocols/node/sync.py);
-                            an answered neighbour that was up already has restarted:
-                            the machine is told it is up, so it resends its round
-``StateSyncResponse``       (or a refusal: ``ErrorReply`` ``sync_refused``) checked and
-                            collected while syncing; the best is adopted once
-                            every asked neighbour that is up has answered (or at the
-                            attempt's timeout); after (a second answer from one
-                            neighbour, or none asked) counted ``sync_answer_late``
-a kind no role takes        counted ``no_role_for_<kind>`` (``no_role_for_param_pull``)
-(``Role.accepts``)
-anything else, not started  held (protocols/node/early.py), fed after ``Start``
-anything else, started      fed to the role that takes its kind (a machine counts what
-                            arrives after it finished as ``after_finish``)
-any, if handling it raises  dropped: counted ``internal_error`` (by sender in
-                            ``internal_errors``), said once per sender and error type;
-                            the member lives on
-==========================  ============================================================
-
-Roles. A member holds its machine (the model it trains and gossips) and,
-beside it, any number of named roles (``roles``: a gateway's FedAvg server).
-Each message kind belongs to one role (two roles that take the same kind are
-refused when the Node is made). Every role gets ``Start``; the machine alone
-gets the trainer's ``WorkDone``, the neighbours' up and down, and state sync.
-The members the roles serve (``clients``: a gateway's edge clients, not gossip
-neighbours) have a failure detector of their own with the same timeout: heard,
-a client is ``NeighbourUp`` for every role; silent or gone, ``NeighbourDown``
-(the machine never hears of them). An edge client's Node hosts its FedAvg
-client as its machine (protocols/federation/edge.py) and the gateway as its
-one neighbour, so its heartbeats are what keeps it registered.
-A role's timer keys and metric names reach the driver prefixed with its name
-(``fedavg/round``), and a ``TimerFired`` so prefixed goes back to that role.
-
-Membership (protocols/node/membership.py): a driver hands a later roster version
-to :meth:`Node.change_membership`; the machine reads the old graph before its
-``effective_round`` and the new one from it, new neighbours are known at once,
-removed ones forgotten at that round (a removed member leaves: ``Finished``), and
-``Connect`` tells the driver whom to verify and exchange with. A member whose key
-the new version revokes is forgotten at once, not at the round: never sent to,
-waited for (``NeighbourDown``) or verified again, what is handed over from it
-refused (``sender_revoked``); a served edge client so revoked leaves the
-gateway's ``clients`` at once too (``NeighbourDown`` for the roles: not asked
-again). A member that reads its own
-revocation leaves at once. A version that gives a member another key without
-the old key's signature is not taken (``roster_key_change_unsigned``). A member
-whose roles serve edge clients (``serving``: a gateway) serves each version's
-``edge`` members by protocols/node/membership.py's ``Serving`` table from its
-round on: one added is known (registered when heard), one removed is
-``NeighbourDown`` for the roles. A heartbeat from one not served yet (its key
-admitted, its round not begun) is counted ``client_not_served_yet``.
-
-Pure, like the machines: no sockets, threads, clocks or global RNG. What the
-Node cannot know (the trainer's step, a host copy of the parameters for a
-state-sync answer) it asks its driver through ``answer_source``.
+Roles: the machine plus any named roles (a gateway's FedAvg server), one role per
+message kind; the members the roles serve (``clients``) have a failure detector
+of their own. A role's timer keys and metric names carry its name as a prefix.
+Roster versions come in through :meth:`Node.change_membership`
+(protocols/node/membership.py). Pure: what the Node cannot know it asks its
+driver through ``answer_source``. The routing table in full: docs/design/node.md.
 """
 
 from __future__ import annotations
@@ -97,6 +35,7 @@ from typing import Generic
 import torch
 
 from protocols.compress import BadParts
+from protocols.errors import HivemeshError
 from protocols.events import (
     Action,
     CancelTimer,
@@ -114,14 +53,14 @@ from protocols.events import (
     TimerFired,
 )
 from protocols.messages import ErrorReply, Heartbeat, Message, StateSyncRequest, StateSyncResponse
+from protocols.node.check import SyncOffer
 from protocols.node.config import NodeConfig
 from protocols.node.early import EarlyMessages
 from protocols.node.liveness import Verdict, Wait, reason, start_wait, verdict
 from protocols.node.membership import Connect, Membership, Serving, UnsignedKeyChange
 from protocols.node.neighbours import N, Neighbour, Neighbourhood
-from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, SyncOffer, best_offer
+from protocols.node.sync import REFUSED_CODE, Adoption, StateSync, best_offer
 from protocols.roster import Roster
-from topology.errors import HivemeshError
 from topology.membership import ChangingGraph, RoundGraph
 
 

@@ -1,39 +1,26 @@
 """State sync, both sides, in one order for both drivers.
 
-Answering. A neighbour that joins late, or restarts, asks for our state; the
-answer is the whole model, so each requester is answered at most once per
-``sync_answer_interval_s`` (a flood from one neighbour costs one model per
-interval, and never crowds out another requester). Only neighbours are
-answered, and only once we have started: before Start we have nothing better
-than the initial model to offer. Every refusal is counted by reason.
+Answering: only neighbours, only once we have started, each requester at most
+once per ``sync_answer_interval_s`` (the answer is the whole model); every
+refusal is counted by reason.
 
-Asking. A member asks its neighbours, waits ``sync_timeout_s`` for an answer,
-and asks again, ``sync_attempts`` times in all (``begin_asking`` then ``ask``
-before each attempt); a restarted member that heard no neighbour while it
-started asks once (they are likely gone: one attempt tells). When every
-attempt went unanswered it goes on from its own state (``no_answer``).
+Asking: ``sync_attempts`` attempts of ``sync_timeout_s`` each (``begin_asking``,
+then ``ask`` before each); a restarted member that heard no neighbour while it
+started asks once. With every attempt unanswered it goes on from its own state
+(``no_answer``).
 
-Choosing. An attempt collects the answers of the neighbours it asked and takes
-one once every asked neighbour that is up has answered, or when the attempt
-times out with at least one usable answer (protocols/node/node.py). The one
-taken is :func:`best_offer`'s: the highest round, then the most steps done,
-then the lowest name. A neighbour that refuses a request (not started yet, or
-asked too often) says so (an ``ErrorReply`` with ``REFUSED_CODE``), which counts
-as its answer: a sync never waits out its timeout for a neighbour that is up
-but will not answer. Taking the first answer to arrive made the state a
-member joins with depend on which neighbour happened to be faster; this
-choice depends only on what the neighbours hold, so the daemon and the
-simulator (and two runs of either) adopt the same state.
+Choosing: an attempt takes an answer once every asked neighbour that is up has
+answered, or at its timeout with at least one usable answer. The one taken is
+:func:`best_offer`'s: the highest round, then the most steps done, then the
+lowest name, so the state adopted depends only on what the neighbours hold, not
+on who answered first. A refusal (``ErrorReply`` with ``REFUSED_CODE``) counts
+as an answer.
 
-Adopting. An answer is checked first (protocols/node/check.py: a roster
-member may still send nonsense). A usable one is then judged in this order:
-
-1. behind us (its round is before ours): keep our own state;
-2. the algorithm cannot take a neighbour's state (``machine.joinable`` is
-   False: CHOCO's public copies): keep our own state;
-3. otherwise adopt: copy the parameters into the machine's vector, then
-   ``join_at`` (which rebases the outer optimiser on the copied values), and
-   emit ``SetTrainerStep`` so the learning-rate schedule follows the network.
+Adopting: an answer is checked first (protocols/node/check.py), then kept out if
+it is behind us, or if the machine cannot take a neighbour's state
+(``machine.joinable`` False: CHOCO); otherwise the parameters are copied into the
+machine's vector, ``join_at`` rebases it, and ``SetTrainerStep`` makes the
+learning-rate schedule follow the network. Why this order: docs/design/node.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,31 @@
 """One client's side of one SecAgg round, as a pure state machine (one instance per round).
 
 The driver feeds it the gateway's messages (``receive``) and its quantised update
-(``provide_input``, any time before or after the shares arrive) and sends what it returns to the
-gateway. Every check below that fails *aborts* the round (counted in ``aborts`` by reason, nothing
-more is sent); a message that does not belong here is *refused* (counted in ``refused``) and
-changes nothing.
+(``provide_input``, any time before or after the shares arrive) and sends what it
+returns. A failed check *aborts* the round (counted in ``aborts`` by reason; nothing
+more is sent); a message that does not belong here is *refused* (``refused``) and
+changes nothing. No timers: the gateway's deadlines decide who is in.
 
-=================  ===================  =====================================================  =========
-phase              message              checks (abort reason)                                  sends
-=================  ===================  =====================================================  =========
-ADVERTISED         KeyRoster            each advert from the cohort, once, signature valid     ShareKeys
-                                        (``bad_advert``); ours unaltered (``own_keys_altered``);
-                                        at least our own floor (``roster_below_floor``), at
-                                        most max_clients (``roster_above_max``); t <= k < 2t
-                                        (``threshold_unsafe``)
-SHARED             ForwardedShares      senders are our neighbours, each bundle signed by its  MaskedInput
-                                        sender (``bad_share``); one that does not open, or     (with input)
-                                        lacks the index it owes us or its commitments, is
-                                        left out and its sender accused (blame.py); >= t
-                                        that open (``too_few_neighbours``)
-MASKED             SurvivorSet          we are in it, it lies within the senders of shares     Consistency-
-                                        (``survivors_not_shared``), >= t neighbours in it       Signature
-                                        (``too_few_survivors``)
-SIGNED             ConsistencyProof     every signer in our survivor set and every signature   UnmaskShares
-                                        over *our* set (``survivor_sets_disagree``); >= t
-                                        neighbours signed (``too_few_signatures``); no peer
-                                        whose other share an earlier attempt revealed
-                                        (``would_reveal_both``)
-DONE               RecoveryRequest      proof that each culprit dealt a wrong self-mask seed   Unmask-
-                                        (blame.dealt_wrong; ``false_recovery``)                Shares
-=================  ===================  =====================================================  =========
+- ADVERTISED, on KeyRoster: adverts from the cohort, once, signed (``bad_advert``);
+  ours unaltered (``own_keys_altered``); at least our floor (``roster_below_floor``),
+  at most max_clients (``roster_above_max``); t <= k < 2t (``threshold_unsafe``);
+  sends ShareKeys.
+- SHARED, on ForwardedShares: from our neighbours, each bundle signed by its sender
+  (``bad_share``); one that does not open, or lacks the index it owes us or its
+  commitments, is left out and its sender accused (blame.py); at least t that open
+  (``too_few_neighbours``); sends MaskedInput.
+- MASKED, on SurvivorSet: we are in it, within the senders of shares
+  (``survivors_not_shared``), at least t neighbours in it (``too_few_survivors``);
+  sends ConsistencySignature.
+- SIGNED, on ConsistencyProof: every signature over *our* set
+  (``survivor_sets_disagree``), at least t (``too_few_signatures``), no peer whose
+  other share an earlier attempt revealed (``would_reveal_both``); sends UnmaskShares.
+- DONE, on RecoveryRequest: proof that each culprit dealt a wrong self-mask seed
+  (blame.dealt_wrong; ``false_recovery``); sends its mask-key shares.
 
-The client sets no timers: the gateway's deadlines decide who is in, and a driver simply drops the
-machine when the federation round it belongs to ends (a late message then reaches nothing).
-
-The consistency rule: for each neighbour v that shared with us, we reveal v's self-mask-seed share
-if v is in the survivor set we signed, else v's mask-key share, never both. ``revealed`` records
-which, and the driver hands the same record to every attempt at one round (a gateway may ask a
-round again: federation/secure.py counts the attempts), so a later attempt that would reveal the
-other kind for a peer aborts before revealing anything.
-
-The roster floor: the gateway chooses whose adverts a client sees, so it could send a client v a
-roster of v and two colluders (k = 2, t = 2) and hand them both of v's secrets. A client therefore
-refuses a roster below ``config.roster_floor()`` (``min_roster``, from its own config): since t
-never shrinks as the roster grows, the gateway and its colluders need at least
-``threshold_for(roster_floor())`` of v's neighbours to rebuild v's secrets.
+For each neighbour v we reveal v's self-mask-seed share if v is in the survivor set
+we signed, else its mask-key share, never both, across every attempt at a round
+(``revealed``). Why, and the roster floor: docs/design/secagg.md.
 """
 
 from __future__ import annotations

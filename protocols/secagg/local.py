@@ -65,7 +65,7 @@ def holding(kind: type) -> tuple[list[Deliver], Callable[[list[Deliver]], list[D
     return held, tamper
 
 
-class Roster:
+class SeededKeyring:
     """Ed25519 identities for named members, derived from a seed; sign and verify by name."""
 
     def __init__(self, names: list[str], seed: int) -> None:
@@ -92,7 +92,7 @@ class LocalRound:
         """``behaviours``: name -> a dishonest client's behaviour (protocols/secagg/insider.py)."""
         names = sorted(inputs)
         self.inputs = dict(inputs)
-        self.roster = Roster(names, seed)
+        self.roster = SeededKeyring(names, seed)
         self.now_s = now_s
         self.clock = clock
         self.bytes_up: Counter[str] = Counter()  # client -> bytes it sent

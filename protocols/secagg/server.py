@@ -1,15 +1,11 @@
 """The gateway's side of one SecAgg round, as a pure state machine (one instance per round).
 
 The gateway relays and counts; it never holds a key that opens a share. Each of the five rounds
-collects one kind of message from the clients still in, and closes when all of them answered or
-at its deadline (``tick(now_s)``, ``deadline_s``), whichever comes first; then it sends the next
-round's message to each client still in (``Deliver``). The sets it keeps are Bonawitz et al.'s:
-U1 advertised, U2 shared, U3 sent masked input (the survivors), U4 signed the survivor set, and the
-clients that answered the unmask round.
+collects one kind of message from the clients still in and closes when all answered or at its
+deadline (``tick(now_s)``, ``deadline_s``); then it sends the next round's message to each client
+still in (``Deliver``). Its sets are Bonawitz et al.'s: U1 advertised, U2 shared, U3 sent masked
+input (the survivors), U4 signed the survivor set, and those that answered the unmask round.
 
-What a client message meets (every refusal counted in ``refused`` by reason, nothing else changes):
-
-==================================================  =====================
 message                                             verdict
 ==================================================  =====================
 of a kind only the gateway sends                    ``wrong_kind``
@@ -31,6 +27,13 @@ unmask shares of the wrong kind, owner, length, or  ``bad_unmask``
 an index not the one the owner gave that sender
 a revealed share its owner's commitment refuses     ``bad_reveal`` (holder blamed)
 ==================================================  =====================
+=======
+A client message is refused (counted in ``refused`` by reason; nothing else changes) as
+``wrong_kind``, ``unknown_sender``, ``wrong_round`` (another run or round), ``late``, ``early``,
+``duplicate``, ``bad_signature``, ``bad_keys``, ``bad_shares``, ``unsigned_shares``, ``bad_input``,
+``false_accusation``, ``bad_evidence``, ``bad_unmask`` (a share of the wrong kind, owner or length,
+or an index not the one its owner gave) or ``bad_reveal``; the table
+of which message meets which verdict is in docs/design/secagg.md.
 
 Blame (blame.py says what proves each offence): a blamed client is out of the round (at MASKED_INPUT
 its input is dropped and its masks removed as a dropped client's; a pair it was accused over holds
@@ -41,12 +44,12 @@ round ends over the honest survivors (``unrecovered`` when its mask key was deal
 ``blamed`` names the culprits, whatever the round's end.
 
 At the close of unmasking, with at least ``t`` shares per secret, the gateway rebuilds each
-survivor's self-mask seed and each dropped (U2 minus U3) client's mask key (checked against the key
-it advertised), removes those masks, and holds the sum in ``result``. A round that cannot go on
-(too few clients at a close, a secret with fewer than ``t`` shares) ends ``FAILED`` with ``failure``.
-Share indices are checked twice (a wrong one must never reach pycryptodome, whose GF(2^128) code
-loops forever on a negative index and silently rebuilds a wrong secret from one out of range):
-on arrival (``bad_unmask``) and in ``crypto.combine_secret`` (``failed_bad_share_index``).
+survivor's self-mask seed and each dropped (U2 minus U3) client's mask key (checked against the
+key it advertised), removes those masks, and holds the sum in ``result``. A round that cannot go
+on ends ``FAILED`` with ``failure``. Share indices are checked on arrival (``bad_unmask``) and
+again in ``crypto.combine_secret`` (``failed_bad_share_index``): a wrong one must never reach
+pycryptodome, which loops forever on a negative index and rebuilds a wrong secret from one out
+of range.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from topology.errors import HivemeshError
+from protocols.errors import HivemeshError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvaluateFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, float]]

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from protocols.errors import HivemeshError
 from protocols.events import Action, Event, ProtocolState
 from protocols.federation.client import FedAvgClient
 from protocols.gossip import GossipConfig
 from protocols.messages import Message
-from topology.errors import HivemeshError
 
 
 class EdgeMachine:

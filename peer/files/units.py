@@ -1,0 +1,21 @@
+"""Numbers as the console, ``hivemesh status`` and the reports print them (``12.3 MB``, ``-``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def format_number(value: Any, spec: str, unit: str = "") -> str:
+    """``value`` formatted with ``spec`` and ``unit``; "-" for a missing or non-finite number."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec) + unit
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(count) < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
