@@ -313,6 +313,8 @@ class FederationRun:
                                      answer_source=lambda: (trainer.flat_params.clone(), 0))
         spec = self.section.client_availability.get(name, self.section.availability)
         attack = self.section.attack.get(name)
+        if attack and client.secure is not None:  # a SecAgg insider's rounds (peer/train/attack.py)
+            client.secure.insider = dict(parse_attack(attack).secagg)
         return Member(name, node, gateway=gateway, client=client, trainer=trainer,
                       availability=Availability.parse(spec),
                       attack=parse_attack(attack) if attack else Attack())
@@ -719,6 +721,8 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
         row["secagg_phases"] = list(report.secagg_phases)
     if report.bounds:  # the influence bounds the updates met (protocols/federation/influence.py)
         row["bounds"] = dict(report.bounds)
+    if getattr(report, "blamed", None):  # SecAgg's culprits of the round (protocols/secagg/blame.py)
+        row["blamed"] = dict(report.blamed)
     return row
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peer.cli.init import default_network
+from peer.cli.init import default_federation, default_network
 from peer.files.statefiles import read_status
 from peer.runtime.launch import PeerProcesses
 from peer.runtime.netinit import FederationFiles, create_federation
@@ -77,3 +77,29 @@ def closed_rounds(files: FederationFiles) -> dict[int, dict[str, Any]]:
     """The gateway's closed rounds (``rounds.jsonl``: one report per line), by round."""
     path = files.network.out / "data" / GATEWAY / "rounds.jsonl"
     return {row["round"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def init_federation(folder: Path, *, edges: int, rounds: int, **federation: Any) -> FederationFiles:
+    """`hivemesh init --gateways 1 --edges N`'s federation in ``folder``: its [network] and
+    [federation] tables (its CLI defaults, seed 0), ``federation`` keys over them, round 0 waiting for
+    every edge (``min_registered``: which edges a round asks then does not depend on start-up
+    timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS."""
+    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
+                              steps=300, seed=0)
+    table = {**default_federation(rounds=rounds, gateways=1, edges=edges, seed=0), "min_registered": edges,
+             **federation}
+    return create_federation(folder, gateways=1, edges=edges, network=network, federation=table,
+                             reserve=True, peer_options=GATEWAY_OPTIONS, edge_options=EDGE_OPTIONS)
+
+
+def simulated_accuracy(files: FederationFiles, last_rounds: int) -> float:
+    """The simulator's run of the same files, with no attacker (the clean run): the mean accuracy of
+    its global model over its last ``last_rounds`` rounds."""
+    from sim.federation import FederationRun
+    from sim.from_network import scenario_from_federation_files
+
+    scenario = scenario_from_federation_files(
+        files.network.configs[GATEWAY], list(files.edge_configs.values()), duration_s=3600.0,
+        nodes={"step_time_ms": 10.0}, links={"latency_ms": 1.0})
+    trace = FederationRun(scenario).run().trace
+    return sum(t.mean_accuracy for t in trace[-last_rounds:]) / last_rounds

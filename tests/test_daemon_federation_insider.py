@@ -25,22 +25,19 @@ from pathlib import Path
 import pytest
 from _federation_support import (
     CEILING_S,
-    EDGE_OPTIONS,
     GATEWAY,
-    GATEWAY_OPTIONS,
     closed_rounds,
     describe,
+    init_federation,
     processes,
+    simulated_accuracy,
     status,
 )
 
-from peer.cli.init import default_federation, default_network
 from peer.runtime.edge import edge_trainer
 from peer.runtime.edgeconfig import load_edge_config
-from peer.runtime.netinit import create_federation, load_roster
+from peer.runtime.netinit import load_roster
 from peer.runtime.testhooks import Hook
-from sim.federation import FederationRun
-from sim.from_network import scenario_from_federation_files
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -53,12 +50,7 @@ EXPECTED = ("norm_median", "samples_median", "norm_median")   # the bound each a
 
 def test_an_insider_edge_costs_init_defaults_less_than_a_point(tmp_path: Path) -> None:
     # Prepare: init's tables (its CLI defaults), the test's [peer]/[edge] timings, round 0 waits for all
-    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
-                              steps=300, seed=0)
-    federation = {**default_federation(rounds=30, gateways=1, edges=EDGES, seed=0), "min_registered": EDGES}
-    files = create_federation(tmp_path / "fed", gateways=1, edges=EDGES, network=network,
-                              federation=federation, reserve=True, peer_options=GATEWAY_OPTIONS,
-                              edge_options=EDGE_OPTIONS)
+    files = init_federation(tmp_path / "fed", edges=EDGES, rounds=30)
     per_round = edge_trainer(load_edge_config(files.edge_configs[INSIDER]),
                              load_roster(files.network.roster)).steps_per_epoch
     # its k-th trained round starts at step k * per_round: each hook fires before one of them
@@ -66,11 +58,7 @@ def test_an_insider_edge_costs_init_defaults_less_than_a_point(tmp_path: Path) -
     hooks = [Hook(at_step=max(0, k * per_round - per_round + 1), action="attack", spec=spec, mark=str(mark))
              for k, (spec, mark) in enumerate(zip(ATTACKS, marks, strict=True))]
     hooks.append(Hook(at_step=len(ATTACKS) * per_round - per_round + 1, action="attack", spec=""))
-    scenario = scenario_from_federation_files(
-        files.network.configs[GATEWAY], list(files.edge_configs.values()), duration_s=3600.0,
-        nodes={"step_time_ms": 10.0}, links={"latency_ms": 1.0})
-    trace = FederationRun(scenario).run().trace
-    clean = sum(t.mean_accuracy for t in trace[-LAST_ROUNDS:]) / LAST_ROUNDS
+    clean = simulated_accuracy(files, LAST_ROUNDS)
     # Execute
     with processes(files) as run:
         run.start_all({INSIDER: hooks})

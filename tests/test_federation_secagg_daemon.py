@@ -90,7 +90,8 @@ def test_ten_edges_masked_end_with_the_model_of_the_same_run_unmasked(tmp_path: 
         assert phases[2]["bytes_received"] >= 10 * 4 * (masked.numel() + 1)  # the masked inputs
     gateway = status(masked_files, GATEWAY)["federation"]
     assert gateway["last_rounds"][-1]["secagg_phases"] == masked_rounds[2]["secagg_phases"]
-    assert gateway["secagg"] == {"round": 2, "phase": "none", "phases": masked_rounds[2]["secagg_phases"]}
+    assert gateway["secagg"] == {"round": 2, "phase": "none", "phases": masked_rounds[2]["secagg_phases"],
+                                 "blamed": {}, "offences": {}, "barred": []}
     assert all(row["secagg_phases"] == [] for row in closed_rounds(plain_files).values())
 
 

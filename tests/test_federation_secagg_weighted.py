@@ -158,7 +158,8 @@ def test_each_phase_reports_its_time_and_bytes_and_they_add_up() -> None:
     assert sum(cost["bytes_sent"] + cost["bytes_received"] for cost in costs.values()) == carried
     # the masked inputs: 4 bytes an element, the model and its weight, from each client
     assert costs["masked_input"]["bytes_received"] >= len(NAMES) * 4 * (NUMEL + 1)
-    assert shown == {"round": 0, "phase": "none", "phases": server.phase_costs(0)}  # shown; the round is over
+    assert shown == {"round": 0, "phase": "none", "phases": server.phase_costs(0), "blamed": {},
+                     "offences": {}, "barred": []}  # shown; the round is over
     server.open(1, NAMES, 10.0)
     assert server.phase_costs(0) == [] and [cost["phase"] for cost in server.phase_costs(1)] == ["advertise"]
 
@@ -172,7 +173,7 @@ def test_the_status_shows_the_open_rounds_phase() -> None:
     # Assert
     assert server.status() == {"round": 7, "phase": "advertise", "phases": [{
         "phase": "advertise", "duration_s": 0.0, "messages_received": 0, "bytes_received": 0,
-        "messages_sent": 0, "bytes_sent": 0}]}
+        "messages_sent": 0, "bytes_sent": 0}], "blamed": {}, "offences": {}, "barred": []}
 
 
 def test_a_masked_sum_with_an_impossible_total_weight_is_not_a_mean() -> None:

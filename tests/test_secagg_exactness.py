@@ -93,8 +93,8 @@ def test_each_client_reveals_one_kind_of_share_per_peer() -> None:
         if name in drop_before:
             continue
         (reply,) = [m for m in local.sent[name] if isinstance(m, UnmaskShares)]
-        self_owners = {owner for owner, _, _ in reply.self_seed_shares}
-        key_owners = {owner for owner, _, _ in reply.mask_key_shares}
+        self_owners = {entry[0] for entry in reply.self_seed_shares}
+        key_owners = {entry[0] for entry in reply.mask_key_shares}
         assert not self_owners & key_owners
         assert key_owners == set(drop_before)
         assert self_owners == set(NAMES) - set(drop_before) - {name}

@@ -76,13 +76,13 @@ def test_an_unmask_share_with_a_wrong_index_is_refused_and_the_round_still_sums(
     # Prepare: c0 rewrites the index of its first self-seed share
     local, replies = _unmask_replies(f"index-{wrong}")
     evil = NAMES[0]
-    owner, index, share = replies[evil].self_seed_shares[0]
+    owner, index, share, salt = replies[evil].self_seed_shares[0]
     holders = local.server.graph[owner]
     other = next(h for h in sorted(holders) if h != evil)
     bad = {"negative": -1, "zero": 0, "past the neighbours": len(holders) + 1,
            "another holder's": share_index(holders, other)}[wrong]
     assert index == share_index(holders, evil) != bad
-    replies[evil] = replace(replies[evil], self_seed_shares=((owner, bad, share),
+    replies[evil] = replace(replies[evil], self_seed_shares=((owner, bad, share, salt),
                                                              *replies[evil].self_seed_shares[1:]))
     # Execute: every reply in, then the unmask deadline
     for name in NAMES:
@@ -108,8 +108,8 @@ def test_combine_secret_refuses_an_index_split_secret_never_hands_out(indices: t
     assert crypto.combine_secret(shares[:3], 3, 6) == secret
 
 
-def test_a_client_aborts_on_a_share_that_carries_another_index_than_its_sender_owes_it() -> None:
-    # Prepare: c1 (dishonest) re-encrypts the share it sends c0 under the index 0
+def test_a_share_that_carries_another_index_than_its_sender_owes_gets_its_sender_blamed() -> None:
+    # Prepare: c1 (dishonest) re-encrypts and signs the share it sends c0 under the index 0
     inputs = {name: quantise(np.zeros(4), clip_value=1.0, bits=16) for name in NAMES}
     local = LocalRound(SecAggConfig(), inputs, run_id="own-index", round_index=1)
     c0, c1 = local.clients["c0"], local.clients["c1"]
@@ -121,20 +121,32 @@ def test_a_client_aborts_on_a_share_that_carries_another_index_than_its_sender_o
             if delivery.recipient == "c0" and isinstance(message, ForwardedShares):
                 public = crypto.load_public(c0.secrets.cipher_public)
                 assert public is not None
-                plaintext = (0).to_bytes(4, "big") + bytes(2 * crypto.SHARE_BYTES)
+                plaintext = (0).to_bytes(4, "big") + bytes(2 * crypto.SHARE_BYTES + 2 * crypto.SALT_BYTES)
                 forged = crypto.encrypt_share(c1.secrets.cipher_key, public, run_id="own-index",
                                               round_index=1, sender="c1", recipient="c0", plaintext=plaintext)
+                commitment = bytes(64)
+                signature = local.roster.signer("c1")(crypto.share_statement(
+                    "own-index", 1, "c1", "c0", crypto.digest(forged), commitment))
                 message = replace(message, ciphertexts=tuple(
-                    (sender, forged if sender == "c1" else ciphertext)
-                    for sender, ciphertext in message.ciphertexts))
+                    (sender, forged, commitment, signature) if sender == "c1" else (sender, *rest)
+                    for sender, *rest in message.ciphertexts))  # type: ignore[misc]
+                server = local.server  # as the gateway took it, so c1's signature holds there too
+                server.bundles[("c1", "c0")] = (forged, commitment, signature)
             out.append(Deliver(delivery.recipient, message))
         return out
 
     # Execute
     local.run(tamper=forge)
-    # Assert: c0 stops before masking; nothing it holds could rebuild a secret wrongly
-    assert c0.phase is ClientPhase.ABORTED and c0.aborts == {"bad_share": 1}
-    assert not any(isinstance(m, MaskedInput) for m in local.sent["c0"])
+    # Assert: c0 masks without c1 and accuses it; the gateway opens the bundle itself, blames c1 and
+    # sums the other five exactly; nothing c0 holds could rebuild a secret wrongly
+    assert c0.accused == ("c1",) and "c1" not in c0._held and not c0.aborts
+    (masked,) = [m for m in local.sent["c0"] if isinstance(m, MaskedInput)]
+    assert masked.accused == ("c1",) and masked.cipher_private == c0.secrets.cipher_key.private_bytes_raw()
+    assert local.server.blamed == {"c1": "bad_shares"}
+    result = local.server.result
+    assert result is not None and "c1" in result.dropped and "c1" not in result.survivors
+    expected = np.sum([inputs[name] for name in result.survivors], axis=0) & RING_MASK
+    assert np.array_equal(result.ring_sum, expected)
 
 
 # ------------------------------------------------------------------ 2. a round asked twice

@@ -27,7 +27,7 @@ from protocols.secagg import (
 )
 from protocols.secagg.fixedpoint import RING_MASK, levels, to_signed
 from protocols.secagg.graph import graph_seed, neighbours
-from protocols.secagg.local import LocalRound, SeededKeyring
+from protocols.secagg.local import LocalRound, SeededKeyring, holding
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencyProof,
@@ -37,6 +37,7 @@ from protocols.secagg.messages import (
     Malformed,
     MaskedInput,
     Message,
+    RecoveryRequest,
     ShareKeys,
     SurvivorSet,
     UnmaskShares,
@@ -172,15 +173,17 @@ def test_a_share_opens_only_for_its_recipient_and_context() -> None:
 
 
 SAMPLES: list[Message] = [
-    AdvertiseKeys("r", 1, "a", bytes(32), bytes(range(32)), bytes(64)),
-    KeyRoster("r", 1, (AdvertiseKeys("r", 1, "a", bytes(32), bytes(32), bytes(64)),)),
-    ShareKeys("r", 1, (("b", b"x"), ("c", b"y"))),
+    AdvertiseKeys("r", 1, "a", bytes(32), bytes(range(32)), bytes(32), bytes(64)),
+    KeyRoster("r", 1, (AdvertiseKeys("r", 1, "a", bytes(32), bytes(32), bytes(32), bytes(64)),)),
+    ShareKeys("r", 1, (("b", b"x", bytes(64), bytes(64)), ("c", b"y", bytes(64), bytes(64)))),
     ForwardedShares("r", 1, ()),
     MaskedInput("r", 1, bytes(8)),
+    MaskedInput("r", 1, bytes(8), ("b",), bytes(32)),
     SurvivorSet("r", 1, ("a", "b")),
     ConsistencySignature("r", 1, bytes(64)),
     ConsistencyProof("r", 1, (("a", bytes(64)),)),
-    UnmaskShares("r", 1, (("a", 1, bytes(32)),), ()),
+    UnmaskShares("r", 1, (("a", 1, bytes(32), bytes(16)),), ()),
+    RecoveryRequest("r", 1, (("a", "b", 1, bytes(32), bytes(16), bytes(32), bytes(64), bytes(64)),)),
 ]
 
 
@@ -195,7 +198,8 @@ def test_every_message_survives_msgpack(message: Message) -> None:
     ({"kind": "Nope"}, "unknown kind"),
     ({"kind": ["unhashable"]}, "unknown kind"),
     ({"kind": "MaskedInput", "run_id": "r", "round_index": 1}, "wrong fields"),
-    ({"kind": "MaskedInput", "run_id": "r", "round_index": "1", "masked": b""}, "round_index"),
+    ({"kind": "MaskedInput", "run_id": "r", "round_index": "1", "masked": b"", "accused": [],
+      "cipher_private": b""}, "round_index"),
     ({"kind": "SurvivorSet", "run_id": "r", "round_index": 1, "survivors": [1]}, "bad entry"),
     ({"kind": "UnmaskShares", "run_id": "r", "round_index": 1, "self_seed_shares": [["a", 1]],
       "mask_key_shares": []}, "bad entry"),
@@ -240,7 +244,7 @@ def test_the_gateway_counts_forged_replayed_and_misplaced_messages() -> None:
     assert server.phase is ServerPhase.SHARE and len(deliveries) == len(NAMES)
     assert server.receive(NAMES[2], adverts[NAMES[2]], 1.0) == []
     assert server.refused["late"] == 1
-    assert server.receive(NAMES[0], ShareKeys("units", 5, (("nobody", b""),)), 1.0) == []
+    assert server.receive(NAMES[0], ShareKeys("units", 5, (("nobody", b"", b"", b""),)), 1.0) == []
     assert server.refused["bad_shares"] == 1
 
 
@@ -299,10 +303,10 @@ def test_a_client_aborts_on_a_tampered_share() -> None:
         for delivery in deliveries:
             message = delivery.message
             if isinstance(message, ForwardedShares) and not tampered:
-                sender, ciphertext = message.ciphertexts[0]
-                bad = bytes([ciphertext[0] ^ 1]) + ciphertext[1:]
+                sender, ciphertext, commitment, signature = message.ciphertexts[0]
+                bad = bytes([ciphertext[0] ^ 1]) + ciphertext[1:]  # the sender's signature fails now
                 message = ForwardedShares(message.run_id, message.round_index,
-                                          ((sender, bad), *message.ciphertexts[1:]))
+                                          ((sender, bad, commitment, signature), *message.ciphertexts[1:]))
                 tampered.append(delivery.recipient)
             out.append(Deliver(delivery.recipient, message))
         return out
@@ -330,25 +334,18 @@ def test_server_refuses_a_cohort_that_breaks_the_config() -> None:
 def test_the_gateway_refuses_unmask_shares_of_the_wrong_kind() -> None:
     local = _local()
     drop = {NAMES[5]: 2}
-    held: list[Deliver] = []
-
-    def hold_proofs(deliveries: list[Deliver]) -> list[Deliver]:
-        if any(isinstance(d.message, ConsistencyProof) for d in deliveries):
-            held.extend(deliveries)
-            return []
-        return deliveries
-
+    held, hold_proofs = holding(ConsistencyProof)
     local.run(drop_before=drop, tamper=hold_proofs)
     server = local.server
     assert server.phase is ServerPhase.UNMASK
     honest = local.clients[NAMES[0]].receive(held[0].message, local.now_s)
     (reply,) = honest
     assert isinstance(reply, UnmaskShares) and reply.mask_key_shares and reply.self_seed_shares
-    owner, index, share = reply.mask_key_shares[0]
-    both = dataclasses.replace(reply, self_seed_shares=(*reply.self_seed_shares, (owner, index, share)))
+    owner, index, share, salt = reply.mask_key_shares[0]
+    both = dataclasses.replace(reply, self_seed_shares=(*reply.self_seed_shares, (owner, index, share, salt)))
     survivor = reply.self_seed_shares[0]
     key_of_survivor = dataclasses.replace(reply, mask_key_shares=(*reply.mask_key_shares, survivor))
-    short = dataclasses.replace(reply, self_seed_shares=((survivor[0], survivor[1], b"short"),))
+    short = dataclasses.replace(reply, self_seed_shares=((survivor[0], survivor[1], b"short", survivor[3]),))
     for bad in (both, key_of_survivor, short):
         assert server.receive(NAMES[0], bad, local.now_s) == []
     assert server.refused["bad_unmask"] == 3

@@ -222,6 +222,10 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
     secagg = federation.get("secagg")
     if secagg:  # secure aggregation on: where the open round's SecAgg is
         lines.append(f"  secagg round {secagg.get('round')}: phase {secagg.get('phase')}")
+        if secagg.get("offences"):  # SecAgg's culprits (protocols/secagg/blame.py) and who is barred
+            offences = ", ".join(f"{name} {count}" for name, count in sorted(secagg["offences"].items()))
+            barred = ", ".join(secagg.get("barred") or []) or "-"
+            lines.append(f"  secagg offences: {offences}; barred {barred}")
     lines.append("  clients:")
     for name, info in sorted((federation.get("clients") or {}).items()):
         contact = info.get("last_contact_s")

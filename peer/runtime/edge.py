@@ -292,6 +292,8 @@ class EdgeClient:
         loss = train_round(self.trainer, self.client, steps)
         if self.hooks.attack.flip_scale > 0 and self.client.anchor is not None:   # a test's attacker
             sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack.flip_scale)
+        if self.client.secure is not None:    # a test's SecAgg insider, from the rounds after
+            self.client.secure.insider = dict(self.hooks.attack.secagg)
         self.rounds_trained += 1
         for text in self.trainer.warnings():
             self.status.warn_once(f"{self.name}: warning: {text}")

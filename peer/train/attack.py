@@ -11,7 +11,10 @@ sim/federation.py) and a real edge client under a test hook (peer/runtime/testho
 - ``norms:<factor>`` multiplies the upload's compression norms (its float tensors named
   ``.../norms``: qsgd's scale) by ``factor``, so the delta decodes ``factor`` times as long;
 - ``value:<v>`` sets the first float of the upload's first float tensor to ``v`` (qsgd: its
-  first norm, so that bucket decodes up to ``v``; identity: the delta's first coordinate).
+  first norm, so that bucket decodes up to ``v``; identity: the delta's first coordinate);
+- ``secagg:<behaviour>@<round>`` makes it the SecAgg insider of protocols/secagg/insider.py
+  (``garbage_shares``, ``wrong_secret``, ``false_accusation``, ``extreme_input``) in federation
+  round ``round``; without ``@<round>``, in every round.
 
 A spec joins parts with commas: ``signflip:3,claim:1000000000``.
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from protocols.messages import ClientUpdate, Message
+from protocols.secagg.insider import BEHAVIOURS
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Attack:
     claim_samples: int = 0  # > 0: claim this num_samples
     norm_factor: float = 0.0  # > 0: the upload's compression norms times this
     value: float = 0.0  # != 0: the upload's first float is this
+    secagg: tuple[tuple[int, str], ...] = ()  # (round or -1: every round, SecAgg insider behaviour)
 
     @property
     def forges(self) -> bool:
@@ -48,6 +53,9 @@ def parse_attack(spec: str) -> Attack:
     attack = Attack()
     for part in spec.split(",") if spec.strip() else ():
         kind, _, text = part.strip().partition(":")
+        if kind == "secagg":
+            attack = dataclasses.replace(attack, secagg=(*attack.secagg, _secagg_part(spec, text)))
+            continue
         try:
             number = float(text or "1")
         except ValueError:
@@ -66,6 +74,14 @@ def parse_attack(spec: str) -> Attack:
                                  "'claim:<n>' (n >= 1), 'norms:<factor>' (> 0), 'value:<v>' (finite, not 0); "
                                  "e.g. 'signflip:10'")
     return attack
+
+
+def _secagg_part(spec: str, text: str) -> tuple[int, str]:
+    behaviour, at, round_text = text.partition("@")
+    if behaviour not in BEHAVIOURS or (at and not round_text.isdigit()):
+        raise ValueError(f"attack {spec!r}: expected 'secagg:<behaviour>[@<round>]', behaviour one of "
+                         f"{BEHAVIOURS}, e.g. 'secagg:garbage_shares@2'")
+    return (int(round_text) if at else -1), behaviour
 
 
 def sign_flip(params: torch.Tensor, anchor: torch.Tensor, scale: float) -> None:

@@ -148,6 +148,10 @@ class FederationConfig:
                 if self.uplink == "qsgd:bits=8" else ""
             raise ValueError(f"{error}{default}") from None
         if self.differential_privacy is not None:  # distributed DP: the clients add the noise
+            if secure.groups > 1:
+                raise ValueError("secure_aggregation.groups must be 1 with differential_privacy: distributed "
+                                 "DP's noise shares add up to its noise over the whole cohort's sum, not a "
+                                 "group's")
             check_ring(self.differential_privacy, secure)
         if self.aggregator not in ("fedavg", "mean"):
             raise ValueError(f"federation.aggregator {self.aggregator!r} cannot be used with "

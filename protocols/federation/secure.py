@@ -19,6 +19,10 @@ through FedAvgServer / FedAvgClient, never directly).
   equals bit for bit; no privacy.
 * Distributed DP (distributed_dp.py): the client adds its noise share before
   masking, weighs 1, and the gateway divides by the expected cohort ``q N``.
+* Blame (protocols/secagg/blame.py): clients proven to have cheated are named in the
+  round's ``blamed``, and after ``blame_limit`` offences asked into no later round.
+* Groups (grouped.py, ``groups > 1``): SecAgg per group of at least ``min_group``, the
+  group means combined by ``group_aggregator``, so one extreme input spoils one group.
 
 Refusals and aborts are counted ``secagg_refused_<reason>``, ``secagg_abort_<reason>``.
 The arithmetic and its error bound: docs/design/secagg.md.
@@ -39,6 +43,12 @@ import torch
 from protocols.compress import BadParts
 from protocols.events import Action, Send, SetTimer
 from protocols.federation import distributed_dp
+from protocols.federation.grouped import (
+    combine_group_means,
+    decode_groups,
+    draw_groups,
+    encode_groups,
+)
 from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.identity import load_public_key, verify_signature
@@ -46,6 +56,7 @@ from protocols.messages import ClientUpdate, Message, RoundStart, SecAggMessage
 from protocols.roster import Roster
 from protocols.secagg import SecAggClient, SecAggConfigError, SecAggServer
 from protocols.secagg.fixedpoint import RING_MASK, dequantise_sum, levels, quantise, to_signed
+from protocols.secagg.insider import client_class, extreme_input
 from protocols.secagg.messages import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -57,7 +68,7 @@ from protocols.secagg.messages import (
     to_wire,
 )
 from protocols.secagg.messages import Message as SecAggWire
-from protocols.secagg.server import Deliver, ServerPhase
+from protocols.secagg.server import Deliver, SecAggResult, ServerPhase
 
 Sign = Callable[[bytes], bytes]
 Verify = Callable[[str, bytes, bytes], bool]
@@ -171,10 +182,12 @@ class SecureOutcome:
     dropped: tuple[str, ...]
     mean: torch.Tensor | None  # None: the round failed (``failure`` says why)
     failure: str = ""
+    blamed: tuple[tuple[str, str], ...] = ()  # (culprit, offence) proven this round (secagg/blame.py)
 
 
 class SecureServer:
-    """The gateway's SecAgg per FedAvg round; ``verify`` checks a member's roster signature."""
+    """The gateway's SecAgg per FedAvg round, one machine per group (grouped.py: one group unless
+    ``groups`` > 1); ``verify`` checks a member's roster signature."""
 
     ACCEPTS: frozenset[type[Message]] = frozenset({SecAggMessage})
 
@@ -185,16 +198,21 @@ class SecureServer:
         self.verify = verify
         self.like = like  # the global model: its size and dtype
         self.round_index = -1
-        self.machine: SecAggServer | None = None
+        self.machines: dict[int, SecAggServer] = {}  # the open round's, by group (until each ends)
+        self.group_of: dict[str, int] = {}  # the open round's asked client -> its group
+        self.results: dict[int, SecAggResult | str] = {}  # group -> its sum, or why it failed
         self.mean: torch.Tensor | None = None  # the last masked round's mean, until taken
         # distributed DP (distributed_dp.py; the FedAvg server sets both): the clients' noise
         # settings, and the open round's fixed denominator q N (None: divide by the survivors)
         self.privacy: DifferentialPrivacyConfig | None = None
         self.divide_by: float | None = None
         self.counters: Counter[str] = Counter()  # what the FedAvg server adds to its own (drain)
-        # the round's phase name -> its cost, in the order the phases ran (until the next round opens)
+        # the round's phase name -> its cost, in the order the phases ran (until the next round
+        # opens): over all groups, messages and bytes added, a duration the longest group's
         self.costs: dict[str, PhaseCost] = {}
-        self._phase_began_s = 0.0
+        self._phase_began_s: dict[int, float] = {}
+        self.offences: Counter[str] = Counter()  # client -> rounds it was blamed in, over the run
+        self.blamed: dict[str, str] = {}  # the latest round's culprits -> offence
 
     @property
     def masking(self) -> bool:
@@ -213,24 +231,35 @@ class SecureServer:
 
     def open(self, round_index: int, asked: Sequence[str],
              now_s: float) -> tuple[dict[str, str], list[Action]]:
-        """A round opens for ``asked``: RoundStart's extra meta, and the timer of its first deadline."""
+        """A round opens for ``asked``: RoundStart's extra meta (the groups), and the timer of its
+        first deadline."""
         self._retire()
         self.round_index = round_index
         self.mean = None
         self.costs = {}
-        meta = {COHORT_META: ",".join(sorted(asked))}
+        self.blamed = {}
+        self.results = {}
+        groups = draw_groups(asked, groups=self.config.groups, min_group=self.config.min_group,
+                             run_id=self.run_id, round_index=round_index)
+        self.group_of = {name: index for index, group in enumerate(groups) for name in group}
+        meta = {COHORT_META: encode_groups(groups)}
         if not self.masking:
             return meta, []
-        try:
-            self.machine = SecAggServer(self.config, run_id=self.run_id, round_index=round_index,
-                                        cohort=frozenset(asked), numel=self.like.numel() + 1,  # + the weight
-                                        verify=self.verify, now_s=now_s)
-        except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
-            self.counters["secagg_round_not_started"] += 1
-            return meta, []
-        self._cost(self.machine.phase)
-        self._phase_began_s = now_s
-        return meta, [SetTimer(self.timer_key(), self.machine.deadline_s)]
+        for index, group in enumerate(groups):
+            try:
+                self.machines[index] = SecAggServer(
+                    self.config, run_id=self.run_id, round_index=round_index, cohort=frozenset(group),
+                    numel=self.like.numel() + 1, verify=self.verify, now_s=now_s)  # + the weight
+            except SecAggConfigError:  # too few or too many asked for the ring: round_timeout_s closes it
+                self.counters["secagg_round_not_started"] += 1
+                self.machines = {}
+                return meta, []
+            self._phase_began_s[index] = now_s
+        self._cost(ServerPhase.ADVERTISE)
+        return meta, [self._timer()]
+
+    def _timer(self) -> SetTimer:
+        return SetTimer(self.timer_key(), min(machine.deadline_s for machine in self.machines.values()))
 
     def receive(self, sender: str, message: SecAggMessage,
                 now_s: float) -> tuple[list[Action], SecureOutcome | None]:
@@ -238,29 +267,36 @@ class SecureServer:
         if isinstance(inner, Malformed):
             self.counters["secagg_refused_malformed"] += 1
             return [], None
-        if self.machine is None or message.round != self.round_index:
+        if self.machines and message.round == self.round_index and sender not in self.group_of:
+            self.counters["secagg_refused_unknown_sender"] += 1  # not asked into this round
+            return [], None
+        machine = self.machines.get(self.group_of.get(sender, -1))
+        if machine is None or message.round != self.round_index:
             self.counters["secagg_refused_no_round"] += 1
             return [], None
         if not isinstance(inner, _CLIENT_KINDS):
             self.counters["secagg_refused_wrong_kind"] += 1
             return [], None
-        phase = self.machine.phase
+        group = self.group_of[sender]
+        phase = machine.phase
         cost = self._cost(phase)
         cost.messages_received += 1
         cost.bytes_received += body_bytes(message)
-        return self._after(phase, self.machine.receive(sender, inner, now_s), now_s)
+        sends = self._after(group, phase, machine.receive(sender, inner, now_s), now_s)
+        return self._outcome(sends)
 
     def tick(self, key: str, now_s: float) -> tuple[list[Action], SecureOutcome | None]:
-        if self.machine is None or key != self.timer_key():
+        if not self.machines or key != self.timer_key():
             return [], None
-        phase = self.machine.phase
-        return self._after(phase, self.machine.tick(now_s), now_s)
+        sends: list[Action] = []
+        for group, machine in sorted(self.machines.items()):
+            sends += self._after(group, machine.phase, machine.tick(now_s), now_s)
+        return self._outcome(sends)
 
-    def _after(self, phase: ServerPhase, deliveries: list[Deliver],
-               now_s: float) -> tuple[list[Action], SecureOutcome | None]:
-        """``phase``: the machine's before the message or tick that gave ``deliveries``."""
-        machine = self.machine
-        assert machine is not None
+    def _after(self, group: int, phase: ServerPhase, deliveries: list[Deliver], now_s: float) -> list[Action]:
+        """Group ``group``'s sends; ``phase``: its machine's before the message or tick that gave
+        ``deliveries``. A machine that ended leaves ``machines`` for ``results``."""
+        machine = self.machines[group]
         cost = self._cost(phase)
         sends = [Send((d.recipient,), wrap(self.round_index, d.message)) for d in deliveries]
         for send in sends:  # ``phase``'s answer
@@ -268,32 +304,63 @@ class SecureServer:
             cost.messages_sent += 1
             cost.bytes_sent += body_bytes(send.message)
         if machine.phase is not phase:  # ``phase`` closed: the time it took; the next one begins
-            cost.duration_s = now_s - self._phase_began_s
-            self._phase_began_s = now_s
+            cost.duration_s = max(cost.duration_s, now_s - self._phase_began_s[group])
+            self._phase_began_s[group] = now_s
             if not machine.finished:
                 self._cost(machine.phase)
-        actions: list[Action] = list(sends)
-        if not machine.finished:
-            return [*actions, SetTimer(self.timer_key(), machine.deadline_s)], None
-        result = machine.result
-        self._retire()
-        if result is None:
-            return actions, SecureOutcome((), (), None, machine.failure)
-        self.mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like,
-                                self.divide_by)
-        if self.mean is None:  # a client put something else than its weight in the last element
-            self.counters["secagg_bad_weight_sum"] += 1
-            return actions, SecureOutcome((), (), None, "bad_weight_sum")
-        return actions, SecureOutcome(result.survivors, result.dropped, self.mean)
+        if machine.finished:
+            self.results[group] = machine.result if machine.result is not None else machine.failure
+            self._retire_machine(machine)
+            del self.machines[group]
+        return list(sends)
+
+    def _outcome(self, sends: list[Action]) -> tuple[list[Action], SecureOutcome | None]:
+        """The sends, the timer of the next deadline, and the outcome once every group ended."""
+        if self.machines:
+            return [*sends, self._timer()], None
+        if not self.results:  # no round open (ended already)
+            return sends, None
+        blamed = tuple(self.blamed.items())
+        means: list[torch.Tensor] = []
+        survivors: list[str] = []
+        failures: list[str] = []
+        for _, result in sorted(self.results.items()):
+            if isinstance(result, str):
+                failures.append(result)
+                continue
+            mean = mean_of_sum(result.ring_sum, len(result.survivors), self.config, self.like, self.divide_by)
+            if mean is None:  # a client put something else than its weight in the last element
+                self.counters["secagg_bad_weight_sum"] += 1
+                failures.append("bad_weight_sum")
+                continue
+            means.append(mean)
+            survivors += result.survivors
+        self.results = {}
+        if not means:
+            return sends, SecureOutcome((), (), None, failures[0], blamed)
+        self.counters["secagg_groups_summed"] += len(means)
+        self.counters["secagg_groups_failed"] += len(failures)
+        self.mean = combine_group_means(means, self.config.group_aggregator, self.config.group_trim_beta)
+        dropped = tuple(sorted(set(self.group_of) - set(survivors)))
+        return sends, SecureOutcome(tuple(sorted(survivors)), dropped, self.mean, blamed=blamed)
+
+    def barred(self) -> frozenset[str]:
+        """The clients blamed in ``blame_limit`` rounds or more: asked into no later round."""
+        limit = self.config.blame_limit
+        return frozenset(name for name, count in self.offences.items() if limit and count >= limit)
 
     def _cost(self, phase: ServerPhase) -> PhaseCost:
         return self.costs.setdefault(_phase_name(phase), PhaseCost())
 
     def status(self) -> dict[str, Any]:
-        """The latest round's SecAgg now (for the gateway's status): its phase ("none" when no
-        machine runs: masking off, or the round ended) and its phases' costs so far."""
-        phase = _phase_name(self.machine.phase) if self.machine is not None else "none"
-        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index)}
+        """The latest round's SecAgg now (for the gateway's status): its phase (the least advanced
+        group's; "none" when no machine runs: masking off, or the round ended), its phases' costs
+        so far, its culprits, and the offences counted over the run."""
+        phases = [machine.phase for machine in self.machines.values()]
+        phase = _phase_name(min(phases, key=lambda p: p.value)) if phases else "none"
+        return {"round": self.round_index, "phase": phase, "phases": self.phase_costs(self.round_index),
+                "blamed": dict(self.blamed), "offences": dict(sorted(self.offences.items())),
+                "barred": sorted(self.barred())}
 
     def phase_costs(self, round_index: int) -> list[dict[str, Any]]:
         """Round ``round_index``'s phase costs as plain data, in the order the phases ran (a list:
@@ -304,11 +371,16 @@ class SecureServer:
         return [{"phase": phase, **dataclasses.asdict(cost)} for phase, cost in self.costs.items()]
 
     def _retire(self) -> None:
-        """The round's machine is done (or replaced): its counts go to ours."""
-        if self.machine is not None:
-            _tally(self.counters, "secagg_refused_", self.machine.refused)
-            _tally(self.counters, "secagg_", self.machine.counters)
-            self.machine = None
+        """The round's machines are done (or replaced): their counts go to ours."""
+        for machine in self.machines.values():
+            self._retire_machine(machine)
+        self.machines = {}
+
+    def _retire_machine(self, machine: SecAggServer) -> None:
+        _tally(self.counters, "secagg_refused_", machine.refused)
+        _tally(self.counters, "secagg_", machine.counters)
+        self.blamed.update(machine.blamed)
+        self.offences.update(machine.blamed.keys())
 
     def decode_update(self, update: ClientUpdate) -> torch.Tensor:
         """A plain ClientUpdate's quantised integers and weight (masking off: the model's size plus
@@ -369,6 +441,9 @@ class SecureClient:
         self.counters: Counter[str] = Counter()
         # distributed DP (distributed_dp.py): set by the FedAvg client from the federation config
         self.privacy: DifferentialPrivacyConfig | None = None
+        # round (-1: every round) -> a dishonest behaviour (secagg/insider.py) in that round: set
+        # only by a test's hook or a simulated attacker; empty for every honest client
+        self.insider: dict[int, str] = {}
 
     def drain(self) -> Counter[str]:
         counts, self.counters = self.counters, Counter()
@@ -397,11 +472,19 @@ class SecureClient:
             self.counters["secagg_refused_round_already_input"] += 1
             return []
         cohort = start.meta.get(COHORT_META)
-        if not isinstance(cohort, str) or self.name not in cohort.split(","):
+        groups = decode_groups(cohort) if isinstance(cohort, str) else ()
+        mine = next((group for group in groups if self.name in group), None)
+        if mine is None:
             self.counters["secagg_no_cohort"] += 1
             return []
-        self.machine = SecAggClient(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
-                                    cohort=frozenset(cohort.split(",")), client_secret=self.client_secret,
+        drawn = draw_groups([name for group in groups for name in group], groups=self.config.groups,
+                            min_group=self.config.min_group, run_id=self.run_id, round_index=start.round)
+        if groups != drawn:  # a gateway packing a client's group (with colluders, or to shrink it)
+            self.counters["secagg_refused_bad_groups"] += 1
+            return []
+        machine = client_class(self._behaviour(start.round))
+        self.machine = machine(self.config, name=self.name, run_id=self.run_id, round_index=start.round,
+                                    cohort=frozenset(mine), client_secret=self.client_secret,
                                     sign=self.sign, verify=self.verify, attempt=self.attempt,
                                     revealed=self.revealed)
         return self._send(self.machine.start(now_s))
@@ -428,6 +511,8 @@ class SecureClient:
                                                    attempt=max(self.attempt, 0))
             quantised = np.append(distributed_dp.noised_input(delta, self.privacy, self.config, noise),
                                   np.int64(1))
+        if self._behaviour(round_index) == "extreme_input":  # a test's or a simulated insider
+            quantised = extreme_input(quantised)
         if not self.config.masking:
             signed = torch.from_numpy(to_signed(quantised)).to(torch.float32)
             return [Send((self.server,), ClientUpdate(round=round_index, num_samples=num_samples,
@@ -436,6 +521,10 @@ class SecureClient:
             self.counters["secagg_no_round_to_upload"] += 1
             return []
         return self._send(self.machine.provide_input(quantised, now_s))
+
+    def _behaviour(self, round_index: int) -> str:
+        """This client's insider behaviour in ``round_index`` (``insider``; -1: every round)."""
+        return self.insider.get(round_index, self.insider.get(-1, ""))
 
     def _send(self, messages: Sequence[SecAggWire]) -> list[Action]:
         for message in messages:  # what it sent (a status shows how far its round went)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocols.federation.grouped import GROUP_AGGREGATORS
 from protocols.secagg import SecAggConfig, SecAggConfigError
 from protocols.secagg.fixedpoint import RING_BITS
 
@@ -24,9 +25,37 @@ class SecureAggregationConfig(SecAggConfig):
     # W, samples: a client weighs min(num_samples, W) and scales its update by weight / W before
     # quantising (a client at the cap gets all 2^(bits-1) - 1 levels); 1: the unweighted mean
     weight_cap_samples: int = 1000
+    # offences (secagg/blame.py) after which the gateway asks a client into no later round: 3, so a
+    # one-off fault is not a ban while one colluder can cost the honest at most 3 accusations'
+    # worth of shares; 0: never barred (still named)
+    blame_limit: int = 3
+    # grouped secure aggregation (grouped.py): each round's cohort drawn into up to ``groups``
+    # groups of at least ``min_group``, SecAgg per group, the group means combined robustly, so one
+    # extreme input spoils one group's mean only; 1: plain SecAgg over the whole cohort
+    groups: int = 1
+    min_group: int = 5  # a group's fewest clients: the crowd each group mean hides a client in
+    group_aggregator: str = "median"  # or "trimmed_mean": how the group means are combined
+    group_trim_beta: float = 0.2  # trimmed_mean: the share of group means dropped at each end
 
     def validate(self, num_clients: int | None = None) -> None:
         super().validate(num_clients)
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
+            raise SecAggConfigError(f"secure_aggregation.groups must be an integer >= 1, not {self.groups!r}")
+        if isinstance(self.min_group, bool) or not isinstance(self.min_group, int) \
+                or self.min_group < self.roster_floor():
+            raise SecAggConfigError(f"secure_aggregation.min_group must be an integer >= "
+                                    f"{self.roster_floor()} (the smallest key roster a client accepts), "
+                                    f"not {self.min_group!r}")
+        if self.group_aggregator not in GROUP_AGGREGATORS:
+            raise SecAggConfigError(f"secure_aggregation.group_aggregator must be one of "
+                                    f"{GROUP_AGGREGATORS}, not {self.group_aggregator!r}")
+        if not 0.0 <= self.group_trim_beta < 0.5:
+            raise SecAggConfigError("secure_aggregation.group_trim_beta must be in [0, 0.5), "
+                                    f"not {self.group_trim_beta}")
+        limit = self.blame_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise SecAggConfigError(f"secure_aggregation.blame_limit must be an integer >= 0 (0: never bar), "
+                                    f"not {limit!r}")
         if not self.masking and self.bits > PLAIN_BITS_MAX:
             raise SecAggConfigError(f"secure_aggregation.bits must be <= {PLAIN_BITS_MAX} with masking = "
                                     f"false (integers travel as float32), not {self.bits}")

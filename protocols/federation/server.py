@@ -90,6 +90,9 @@ class RoundReport:
     # bounded, by reason); {} where the gateway applied none (DP and SecAgg bound each client their
     # own way, and a round not aggregated applied nothing)
     bounds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # SecAgg on: the clients proven to have cheated in this round's SecAgg (secagg/blame.py), by
+    # offence; they are out of ``taken``, and barred from later rounds after ``blame_limit`` rounds
+    blamed: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def report_row(report: Any) -> dict[str, Any]:
@@ -257,10 +260,10 @@ class FedAvgServer(FederationServer):
                 *secure_actions, Metric("round", float(self.round)), Metric("asked", float(len(self.asked)))]
 
     def _open_round(self, now: float) -> None:
-        registered = len(self.registered)
+        registered = len(self._eligible())
         if self.privacy is not None:  # Poisson: all of those drawn are wanted
             rate = self.privacy.sampling_rate
-            self.asked = privacy.poisson_sample(self.secret_seed, self.round, self.registered, rate)
+            self.asked = privacy.poisson_sample(self.secret_seed, self.round, self._eligible(), rate)
             self.wanted = len(self.asked)
             self.expected = rate * registered
             if self.secure is not None:  # distributed DP: the sum over q N, as central DP's
@@ -268,10 +271,14 @@ class FedAvgServer(FederationServer):
         else:
             self.wanted = self.config.clients_per_round(registered)
             asking = self.config.asked_per_round(registered)
-            self.asked = sample(self.config.seed, self.round, self.registered, asking)
+            self.asked = sample(self.config.seed, self.round, self._eligible(), asking)
         self.taken = {}
         self.refused_now = Counter()
         self.opened_at_s = now
+
+    def _eligible(self) -> set[str]:
+        """The registered clients a round may ask: all, but those SecAgg barred for their offences."""
+        return self.registered - self.secure.barred() if self.secure is not None else self.registered
 
     def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
         if self.phase is not ServerPhase.OPEN or update.round != self.round:
@@ -306,7 +313,7 @@ class FedAvgServer(FederationServer):
             return
         self._refuse("wrong_round")
 
-    def _close(self, now: float, closed_by: str) -> list[Action]:
+    def _close(self, now: float, closed_by: str, blamed: dict[str, str] | None = None) -> list[Action]:
         aggregated = len(self.taken) >= self.config.min_updates or self.privacy is not None
         norm = 0.0
         clip_norm = self.dp_clip_norm
@@ -336,7 +343,7 @@ class FedAvgServer(FederationServer):
             epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
             clip_norm=clip_norm,
             secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else [],
-            bounds=bounds)
+            bounds=bounds, blamed=dict(blamed or {}))
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1
@@ -370,7 +377,7 @@ class FedAvgServer(FederationServer):
             return actions
         self.taken = {} if outcome.mean is None else {name: (outcome.mean, 1) for name in outcome.survivors}
         closed_by = "secagg" if outcome.mean is not None else f"secagg_failed_{outcome.failure}"
-        return [*actions, CancelTimer(self._timer_key()), *self._close(now, closed_by)]
+        return [*actions, CancelTimer(self._timer_key()), *self._close(now, closed_by, dict(outcome.blamed))]
 
     def _private_mean(self) -> torch.Tensor:
         """DP-FedAvg's aggregate of the taken updates (privacy.py), and the next clip norm."""
@@ -404,6 +411,8 @@ class FedAvgServer(FederationServer):
         meta: dict[str, Any] = {"round": self.round}
         if self.privacy is not None:
             meta["dp_clip_norm"] = self.dp_clip_norm
+        if self.secure is not None and self.secure.offences:  # a restart does not pardon
+            meta["secagg_offences"] = dict(self.secure.offences)
         return meta
 
     def _restore_meta(self, meta: dict[str, Any], *, finished: bool) -> None:
@@ -411,3 +420,6 @@ class FedAvgServer(FederationServer):
         self.phase = ServerPhase.FINISHED if finished else ServerPhase.IDLE
         if self.privacy is not None and "dp_clip_norm" in meta:
             self.dp_clip_norm = float(meta["dp_clip_norm"])
+        offences = meta.get("secagg_offences")
+        if self.secure is not None and isinstance(offences, dict):
+            self.secure.offences.update({str(name): int(count) for name, count in offences.items()})

@@ -10,7 +10,8 @@ The five rounds (server.py has the verdict table, client.py the abort table): 0 
 (AdvertiseKeys -> KeyRoster), 1 share keys (ShareKeys -> ForwardedShares: Shamir shares, threshold
 t, to the k masking neighbours of graph.py), 2 masked input (MaskedInput -> SurvivorSet), 3
 consistency (ConsistencySignature -> ConsistencyProof), 4 unmask (UnmaskShares: per neighbour the
-self-seed share if it survived, else the mask-key share, never both).
+self-seed share if it survived, else the mask-key share, never both), and, rarely, 5 recover
+(RecoveryRequest to a culprit's neighbours when a survivor dealt a wrong self-mask seed: blame.py).
 
 Wiring (protocols/federation/secure.py; nothing here imports federation/, peer/ or sim/):
 ``[federation.secure_aggregation]`` parses into :class:`SecAggConfig` (:func:`check_compatible`,

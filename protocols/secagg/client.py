@@ -10,14 +10,18 @@ changes nothing. No timers: the gateway's deadlines decide who is in.
   ours unaltered (``own_keys_altered``); at least our floor (``roster_below_floor``),
   at most max_clients (``roster_above_max``); t <= k < 2t (``threshold_unsafe``);
   sends ShareKeys.
-- SHARED, on ForwardedShares: from our neighbours, each decrypting to the index its
-  sender owes us (``bad_share``), at least t (``too_few_neighbours``); sends MaskedInput.
+- SHARED, on ForwardedShares: from our neighbours, each bundle signed by its sender
+  (``bad_share``); one that does not open, or lacks the index it owes us or its
+  commitments, is left out and its sender accused (blame.py); at least t that open
+  (``too_few_neighbours``); sends MaskedInput.
 - MASKED, on SurvivorSet: we are in it, within the senders of shares
   (``survivors_not_shared``), at least t neighbours in it (``too_few_survivors``);
   sends ConsistencySignature.
 - SIGNED, on ConsistencyProof: every signature over *our* set
   (``survivor_sets_disagree``), at least t (``too_few_signatures``), no peer whose
   other share an earlier attempt revealed (``would_reveal_both``); sends UnmaskShares.
+- DONE, on RecoveryRequest: proof that each culprit dealt a wrong self-mask seed
+  (blame.dealt_wrong; ``false_recovery``); sends its mask-key shares.
 
 For each neighbour v we reveal v's self-mask-seed share if v is in the survivor set
 we signed, else its mask-key share, never both, across every attempt at a round
@@ -32,7 +36,7 @@ from enum import Enum
 
 import numpy as np
 
-from protocols.secagg import crypto
+from protocols.secagg import blame, crypto
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.fixedpoint import ring_add, ring_sub, to_bytes
 from protocols.secagg.graph import graph_seed, neighbours
@@ -45,6 +49,7 @@ from protocols.secagg.messages import (
     GatewayMessage,
     KeyRoster,
     MaskedInput,
+    RecoveryRequest,
     ShareKeys,
     SurvivorSet,
     UnmaskShares,
@@ -75,7 +80,7 @@ class ClientPhase(Enum):
 # which message each phase waits for
 _EXPECTS: dict[ClientPhase, type] = {
     ClientPhase.ADVERTISED: KeyRoster, ClientPhase.SHARED: ForwardedShares,
-    ClientPhase.MASKED: SurvivorSet, ClientPhase.SIGNED: ConsistencyProof}
+    ClientPhase.MASKED: SurvivorSet, ClientPhase.SIGNED: ConsistencyProof, ClientPhase.DONE: RecoveryRequest}
 
 
 class SecAggClient:
@@ -106,8 +111,9 @@ class SecAggClient:
         self.neighbours: frozenset[str] = frozenset()
         self._graph: dict[str, frozenset[str]] = {}
         self._adverts: dict[str, AdvertiseKeys] = {}
-        # sender -> (share index, its mask-key share, its self-seed share)
-        self._held: dict[str, tuple[int, bytes, bytes]] = {}
+        self._held: dict[str, blame.Bundle] = {}  # sender -> the bundle it dealt us
+        self.accused: tuple[str, ...] = ()  # neighbours whose bundle did not open: masked without
+        self._recovered = False  # answered the round's RecoveryRequest
         self._input: np.ndarray | None = None
         self._survivors: frozenset[str] = frozenset()
 
@@ -118,10 +124,12 @@ class SecAggClient:
         if self.phase is not ClientPhase.IDLE:
             return []
         self.phase = ClientPhase.ADVERTISED
+        commitment = crypto.seed_commitment(self.secrets.self_seed, run_id=self.run_id,
+                                            round_index=self.round_index, member=self.name)
         statement = crypto.advert_statement(self.run_id, self.round_index, self.name,
-                                            self.secrets.cipher_public, self.secrets.mask_public)
+                                            self.secrets.cipher_public, self.secrets.mask_public, commitment)
         return [AdvertiseKeys(self.run_id, self.round_index, self.name, self.secrets.cipher_public,
-                              self.secrets.mask_public, self.sign(statement))]
+                              self.secrets.mask_public, commitment, self.sign(statement))]
 
     def provide_input(self, quantised: np.ndarray, now_s: float) -> list[ClientMessage]:
         """Hand over the update in the ring (fixedpoint.quantise); sent masked once shares are in."""
@@ -150,6 +158,8 @@ class SecAggClient:
                 return self._on_survivors(message)
             case ConsistencyProof():
                 return self._on_proof(message)
+            case RecoveryRequest():
+                return self._on_recovery(message)
         return []  # pragma: no cover (the _EXPECTS table covers every kind)
 
     # ------------------------------------------------------------------ rounds
@@ -163,7 +173,8 @@ class SecAggClient:
         adverts: dict[str, AdvertiseKeys] = {}
         for advert in message.adverts:
             statement = crypto.advert_statement(self.run_id, self.round_index, advert.sender,
-                                                advert.cipher_public, advert.mask_public)
+                                                advert.cipher_public, advert.mask_public,
+                                                advert.seed_commitment)
             if (advert.sender not in self.cohort or advert.sender in adverts
                     or (advert.run_id, advert.round_index) != (self.run_id, self.round_index)
                     or crypto.load_public(advert.cipher_public) is None
@@ -191,14 +202,19 @@ class SecAggClient:
         holders = sorted(self.neighbours)
         key_shares = crypto.split_secret(self.secrets.mask_private, self.threshold, len(holders))
         seed_shares = crypto.split_secret(self.secrets.self_seed, self.threshold, len(holders))
-        ciphertexts: list[tuple[str, bytes]] = []
+        ciphertexts: list[tuple[str, bytes, bytes, bytes]] = []
         for holder, (index, key_share), (_, seed_share) in zip(holders, key_shares, seed_shares, strict=True):
             public = crypto.load_public(adverts[holder].cipher_public)
             assert public is not None  # checked above
-            plaintext = index.to_bytes(4, "big") + key_share + seed_share
-            ciphertexts.append((holder, crypto.encrypt_share(
+            bundle = blame.Bundle(index, key_share, seed_share, self.secrets.salt(holder, "mask_key"),
+                                  self.secrets.salt(holder, "self_seed"))
+            ciphertext = crypto.encrypt_share(
                 self.secrets.cipher_key, public, run_id=self.run_id, round_index=self.round_index,
-                sender=self.name, recipient=holder, plaintext=plaintext)))
+                sender=self.name, recipient=holder, plaintext=bundle.plaintext())
+            commitment = bundle.commitment()
+            signature = self.sign(crypto.share_statement(self.run_id, self.round_index, self.name, holder,
+                                                         crypto.digest(ciphertext), commitment))
+            ciphertexts.append((holder, ciphertext, commitment, signature))
         self.phase = ClientPhase.SHARED
         return [ShareKeys(self.run_id, self.round_index, tuple(ciphertexts))]
 
@@ -206,24 +222,29 @@ class SecAggClient:
         if self._held:  # already in, waiting for our input
             self.refused["duplicate"] += 1
             return []
-        held: dict[str, tuple[int, bytes, bytes]] = {}
-        for sender, ciphertext in message.ciphertexts:
-            if sender not in self.neighbours or sender in held:
-                return self._abort("bad_share")
+        held: dict[str, blame.Bundle] = {}
+        accused: list[str] = []
+        for sender, ciphertext, commitment, signature in message.ciphertexts:
+            statement = crypto.share_statement(self.run_id, self.round_index, sender, self.name,
+                                               crypto.digest(ciphertext), commitment)
+            if sender not in self.neighbours or sender in held or sender in accused \
+                    or not self.verify(sender, signature, statement):
+                return self._abort("bad_share")  # the gateway misrouted or altered what the sender signed
             public = crypto.load_public(self._adverts[sender].cipher_public)
             assert public is not None
             plaintext = crypto.decrypt_share(self.secrets.cipher_key, public, run_id=self.run_id,
                                              round_index=self.round_index, sender=sender,
                                              recipient=self.name, ciphertext=ciphertext)
-            if plaintext is None or len(plaintext) != 4 + 2 * crypto.SHARE_BYTES:
-                return self._abort("bad_share")
-            index = int.from_bytes(plaintext[:4], "big")
-            if index != share_index(self._graph[sender], self.name):  # what we would reveal must rebuild
-                return self._abort("bad_share")
-            held[sender] = (index, plaintext[4:36], plaintext[36:])
+            # what we would reveal must rebuild: the index it owes us, the shares it committed to
+            bundle = blame.open_bundle(plaintext, commitment, share_index(self._graph[sender], self.name))
+            if bundle is None:  # signed by its sender and unusable: the sender's fault, which we prove
+                accused.append(sender)
+                continue
+            held[sender] = bundle
         if len(held) < self.threshold:
             return self._abort("too_few_neighbours")
         self._held = held
+        self.accused = tuple(sorted(accused))
         return self._masked_input() if self._input is not None else []
 
     def _masked_input(self) -> list[ClientMessage]:
@@ -241,7 +262,8 @@ class SecAggClient:
                 a=self.name, b=peer), numel)
             (ring_add if self.name < peer else ring_sub)(masked, mask)
         self.phase = ClientPhase.MASKED
-        return [MaskedInput(self.run_id, self.round_index, to_bytes(masked))]
+        evidence = self.secrets.cipher_key.private_bytes_raw() if self.accused else b""
+        return [MaskedInput(self.run_id, self.round_index, to_bytes(masked), self.accused, evidence)]
 
     def _on_survivors(self, message: SurvivorSet) -> list[ClientMessage]:
         survivors = frozenset(message.survivors)
@@ -272,13 +294,33 @@ class SecAggClient:
             # an earlier attempt at this round revealed the other kind for one of these peers
             return self._abort("would_reveal_both")
         self.revealed.update(kinds)
-        self_seed_shares: list[tuple[str, int, bytes]] = []
-        mask_key_shares: list[tuple[str, int, bytes]] = []
+        self_seed_shares: list[tuple[str, int, bytes, bytes]] = []
+        mask_key_shares: list[tuple[str, int, bytes, bytes]] = []
         for peer, kind in kinds.items():
-            index, key_share, seed_share = self._held[peer]
-            if kind == "self_seed":
-                self_seed_shares.append((peer, index, seed_share))
-            else:
-                mask_key_shares.append((peer, index, key_share))
+            (self_seed_shares if kind == "self_seed" else mask_key_shares).append(
+                (peer, *self._held[peer].reveal(kind)))
         self.phase = ClientPhase.DONE
         return [UnmaskShares(self.run_id, self.round_index, tuple(self_seed_shares), tuple(mask_key_shares))]
+
+    def _on_recovery(self, message: RecoveryRequest) -> list[ClientMessage]:
+        """Survivors proven to have dealt a wrong self-mask seed (blame.dealt_wrong, checked here on
+        their own signatures): reveal our share of their mask key too, so the gateway can take their
+        input out of the sum. They forfeited the consistency rule; an honest client is never proven
+        so, and anything short of proof reveals nothing (``false_recovery``)."""
+        if self._recovered:
+            self.refused["duplicate"] += 1
+            return []
+        culprits = sorted({entry[0] for entry in message.evidence})
+        for culprit in culprits:
+            proven = culprit in self._held and culprit in self._survivors and blame.dealt_wrong(
+                [entry for entry in message.evidence if entry[0] == culprit], culprit=culprit,
+                seed_commitment=self._adverts[culprit].seed_commitment, holders=self._graph[culprit],
+                threshold=self.threshold, run_id=self.run_id, round_index=self.round_index,
+                verify=self.verify, share_index=share_index)
+            if not proven:
+                return self._abort("false_recovery")
+        self._recovered = True
+        for culprit in culprits:
+            self.revealed[culprit] = "both"  # any later attempt at this round must reveal nothing of it
+        shares = tuple((culprit, *self._held[culprit].reveal("mask_key")) for culprit in culprits)
+        return [UnmaskShares(self.run_id, self.round_index, (), shares)]

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 DOMAIN = b"hivemesh-secagg/1"
 KEY_BYTES = 32
 SHARE_BYTES = 32  # one Shamir share of a 32-byte secret: two 16-byte chunk shares
+SALT_BYTES = 16  # the secret salt of one share's commitment
 _ZERO_NONCE = bytes(12)
 
 
@@ -72,6 +74,11 @@ class RoundSecrets:
         self.mask_key = X25519PrivateKey.from_private_bytes(
             derive(client_secret, "mask-key", run_id, round_index, attempt, member))
         self.self_seed = derive(client_secret, "self-seed", run_id, round_index, attempt, member)
+        self._salt_key = derive(client_secret, "share-salt", run_id, round_index, attempt, member)
+
+    def salt(self, holder: str, kind: str) -> bytes:
+        """The secret salt of the commitment to the ``kind`` share this client gives ``holder``."""
+        return derive(self._salt_key, "salt", holder, kind)[:SALT_BYTES]
 
     @property
     def cipher_public(self) -> bytes:
@@ -103,9 +110,34 @@ def x25519_public_of(private: bytes) -> bytes:
 
 
 def advert_statement(run_id: str, round_index: int, sender: str, cipher_public: bytes,
-                     mask_public: bytes) -> bytes:
-    """What a client signs with its roster identity to advertise its two round keys."""
-    return frame("advertise", run_id, round_index, sender, cipher_public, mask_public)
+                     mask_public: bytes, seed_commitment: bytes) -> bytes:
+    """What a client signs with its roster identity to advertise its two round keys and the
+    commitment to its self-mask seed (:func:`seed_commitment`)."""
+    return frame("advertise", run_id, round_index, sender, cipher_public, mask_public, seed_commitment)
+
+
+def seed_commitment(self_seed: bytes, *, run_id: str, round_index: int, member: str) -> bytes:
+    """SHA-256 of a client's self-mask seed, bound to its round: what a seed rebuilt from shares
+    must match (a seed is 32 secret random bytes, so the hash hides it)."""
+    return hashlib.sha256(frame("seed-commitment", run_id, round_index, member, self_seed)).digest()
+
+
+def share_commitment(kind: str, index: int, share: bytes, salt: bytes) -> bytes:
+    """SHA-256 of one revealed share (``kind``: "mask_key" or "self_seed") with its secret salt."""
+    return hashlib.sha256(frame("share-commitment", kind, index, share, salt)).digest()
+
+
+def digest(data: bytes) -> bytes:
+    """SHA-256 of ``data`` (a share bundle's ciphertext, as its signature binds it)."""
+    return hashlib.sha256(data).digest()
+
+
+def share_statement(run_id: str, round_index: int, sender: str, recipient: str, ciphertext_digest: bytes,
+                    commitment: bytes) -> bytes:
+    """What a client signs for each share bundle: the ciphertext (by :func:`digest`) and the
+    commitments to its two shares (mask key's, then self seed's), so the bundle's recipient can prove
+    what it got and anyone can check a revealed share against what its owner dealt."""
+    return frame("share", run_id, round_index, sender, recipient, ciphertext_digest, commitment)
 
 
 def survivors_statement(run_id: str, round_index: int, survivors: Iterable[str]) -> bytes:

@@ -26,14 +26,15 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from protocols.identity import verify_signature
-from protocols.secagg.client import SecAggClient
 from protocols.secagg.config import SecAggConfig
+from protocols.secagg.insider import client_class
 from protocols.secagg.messages import (
     ClientMessage,
     ConsistencyProof,
     ForwardedShares,
     KeyRoster,
     Message,
+    RecoveryRequest,
     SurvivorSet,
     to_wire,
 )
@@ -41,12 +42,27 @@ from protocols.secagg.server import Deliver, SecAggResult, SecAggServer
 
 GATEWAY = "gateway"
 # the round a client's reply to each gateway message belongs to
-_REPLY_ROUND: dict[type, int] = {KeyRoster: 1, ForwardedShares: 2, SurvivorSet: 3, ConsistencyProof: 4}
+_REPLY_ROUND: dict[type, int] = {KeyRoster: 1, ForwardedShares: 2, SurvivorSet: 3, ConsistencyProof: 4,
+                                 RecoveryRequest: 5}
 
 
 def wire_bytes(message: Message) -> int:
     """Bytes of ``message`` as msgpack carries it (without the envelope's header and signature)."""
     return len(msgpack.packb(to_wire(message), use_bin_type=True))
+
+
+def holding(kind: type) -> tuple[list[Deliver], Callable[[list[Deliver]], list[Deliver]]]:
+    """A ``tamper`` for :meth:`LocalRound.run` that keeps the first batch of deliveries holding a
+    ``kind`` message (so the round stops there, for the caller to drive), and the list it keeps."""
+    held: list[Deliver] = []
+
+    def tamper(deliveries: list[Deliver]) -> list[Deliver]:
+        if not held and any(isinstance(d.message, kind) for d in deliveries):
+            held.extend(deliveries)
+            return []
+        return deliveries
+
+    return held, tamper
 
 
 class SeededKeyring:
@@ -71,7 +87,9 @@ class LocalRound:
 
     def __init__(self, config: SecAggConfig, inputs: Mapping[str, np.ndarray], *, run_id: str = "run",
                  round_index: int = 1, seed: int = 0, now_s: float = 0.0,
-                 clock: Callable[[], float] | None = None, sample: frozenset[str] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, sample: frozenset[str] | None = None,
+                 behaviours: Mapping[str, str] | None = None) -> None:
+        """``behaviours``: name -> a dishonest client's behaviour (protocols/secagg/insider.py)."""
         names = sorted(inputs)
         self.inputs = dict(inputs)
         self.roster = SeededKeyring(names, seed)
@@ -94,7 +112,7 @@ class LocalRound:
                 memo[key] = self.roster.verify(member, signature, data)
             return memo[key]
 
-        self.clients = {name: SecAggClient(
+        self.clients = {name: client_class((behaviours or {}).get(name, ""))(
             config, name=name, run_id=run_id, round_index=round_index, cohort=frozenset(names),
             client_secret=hashlib.sha256(f"secagg-secret\x00{seed}\x00{name}".encode()).digest(),
             sign=self.roster.signer(name),
@@ -111,7 +129,7 @@ class LocalRound:
             tamper: Callable[[list[Deliver]], list[Deliver]] | None = None) -> SecAggResult | None:
         """Run the round to its end (or until nothing moves); the gateway's result, if any."""
         drops = drop_before or {}
-        alive = {name: drops.get(name, 5) for name in self.clients}  # first round it misses
+        alive = {name: drops.get(name, 6) for name in self.clients}  # first round it misses
         outbox: deque[tuple[str, ClientMessage]] = deque()
         for name, client in self.clients.items():
             if alive[name] > 0:

@@ -1,4 +1,4 @@
-"""SecAgg's nine messages: frozen dataclasses of plain bytes, ints, strings and tuples of them.
+"""SecAgg's ten messages: frozen dataclasses of plain bytes, ints, strings and tuples of them.
 
 ``to_wire(message)`` gives a dict that msgpack encodes as is (``{"kind": ..., field: value}``; a
 KeyRoster's adverts go as bare ``[sender, cipher key, mask key, signature]`` lists, n of them);
@@ -8,7 +8,7 @@ wire layer signs and checks it); only :class:`AdvertiseKeys` names its sender, b
 verify it after the gateway forwards it.
 
 Client -> gateway: AdvertiseKeys, ShareKeys, MaskedInput, ConsistencySignature, UnmaskShares.
-Gateway -> client: KeyRoster, ForwardedShares, SurvivorSet, ConsistencyProof.
+Gateway -> client: KeyRoster, ForwardedShares, SurvivorSet, ConsistencyProof, RecoveryRequest.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class AdvertiseKeys:
     sender: str
     cipher_public: bytes  # encrypts the shares sent to this client
     mask_public: bytes  # agrees the pairwise mask seeds
+    seed_commitment: bytes  # crypto.seed_commitment: what its rebuilt self-mask seed must hash to
     signature: bytes  # Ed25519 over crypto.advert_statement
 
 
@@ -40,29 +41,37 @@ class KeyRoster:
 
 @dataclass(frozen=True)
 class ShareKeys:
-    """Round 1: one encrypted share bundle per masking neighbour, as (recipient, ciphertext)."""
+    """Round 1: one encrypted share bundle per masking neighbour, as (recipient, ciphertext,
+    commitment, signature): the commitment is the two shares' (crypto.share_commitment, mask key's
+    then self seed's, 64 bytes), the signature the sender's over crypto.share_statement."""
 
     run_id: str
     round_index: int
-    ciphertexts: tuple[tuple[str, bytes], ...]
+    ciphertexts: tuple[tuple[str, bytes, bytes, bytes], ...]
 
 
 @dataclass(frozen=True)
 class ForwardedShares:
-    """Round 1 -> 2: the bundles addressed to one client, as (sender, ciphertext); senders are U2."""
+    """Round 1 -> 2: the bundles addressed to one client, as (sender, ciphertext, commitment,
+    signature), as their senders (U2) signed them."""
 
     run_id: str
     round_index: int
-    ciphertexts: tuple[tuple[str, bytes], ...]
+    ciphertexts: tuple[tuple[str, bytes, bytes, bytes], ...]
 
 
 @dataclass(frozen=True)
 class MaskedInput:
-    """Round 2: the client's quantised update plus its masks, little-endian uint32."""
+    """Round 2: the client's quantised update plus its masks, little-endian uint32. ``accused``: the
+    neighbours whose bundle it could not open or check (it masked without them), and then
+    ``cipher_private``, its round cipher key, the evidence (blame.py): it opens only the bundles
+    sent to this client in this round."""
 
     run_id: str
     round_index: int
     masked: bytes
+    accused: tuple[str, ...] = ()
+    cipher_private: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -95,21 +104,34 @@ class ConsistencyProof:
 @dataclass(frozen=True)
 class UnmaskShares:
     """Round 4: shares of the survivors' self-mask seeds and of the dropped clients' mask keys,
-    each (owner, share index, 32-byte share). Never both kinds for one owner."""
+    each (owner, share index, 32-byte share, its commitment's salt). Never both kinds for one owner,
+    except a culprit's mask key after a RecoveryRequest proved it dealt a wrong self-mask seed."""
 
     run_id: str
     round_index: int
-    self_seed_shares: tuple[tuple[str, int, bytes], ...]
-    mask_key_shares: tuple[tuple[str, int, bytes], ...]
+    self_seed_shares: tuple[tuple[str, int, bytes, bytes], ...]
+    mask_key_shares: tuple[tuple[str, int, bytes, bytes], ...]
+
+
+@dataclass(frozen=True)
+class RecoveryRequest:
+    """Round 4 -> 5: proof that survivors dealt shares of a wrong self-mask seed (blame.py), asking
+    their holders for their mask-key shares, so the gateway can take them out of the sum. Each entry
+    is one revealed share: (culprit, holder, index, share, salt, ciphertext digest, commitment,
+    culprit's signature), at least t per culprit."""
+
+    run_id: str
+    round_index: int
+    evidence: tuple[tuple[str, str, int, bytes, bytes, bytes, bytes, bytes], ...]
 
 
 ClientMessage = AdvertiseKeys | ShareKeys | MaskedInput | ConsistencySignature | UnmaskShares
-GatewayMessage = KeyRoster | ForwardedShares | SurvivorSet | ConsistencyProof
+GatewayMessage = KeyRoster | ForwardedShares | SurvivorSet | ConsistencyProof | RecoveryRequest
 Message = ClientMessage | GatewayMessage
 
 KINDS: dict[str, type[Any]] = {cls.__name__: cls for cls in (
     AdvertiseKeys, KeyRoster, ShareKeys, ForwardedShares, MaskedInput, SurvivorSet,
-    ConsistencySignature, ConsistencyProof, UnmaskShares)}
+    ConsistencySignature, ConsistencyProof, UnmaskShares, RecoveryRequest)}
 
 
 @dataclass(frozen=True)
@@ -125,7 +147,8 @@ def to_wire(message: Message) -> dict[str, Any]:
     for item in fields(message):
         value = getattr(message, item.name)
         if item.name == "adverts":  # n of them: as bare lists, the run and round said once
-            value = [[a.sender, a.cipher_public, a.mask_public, a.signature] for a in value]
+            value = [[a.sender, a.cipher_public, a.mask_public, a.seed_commitment, a.signature]
+                     for a in value]
         elif isinstance(value, tuple):
             value = [list(entry) for entry in value] if value and isinstance(value[0], tuple) else list(value)
         out[item.name] = value
@@ -134,10 +157,12 @@ def to_wire(message: Message) -> dict[str, Any]:
 
 # what each field must hold on the wire: a scalar type, or a tuple of entries of these types
 _SCALARS: dict[str, type] = {"run_id": str, "round_index": int, "sender": str, "cipher_public": bytes,
-                             "mask_public": bytes, "signature": bytes, "masked": bytes}
+                             "mask_public": bytes, "seed_commitment": bytes, "signature": bytes,
+                             "masked": bytes, "cipher_private": bytes}
 _ENTRIES: dict[str, tuple[type, ...]] = {
-    "ciphertexts": (str, bytes), "signatures": (str, bytes), "survivors": (str,),
-    "self_seed_shares": (str, int, bytes), "mask_key_shares": (str, int, bytes)}
+    "ciphertexts": (str, bytes, bytes, bytes), "signatures": (str, bytes), "survivors": (str,),
+    "self_seed_shares": (str, int, bytes, bytes), "mask_key_shares": (str, int, bytes, bytes),
+    "accused": (str,), "evidence": (str, str, int, bytes, bytes, bytes, bytes, bytes)}
 
 
 def from_wire(obj: object) -> Message | Malformed:
@@ -156,9 +181,10 @@ def from_wire(obj: object) -> Message | Malformed:
         value = obj[name]
         if name == "adverts":
             if not isinstance(value, list) or not all(
-                    isinstance(entry, list) and [type(part) for part in entry] == [str, bytes, bytes, bytes]
+                    isinstance(entry, list) and [type(part) for part in entry] == [str, *[bytes] * 4]
                     for entry in value):
-                return Malformed("adverts: not a list of [sender, cipher key, mask key, signature]")
+                return Malformed("adverts: not a list of [sender, cipher key, mask key, seed commitment, "
+                                 "signature]")
             # run_id and round_index come first in the fields, so they are already checked
             values[name] = tuple(AdvertiseKeys(values["run_id"], values["round_index"], *entry)
                                  for entry in value)
