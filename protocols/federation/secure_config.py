@@ -42,7 +42,7 @@ class SecureAggregationConfig(SecAggConfig):
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
             raise SecAggConfigError(f"secure_aggregation.groups must be an integer >= 1, not {self.groups!r}")
         if isinstance(self.min_group, bool) or not isinstance(self.min_group, int) \
-                or self.min_group < self.roster_floor():
+                or (self.groups > 1 and self.min_group < self.roster_floor()):
             raise SecAggConfigError(f"secure_aggregation.min_group must be an integer >= "
                                     f"{self.roster_floor()} (the smallest key roster a client accepts), "
                                     f"not {self.min_group!r}")
