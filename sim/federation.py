@@ -153,7 +153,7 @@ class FederationRun:
         self.engine = Engine()
         self.gateways = self.section.gateway_names()
         self.clients = self.section.client_names()
-        self._check_names()
+        check_federation(scenario)
         self.joining = tuple(name for name in self.clients if name in set(joining))
         if len(self.joining) != len(set(joining)):
             unknown = sorted(set(joining) - set(self.clients))
@@ -194,39 +194,11 @@ class FederationRun:
             target_accuracy=scenario.target_accuracy, scenario=json_safe(dataclasses.asdict(scenario)))
         self.accuracy: dict[str, float] = {}   # each gateway's latest global accuracy
         self.loss: dict[str, float] = {}
-        self.crashes = self._gateway_crashes()
+        self.crashes = gateway_crashes(scenario)
         for name in sorted({e.node for e in self.crashes}):
             self.members[name].saves = CheckpointSchedule(scenario.checkpoint)
 
     # ------------------------------------------------------------ building
-
-    def _check_names(self) -> None:
-        known = set(self.clients) | set(self.gateways)
-        nodes = self.scenario.nodes
-        named: dict[str, Mapping[str, object]] = {"nodes.speed": nodes.speed, "nodes.nic": nodes.nic,
-                 "federation.attack": self.section.attack,
-                 "federation.client_availability": self.section.client_availability}
-        for key, table in named.items():
-            for name in sorted(table):
-                if name not in known:
-                    raise ConfigError(f"{self.scenario.source}: key '{key}.{name}': no such member "
-                                      f"(clients are {self.clients[0]}..{self.clients[-1]}, "
-                                      f"gateways {', '.join(self.gateways)})", key=f"{key}.{name}")
-
-    def _gateway_crashes(self) -> list[ChurnEvent]:
-        """The churn of the scenario: gateways' crashes only (a client's comings and goings are its
-        ``availability``), under FedAvg (a FedBuff gateway's checkpoints count its model versions,
-        which this driver does not check between its work points)."""
-        churn = self.scenario.faults.churn
-        for event in churn:
-            if event.node not in self.gateways or event.kind != "crash":
-                raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a federation takes a "
-                                  f"gateway's crash (with down_s), not a {event.kind} of {event.node!r} "
-                                  "(clients: federation.availability)", key="faults.churn")
-        if churn and self.config.mode != "sync":
-            raise ConfigError(f"{self.scenario.source}: key 'faults.churn': a gateway's crash is modelled "
-                              f"for federation mode 'sync', not {self.config.mode!r}", key="faults.churn")
-        return sorted(churn, key=lambda e: (e.at_s, e.node))
 
     def _gossip_members(self, name: str) -> tuple[str, ...]:
         """The gateways ``name`` gossips with (itself included)."""
@@ -728,3 +700,46 @@ def _round_row(gateway: str, index: int, report: Any, now: float, nbytes: int,
 
 def run_federation(scenario: ScenarioConfig, progress: Progress | None = None) -> ScenarioResult:
     return FederationRun(scenario, progress).run()
+
+
+def check_federation(scenario: ScenarioConfig) -> None:
+    """What a federation scenario is refused for before anything is built (``hivemesh config check``
+    and :class:`FederationRun` alike): a member it names that does not exist, churn other than a
+    gateway's crash, and a ``[federation]`` whose rounds can never run for a gateway's clients
+    (FederationConfig.check_cohorts). Errors name the file and the key."""
+    section = scenario.federation
+    gateways, clients = section.gateway_names(), section.client_names()
+    known = set(clients) | set(gateways)
+    nodes = scenario.nodes
+    named: dict[str, Mapping[str, object]] = {"nodes.speed": nodes.speed, "nodes.nic": nodes.nic,
+                                              "federation.attack": section.attack,
+                                              "federation.client_availability": section.client_availability}
+    for key, table in named.items():
+        for name in sorted(table):
+            if name not in known:
+                raise ConfigError(f"{scenario.source}: key '{key}.{name}': no such member "
+                                  f"(clients are {clients[0]}..{clients[-1]}, "
+                                  f"gateways {', '.join(gateways)})", key=f"{key}.{name}")
+    gateway_crashes(scenario)
+    try:
+        scenario.federation_config().check_cohorts(section.clients)
+    except ValueError as error:
+        raise ConfigError(f"{scenario.source}: key 'federation' ({section.clients} clients per gateway): "
+                          f"{error}", key="federation") from None
+
+
+def gateway_crashes(scenario: ScenarioConfig) -> list[ChurnEvent]:
+    """The churn of the scenario: gateways' crashes only (a client's comings and goings are its
+    ``availability``), under FedAvg (a FedBuff gateway's checkpoints count its model versions,
+    which this driver does not check between its work points)."""
+    churn, gateways = scenario.faults.churn, scenario.federation.gateway_names()
+    for event in churn:
+        if event.node not in gateways or event.kind != "crash":
+            raise ConfigError(f"{scenario.source}: key 'faults.churn': a federation takes a "
+                              f"gateway's crash (with down_s), not a {event.kind} of {event.node!r} "
+                              "(clients: federation.availability)", key="faults.churn")
+    mode = scenario.federation_config().mode
+    if churn and mode != "sync":
+        raise ConfigError(f"{scenario.source}: key 'faults.churn': a gateway's crash is modelled "
+                          f"for federation mode 'sync', not {mode!r}", key="faults.churn")
+    return sorted(churn, key=lambda e: (e.at_s, e.node))

@@ -63,7 +63,10 @@ def check_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
     """Check ``path`` as its kind's command would; the one-line "ok" summary, or a ConfigError."""
     from peer.files.config import read_toml
 
-    if is_peer_file(read_toml(path)):
+    data = read_toml(path)
+    if "edge" in data:
+        return check_edge_file(path, overrides)
+    if is_peer_file(data):
         return check_peer_file(path, overrides)
     return check_scenario_file(path, overrides)
 
@@ -71,21 +74,56 @@ def check_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
 def check_peer_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
     """What ``hivemesh peer`` checks before it opens a socket (peer.runtime.assemble), minus the
     data folder's lock and boot counter: nothing is written."""
-    from peer.runtime.assemble import identity_and_roster, peer_topology
+    from peer.runtime.assemble import identity_and_roster, peer_topology, served_clients
     from peer.runtime.peerconfig import load_peer_config
 
     config = load_peer_config(path, overrides)
     _identity, roster, name = identity_and_roster(config)
     topology = peer_topology(config, roster)
+    served = served_clients(config, roster, name) if config.federation is not None else ()
     for other in topology.neighbours(name):
         if not roster.member(other).address:
             raise _error(config.source, "peer.roster", f"neighbour {other!r} has no address in "
                                                        f"{config.roster_path}")
     _check_run(config.source, config.network.task, config.network.task_options, config.gossip, topology,
                name, keys=("network.task", "network.gossip.compression", "network.gossip.algorithm"))
-    return (f"ok: peer config {path}: member {name!r} of {len(topology.names)} peers, topology "
-            f"{config.network_as_written.topology!r}, algorithm {config.gossip.algorithm!r}, task "
-            f"{config.network.task!r}")
+    federation = config.federation
+    if federation is None:
+        return (f"ok: peer config {path}: member {name!r} of {len(topology.names)} peers, topology "
+                f"{config.network_as_written.topology!r}, algorithm {config.gossip.algorithm!r}, task "
+                f"{config.network.task!r}")
+    features = {"secure aggregation": federation.secure_aggregation, "differential privacy":
+                federation.differential_privacy}
+    extras = [feature for feature, on in features.items() if on is not None]
+    opening = federation.opening_registered()
+    others = len(topology.names) - 1
+    gossip = (f"{federation.gossip_rounds} gossip rounds with {others} other gateways after each round"
+              if federation.gossip_rounds and others else "no gossip between gateways")
+    wait = (f"; no round opens until {opening - len(served)} more edge clients join (min_clients / "
+            f"min_registered {opening})" if len(served) < opening else "")
+    short = federation.first_rounds_short(len(served))
+    wait += f"; warning: {short}" if short else ""
+    return (f"ok: gateway config {path}: {name!r} serving {len(served)} edge clients, "
+            f"{'FedBuff' if federation.mode == 'fedbuff' else 'FedAvg'} {federation.rounds} rounds"
+            f"{''.join(', ' + extra for extra in extras)}, {gossip}, task {config.network.task!r}{wait}")
+
+
+def check_edge_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
+    """What ``hivemesh edge`` checks before it dials its gateway, minus the data folder's lock: the
+    file, its key and roster entry, its gateway's, and its task (nothing is written)."""
+    from peer.runtime.edgeconfig import edge_identity_and_roster, load_edge_config
+
+    if overrides:
+        raise _error(path, "--set", "an edge client's config takes no --set (hivemesh edge reads the file "
+                                    "as written)")
+    config = load_edge_config(path)
+    _named(config.source, "edge.name", lambda: edge_identity_and_roster(config))
+    _check_run(config.source, config.network.task, config.network.task_options, None, None, config.edge.name,
+               keys=("network.task", "", ""))
+    federation = config.federation
+    mode = "FedBuff" if federation.mode == "fedbuff" else "FedAvg"
+    return (f"ok: edge config {path}: client {config.edge.name!r} of gateway {config.edge.gateway!r}, {mode} "
+            f"{federation.rounds} rounds, task {config.network.task!r}")
 
 
 def check_scenario_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
@@ -96,6 +134,16 @@ def check_scenario_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
     scenario = load_scenario(path, overrides)
     for variant in variants(scenario):
         check_scenario(variant)
+    if scenario.federation.gateways > 0:
+        from sim.federation import check_federation
+
+        check_federation(scenario)
+        _check_run(scenario.source, scenario.task.name, scenario.task.options, None, None, "",
+                   keys=("task.name", "", ""))
+        section = scenario.federation
+        return (f"ok: scenario {path}: a federation of {section.gateways} gateways with {section.clients} "
+                f"clients each, {scenario.federation_config().mode}, task {scenario.task.name!r}, "
+                f"{scenario.duration_s:g} s simulated at most")
     topology = scenario.topology()
     gossip = scenario.gossip_config() if scenario.baseline.kind == "none" else None
     _check_run(scenario.source, scenario.task.name, scenario.task.options, gossip, topology,

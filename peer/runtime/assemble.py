@@ -206,6 +206,27 @@ def gateway_serving(config: PeerConfig, name: str) -> Serving:
     return Serving(gateway=name, configured=tuple(config.peer.clients))
 
 
+def served_clients(config: PeerConfig, roster: Roster, name: str) -> tuple[str, ...]:
+    """The edge clients gateway ``name`` serves now: those ``[peer] clients`` lists (none listed:
+    every edge member) but one whose roster entry names another gateway, and one whose entry names
+    this gateway (the rule the Node applies to each roster version); a listed name that is no edge
+    client, or a ``[federation]`` whose rounds can never run for that many clients
+    (FederationConfig.check_cohorts), is a ConfigError naming the key."""
+    edges = {member.name for member in roster.with_role("edge")}
+    unknown = [name for name in config.peer.clients if name not in edges]
+    if unknown:
+        raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
+                          f"on the roster {config.roster_path}", key="peer.clients")
+    clients = gateway_serving(config, name).clients(roster)
+    if config.federation is not None:
+        try:
+            config.federation.check_cohorts(len(clients))
+        except ValueError as error:
+            raise ConfigError(f"{config.source}: key 'federation' ({len(clients)} edge clients served): "
+                              f"{error}", key="federation") from None
+    return clients
+
+
 def gateway_server(config: PeerConfig, roster: Roster, name: str,
                    trainer: Any, *, endpoint: Endpoint | None = None) -> tuple[Any, tuple[str, ...]]:
     """A gateway's FedAvg (or FedBuff) server on the vector its gossip machine mixes, and the edge
@@ -221,14 +242,7 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
     if trainer.mixed.numel() != trainer.flat_params.numel():   # (a model with floating buffers)
         raise ConfigError(f"{config.source}: key 'network.trainer.buffers': a gateway's global model is "
                           "the parameters its clients train: use \"local\"", key="network.trainer.buffers")
-    edges = {member.name for member in roster.with_role("edge")}
-    unknown = [name for name in config.peer.clients if name not in edges]
-    if unknown:
-        raise ConfigError(f"{config.source}: key 'peer.clients': {', '.join(unknown)} not edge clients "
-                          f"on the roster {config.roster_path}", key="peer.clients")
-    # those listed (none listed: every edge member) but one whose roster entry names another gateway,
-    # and one whose entry names this gateway: the same rule the Node applies to each roster version
-    clients = gateway_serving(config, name).clients(roster)
+    clients = served_clients(config, roster, name)
     # the root of the DP draws (who is asked, the noise): this gateway's alone, fresh at every start
     secret_seed = secrets.randbits(63)
     secure = None

@@ -66,13 +66,11 @@ from types import FrameType
 from typing import Any
 
 from peer.files.console import ensure_logging
-from peer.files.keyfile import load_identity
 from peer.files.statefiles import CheckpointStore, StatusWriter
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
 from peer.runtime.datalock import DataDirLock
-from peer.runtime.edgeconfig import EdgeConfig, load_edge_config
-from peer.runtime.netinit import load_roster
+from peer.runtime.edgeconfig import EdgeConfig, edge_identity_and_roster, load_edge_config
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.attack import forge, sign_flip
 from peer.train.federated import train_round
@@ -120,18 +118,7 @@ class EdgeClient:
         self.hooks = Hooks(hooks)
         edge = config.edge
         self.name = edge.name
-        identity = load_identity(config.key_path)
-        roster = load_roster(config.roster_path)
-        member, gateway = roster.get(edge.name), roster.get(edge.gateway)
-        if member is None or member.role != "edge" or member.public_id != identity.public_id:
-            raise HivemeshError(f"{config.source}: key 'edge.name': {edge.name!r} is not an edge client on "
-                                f"the roster {config.roster_path} with the key {config.key_path}")
-        if gateway is None or gateway.role != "gateway":
-            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
-                                f"the roster {config.roster_path}")
-        if member.gateway and member.gateway != edge.gateway:   # it would never be asked into a round
-            raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r}, but the roster "
-                                f"{config.roster_path} gives {edge.name} to gateway {member.gateway!r}")
+        identity, roster, gateway = edge_identity_and_roster(config)
         self.gateway = edge.gateway
         self.address = tcp_address(edge.gateway_address or gateway.address)
         self.curve: tuple[bytes, bytes, bytes] | None = None

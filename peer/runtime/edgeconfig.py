@@ -21,12 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peer.files import roster_file
 from peer.files.config import load, read_toml
+from peer.files.keyfile import load_identity
 from peer.files.paths import from_folder
 from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
 from peer.net.transport_config import TransportConfig
 from peer.runtime.peerconfig import PeerFederationSection, shared_settings
+from protocols.errors import HivemeshError
+from protocols.identity import Identity
 from protocols.node.config import NodeConfig
+from protocols.roster import Member as RosterMember
+from protocols.roster import Roster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,3 +111,23 @@ def load_edge_config(path: str | Path) -> EdgeConfig:
                       key_path=Path(from_folder(base, parsed.edge.key)),
                       roster_path=Path(from_folder(base, parsed.edge.roster)),
                       data_dir=Path(from_folder(base, parsed.edge.data_dir)), data=data)
+
+
+def edge_identity_and_roster(config: EdgeConfig) -> tuple[Identity, Roster, RosterMember]:
+    """This client's key, the roster and its gateway's entry, checked against each other: it is an
+    edge client on the roster with this key, its gateway a gateway, and the roster gives it to that
+    gateway (else it would never be asked into a round). Errors name the file and the key."""
+    identity = load_identity(config.key_path)
+    roster = roster_file.read(config.roster_path)
+    edge = config.edge
+    member, gateway = roster.get(edge.name), roster.get(edge.gateway)
+    if member is None or member.role != "edge" or member.public_id != identity.public_id:
+        raise HivemeshError(f"{config.source}: key 'edge.name': {edge.name!r} is not an edge client on "
+                            f"the roster {config.roster_path} with the key {config.key_path}")
+    if gateway is None or gateway.role != "gateway":
+        raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r} is not a gateway on "
+                            f"the roster {config.roster_path}")
+    if member.gateway and member.gateway != edge.gateway:
+        raise HivemeshError(f"{config.source}: key 'edge.gateway': {edge.gateway!r}, but the roster "
+                            f"{config.roster_path} gives {edge.name} to gateway {member.gateway!r}")
+    return identity, roster, gateway

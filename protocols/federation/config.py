@@ -190,6 +190,60 @@ class FederationConfig:
         wanted = self.clients_per_round(registered)
         return min(registered, math.ceil(wanted * (1.0 + self.over_selection) - 1e-9))
 
+    def opening_registered(self) -> int:
+        """The fewest registered clients a round opens with: ``min_registered``, at least ``min_clients``."""
+        return max(self.min_clients, self.min_registered)
+
+    def check_cohorts(self, served: int) -> None:
+        """Refuse, naming the numbers, settings whose rounds can never run for a gateway serving
+        ``served`` edge clients once they registered: the cohort a round asks must be one secure
+        aggregation accepts (at least the key roster a client accepts, ``min_roster`` or
+        ``threshold + 1``; ``threshold`` within the ``degree``; at most ``max_clients``), and under
+        distributed DP the *expected* cohort ``q N`` must reach that roster. Fewer served than a
+        round opens with is a wait, not an error (edges may join): the rounds are checked for as
+        many as open one. :meth:`first_rounds_short` says what the rounds opened before then risk."""
+        secure = self.secure_aggregation
+        if secure is None or self.mode != "sync":
+            return
+        floor, registered, dp = secure.roster_floor(), max(self.opening_registered(), served), \
+            self.differential_privacy
+        roster = f"the {floor} a client accepts in its key roster (secure_aggregation.min_roster = " \
+                 f"{secure.min_roster}, or threshold + 1)"
+        if dp is not None:
+            expected = dp.sampling_rate * registered
+            if expected < floor:
+                raise ValueError(
+                    f"differential_privacy.sampling_rate = {dp.sampling_rate:g}: a round with {registered} "
+                    f"registered clients asks {expected:g} of them on average, fewer than {roster}: most "
+                    f"rounds fail; raise sampling_rate to at least {floor / registered:.2g}")
+            return
+        asked = self.asked_per_round(registered)
+        if asked < floor:
+            fraction = floor / registered
+            raise ValueError(
+                f"a round with {registered} registered clients asks {asked} (max(min_clients = "
+                f"{self.min_clients}, fraction {self.fraction:g} x {registered})), fewer than {roster}: "
+                f"every round fails; set min_clients to at least {floor}"
+                + (f", or fraction to at least {fraction:.2g}" if fraction <= 1 else ""))
+        try:
+            secure.validate(asked)
+        except ValueError as error:
+            raise ValueError(f"with {asked} clients asked in a round: {error}") from None
+
+    def first_rounds_short(self, served: int) -> str:
+        """What a round opened before every served client registered risks (a round opens once
+        ``opening_registered`` have): "" or one sentence, with the ``min_registered`` that avoids it."""
+        secure = self.secure_aggregation
+        if secure is None or self.mode != "sync" or self.differential_privacy is not None:
+            return ""
+        opening, floor = self.opening_registered(), secure.roster_floor()
+        asked = self.asked_per_round(opening)
+        if asked >= floor or opening >= served:
+            return ""
+        enough = next((n for n in range(opening, served + 1) if self.asked_per_round(n) >= floor), served)
+        return (f"a round opened with {opening} registered clients asks {asked}, fewer than the {floor} "
+                f"secure aggregation needs, and fails: set min_registered = {enough}")
+
     def local_work(self) -> dict[str, int | float]:
         """What RoundStart's meta says about the local work (the client turns epochs into steps)."""
         return {"local_epochs": self.local_epochs, "local_steps": self.local_steps, "prox_mu": self.prox_mu}
