@@ -28,6 +28,7 @@ import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
 
+from peer.cli.status import _federation_lines
 from peer.files.config import ConfigError
 from protocols.events import Action, Received, Send, SetTimer, Start, StartWork, TimerFired, WorkDone
 from protocols.federation import FederationConfig, SecureAggregationConfig
@@ -187,6 +188,9 @@ def test_reported_epsilon_is_the_accountants_and_dp_accountings_gaussian_when_un
     assert reported == [accountant.epsilon(r + 1) for r in range(3)]
     assert federation.server.status()["privacy"]["epsilon"] == accountant.epsilon(3)
     assert federation.server.status()["privacy"]["mechanism"] == "distributed"
+    text = "\n".join(_federation_lines(federation.server.status()))
+    assert f"privacy: distributed DP, epsilon {accountant.epsilon(3):.3g} spent" in text
+    assert "per round against the gateway" in text
     # Kairouz et al.'s eps by hand: the 4 others' shares against C L / c + sqrt(d) / 2 (tau ~ 0 here)
     share = 1.2 * 0.5 * levels(16) / math.sqrt(5)
     assert client_share_units(privacy, secure) == pytest.approx(share)

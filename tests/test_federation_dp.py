@@ -17,6 +17,7 @@ import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
 
+from peer.cli.status import _federation_lines
 from peer.files.config import ConfigError, load
 from peer.runtime.peerconfig import PeerFederationSection
 from protocols.events import Action, Received, Send, Start, TimerFired
@@ -360,6 +361,10 @@ def test_every_rounds_report_carries_the_epsilon_spent_so_far() -> None:
     assert epsilons == sorted(epsilons)
     status = server.status()["privacy"]
     assert status["epsilon"] == epsilons[-1] and status["delta"] == 1e-5 and status["rounds_accounted"] == 4
+    # the text status says the same numbers (it showed none: issue 30, item 5)
+    line = next(line for line in _federation_lines(server.status()) if line.strip().startswith("privacy"))
+    assert line == (f"  privacy: central DP, epsilon {epsilons[-1]:.3g} spent at delta 1e-05 over 4 rounds "
+                    f"(noise multiplier 1.3, sampling rate 0.2, clip norm {status['clip_norm']:.3g})")
 
 
 def test_no_noise_is_reported_as_an_infinite_epsilon() -> None:

@@ -219,6 +219,7 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"{', '.join(report.get('late') or []) or '-'}")
         lines += _bounds_lines(report.get("bounds") or {})
         lines += _secagg_lines(report.get("secagg_phases") or [])
+    lines += _privacy_lines(federation.get("privacy") or {})
     secagg = federation.get("secagg")
     if secagg:  # secure aggregation on: where the open round's SecAgg is
         lines.append(f"  secagg round {secagg.get('round')}: phase {secagg.get('phase')}")
@@ -234,6 +235,26 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
     return lines
+
+
+def _privacy_lines(privacy: dict[str, Any]) -> list[str]:
+    """DP's numbers (status.json's ``federation.privacy``; none when DP is off): the mechanism, the
+    epsilon spent at its delta over the rounds accounted, and under distributed DP what one round
+    costs against the gateway, which sees who takes part."""
+    if not privacy:
+        return []
+
+    def epsilon(value: Any) -> str:
+        return "inf (no noise)" if value == "inf" else _num(value, ".3g")
+
+    line = (f"  privacy: {privacy.get('mechanism', '?')} DP, epsilon {epsilon(privacy.get('epsilon'))} spent "
+            f"at delta {_num(privacy.get('delta'), '.3g')} over {privacy.get('rounds_accounted', 0)} rounds "
+            f"(noise multiplier {_num(privacy.get('noise_multiplier'), '.3g')}, sampling rate "
+            f"{_num(privacy.get('sampling_rate'), '.3g')}, clip norm "
+            f"{_num(privacy.get('clip_norm'), '.3g')})")
+    if "epsilon_vs_gateway_per_round" in privacy:
+        line += f"; {epsilon(privacy['epsilon_vs_gateway_per_round'])} per round against the gateway"
+    return [line]
 
 
 def _bounds_lines(bounds: dict[str, Any]) -> list[str]:
