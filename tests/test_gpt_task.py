@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from peer.cli.main import main
 from peer.train.tasks import TaskError, get_task, resolve_task_paths
 from peer.train.tasks.base import autocast_to, moved
 from peer.train.tasks.gpt import GPT
@@ -157,3 +158,17 @@ def test_four_simulated_peers_gossip_a_gpt_and_its_loss_falls() -> None:
     losses = [point.mean_loss for point in result.trace]
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
     assert result.trace[-1].running == 4
+
+
+def test_init_writes_a_gpt_network_and_config_check_names_a_bad_option(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "net"
+    assert main(["init", "--peers", "2", "--task", "gpt", "--out", str(out), "--steps", "20"]) == 0
+    config = str(out / "p00.toml")
+
+    assert main(["config", "check", config]) == 0
+    good = capsys.readouterr().out
+    assert main(["config", "check", config, "--set", 'network.task_options={autocast="fp8"}']) == 2
+
+    assert "task 'gpt'" in good
+    assert "key 'network.task': gpt: autocast must be one of" in capsys.readouterr().err
