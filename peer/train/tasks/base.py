@@ -28,8 +28,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvaluateFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, float]]
 
 EVAL_BATCH = 1024  # test-set forward passes in chunks of this many samples: bounded memory
-# "off": float32 throughout; "auto": bf16 autocast on a CUDA device with bf16 (on CPU autocast is
-# slower than float32 unless the CPU has bf16 matrix units); "bf16": wherever torch supports it
+# "off": float32 throughout; "auto": bf16 autocast on a CUDA device with bf16; "bf16": also on a
+# CPU, where whether it pays depends on the CPU and the shape (bench/bench_gpt.py), so it is opt-in
 AUTOCAST_MODES = ("off", "auto", "bf16")
 
 
