@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from peer.cli.main import main
+from peer.runtime.export import model_state
 from peer.train.tasks import TaskError, get_task, resolve_task_paths
 from peer.train.tasks.base import autocast_to, moved
 from peer.train.tasks.gpt import GPT
@@ -172,3 +174,17 @@ def test_init_writes_a_gpt_network_and_config_check_names_a_bad_option(
 
     assert "task 'gpt'" in good
     assert "key 'network.task': gpt: autocast must be one of" in capsys.readouterr().err
+
+
+def test_a_trained_gpt_exports_with_its_tied_embedding_and_loads_strictly(tmp_path: Path) -> None:
+    trainer = trainer_for(autocast="bf16", **SMALL)
+    trainer.run_steps(3)
+    state = model_state(trainer.task, 0, trainer.state_dict()["tensors"])
+    save_file(state, str(tmp_path / "model.safetensors"))
+
+    fresh = trainer.task.build_model(0)
+    fresh.load_state_dict(load_file(str(tmp_path / "model.safetensors")), strict=True)
+
+    x = trainer.task.test_x[:2]
+    assert torch.equal(fresh(x), trainer.model(x))
+    assert fresh.head.weight is fresh.token.weight
