@@ -102,6 +102,13 @@ EXPECTED: dict[str, list[str]] = {
         r"^n=30: SecAgg\+ needs k=16 against plain SecAgg's 29",
         r"^traffic over the clear data: Bonawitz et al\. 1\.73x .* ours [\d.]+x",
     ],
+    "bench_gpt.py": [
+        r"^gpt 1 x 32, 2 heads, context 16, vocab 256: [\d,]+ parameters; batch 1, AdamW",
+        r"^variant\s+ms/step\s+x torch\s+CPU ms/step\s+x torch\s+peak (RSS|CUDA) MB\s+x torch$",
+        r"^torch\s+[\d.]+\s+1\.00\s+[\d.]+\s+1\.00\s+\d+\s+1\.00$",
+        *(rf"^{variant}\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+$"
+          for variant in ("hivemesh", "torch bf16", "hivemesh bf16")),
+    ],
     "gpu_two_peers.py": [
         r"^training on (cpu|cuda): exit codes \{'p00': 0, 'p01': 0\}",
         r"^  correct: yes$",

@@ -19,7 +19,8 @@ gradient of ``mu/2 ||params - anchor||^2`` to every step's gradient before
 clipping and the optimiser step; with ``mu = 0`` (or no anchor) the step is plain
 SGD, bit for bit. Deterministic from the seed on CPU; on CUDA,
 :meth:`Trainer.host_mixed` stages the mixed vector through a pinned host buffer.
-More: docs/design/training.md.
+A task that asks for autocast (``Task.autocast``) has its forward pass and loss run in
+bf16 autocast; the flat vectors stay in the trainer's dtype. More: docs/design/training.md.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.train.tasks.base import EVAL_BATCH, Task
+from peer.train.tasks.base import EVAL_BATCH, Task, autocast_to
 from protocols.errors import HivemeshError
 from protocols.federation.server_opt import proximal_gradient
 from protocols.rng import derive_seed, torch_generator
@@ -212,6 +213,7 @@ class Trainer:
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
         self.shard = torch.from_numpy(shard.astype(np.int64)).to(self.device)
         self._x, self._y = task.data("train", self.dtype, self.device)
+        self.autocast = task.autocast_dtype(self.device, self.dtype)  # None: the forward pass in self.dtype
 
         self.model: nn.Module = task.build_model(seed).to(device=self.device, dtype=self.dtype)
         self.model.train()
@@ -311,7 +313,7 @@ class Trainer:
             torch.manual_seed(seed)
         x, y = self._next_batch()
         self.flat_grads.zero_()
-        loss = self.task.loss_fn(self.model(x), y)
+        loss = self._loss(x, y)
         loss.backward()
         if proximal is not None:
             anchor, mu = proximal
@@ -322,6 +324,10 @@ class Trainer:
         self._optimizer.apply(self.flat_params, self.flat_grads, lr)
         self.step += 1
         return loss.detach()
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with autocast_to(self.device, self.autocast):
+            return self.task.loss_fn(self.model(x), y)
 
     def run_steps(self, n: int, *, proximal: tuple[torch.Tensor | None, float] | None = None,
                   schedule: SchedulePoint | None = None) -> float:
@@ -394,8 +400,7 @@ class Trainer:
         size = len(self.shard)
         for start in range(0, size, EVAL_BATCH):
             indices = self.shard[start:start + EVAL_BATCH]
-            loss = self.task.loss_fn(self.model(self._x.index_select(0, indices)),
-                                     self._y.index_select(0, indices))
+            loss = self._loss(self._x.index_select(0, indices), self._y.index_select(0, indices))
             (loss * (len(indices) / size)).backward()
         self.flat_buffers.copy_(saved_buffers)
         return self.flat_grads.clone()

@@ -11,6 +11,10 @@ simulator's hundreds of peers share one copy of the data):
 - ``charlm``: tiny character-level transformer (options ``path`` to a UTF-8 text,
   default the text shipped in ``peer/train/data/``, ``context``, ``width``, ``layers``,
   ``heads``); bar: test loss at least 0.5 nats/char below the text's unigram entropy.
+- ``gpt``: a GPT-2-shaped decoder-only transformer on a file's bytes (options ``path``, ``layers``,
+  ``width``, ``heads``, ``context``, ``vocab``, ``stride``, ``autocast`` "auto"/"bf16"/"off"); default
+  2 x 128, up to GPT-2 small's shape (12 x 768, 12 heads, context 1024, vocab 50257: 124M
+  parameters, ids past 255 unused); bar: as charlm's, in nats/byte.
 - ``package.module:function`` or ``path/to/file.py:function``: a custom task (in a
   config file, a relative file path is taken from that file's folder: :func:`resolve_task_paths`). The
   function is called with the options as keyword arguments and returns a Task, or
@@ -37,10 +41,10 @@ from peer.train.tasks.base import Task, TaskError, classification_metrics, cross
 __all__ = ["BUILTIN_TASKS", "Task", "TaskError", "classification_metrics", "cross_entropy",
            "get_task", "resolve_task_paths", "seeded"]
 
-BUILTIN_TASKS = ("digits-mlp", "digits-cnn", "logreg", "charlm")
+BUILTIN_TASKS = ("digits-mlp", "digits-cnn", "logreg", "charlm", "gpt")
 
 # Built-in tasks' options that name files (a custom task's options are passed as written).
-_FILE_OPTIONS: dict[str, tuple[str, ...]] = {"charlm": ("path",)}
+_FILE_OPTIONS: dict[str, tuple[str, ...]] = {"charlm": ("path",), "gpt": ("path",)}
 
 _CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], Task] = {}
 
@@ -83,7 +87,7 @@ def resolve_task_paths(name: str, options: Mapping[str, Any], base: Path) -> tup
     """``name`` and ``options`` with relative file paths taken against ``base`` (a config's folder).
 
     A ``path/to/file.py:function`` task gets its file resolved; a module or built-in name is kept.
-    Built-in options that name files (``charlm``'s ``path``) are resolved too.
+    Built-in options that name files (``charlm``'s and ``gpt``'s ``path``) are resolved too.
     """
     module_part, colon, function_name = name.rpartition(":")
     if colon and _builtin(name) is None and _is_task_file(module_part):
@@ -108,6 +112,9 @@ def _builtin(name: str) -> Callable[..., Any] | None:
     if name == "charlm":
         from peer.train.tasks.charlm import charlm
         return charlm
+    if name == "gpt":
+        from peer.train.tasks.gpt import gpt
+        return gpt
     return None
 
 

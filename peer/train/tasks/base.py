@@ -3,11 +3,16 @@
 A :class:`Task` holds its data once; every trainer in the process (the
 simulator runs hundreds) indexes into the same tensors, and casts to another
 dtype or device are cached on the task, so memory does not grow with peers.
+
+A task may ask for bf16 autocast (``Task.autocast``): the trainer runs the forward pass
+and loss under it, parameters, gradients and optimizer state stay float32, so what
+gossip sends and checkpoints hold does not change.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +28,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvaluateFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, float]]
 
 EVAL_BATCH = 1024  # test-set forward passes in chunks of this many samples: bounded memory
+# "off": float32 throughout; "auto": bf16 autocast on a CUDA device with bf16; "bf16": also on a
+# CPU, where whether it pays depends on the CPU and the shape (bench/bench_gpt.py), so it is opt-in
+AUTOCAST_MODES = ("off", "auto", "bf16")
 
 
 class TaskError(HivemeshError, ValueError):
@@ -47,16 +55,17 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def classification_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                           loss_fn: LossFn = cross_entropy) -> dict[str, float]:
-    """Mean loss and accuracy of ``model`` on ``(x, y)``, in chunks, in eval mode, without grad."""
+                           loss_fn: LossFn = cross_entropy, *, batch: int = EVAL_BATCH) -> dict[str, float]:
+    """Mean loss and accuracy of ``model`` on ``(x, y)``, in chunks of ``batch`` samples, in eval mode,
+    without grad."""
     was_training = model.training
     model.eval()
     total_loss = 0.0
     correct = 0
     count = 0
     with torch.no_grad():
-        for start in range(0, len(x), EVAL_BATCH):
-            xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
+        for start in range(0, len(x), batch):
+            xb, yb = x[start:start + batch], y[start:start + batch]
             out = model(xb)
             items = yb.numel()
             total_loss += float(loss_fn(out, yb)) * items
@@ -67,6 +76,28 @@ def classification_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
             count += items
     model.train(was_training)
     return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+
+
+def autocast_to(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """Autocast to ``dtype`` on ``device`` inside the block; None: none (not even a disabled one)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@functools.cache
+def _cuda_bf16() -> bool:
+    return torch.cuda.is_bf16_supported()
+
+
+def moved(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype`` on ``device``, contiguous; but a view with overlapping rows over one
+    contiguous vector (a text's windows) stays a view, of the moved vector: not a copy per window."""
+    base = tensor._base
+    if base is None or tensor.is_contiguous() or not base.is_contiguous() or base.storage_offset():
+        return tensor.to(device=device, dtype=dtype).contiguous()
+    return base.to(device=device, dtype=dtype).as_strided(tensor.shape, tensor.stride(),
+                                                          tensor.storage_offset())
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -91,6 +122,7 @@ class Task:
     bar: Mapping[str, float] = field(default_factory=dict)  # the quality bar, e.g. {"accuracy": 0.95}
     reference_loss: Callable[[], float] | None = None
     info: Mapping[str, Any] = field(default_factory=dict)
+    autocast: str = "off"  # one of AUTOCAST_MODES: see autocast_dtype
     _cast_cache: dict[tuple[str, str, str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +130,9 @@ class Task:
             raise TaskError(f"task {self.name!r}: inputs and targets differ in length")
         if len(self.train_x) == 0:
             raise TaskError(f"task {self.name!r}: no training samples")
+        if self.autocast not in AUTOCAST_MODES:
+            raise TaskError(f"task {self.name!r}: autocast must be one of {', '.join(AUTOCAST_MODES)}, "
+                            f"not {self.autocast!r}")
 
     @property
     def n_train(self) -> int:
@@ -127,16 +162,27 @@ class Task:
             return tensor
         key = (f"{split}_{part}", str(target_dtype), str(device))
         if key not in self._cast_cache:
-            self._cast_cache[key] = tensor.to(device=device, dtype=target_dtype).contiguous()
+            self._cast_cache[key] = moved(tensor, device, target_dtype)
         return self._cast_cache[key]
 
+    def autocast_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype to autocast a ``dtype`` model's forward pass to on ``device``; None: no autocast
+        (and always None for float64, which asks for exact arithmetic)."""
+        if self.autocast == "off" or dtype != torch.float32:
+            return None
+        if self.autocast == "auto" and not (device.type == "cuda" and _cuda_bf16()):
+            return None
+        return torch.bfloat16
+
     def evaluate(self, model: nn.Module, *, split: str = "test") -> dict[str, float]:
-        """Metrics of ``model`` on a split (loss always; accuracy for classifiers)."""
+        """Metrics of ``model`` on a split (loss always; accuracy for classifiers), under the
+        task's autocast."""
         param = next(iter(model.parameters()))
         x, y = self.data(split, param.dtype, param.device)
-        if self.evaluate_fn is not None:
-            return dict(self.evaluate_fn(model, x, y))
-        return classification_metrics(model, x, y, self.loss_fn)
+        with autocast_to(param.device, self.autocast_dtype(param.device, param.dtype)):
+            if self.evaluate_fn is not None:
+                return dict(self.evaluate_fn(model, x, y))
+            return classification_metrics(model, x, y, self.loss_fn)
 
     def meets_bar(self, metrics: Mapping[str, float]) -> bool:
         """True when every bar metric is reached ("...loss"/"...gap" keys: at most; others: at least)."""
