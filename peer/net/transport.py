@@ -214,6 +214,7 @@ class Transport:
             # a reply to a connection that closed fails at once (counted) instead of vanishing silently
             inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
             monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
+                                        curve=self._curve is not None,
                                         max_handshaking=self.config.max_handshaking_connections)
             inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
             inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
