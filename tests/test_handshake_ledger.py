@@ -21,12 +21,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from peer.net.handshake_ledger import (
+    HONEST_HANDSHAKE_BYTES,
+    NOTHING,
     Accepted,
     Disconnected,
     Event,
     Failed,
     FirstMessage,
     HandshakeLedger,
+    Look,
     Stage,
     Succeeded,
 )
@@ -45,13 +48,14 @@ class Connection:
     fd: int
     truth: Truth = Truth.MID
     heard: bool = False     # its Accepted reached the ledger
+    received_bytes: int = 0
     shed: bool = False
 
 
 class MonitorEvents(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ledger = HandshakeLedger(max_handshaking=CAP, handshake_done=self._kernel_says_done)
+        self.ledger = HandshakeLedger(max_handshaking=CAP, look=self._kernel)
         self.connections: list[Connection] = []
         self.queue: deque[tuple[Event, Connection | None]] = deque()
 
@@ -59,9 +63,11 @@ class MonitorEvents(RuleBasedStateMachine):
     def _holding(self, fd: int) -> Connection | None:
         return next((c for c in self.connections if c.fd == fd and c.truth is not Truth.GONE), None)
 
-    def _kernel_says_done(self, fd: int) -> bool:
+    def _kernel(self, fd: int) -> Look:
         holder = self._holding(fd)
-        return holder is not None and holder.truth is Truth.DONE
+        if holder is None:
+            return NOTHING
+        return Look(done=holder.truth is Truth.DONE, received_bytes=holder.received_bytes)
 
     def _open(self, truth: Truth | None = None) -> list[Connection]:
         return [c for c in self.connections
@@ -73,11 +79,12 @@ class MonitorEvents(RuleBasedStateMachine):
         connection.truth = Truth.GONE
         self.queue.append((Disconnected(connection.fd), connection))
 
-    @rule()
-    def connect(self) -> None:
+    @rule(received_bytes=st.sampled_from([0, 266, 600, HONEST_HANDSHAKE_BYTES + 1, 1 << 20, 16 << 20]))
+    def connect(self, received_bytes: int) -> None:
+        """A connection, and what it will have sent by the time anybody looks."""
         taken = {c.fd for c in self._open()}
         fd = next(n for n in range(5, 10_000) if n not in taken)    # the lowest free number, as POSIX
-        connection = Connection(fd)
+        connection = Connection(fd, received_bytes=received_bytes)
         self.connections.append(connection)
         self.queue.append((Accepted(fd), connection))
 
@@ -164,7 +171,8 @@ test_the_handshake_cap_holds_under_any_order_of_events = MonitorEvents.TestCase
 def test_a_burst_of_silent_members_is_never_shed_and_half_sent_handshakes_beyond_the_cap_are() -> None:
     """The issue's case: 200 members connect and say nothing yet, then 20 strangers half-send."""
     done: set[int] = set()
-    ledger = HandshakeLedger(max_handshaking=CAP, handshake_done=lambda fd: fd in done)
+    ledger = HandshakeLedger(max_handshaking=CAP,
+                             look=lambda fd: Look(done=fd in done, received_bytes=(16 << 20) * (fd >= 200)))
     shed: list[int] = []
     for fd in range(200):
         shed += ledger.handle(Accepted(fd))
@@ -172,14 +180,14 @@ def test_a_burst_of_silent_members_is_never_shed_and_half_sent_handshakes_beyond
         shed += ledger.handle(Succeeded())
     for fd in range(200, 220):
         shed += ledger.handle(Accepted(fd))
-    assert shed == list(range(200, 217))
+    assert sorted(shed) == list(range(200, 217))
     assert ledger.handshaking == CAP
     assert all(ledger.stage(fd) is Stage.ADMITTED for fd in range(200))
 
 
 def test_a_success_the_probe_does_not_show_yet_is_matched_when_it_does() -> None:
     done: set[int] = set()
-    ledger = HandshakeLedger(max_handshaking=CAP, handshake_done=lambda fd: fd in done)
+    ledger = HandshakeLedger(max_handshaking=CAP, look=lambda fd: Look(done=fd in done))
     for fd in (7, 8):
         ledger.handle(Accepted(fd))
     ledger.handle(Succeeded())        # 8's, before our READY reached its socket
@@ -189,7 +197,14 @@ def test_a_success_the_probe_does_not_show_yet_is_matched_when_it_does() -> None
     assert ledger.stage(8) is Stage.ADMITTED and ledger.stage(7) is Stage.HANDSHAKING
 
 
+def test_strangers_that_sent_the_most_are_shed_before_quiet_handshakes() -> None:
+    sent = {1: 300, 2: 16 << 20, 3: 0, 4: 1 << 20, 5: 500}
+    ledger = HandshakeLedger(max_handshaking=2, look=lambda fd: Look(done=False, received_bytes=sent[fd]))
+    shed = [fd for fd in sent for fd in ledger.handle(Accepted(fd))]
+    assert shed == [2, 4, 1]      # the two heavy ones, most first; then the oldest quiet one
+
+
 @pytest.mark.parametrize("cap", [0, -1])
 def test_a_cap_below_one_is_refused(cap: int) -> None:
     with pytest.raises(ValueError, match="max_handshaking"):
-        HandshakeLedger(max_handshaking=cap, handshake_done=lambda fd: False)
+        HandshakeLedger(max_handshaking=cap, look=lambda fd: NOTHING)

@@ -14,7 +14,7 @@ Three parts, used by peer.net.transport:
   ``closed_after_handshake``. It keeps at most ``max_handshaking`` connections
   mid-handshake and shuts the oldest down beyond that (``shed_mid_handshake``); which
   connections are mid-handshake is peer/net/handshake_ledger.py's to say, with
-  ``ready_written`` (the kernel's count of what our side wrote) naming a success's connection.
+  ``look`` (the kernel's count of what each side wrote) naming a success's connection.
 - ``shut_down``: closes a connection libzmq owns by shutting its TCP socket down.
 
 Invariant: each refused connection is counted exactly once, by its reason; only
@@ -41,10 +41,21 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from peer.net.handshake_ledger import Accepted, Disconnected, Failed, FirstMessage, HandshakeLedger, Succeeded
+from peer.net.handshake_ledger import (
+    NOTHING,
+    Accepted,
+    Disconnected,
+    Failed,
+    FirstMessage,
+    HandshakeLedger,
+    Look,
+    Succeeded,
+)
 from peer.net.handshakes import monitor_endpoint
 from peer.net.progress import BYTES_ACKED_OFFSET as _BYTES_ACKED_OFFSET
 from peer.net.progress import TCP_INFO_BYTES as _TCP_INFO_BYTES
+
+_BYTES_RECEIVED_OFFSET = _BYTES_ACKED_OFFSET + 8   # tcpi_bytes_received follows (Linux 4.1)
 
 STOP_WAIT_S = 5.0     # how long stop() waits for the monitor thread (it ends in milliseconds)
 # how long a success is looked for on the wire (our READY is written on libzmq's next I/O turn),
@@ -112,10 +123,17 @@ class Gate:
             self._cooling[key] = self._clock() + seconds
             return [fd for fd, held in self._connections.items() if held == key]
 
-    def learn(self, fd: int, key: bytes) -> None:
-        """A message arrived on ``fd`` from a connection authenticated as ``key``."""
+    def learn(self, fd: int, key: bytes, *, keep: int) -> list[int]:
+        """A message arrived on ``fd`` from a connection authenticated as ``key``; the descriptors
+        of ``key``'s oldest other connections beyond the newest ``keep`` (to shut down: libzmq reads
+        ahead per connection, so a member's memory is bounded by how many it holds)."""
         with self.lock:
-            self._connections[fd] = key
+            if self._connections.get(fd) == key:
+                return []
+            self._connections.pop(fd, None)
+            self._connections[fd] = key         # the newest last
+            held = [held_fd for held_fd, held_key in self._connections.items() if held_key == key]
+            return held[:-keep] if len(held) > keep else []
 
     def forget_locked(self, fd: int) -> None:
         """``fd`` was closed (by libzmq): its number may be reused by another connection.
@@ -136,10 +154,12 @@ class ConnectionMonitor:
         ready_after = CURVE_READY_AFTER_BYTES if curve else NULL_READY_AFTER_BYTES
         self._ledger = HandshakeLedger(
             max_handshaking=max_handshaking,
-            handshake_done=lambda fd: ready_written(fd, local_port, ready_after))
+            look=lambda fd: look(fd, local_port, ready_after))
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+        # descriptors closed since the driver last took them (Transport.closed_connections), in order
+        self.closed: list[int] = []
         self._socket = inbox.get_monitor_socket(events, addr=monitor_endpoint("inbox"))
         self._thread = threading.Thread(target=self._run, name="hivemesh-monitor", daemon=True)
         try:
@@ -186,6 +206,7 @@ class ConnectionMonitor:
             self._ledger.handle(Failed())
         elif kind == zmq.EVENT_DISCONNECTED:
             self._gate.forget_locked(value)
+            self.closed.append(value)
             before = self._ledger.closed_before_handshake
             self._ledger.handle(Disconnected(value))
             self._gate.refused["closed_before_handshake"] += self._ledger.closed_before_handshake - before
@@ -262,30 +283,32 @@ def shut_down(fd: int, local_port: int | None = None) -> bool:
     return True
 
 
-def ready_written(fd: int, local_port: int | None, at_least: int) -> bool:
-    """Whether our side of the TCP connection on ``fd`` has written ``at_least`` bytes (acknowledged
-    or still queued): past its handshake, by the thresholds above. A descriptor that is not a
-    connection of ours on ``local_port`` (closed, reused), or a platform without TCP_INFO: False."""
+def look(fd: int, local_port: int | None, ready_after: int) -> Look:
+    """What the kernel shows of the TCP connection on ``fd``: past its handshake once our side wrote
+    ``ready_after`` bytes (acknowledged or still queued: the thresholds above), and the bytes it
+    sent us. A descriptor that is not a connection of ours on ``local_port`` (closed, reused), or a
+    platform without TCP_INFO: :data:`NOTHING`."""
     if not hasattr(socket, "TCP_INFO"):
-        return False
+        return NOTHING
     try:
         dup = os.dup(fd)
     except OSError:
-        return False
+        return NOTHING
     try:
         conn = socket.socket(fileno=dup)
     except OSError:
         os.close(dup)
-        return False
+        return NOTHING
     with conn:
         try:
             if conn.type != socket.SOCK_STREAM or (local_port is not None
                                                    and conn.getsockname()[1] != local_port):
-                return False
+                return NOTHING
             info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
             queued = struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
         except (OSError, IndexError, TypeError):
-            return False
-    if len(info) < _BYTES_ACKED_OFFSET + 8:
-        return False
-    return int(struct.unpack_from("=Q", info, _BYTES_ACKED_OFFSET)[0]) + int(queued) >= at_least
+            return NOTHING
+    if len(info) < _BYTES_RECEIVED_OFFSET + 8:
+        return NOTHING
+    acked, received = struct.unpack_from("=QQ", info, _BYTES_ACKED_OFFSET)
+    return Look(done=int(acked) + int(queued) >= ready_after, received_bytes=int(received))

@@ -9,7 +9,7 @@ the kernel shows which descriptor, or a message came on it) or closed. Failed ha
 Why a kernel probe: libzmq (4.3.5) names the descriptor in ``ACCEPTED`` and ``DISCONNECTED`` only;
 ``HANDSHAKE_SUCCEEDED`` and ``HANDSHAKE_FAILED_*`` name none, so a success can only be matched to its
 connection by what the connection did: our READY command is on the wire
-(:func:`peer.net.admission.ready_written`, injected as ``handshake_done``). Without that, "until
+(:func:`peer.net.admission.look`, injected). Without that, "until
 its first message" was the stand-in, and a member that connected and had not spoken yet counted as
 a stranger: it was shed first (the oldest), and the half-sent handshakes behind it were kept.
 
@@ -59,6 +59,22 @@ class FirstMessage:
 
 Event = Accepted | Succeeded | Failed | Disconnected | FirstMessage
 
+# an honest CurveZMQ client sends its greeting (64 bytes), HELLO (202) and INITIATE (about 300 and its
+# metadata) before our READY: a connection mid-handshake that sent more holds a stranger's command
+HONEST_HANDSHAKE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Look:
+    """What the kernel shows of a connection: past its handshake (our READY written), and the bytes
+    it sent us (what a handshake command being read can pin)."""
+
+    done: bool
+    received_bytes: int = 0
+
+
+NOTHING = Look(done=False)      # a descriptor closed, reused by another process's file, or unreadable
+
 
 class Stage(Enum):
     HANDSHAKING = "handshaking"
@@ -69,16 +85,16 @@ class Stage(Enum):
 class HandshakeLedger:
     """The inbox's connections by stage; ``handle`` answers with the descriptors to shut down.
 
-    ``handshake_done(fd)``: whether the kernel shows the connection on ``fd`` past its handshake (a
-    closed or foreign descriptor: False). Counts go to ``connections`` (``accepted``,
+    ``look(fd)``: what the kernel shows of the connection on ``fd`` (a closed or foreign descriptor:
+    :data:`NOTHING`). Counts go to ``connections`` (``accepted``,
     ``handshake_succeeded``, ``closed_after_handshake``, ``shed_mid_handshake``) and
     ``closed_before_handshake`` (a refusal, for the caller's refusal counts)."""
 
-    def __init__(self, *, max_handshaking: int, handshake_done: Callable[[int], bool]) -> None:
+    def __init__(self, *, max_handshaking: int, look: Callable[[int], Look]) -> None:
         if max_handshaking < 1:
             raise ValueError(f"max_handshaking must be positive, got {max_handshaking}")
         self.max_handshaking = max_handshaking
-        self._done = handshake_done
+        self._look = look
         self._stage: dict[int, Stage] = {}     # accept order, oldest first
         self._unmatched = 0                    # successes not matched to a descriptor yet
         self._ahead = 0                        # descriptors admitted before their success's event
@@ -138,7 +154,7 @@ class HandshakeLedger:
         for fd, stage in list(self._stage.items()):
             if not self._unmatched:
                 break
-            if stage is Stage.HANDSHAKING and self._done(fd):
+            if stage is Stage.HANDSHAKING and self._look(fd).done:
                 self._admit(fd)
         return not self._unmatched
 
@@ -150,21 +166,28 @@ class HandshakeLedger:
             self._ahead += 1
 
     def _enforce_cap(self) -> list[int]:
-        """Shed the oldest connections mid-handshake beyond the cap, after asking the probe about
-        each: one it shows done is admitted (its success's event may still be on its way)."""
+        """Shed connections mid-handshake beyond the cap, after asking the probe about each: one it
+        shows done is admitted (its success's event may still be on its way). The victims: those
+        that sent more than an honest handshake, most first (what they pin), then the oldest (an
+        honest handshake takes milliseconds, so it is seldom the oldest)."""
         if self.handshaking <= self.max_handshaking:
             return []
+        looks: dict[int, Look] = {}
         for fd, stage in list(self._stage.items()):
-            if stage is Stage.HANDSHAKING and self._done(fd):
-                self._admit(fd)
-        shed: list[int] = []
-        for fd, stage in list(self._stage.items()):
-            if self.handshaking <= self.max_handshaking:
-                break
             if stage is Stage.HANDSHAKING:
-                self._stage[fd] = Stage.SHED
-                self.connections["shed_mid_handshake"] += 1
-                shed.append(fd)
+                looks[fd] = self._look(fd)
+                if looks[fd].done:
+                    self._admit(fd)
+                    del looks[fd]
+        age = {fd: index for index, fd in enumerate(self._stage)}
+        heavy = sorted((fd for fd, look in looks.items() if look.received_bytes > HONEST_HANDSHAKE_BYTES),
+                       key=lambda fd: (-looks[fd].received_bytes, age[fd]))
+        light = [fd for fd in looks if looks[fd].received_bytes <= HONEST_HANDSHAKE_BYTES]
+        excess = len(looks) - self.max_handshaking
+        shed = (heavy + light)[:max(0, excess)]
+        for fd in shed:
+            self._stage[fd] = Stage.SHED
+            self.connections["shed_mid_handshake"] += 1
         return shed
 
     def _closed(self, fd: int) -> None:
