@@ -61,7 +61,7 @@ STOP_WAIT_S = 5.0     # how long stop() waits for the monitor thread (it ends in
 # how long a success is looked for on the wire (our READY is written on libzmq's next I/O turn),
 # and how often
 READY_WAIT_S = 0.02
-READY_LOOK_S = 0.0005
+READY_LOOK_S = 0.001
 # what our side of a connection has written once its handshake succeeded (the probe's threshold):
 # the greeting (64 bytes), CURVE's WELCOME (170) and more than an ERROR (12) reach READY (67);
 # with the NULL mechanism, more than the greeting
@@ -177,16 +177,25 @@ class ConnectionMonitor:
         return self._ledger.connections
 
     def _run(self) -> None:
+        """Count each event as it comes; while a success is unmatched (libzmq says
+        HANDSHAKE_SUCCEEDED before its I/O thread writes our READY, on its next turn), look for it
+        again every ``READY_LOOK_S`` for up to ``READY_WAIT_S``, between events. Left unmatched
+        after that (it closed meanwhile), it is matched by its DISCONNECTED."""
+        look_until = 0.0
         try:
             while True:
+                if time.monotonic() < look_until and not self._socket.poll(int(READY_LOOK_S * 1000)):
+                    with self.lock:
+                        if self._ledger.match():
+                            look_until = 0.0
+                    continue
                 event = recv_monitor_message(self._socket)
                 if event["event"] == zmq.EVENT_MONITOR_STOPPED:
                     return
                 with self.lock:
                     self._count(event["event"], event["value"])
-                    unmatched = self._ledger.unmatched
-                if unmatched:
-                    self._await_ready()
+                    if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and self._ledger.unmatched:
+                        look_until = time.monotonic() + READY_WAIT_S
         except zmq.ZMQError:
             return      # the context is going away
         finally:
@@ -210,17 +219,6 @@ class ConnectionMonitor:
             before = self._ledger.closed_before_handshake
             self._ledger.handle(Disconnected(value))
             self._gate.refused["closed_before_handshake"] += self._ledger.closed_before_handshake - before
-
-    def _await_ready(self) -> None:
-        """A success the probe does not show yet: libzmq says HANDSHAKE_SUCCEEDED before its I/O
-        thread writes our READY (its next turn), so look again for up to ``READY_WAIT_S``. Left
-        unmatched after that (it closed meanwhile), it is matched by its DISCONNECTED."""
-        deadline = time.monotonic() + READY_WAIT_S
-        while time.monotonic() < deadline:
-            time.sleep(READY_LOOK_S)
-            with self.lock:
-                if self._ledger.match():
-                    return
 
     def _shed(self, fds: list[int]) -> None:
         """Shut connections mid-handshake down: libzmq reads a handshake command of up to MAXMSGSIZE
