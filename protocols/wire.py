@@ -163,6 +163,14 @@ class Endpoint:
         self.rejections.update(rejection.reason for rejection in released)
         return released
 
+    def forget(self, connection: Hashable) -> Rejection | None:
+        """``connection`` closed: what it was assembling is released now (counted ``incomplete``),
+        not at its idle timeout."""
+        released = self.assembler.forget(connection)
+        if released is not None:
+            self.rejections[released.reason] += 1
+        return released
+
     def _count(self, result: Decoded | Rejection) -> Opened | Rejection:
         if isinstance(result, Rejection):
             self.rejections[result.reason] += 1

@@ -148,7 +148,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "the inbox's connections: `accepted`, `handshake_succeeded`, `closed_after_handshake` (closed, "
           "timed out, or a frame over the size limit: one event for all three), `shed_mid_handshake` (over "
           "`[transport] max_handshaking_connections`), and those this peer shut down, `closed_<reason>` "
-          "(`removed_from_roster`, `not_admitted`, `multipart`)", label="event"),
+          "(`removed_from_roster`, `not_admitted`, `multipart`, `surplus_connection`: a member's oldest "
+          "beyond `[transport] max_connections_per_member`)", label="event"),
     Field("redialed", "sockets", "counter",
           "sockets to a neighbour replaced: after a refused handshake's backoff (`handshake_refused`), or "
           "after no connection for `[transport] reconnect_max_ms` (libzmq never retries a refused CurveZMQ "

@@ -12,7 +12,9 @@ Three parts, used by peer.net.transport:
   ``handshake_<protocol error>``, ``handshake_no_detail``,
   ``closed_before_handshake`` (bytes that are not ZMTP), and, not a refusal,
   ``closed_after_handshake``. It keeps at most ``max_handshaking`` connections
-  mid-handshake and shuts the oldest down beyond that (``shed_mid_handshake``).
+  mid-handshake and shuts the oldest down beyond that (``shed_mid_handshake``); which
+  connections are mid-handshake is peer/net/handshake_ledger.py's to say, with
+  ``look`` (the kernel's count of what each side wrote) naming a success's connection.
 - ``shut_down``: closes a connection libzmq owns by shutting its TCP socket down.
 
 Invariant: each refused connection is counted exactly once, by its reason; only
@@ -25,8 +27,11 @@ docs/design/transport.md.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
+import struct
+import termios
 import threading
 import time
 import warnings
@@ -36,9 +41,32 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from peer.net.handshake_ledger import (
+    NOTHING,
+    Accepted,
+    Disconnected,
+    Failed,
+    FirstMessage,
+    HandshakeLedger,
+    Look,
+    Succeeded,
+)
 from peer.net.handshakes import monitor_endpoint
+from peer.net.progress import BYTES_ACKED_OFFSET as _BYTES_ACKED_OFFSET
+from peer.net.progress import TCP_INFO_BYTES as _TCP_INFO_BYTES
+
+_BYTES_RECEIVED_OFFSET = _BYTES_ACKED_OFFSET + 8   # tcpi_bytes_received follows (Linux 4.1)
 
 STOP_WAIT_S = 5.0     # how long stop() waits for the monitor thread (it ends in milliseconds)
+# how long a success is looked for on the wire (our READY is written on libzmq's next I/O turn),
+# and how often
+READY_WAIT_S = 0.02
+READY_LOOK_S = 0.001
+# what our side of a connection has written once its handshake succeeded (the probe's threshold):
+# the greeting (64 bytes), CURVE's WELCOME (170) and more than an ERROR (12) reach READY (67);
+# with the NULL mechanism, more than the greeting
+CURVE_READY_AFTER_BYTES = 64 + 170 + 12 + 1
+NULL_READY_AFTER_BYTES = 64 + 1
 _FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
 
@@ -95,10 +123,17 @@ class Gate:
             self._cooling[key] = self._clock() + seconds
             return [fd for fd, held in self._connections.items() if held == key]
 
-    def learn(self, fd: int, key: bytes) -> None:
-        """A message arrived on ``fd`` from a connection authenticated as ``key``."""
+    def learn(self, fd: int, key: bytes, *, keep: int) -> list[int]:
+        """A message arrived on ``fd`` from a connection authenticated as ``key``; the descriptors
+        of ``key``'s oldest other connections beyond the newest ``keep`` (to shut down: libzmq reads
+        ahead per connection, so a member's memory is bounded by how many it holds)."""
         with self.lock:
-            self._connections[fd] = key
+            if self._connections.get(fd) == key:
+                return []
+            self._connections.pop(fd, None)
+            self._connections[fd] = key         # the newest last
+            held = [held_fd for held_fd, held_key in self._connections.items() if held_key == key]
+            return held[:-keep] if len(held) > keep else []
 
     def forget_locked(self, fd: int) -> None:
         """``fd`` was closed (by libzmq): its number may be reused by another connection.
@@ -107,25 +142,24 @@ class Gate:
 
 
 class ConnectionMonitor:
-    """Counts the inbox's connections by outcome, from ZeroMQ's socket monitor, on its own thread."""
+    """Counts the inbox's connections by outcome, from ZeroMQ's socket monitor, on its own thread,
+    and sheds those mid-handshake beyond ``max_handshaking`` (peer/net/handshake_ledger.py)."""
 
     def __init__(self, inbox: zmq.Socket, gate: Gate, *, max_handshaking: int,
-                 local_port: int | None = None) -> None:
+                 local_port: int | None = None, curve: bool = True) -> None:
         self._inbox = inbox
         self._local_port = local_port
-        self._max_handshaking = max_handshaking
         self._gate = gate
         self.lock = gate.lock
-        self.connections: Counter[str] = Counter()    # accepted, handshake_succeeded, closed_after_handshake
-        self._handshaking: dict[int, None] = {}        # accepted, outcome not known yet; oldest first
-        self._shed: set[int] = set()                   # mid-handshake ones we shut down (events to come)
-        self._admitted: set[int] = set()               # handshake succeeded, pinned to this descriptor
-        self._unpinned = 0                             # successes not pinned to a descriptor yet
-        self._early: set[int] = set()                  # a message came on it before its events here
-        self._unclosed_failures = 0                    # failed handshakes whose DISCONNECTED is to come
+        ready_after = CURVE_READY_AFTER_BYTES if curve else NULL_READY_AFTER_BYTES
+        self._ledger = HandshakeLedger(
+            max_handshaking=max_handshaking,
+            look=lambda fd: look(fd, local_port, ready_after))
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+        # descriptors closed since the driver last took them (Transport.closed_connections), in order
+        self.closed: list[int] = []
         self._socket = inbox.get_monitor_socket(events, addr=monitor_endpoint("inbox"))
         self._thread = threading.Thread(target=self._run, name="hivemesh-monitor", daemon=True)
         try:
@@ -136,14 +170,32 @@ class ConnectionMonitor:
             self._socket.close(linger=0)
             raise
 
+    @property
+    def connections(self) -> Counter[str]:
+        """``accepted``, ``handshake_succeeded``, ``closed_after_handshake``, ``shed_mid_handshake``
+        (the caller holds ``lock``)."""
+        return self._ledger.connections
+
     def _run(self) -> None:
+        """Count each event as it comes; while a success is unmatched (libzmq says
+        HANDSHAKE_SUCCEEDED before its I/O thread writes our READY, on its next turn), look for it
+        again every ``READY_LOOK_S`` for up to ``READY_WAIT_S``, between events. Left unmatched
+        after that (it closed meanwhile), it is matched by its DISCONNECTED."""
+        look_until = 0.0
         try:
             while True:
+                if time.monotonic() < look_until and not self._socket.poll(int(READY_LOOK_S * 1000)):
+                    with self.lock:
+                        if self._ledger.match():
+                            look_until = 0.0
+                    continue
                 event = recv_monitor_message(self._socket)
                 if event["event"] == zmq.EVENT_MONITOR_STOPPED:
                     return
                 with self.lock:
                     self._count(event["event"], event["value"])
+                    if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and self._ledger.unmatched:
+                        look_until = time.monotonic() + READY_WAIT_S
         except zmq.ZMQError:
             return      # the context is going away
         finally:
@@ -151,70 +203,35 @@ class ConnectionMonitor:
 
     def _count(self, kind: int, value: int) -> None:
         if kind == zmq.EVENT_ACCEPTED:
-            self.connections["accepted"] += 1
-            self._handshaking[value] = None
-            # (a success not pinned to its descriptor yet is one of these, done with its handshake:
-            # counted out, or a burst of honest clients dialing at once would be shed)
-            if len(self._handshaking) - len(self._shed) - self._unpinned > self._max_handshaking:
-                self._shed_oldest()
+            self._shed(self._ledger.handle(Accepted(value)))
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self.connections["handshake_succeeded"] += 1
-            early = self._early & self._handshaking.keys()
-            if early or len(self._handshaking) == 1:
-                fd = min(early) if early else next(iter(self._handshaking))
-                self._early.discard(fd)
-                self._handshaking.pop(fd, None)
-                self._admitted.add(fd)
-            else:
-                self._unpinned += 1
+            self._ledger.handle(Succeeded())
         elif kind in _FAILED:
             if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 self._gate.refused[f"handshake_{_protocol_error(value)}"] += 1
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self._gate.refused["handshake_no_detail"] += 1
             # (an AUTH failure was counted by the gate, with its reason)
-            self._unclosed_failures += 1
+            self._ledger.handle(Failed())
         elif kind == zmq.EVENT_DISCONNECTED:
             self._gate.forget_locked(value)
-            self._early.discard(value)
-            self._closed(value)
+            self.closed.append(value)
+            before = self._ledger.closed_before_handshake
+            self._ledger.handle(Disconnected(value))
+            self._gate.refused["closed_before_handshake"] += self._ledger.closed_before_handshake - before
 
-    def _shed_oldest(self) -> None:
-        """Too many connections mid-handshake: shut the oldest down. libzmq reads a handshake
-        command of up to MAXMSGSIZE into memory and waits HANDSHAKE_IVL for the rest of it, so each
-        one can pin a frame's worth; an honest handshake takes milliseconds, so it is seldom the
-        oldest, and its client dials again (a dropped connection is retried).
-        The connection stays mid-handshake here: its own events (``HANDSHAKE_FAILED_NO_DETAIL``,
-        ``DISCONNECTED``) count it, as any connection, once."""
-        fd = next(fd for fd in self._handshaking if fd not in self._shed)
-        self._shed.add(fd)
-        self.connections["shed_mid_handshake"] += 1
-        shut_down(fd, self._local_port)
-
-    def _closed(self, fd: int) -> None:
-        self._shed.discard(fd)
-        if fd in self._admitted:
-            self._admitted.discard(fd)
-            self.connections["closed_after_handshake"] += 1
-        elif fd in self._handshaking:
-            self._handshaking.pop(fd, None)
-            if self._unclosed_failures > 0:              # a failure counted already
-                self._unclosed_failures -= 1
-            elif self._unpinned > len(self._handshaking):  # every other one still handshaking succeeded
-                self._unpinned -= 1
-                self.connections["closed_after_handshake"] += 1
-            else:
-                self._gate.refused["closed_before_handshake"] += 1
+    def _shed(self, fds: list[int]) -> None:
+        """Shut connections mid-handshake down: libzmq reads a handshake command of up to MAXMSGSIZE
+        into memory and waits HANDSHAKE_IVL for the rest of it, so each one can pin a frame's
+        worth. Each is then counted by its own events (``HANDSHAKE_FAILED_NO_DETAIL``,
+        ``DISCONNECTED``), as any connection, once."""
+        for fd in fds:
+            shut_down(fd, self._local_port)
 
     def pin(self, fd: int) -> None:
-        """A message arrived on ``fd``: its handshake succeeded (pins one unpinned success)."""
+        """A message arrived on ``fd``: its handshake succeeded."""
         with self.lock:
-            if fd in self._handshaking and self._unpinned > 0:
-                self._handshaking.pop(fd, None)
-                self._unpinned -= 1
-                self._admitted.add(fd)
-            elif fd not in self._admitted:               # its events are still on their way here
-                self._early.add(fd)
+            self._ledger.handle(FirstMessage(fd))
 
     def stop(self) -> None:
         """Stop monitoring: the thread sees MONITOR_STOPPED, closes its socket and ends; joined.
@@ -262,3 +279,34 @@ def shut_down(fd: int, local_port: int | None = None) -> bool:
         except (OSError, IndexError, TypeError):
             return False
     return True
+
+
+def look(fd: int, local_port: int | None, ready_after: int) -> Look:
+    """What the kernel shows of the TCP connection on ``fd``: past its handshake once our side wrote
+    ``ready_after`` bytes (acknowledged or still queued: the thresholds above), and the bytes it
+    sent us. A descriptor that is not a connection of ours on ``local_port`` (closed, reused), or a
+    platform without TCP_INFO: :data:`NOTHING`."""
+    if not hasattr(socket, "TCP_INFO"):
+        return NOTHING
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return NOTHING
+    try:
+        conn = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return NOTHING
+    with conn:
+        try:
+            if conn.type != socket.SOCK_STREAM or (local_port is not None
+                                                   and conn.getsockname()[1] != local_port):
+                return NOTHING
+            info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+            queued = struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except (OSError, IndexError, TypeError):
+            return NOTHING
+    if len(info) < _BYTES_RECEIVED_OFFSET + 8:
+        return NOTHING
+    acked, received = struct.unpack_from("=QQ", info, _BYTES_ACKED_OFFSET)
+    return Look(done=int(acked) + int(queued) >= ready_after, received_bytes=int(received))

@@ -25,8 +25,8 @@ import socket
 import struct
 
 # struct tcp_info (linux/tcp.h): tcpi_bytes_acked is the u64 at byte 120 (since Linux 4.1)
-_TCP_INFO_BYTES = 232
-_BYTES_ACKED_OFFSET = 120
+TCP_INFO_BYTES = 232
+BYTES_ACKED_OFFSET = 120
 
 
 def peer_of(address: str) -> tuple[str | None, int] | None:
@@ -54,12 +54,12 @@ def acked_bytes(fd: int | None, peer: tuple[str | None, int] | None) -> int | No
         with socket.socket(fileno=os.dup(fd)) as dup:
             if dup.type != socket.SOCK_STREAM or not _is(dup.getpeername(), peer):
                 return None
-            info = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+            info = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
     except OSError:
         return None
-    if len(info) < _BYTES_ACKED_OFFSET + 8:
+    if len(info) < BYTES_ACKED_OFFSET + 8:
         return None
-    return int(struct.unpack_from("=Q", info, _BYTES_ACKED_OFFSET)[0])
+    return int(struct.unpack_from("=Q", info, BYTES_ACKED_OFFSET)[0])
 
 
 def _is(name: tuple[str, int] | tuple[str, int, int, int], peer: tuple[str | None, int]) -> bool:

@@ -31,7 +31,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -57,6 +57,8 @@ POLL_BYTES = 4 * WIRE_FRAME_LIMIT_BYTES
 PROGRESS_LOOK_S = 0.2
 # and, with a while_waiting callback, the inbox this often (a frame released wakes the wait at once)
 INBOX_LOOK_S = 0.005
+# closed inbound connections kept for closed_connections between calls (a driver that never asks)
+CLOSED_KEPT = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +169,9 @@ class Transport:
         self._port = int(port) if port.isdigit() else None     # the local port of our connections
         self.replies_dropped: Counter[str] = Counter()  # replies not sent: "gone" (connection closed), "full"
         self._replies: list[zmq.MessageTracker] = []     # zero-copy reply frames still held by ZeroMQ
+        self._seen_on: dict[int, list[bytes]] = {}       # descriptor -> connections seen on it, oldest first
+        self._closing: set[bytes] = set()       # closed, and their last frames may still be queued
+        self._gone: deque[bytes] = deque(maxlen=CLOSED_KEPT)    # closed, every frame read
         self._closed = False
         self._authenticator: ThreadAuthenticator | None = None
         self._listen_fd: int | None = None
@@ -214,6 +219,7 @@ class Transport:
             # a reply to a connection that closed fails at once (counted) instead of vanishing silently
             inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
             monitor = ConnectionMonitor(inbox, self._gate, local_port=self._port,
+                                        curve=self._curve is not None,
                                         max_handshaking=self.config.max_handshaking_connections)
             inbox.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
             inbox.setsockopt(zmq.RCVHWM, self.config.receive_high_water_mark)
@@ -374,9 +380,41 @@ class Transport:
         if not self._gate.admits(key):
             self._shut(fd, "not_admitted")
             return None
-        self._gate.learn(fd, key)
+        for surplus in self._gate.learn(fd, key, keep=self.config.max_connections_per_member):
+            self._shut(surplus, "surplus_connection")
         self._monitor.pin(fd)
         return key
+
+    def closed_connections(self) -> list[bytes]:
+        """The inbound connections (``Arrival.connection``) that closed since the last call, among
+        those a frame came on, once every frame they sent was read: what they were assembling can
+        be released at once. The most recent :data:`CLOSED_KEPT` are kept between calls.
+
+        libzmq still hands over a closed connection's frames after its ``DISCONNECTED``, so one is
+        given here only after a drain emptied the inbox. A descriptor names one connection at a
+        time, and libzmq reuses its number only once the connection on it closed, so the oldest
+        connection seen on a closed descriptor is the one that closed. The one case that errs: a
+        connection that sent nothing closed, and the next one on its number sent a frame before
+        the monitor reported the close (its pending message is then released too, refused as
+        incomplete, as its idle timeout would have)."""
+        self._take_closed()
+        if self._closing and not self._inbox.poll(0, zmq.POLLIN):
+            self._gone.extend(self._closing)
+            self._closing.clear()
+        gone = list(self._gone)
+        self._gone.clear()
+        return gone
+
+    def _take_closed(self) -> None:
+        """The descriptors the monitor saw close: their connections are closing (frames to come)."""
+        with self._gate.lock:
+            fds, self._monitor.closed[:] = list(self._monitor.closed), []
+        for fd in fds:
+            seen = self._seen_on.get(fd)
+            if seen:
+                self._closing.add(seen.pop(0))
+                if not seen:
+                    del self._seen_on[fd]
 
     @property
     def refused(self) -> Counter[str]:
@@ -632,10 +670,13 @@ class Transport:
         """What the inbox holds now, up to ``max_messages_per_poll`` frames or :data:`POLL_BYTES`."""
         received: list[Arrival] = []
         drained = 0
+        self._take_closed()     # first: a descriptor's close is taken before a frame on its next connection
         while len(received) < self.config.max_messages_per_poll and drained < POLL_BYTES:
             try:
                 parts = self._inbox.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self._gone.extend(self._closing)      # the inbox is empty: all they sent was read
+                self._closing.clear()
                 break
             size = sum(len(f) for f in parts[1:])
             self.bytes_received += size
@@ -644,8 +685,18 @@ class Transport:
                 self._multipart(parts)
                 continue
             self.messages_received += 1
-            received.append(Arrival(parts[0].bytes, parts[1]))
+            arrival = Arrival(parts[0].bytes, parts[1])
+            self._saw(arrival)
+            received.append(arrival)
         return received
+
+    def _saw(self, arrival: Arrival) -> None:
+        """Note which descriptor ``arrival``'s connection is on (for :meth:`closed_connections`)."""
+        if arrival.connection in self._closing:
+            return
+        seen = self._seen_on.setdefault(int(arrival.frame.get(zmq.SRCFD)), [])
+        if not seen or seen[-1] != arrival.connection:
+            seen.append(arrival.connection)
 
     def _wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the inbox, watching the outboxes' handshakes meanwhile (a

@@ -47,11 +47,15 @@ class TransportConfig:
     # connections mid-handshake at once; beyond it the oldest is shut down. libzmq buffers a
     # handshake frame of up to max_frame_bytes per connection, so this bounds what strangers pin
     max_handshaking_connections: int = 3
+    # connections one member (one CURVE key) may hold to our inbox; beyond it its oldest are shut down.
+    # libzmq reads ahead per connection (a frame being read, receive_high_water_mark queued), so this
+    # bounds what one member pins; an honest member holds one, two while it redials
+    max_connections_per_member: int = 2
 
     def __post_init__(self) -> None:
         for name in ("high_water_mark", "receive_high_water_mark", "max_frame_bytes", "max_messages_per_poll",
-                     "max_handshaking_connections", "reconnect_ms", "reconnect_max_ms", "keepalive_s",
-                     "dead_link_s"):
+                     "max_handshaking_connections", "max_connections_per_member", "reconnect_ms",
+                     "reconnect_max_ms", "keepalive_s", "dead_link_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reconnect_max_ms < self.reconnect_ms:

@@ -619,6 +619,10 @@ class PeerDaemon:
         assert self.transport is not None
         self._take_in(self.transport.poll(0.0 if self._opened_queue else timeout_s))
         self._opened_queue.extend((released, None) for released in self.endpoint.expire(self.now()))
+        for connection in self.transport.closed_connections():     # released at once, not when idle
+            released = self.endpoint.forget(connection)
+            if released is not None:
+                self._opened_queue.append((released, None))
         while self._opened_queue:   # a dispatch may wait for sends, which queues what it reads
             self._opened(*self._opened_queue.popleft())
 
