@@ -331,6 +331,10 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
     # and its peak memory within 64 MiB of the clean run's (issue 32, acceptance e)
     attacked_mib, clean_mib = final["memory_peak_mib"], status(clean, "p00")["memory_peak_mib"]
     print(f"p00 peak RSS: attacked {attacked_mib:.0f} MiB, clean {clean_mib:.0f} MiB")
+    for name in files.configs:
+        attacked_accuracy, clean_accuracy = status(files, name)["accuracy"], status(clean, name)["accuracy"]
+        assert abs(attacked_accuracy - clean_accuracy) <= 0.01, (name, attacked_accuracy, clean_accuracy)
+    # the memory verdict last, so a known excess (xfail) still leaves every other check run
     if attacked_mib - clean_mib > RSS_GROWTH_LIMIT_KIB / 1024 and growth_kib["member streams"] > growth_kib[
             "handshakes"]:
         # Known, not yet met (issue 32 item 7): with glibc's dynamic mmap threshold, libzmq's 16 MiB
@@ -340,6 +344,3 @@ def test_an_outsider_never_reaches_the_decoder_and_every_connection_is_counted(t
         pytest.xfail(f"the member's 16 MiB frames: peak {attacked_mib:.0f} MiB against {clean_mib:.0f} MiB "
                      f"clean (growth by phase, KiB: {growth_kib})")
     assert attacked_mib - clean_mib <= RSS_GROWTH_LIMIT_KIB / 1024, (attacked_mib, clean_mib)
-    for name in files.configs:
-        attacked_accuracy, clean_accuracy = status(files, name)["accuracy"], status(clean, name)["accuracy"]
-        assert abs(attacked_accuracy - clean_accuracy) <= 0.01, (name, attacked_accuracy, clean_accuracy)
