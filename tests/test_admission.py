@@ -91,7 +91,8 @@ def test_a_machine_does_what_its_cell_says(config_name: str, distance: Distance,
     round_now = mra + 1
     target = round_now + mra + 2  # far: the round just short of it is beyond the window too
     machine.round, machine.catch_up, machine.training_over = round_now, target, training_over
-    machine.reach.worked(1, 1e-3)  # a fast step timed: any round here is within the sender's reach
+    machine.reach.worked(1, 1e-3)  # a fast step timed and a long wait: any round here is within
+    machine.reach.advanced(0, 1.0)  # one sender's reach (catchup.py)
     r = {Distance.BEHIND_FAR: 0, Distance.BEHIND: round_now - 1, Distance.CURRENT: round_now,
          Distance.AHEAD: round_now + 1, Distance.SHORT_OF_TARGET: target - 1,
          Distance.AT_TARGET: target, Distance.BEYOND_TARGET: target + 1}[distance]

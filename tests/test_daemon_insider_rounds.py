@@ -70,7 +70,7 @@ TARGETS = ("p00", "p02")    # the attacker's (p01's) neighbours on the ring
 RING = ("p00", "p01", "p02", "p03")
 IN_NEIGHBOURS = {name: (RING[i - 1], RING[(i + 1) % len(RING)]) for i, name in enumerate(RING)}
 # what the machine counts under one of two names, by timing alone
-COMBINED = {"catch_up": ("catch_up_refused", "catch_up_bounded"),
+COMBINED = {"catch_up": ("catch_up_refused", "catch_up_bounded", "catch_up_unconfirmed"),
             "stale_or_duplicate": ("stale_message", "duplicate_message"),
             # a bad digest is found at its last frame; one whose connection went quiet owing a
             # frame (a sender starved of CPU for the idle timeout) is released as incomplete

@@ -53,15 +53,14 @@ def _one_round(machine: Any, params: torch.Tensor, *, work_s: float = 1.0) -> No
     assert machine.round == 1
 
 
-def test_a_message_far_ahead_within_its_senders_reach_makes_the_machine_close_its_round_and_jump() -> None:
-    # Prepare: p00 on a ring of 4 (W = 1/3: p01, p03 and itself), buffering at most 2 rounds ahead;
-    # a step takes it 1 s, and p01 was heard in round 0 at 0.5 s.
+def test_a_trusted_message_far_ahead_makes_the_machine_close_its_round_and_jump() -> None:
+    # Prepare: p00 on a ring of 4 (W = 1/3: p01, p03 and itself), buffering at most 2 rounds ahead,
+    # trusting one in-neighbour's claim (byzantine_neighbours = 0); p01 was heard in round 0.
     params = torch.zeros(2, dtype=torch.float64)
-    config = GossipConfig(total_steps=10, max_rounds_ahead=2)
+    config = GossipConfig(total_steps=10, max_rounds_ahead=2, byzantine_neighbours=0)
     machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
     _one_round(machine, params)
-    # Execute: at 3.5 s p01 says round 6, as far as it can have trained since (3 s at twice our
-    # rate); p03 says 5 (older than the round to jump to) while p00 works.
+    # Execute: at 3.5 s p01 says round 6; p03 says 5 (older than the round to jump to) while p00 works.
     assert machine.handle(Received("p01", _push(6, torch.full((2,), 3.0, dtype=torch.float64))), 3.5) == []
     dropped = machine.handle(Received("p03", _push(5, torch.ones(2, dtype=torch.float64))), 3.5)
     params -= 1.0  # the trainer's step
@@ -87,43 +86,54 @@ def test_a_message_far_ahead_within_its_senders_reach_makes_the_machine_close_it
     assert (meta["round"], meta["steps_done"], meta["catch_up"]) == (7, 7, 6)
 
 
-def test_one_senders_word_moves_the_machine_only_as_far_as_the_sender_could_have_trained() -> None:
-    # The attack of issue 14: one valid message for round last_round made a peer skip the rest of
-    # its training. p01, heard in round 0 at 0.5 s, claims the last round at 3.5 s: it can have
-    # trained at most 3 s at twice our rate (1 step/s): 6 steps.
+def test_one_senders_word_moves_the_machine_no_further_than_its_own_pace_since() -> None:
+    # The attacks of issues 14 and 32 (item 5): one valid message for the last round made a peer
+    # skip the rest of its training; later, bounded at twice our pace, a stall or a stream of
+    # claims still bought skipped steps. p01 (p03 is in step, so it confirms nothing) is believed
+    # in round 0; a step takes 1 s.
     params = torch.zeros(2, dtype=torch.float64)
-    config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
+    config = GossipConfig(total_steps=1000, max_rounds_ahead=2, deadline_s=10.0)
     machine = make_machine(config, name="p00", topology=build("ring:4"), params=params)
     assert isinstance(machine, RoundMachine)
     _one_round(machine, params)
     last = machine.last_round
-    assert machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 3.5) == [
-        Metric("catch_up_bounded", 1.0)]
+    # Execute and assert: after a stall of ours (100 s, one step trained since p01 was believed),
+    # the claim of the last round, then a stream of claims each further: nothing moves, nothing adds up.
+    assert machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 100.0) == [
+        Metric("catch_up_unconfirmed", 1.0)]
+    for k in range(10):
+        machine.handle(Received("p01", _push(10 + 5 * k, torch.zeros(2, dtype=torch.float64))), 100.0 + k)
+    assert machine.catch_up == 0 and machine.counters["catch_up_unconfirmed"] == 11
+    assert machine.inbox == {}  # claims are evidence, not messages: p01's rounds stay open to it
+    # Round 1 waits out its deadline (10 s after its work): that wait is what our pace credits.
     params -= 1.0
-    machine.handle(WorkDone(1, 0.0), 4.0)
-    assert machine.round == 6  # round 1 closed, then a jump to where p01 can be
-    assert machine.counters["rounds_skipped"] == 4
-    # Repeating the claim gains only time: p01's credit is still counted from round 0 at 0.5 s
-    # (at 4.5 s: step 8, within the buffer window, so no jump; at 5.5 s: 10).
-    machine.handle(Received("p01", _push(last - 1, torch.zeros(2, dtype=torch.float64))), 4.5)
-    assert machine.catch_up == 6 and machine.counters["catch_up_refused"] == 1
-    machine.handle(Received("p01", _push(last - 2, torch.zeros(2, dtype=torch.float64))), 5.5)
-    assert machine.catch_up == 10 and machine.counters["catch_up_bounded"] == 2
+    machine.handle(WorkDone(1, 0.0), 101.0)
+    machine.handle(TimerFired("gossip-deadline:1"), 111.0)
+    assert machine.round == 2
+    machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 112.0)
+    assert machine.catch_up == 12 and machine.counters["catch_up_bounded"] == 1  # 2 steps + 10 s / 1 s
+    params -= 1.0
+    machine.handle(WorkDone(1, 0.0), 113.0)
+    assert machine.round == 12 and machine.counters["rounds_skipped"] == 9
+    # The jump spent that credit: claimed again, the last round moves us only by what we train.
+    machine.handle(Received("p01", _push(last, torch.zeros(2, dtype=torch.float64))), 200.0)
+    assert machine.catch_up == 12 and machine.counters["catch_up_unconfirmed"] == 12
     # An in-neighbour never heard in this life (p03 restarted its peer) is counted from our own
-    # position at Start; before the machine has timed a round of its own nothing moves it.
+    # position at Start.
     fresh = make_machine(config, name="p00", topology=build("ring:4"), params=torch.zeros(2))
     assert isinstance(fresh, RoundMachine)
     fresh.handle(Start(), 0.0)
     refused = fresh.handle(Received("p03", _push(last, torch.zeros(2))), 100.0)
-    assert refused == [Metric("catch_up_refused", 1.0)]
+    assert refused == [Metric("catch_up_unconfirmed", 1.0)]
     assert fresh.catch_up == 0 and fresh.inbox == {}
 
 
-def test_a_member_that_starts_beyond_the_window_behind_catches_up_at_its_compute_rate() -> None:
+def test_a_member_that_starts_beyond_the_window_behind_catches_up_on_both_neighbours_word() -> None:
     # Seen in a multi-host D-PSGD ring: p01 started at round 0 on a stale heartbeat while its two
     # neighbours ran on past the buffer window. Every message it heard was far ahead, so no round of
     # its own ever closed complete, so it had no step rate, so every claim was refused
     # (catch_up_refused ~9000) and it trained alone at one round per deadline, 88 steps of 4500.
+    # Its two in-neighbours' claims now confirm each other (f + 1 = 2).
     # Prepare: p00 on a ring of 4, its step 0.1 s, deadline 1 s; p01 and p03 are at round 50 when it
     # starts and go on at a round per 0.5 s (p00 is a laggard to them: they do not wait).
     params = torch.zeros(2, dtype=torch.float64)
@@ -155,25 +165,24 @@ def test_a_member_that_starts_beyond_the_window_behind_catches_up_at_its_compute
             key = f"gossip-deadline:{began}"
             now = max(now, timers.pop(key))
             feed(TimerFired(key), now)
-    # Assert: it jumped to where they are (at twice its compute rate it gains on them), and once in
-    # step its rounds close complete, not alone at a deadline each.
+    # Assert: it jumped to where they are, and once in step its rounds close complete, not alone at
+    # a deadline each.
     assert machine.counters["rounds_skipped"] > 0
     assert abs(machine.round - theirs(now)) <= config.max_rounds_ahead + 1
     assert machine.counters["rounds_alone"] < 10
     assert machine.reach.timed  # a round closed complete: the network's pace is measured again
-    # The compute rate is taken only from rounds a deadline closed: in round 0, its work done and its
-    # neighbours' messages not in yet, a far claim (a liar's) still moves nothing.
+    # One of them alone (a liar's far claim in round 0, its work done) moves nothing.
     fresh = make_machine(config, name="p00", topology=build("ring:4"), params=torch.zeros(2))
     assert isinstance(fresh, RoundMachine)
     fresh.handle(Start(), 0.0)
     fresh.handle(WorkDone(1, 0.0), 0.001)
     fresh.handle(Received("p01", _push(fresh.last_round, torch.zeros(2))), 0.5)
-    assert fresh.catch_up == 0 and fresh.counters["catch_up_refused"] == 1
+    assert fresh.catch_up == 0 and fresh.counters["catch_up_unconfirmed"] == 1
 
 
 def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows() -> None:
     # exponential:8: p00 has 5 in-neighbours, so f = 1 and the second-highest of their claims is a
-    # round some honest one is in. No step of ours is timed: the time bound allows nothing.
+    # round some honest one is in. No step of ours is trained: the pace bound allows nothing.
     topology = build("exponential:8")
     config = GossipConfig(total_steps=1000, max_rounds_ahead=2)
     machine = make_machine(config, name="p00", topology=topology, params=torch.zeros(2))
@@ -185,31 +194,35 @@ def test_claims_of_two_in_neighbours_confirm_a_jump_where_the_in_degree_allows()
     assert machine.catch_up == 0 and machine.counters["catch_up_unconfirmed"] == 1
     machine.handle(Received(inn[1], _push(40, torch.zeros(2))), 0.2)
     assert machine.catch_up == 40 and machine.counters["catch_up_bounded"] == 0
-    # the liar's claim is kept as its one claim (newest per sender); the confirmed round is buffered
-    assert sorted(machine.inbox) == [40, machine.last_round]
+    # the liar's claim is kept as its one claim (newest per sender), its message is not; the
+    # confirmed round is buffered
+    assert sorted(machine.inbox) == [40] and machine.claims == {inn[0]: machine.last_round, inn[1]: 40}
     assert inn[0] in machine.laggards  # claims past the round we jump to: not waited for there
     machine.handle(WorkDone(1, 0.0), 1.0)
     assert machine.round == 40 and machine.counters["rounds_skipped"] == 39
-    # with byzantine_neighbours = 0 no claims confirm: the time bound alone
-    alone = make_machine(GossipConfig(total_steps=1000, max_rounds_ahead=2, byzantine_neighbours=0),
-                         name="p00", topology=topology, params=torch.zeros(2))
-    assert isinstance(alone, RoundMachine)
-    alone.handle(Start(), 0.0)
-    for j in inn[:3]:
-        alone.handle(Received(j, _push(40, torch.zeros(2))), 0.1)
-    assert alone.catch_up == 0 and alone.counters["catch_up_refused"] == 3
+    # byzantine_neighbours = 0 trusts one claim; 2 needs three
+    for f, moved in ((0, [40, 40, 40]), (2, [0, 0, 40])):
+        other = make_machine(GossipConfig(total_steps=1000, max_rounds_ahead=2, byzantine_neighbours=f),
+                             name="p00", topology=topology, params=torch.zeros(2))
+        assert isinstance(other, RoundMachine)
+        other.handle(Start(), 0.0)
+        catch_ups = []
+        for j in inn[:3]:
+            other.handle(Received(j, _push(40, torch.zeros(2))), 0.1)
+            catch_ups.append(other.catch_up)
+        assert catch_ups == moved, (f, catch_ups)
 
 
 def test_a_jump_carries_over_checkpoints_and_never_skips_the_final_gossip_rounds() -> None:
     params = torch.zeros(1)
     # (round 8 is the last one a member can be in: later ones are refused as bad_round)
-    config = GossipConfig(total_steps=3, final_gossip_rounds=6, max_rounds_ahead=1)
+    config = GossipConfig(total_steps=3, final_gossip_rounds=6, max_rounds_ahead=1, byzantine_neighbours=0)
     machine = make_machine(config, name="p00", topology=build("ring:3"), params=params)
     machine.handle(Start(), 0.0)
     for j in ("p01", "p02"):
         machine.handle(Received(j, _push(0, torch.zeros(1))), 0.5)
     machine.handle(WorkDone(1, 0.0), 1.0)  # round 0, a step timed at 1 s
-    machine.handle(Received("p01", _push(8, torch.ones(1))), 10.0)  # within p01's reach
+    machine.handle(Received("p01", _push(8, torch.ones(1))), 10.0)  # trusted (f = 0)
     state: ProtocolState = machine.export_state()
     again = make_machine(config, name="p00", topology=build("ring:3"), params=params.clone())
     again.restore_state(state)
@@ -235,9 +248,10 @@ def test_choco_does_not_catch_up_its_views_of_lost_updates_would_be_wrong() -> N
 
 
 def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice() -> None:
-    # p00 (in-neighbours p04, p06, p07) jumps far ahead on p07's and p04's word (in-degree 3: two
-    # claims confirm a jump), then hears p06's old rounds: their weight is mass, added at the next
-    # mix, not dropped as stale.
+    # p00 (in-neighbours p04, p06, p07) jumps far ahead on p07's and p04's word (two claims confirm
+    # a jump), then hears p06's old rounds: their weight is mass, added at the next mix, not dropped
+    # as stale. (p07's claim, not confirmed when it came, was not kept for its round: its weight share
+    # went into the next mix, round 0's.)
     topology = build("directed-exponential:8")
     params = torch.zeros(2, dtype=torch.float64)
     config = GossipConfig(algorithm="pushsum", total_steps=50, max_rounds_ahead=2)
@@ -253,14 +267,15 @@ def test_push_sum_applies_messages_whatever_their_age_without_applying_one_twice
     assert machine.counters["late_message"] == 2 and machine.counters["duplicate_message"] == 1
     assert machine.counters.get("stale_message", 0) == 0
     held = machine.mass
-    assert held == machine.weight + 0.5 + 0.25 + 2 * 0.25
+    assert held == machine.weight + 0.25 + 2 * 0.25
     # The round a jump left made no laggard: round 20 waits for p06 too (it may have been where we
-    # jumped to), and its deadline closes it with p07's and p04's messages and p06's two late ones:
-    # all the mass held is now this peer's weight or in what it sends for round 21.
+    # jumped to; p07, whose round-20 message was its claim, is not waited for), and its deadline
+    # closes it with p04's message and p06's two late ones: all the mass held is now this peer's
+    # weight or in what it sends for round 21.
     missed = machine.counters["missed_deadline"]     # round 0's three (closed by the jump)
     assert machine.handle(WorkDone(1, 0.0), 2.0) == [SetTimer("gossip-deadline:20", 2.0 + config.deadline_s)]
     actions = machine.handle(TimerFired("gossip-deadline:20"), 2.0 + config.deadline_s)
-    assert machine.counters["missed_deadline"] == missed + 1 and machine.laggards == {"p06"}
+    assert machine.counters["missed_deadline"] == missed + 2 and machine.laggards == {"p06", "p07"}
     sent = [float(m.meta["w"]) * len(recipients) for recipients, m in _sends(actions)]
     assert math.fsum([machine.weight, *sent]) == held and not machine.late
     assert machine.round == 21

@@ -185,8 +185,9 @@ def test_a_catch_up_emits_the_trainer_step_before_the_next_rounds_work() -> None
     m.handle(Start(), 0.0)
     for j in ("p01", "p03"):
         m.handle(Received(j, ParamPush(round=0, tensors={"x": torch.ones(2)})), 0.5)
-    m.handle(WorkDone(1, 0.0), 1.0)  # round 0, a step timed (p01's reach: catchup.py)
-    m.handle(Received("p01", ParamPush(round=6, tensors={"x": torch.ones(2)})), 4.0)
+    m.handle(WorkDone(1, 0.0), 1.0)  # round 0
+    for j in ("p01", "p03"):  # both in-neighbours claim round 6: confirmed (catchup.py)
+        m.handle(Received(j, ParamPush(round=6, tensors={"x": torch.ones(2)})), 4.0)
     actions = m.handle(WorkDone(1, 0.0), 5.0)
     steps = [a for a in actions if isinstance(a, SetTrainerStep | StartWork)]
     assert steps == [SetTrainerStep(6), StartWork(1)]  # round 1 done, rounds 2-5 skipped

@@ -32,12 +32,13 @@ ATTACKER = "p01"
 ACCURACY_BAR = 0.85  # digits-mlp, as the other simulator tests
 
 
-def _scenario(spec: str, *, steps: int = STEPS, speed: dict[str, float] | None = None) -> Any:
+def _scenario(spec: str, *, steps: int = STEPS, speed: dict[str, float] | None = None,
+              algorithm: str = "dpsgd", byzantine: int = -1) -> Any:
     return scenario_from_dict({
         "seed": 1, "duration_s": 600.0, "eval_every_s": 100.0, "target_accuracy": ACCURACY_BAR,
         "graph": {"spec": spec}, "links": {"latency_ms": 5.0, "bandwidth_mbps": 1000.0},
         "nodes": {"step_time_ms": STEP_MS, "speed": speed or {}},
-        "algorithm": {"algorithm": "dpsgd", "deadline_s": 0.5},
+        "algorithm": {"algorithm": algorithm, "deadline_s": 0.5, "byzantine_neighbours": byzantine},
         "task": {"name": "digits-mlp"}, "trainer": {"lr": 0.1}, "steps": steps})
 
 
@@ -45,8 +46,9 @@ Attack = Callable[[GossipRun], None]
 
 
 def _run(spec: str, attack: Attack | None = None, *, faults: Schedule | None = None,
-         speed: dict[str, float] | None = None) -> tuple[ScenarioResult, GossipRun]:
-    world = build_world(_scenario(spec, speed=speed))
+         speed: dict[str, float] | None = None, algorithm: str = "dpsgd",
+         byzantine: int = -1) -> tuple[ScenarioResult, GossipRun]:
+    world = build_world(_scenario(spec, speed=speed, algorithm=algorithm, byzantine=byzantine))
     run = GossipRun(world, faults=faults)
     run.begin()
     if attack is not None:
@@ -55,12 +57,14 @@ def _run(spec: str, attack: Attack | None = None, *, faults: Schedule | None = N
     return run.end(), run
 
 
-def _forge(run: GossipRun, at_s: float, round_index: int, *, to: tuple[str, ...] = ("p00", "p02"),
+def _forge(run: GossipRun, at_s: float, round_index: int | Callable[[], int], *,
+           to: tuple[str, ...] = ("p00", "p02"),
            epoch: int | None = None, seq: int | None = None,
            values: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
     """At ``at_s`` the attacker sends its current round's message (valid, signed by its own key),
-    with ``round_index`` as the round, optionally its own choice of epoch, sequence number and
-    parameter values. Its own counters carry on as before afterwards (its genuine traffic)."""
+    with ``round_index`` as the round (a function: asked then), optionally its own choice of epoch,
+    sequence number and parameter values. Its own counters carry on as before afterwards (its
+    genuine traffic)."""
     def fire() -> None:
         peer: SimPeer = run.peers[ATTACKER]
         machine: Any = peer.node.machine
@@ -68,7 +72,8 @@ def _forge(run: GossipRun, at_s: float, round_index: int, *, to: tuple[str, ...]
         tensors = dict(genuine.tensors)
         if values is not None:
             tensors = {k: values(v) for k, v in tensors.items()}
-        forged = dataclasses.replace(genuine, round=round_index, tensors=tensors)
+        claimed = round_index() if callable(round_index) else round_index
+        forged = dataclasses.replace(genuine, round=claimed, tensors=tensors)
         endpoint = peer.endpoint
         kept = endpoint.epoch, endpoint.seq
         endpoint.epoch = kept[0] if epoch is None else epoch
@@ -110,8 +115,8 @@ def test_one_valid_message_for_the_last_round_no_longer_stops_a_ring() -> None:
     attacked, _ = _run("ring:4", attack)
     assert last == STEPS - 1
     assert _skipped(attacked) == dict.fromkeys(attacked.peers, 0.0)
-    for name in ("p00", "p02"):  # each neighbour refused the jump, and counted it
-        assert attacked.peers[name]["metrics"]["catch_up_refused"] == 1.0
+    for name in ("p00", "p02"):  # each neighbour followed nothing (p03 did not confirm it), and counted it
+        assert attacked.peers[name]["metrics"]["catch_up_unconfirmed"] == 1.0
         assert attacked.peers[name]["steps"] == STEPS
     assert _accuracy(attacked) == _accuracy(clean)  # nothing else changed
 
@@ -129,7 +134,7 @@ def _battery(last_round: int) -> list[tuple[str, dict[str, Any], str]]:
     return [
         ("round -1", {"round_index": -1}, "bad_round"),
         ("round 0, long past", {"round_index": 0}, "stale_message"),
-        ("the last round", {"round_index": last_round}, "catch_up_refused"),
+        ("the last round", {"round_index": last_round}, "catch_up_unconfirmed"),
         ("round 2^31", {"round_index": 2**31}, "bad_round"),
         ("round 2^63 - 1", {"round_index": INT64_MAX}, "bad_round"),
         ("round 2^63", {"round_index": 2**63}, "bad_round"),
@@ -141,9 +146,9 @@ def _battery(last_round: int) -> list[tuple[str, dict[str, Any], str]]:
         ("epoch 2^63 - 1", {"round_index": last_round, "epoch": INT64_MAX}, "epoch_jump"),
         ("epoch 2^64 - 1", {"round_index": last_round, "epoch": U64_MAX}, "malformed_header"),
         ("NaN values, far round", {"round_index": last_round,
-                                   "values": lambda v: torch.full_like(v, math.nan)}, "catch_up_refused"),
+                                   "values": lambda v: torch.full_like(v, math.nan)}, "catch_up_unconfirmed"),
         ("huge values, far round", {"round_index": last_round,
-                                    "values": lambda v: torch.full_like(v, huge)}, "catch_up_refused"),
+                                    "values": lambda v: torch.full_like(v, huge)}, "catch_up_unconfirmed"),
     ]
 
 
@@ -221,32 +226,87 @@ def test_an_insider_silent_for_a_while_moves_its_neighbours_no_further_than_it_c
         assert _accuracy(attacked)[name] >= ACCURACY_BAR
 
 
-# ------------------------------------------------------------ acceptance (f): a ring cut in two heals
+# ------------------------------------------------------------ acceptance (f): a ring cut in two
 
 
 CUT_FROM = 10
 CUT_ROUNDS = 30
 
 
-def test_a_ring_of_8_cut_in_two_for_30_rounds_heals_and_every_peer_meets_the_bar() -> None:
+@pytest.mark.parametrize("byzantine", [0, -1])
+def test_a_ring_of_8_cut_in_two_for_30_rounds_finishes_and_heals_where_one_claim_is_trusted(
+        byzantine: int) -> None:
     # The halves {p00..p03} and {p04..p07} meet at single edges (p00-p07, p03-p04): each boundary
-    # peer has one neighbour across, so no catch-up can be confirmed by a second in-neighbour and
-    # the half behind catches up by the time bound alone. The second half steps 0.6x as fast: 30
-    # rounds of the first half apart, it is 12 behind, far more than max_rounds_ahead (4).
+    # peer has one neighbour across, so no catch-up can be confirmed by a second in-neighbour. The
+    # second half steps 0.6x as fast: 30 rounds of the first half apart, it is 12 behind, far more
+    # than max_rounds_ahead (4). With byzantine_neighbours = 0 (one claim trusted) the half behind
+    # jumps to the other and the ring converges again (11-12 rounds skipped each). With the default
+    # (f = 1) a lone neighbour moves a boundary peer no further than its own pace since: it regains
+    # only the time it waited out deadlines, lands short, falls behind again, and the halves mix
+    # only now and then (measured: 55-89 rounds skipped each, a spread of 0.077): the cost of that
+    # rule on a ring (docs/design/gossip-rounds.md). Every peer still finishes and meets the bar.
     slow = {f"p{i:02d}": 0.6 for i in range(4, 8)}
     a, b = frozenset(f"p{i:02d}" for i in range(4)), frozenset(slow)
     cut = Schedule((Cut(side_a=a, side_b=b, from_round=CUT_FROM,
                         heal_when=(Reached("p00", CUT_FROM + CUT_ROUNDS),)),))
-    result, run = _run("ring:8", faults=cut, speed=slow)
+    result, run = _run("ring:8", faults=cut, speed=slow, byzantine=byzantine)
     skipped = _skipped(result)
-    # the half behind caught up by jumps (the boundary first, its inner peers at the bounded rate)
+    # the half behind caught up by jumps (the boundary first, its inner peers after it)
     assert all(skipped[n] > 0 for n in b), skipped
     assert all(skipped[n] == 0 for n in a), skipped
     for name, peer in sorted(result.peers.items()):
         assert peer["finished"] and peer["steps"] == STEPS, (name, peer["steps"])
         assert peer["final_accuracy"] >= ACCURACY_BAR, (name, peer["final_accuracy"])
-    # ...and the ring converged again: the members end close together
-    finals = [run.world.trainers[n].flat_params for n in run.world.names]
-    mean = torch.stack(finals).mean(0)
-    spread = max(float(torch.linalg.vector_norm(x - mean) / torch.linalg.vector_norm(mean)) for x in finals)
-    assert spread < 0.05, spread
+    if byzantine == 0:  # ...and the ring converged again: the members end close together
+        assert all(skipped[n] <= CUT_ROUNDS for n in b), skipped
+        finals = [run.world.trainers[n].flat_params for n in run.world.names]
+        mean = torch.stack(finals).mean(0)
+        norm = torch.linalg.vector_norm
+        spread = max(float(norm(x - mean) / norm(mean)) for x in finals)
+        assert spread < 0.05, spread
+
+
+# ------------------------------------------------------------ issue 32 item 5: a lone in-neighbour's claims
+
+
+def _stream(run: GossipRun, *, to: tuple[str, ...], from_s: float, until_s: float, every_s: float) -> None:
+    """From ``from_s`` to ``until_s``, every ``every_s``: the attacker claims a round beyond its
+    neighbours' buffer window, as far again ahead of its round at ``from_s`` as it has come since
+    (claims that advance at twice the ring's pace)."""
+    machine: Any = run.peers[ATTACKER].node.machine
+    start: list[int] = []
+
+    def claimed() -> int:
+        now = machine.round
+        if not start:
+            start.append(now)
+        return min(machine.last_round, 2 * now - start[0] + machine.config.max_rounds_ahead + 1)
+
+    at_s = from_s
+    while at_s < until_s:
+        _forge(run, at_s, claimed, to=to)
+        at_s += every_s
+
+
+@pytest.mark.parametrize(("spec", "algorithm"), [("directed-ring:4", "pushsum"), ("ring:4", "dpsgd")])
+def test_a_lone_in_neighbours_claims_once_or_as_a_stream_skip_no_step(spec: str, algorithm: str) -> None:
+    # On a directed ring the attacker is its out-neighbour p02's only in-neighbour: no second one can
+    # ever confirm a claim, so only p02's own pace bounds what the attacker's word does. On the ring
+    # (two in-neighbours: p01 and p03, which is in step) the same must hold. Issue 32 measured 10%
+    # of steps skipped after one claim and 11-14% after a 10 s stream on real processes; the bar is 2%.
+    to = ("p02",) if spec.startswith("directed") else ("p00", "p02")
+    clean, _ = _run(spec, algorithm=algorithm)
+
+    def attack(run: GossipRun) -> None:
+        _forge(run, 0.3, run.peers[ATTACKER].node.machine.last_round, to=to)  # once
+        _stream(run, to=to, from_s=0.5, until_s=10.5, every_s=0.05)           # a 10 s stream
+
+    attacked, _ = _run(spec, attack, algorithm=algorithm)
+    assert _skipped(attacked) == dict.fromkeys(attacked.peers, 0.0)
+    for name in to:   # every claim was heard, none followed
+        metrics = attacked.peers[name]["metrics"]
+        assert metrics.get("catch_up_bounded", 0) == 0, metrics
+        assert metrics.get("catch_up_refused", 0) + metrics.get("catch_up_unconfirmed", 0) >= 50, metrics
+    for name in attacked.peers:
+        assert attacked.peers[name]["steps"] == STEPS and attacked.peers[name]["finished"], name
+        assert abs(_accuracy(attacked)[name] - _accuracy(clean)[name]) <= 0.01, (name, _accuracy(attacked))

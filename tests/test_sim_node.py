@@ -37,10 +37,14 @@ def ring_scenario(**overrides: Any) -> Any:
 
 def test_the_simulators_catch_up_moves_the_trainers_step_like_the_daemons() -> None:
     # Prepare: the ring's halves are cut apart while one half runs four times slower, so they end
-    # far more than max_rounds_ahead rounds apart and the slow half jumps once the cut heals.
+    # far more than max_rounds_ahead rounds apart and the slow half jumps once the cut heals (each
+    # of its peers has one neighbour across: it jumps on that one's word where one claim is trusted,
+    # byzantine_neighbours = 0; protocols/gossip/catchup.py).
     scenario = ring_scenario(
         nodes={"step_time_ms": 10.0, "neighbour_timeout_s": 0.2, "speed": {"p02": 0.25, "p03": 0.25}},
-        faults={"partitions": [{"start_s": 0.1, "end_s": 0.6, "groups": [["p00", "p01"]]}]})
+        faults={"partitions": [{"start_s": 0.1, "end_s": 0.6, "groups": [["p00", "p01"]]}]},
+        algorithm={"algorithm": "dpsgd", "deadline_s": 0.05, "total_steps": STEPS, "max_rounds_ahead": 4,
+                   "byzantine_neighbours": 0})
     # Execute
     result = run_scenario(scenario)
     # Assert: the jumpers skipped steps, and their trainers' steps (which drive the cosine

@@ -38,9 +38,8 @@ class GossipConfig:
     choco_full_start: bool = True  # CHOCO's round 0 is uncompressed: public copies start exact, not at 0
     deadline_s: float = 10.0  # how long a peer whose work is done waits for a missing neighbour
     max_rounds_ahead: int = 4  # messages for later rounds are buffered up to this far ahead (memory bound)
-    # f, the lying in-neighbours a catch-up tolerates: f + 1 of them claiming a far round make a peer jump
-    # there (where in-degree >= 2f + 1); else one moves it at most 2x its own rate (catchup.py); -1 = 1
-    # where the in-degree is >= 3, else 0
+    # f, the lying in-neighbours a catch-up tolerates: f + 1 distinct ones claiming a far round make a peer
+    # jump there; one alone moves it no further than its own pace since (catchup.py); -1 = 1; 0 trusts one
     byzantine_neighbours: int = -1
     final_gossip_rounds: int = 0  # gossip-only rounds after training that drive the peers to consensus
     outer: Outer = "none"  # "diloco": Nesterov outer step on the averaged pseudo-gradient

@@ -76,6 +76,7 @@ class RoundMachine(MachineBase):
         self.last_sends: list[Send] = []  # this round's messages, resent after a restart
         self.seen: dict[str, set[int]] = {}  # rounds received per sender, within the late window
         self.catch_up = 0  # a round far ahead heard from an in-neighbour: jump there at the next close
+        self.claims: dict[str, int] = {}  # per sender, its newest round beyond the buffer window (evidence)
         self.after = self.config.mixing == "after"  # send post-step values once the work is done
         self.anchor: torch.Tensor | None = None  # "after": the parameters at StartWork (insider filter)
         self.step_norm = 0.0  # "after": ||x_after - x_before|| of this round's local steps
@@ -121,7 +122,7 @@ class RoundMachine(MachineBase):
     def _forget_exchanges(self) -> None:
         self.laggards, self.caught_up = set(), set()
         self.inbox, self.late, self.last_sends, self.seen = {}, [], [], {}
-        self.catch_up = 0
+        self.catch_up, self.claims = 0, {}
         self.anchor, self.step_norm = None, 0.0
 
     # ------------------------------------------------------------ events
@@ -157,7 +158,7 @@ class RoundMachine(MachineBase):
         raise TypeError(f"not an event: {event!r}")
 
     def _on_start(self, now: float) -> list[Action]:
-        self.reach.started(self.steps_done, now)  # a new life: its clock starts here
+        self.reach.started(self.steps_done)  # a new life: references start from here
         self.round_began_s, self.work_s = None, None
         match self.phase:
             case Phase.IDLE:
@@ -328,7 +329,7 @@ class RoundMachine(MachineBase):
             # (strict JSON) fail: refused on arrival, as decoding would refuse it at the mix
             self._reject("nonfinite_meta")
             return []
-        credited = self.reach.credit(sender, r * self.config.local_steps, now)  # before any verdict
+        credited = self.reach.credit(sender, r * self.config.local_steps)  # before any verdict
         if sender in self.laggards and self.round - 1 <= r <= self.round + 1:
             self.caught_up.add(sender)  # waited for again from the next round on (one further ahead is not:
             # its message for our round is not coming)
@@ -344,16 +345,15 @@ class RoundMachine(MachineBase):
             self.counters["stale_message"] += 1
             return []
         seen = self.seen.setdefault(sender, set())
-        if seen and r < max(seen) - self.config.max_rounds_ahead:
+        if seen and r < self._newest(seen) - self.config.max_rounds_ahead:
             self.counters["stale_message"] += 1  # too old to tell from a duplicate
             return []
         if r in seen:  # a resend after a restart, or a duplicate: never applied twice
             self.counters["duplicate_message"] += 1
             return []
         if verdict is Admission.JUMP and not self._claim(sender, r, credited, horizon):
-            if self.LATENESS is Lateness.ANY_AGE:
-                self._remember(sender, r)
-                self.late.append((sender, message))  # push-sum: its weight share is mass all the same
+            # a claim not followed is evidence, not a message (push-sum too: taken as mass, it would
+            # stand for its sender's real message of that round, which would then be a duplicate)
             return self._settle(now, []) if self.catch_up > self.round else []
         self._remember(sender, r)
         if verdict is Admission.LATE:
@@ -371,46 +371,50 @@ class RoundMachine(MachineBase):
         """``sender``'s round ``r`` is taken: never again (rounds kept within the late window)."""
         seen = self.seen.setdefault(sender, set())
         seen.add(r)
-        newest = max(seen)
+        newest = self._newest(seen)
         self.seen[sender] = {s for s in seen if s >= newest - self.config.max_rounds_ahead}
+
+    def _newest(self, seen: set[int]) -> int:
+        """The newest of a sender's rounds taken that is within our buffer window: a far round taken
+        (push-sum's mass, the round we jump to) is a claim, not where the sender is; were it the
+        newest, every real message after it would be too old to tell from a duplicate."""
+        near = [s for s in seen if s <= self.round + self.config.max_rounds_ahead]
+        return max(near) if near else min(seen)
 
     def _claim(self, sender: str, r: int, credited_steps: float, horizon: int) -> bool:
         """A message for round ``r``, beyond the buffer window and the round we jump to: how far it
-        moves us (protocols/gossip/catchup.py: the sender's reach, or the confirmation of enough
-        in-neighbours), counted by reason when not to ``r``. True when the message is kept: as the
-        round we jump to or one we will buffer after the jump, or (where claims can be confirmed)
-        as its sender's claim, the newest per sender."""
+        moves us (protocols/gossip/catchup.py: our own pace since its sender was believed, or the
+        claims of enough distinct in-neighbours, one each), counted by reason when not to ``r``. True
+        when the message is kept: as the round we jump to or one we will buffer after the jump. A
+        claim is evidence, not a message: the round of one not kept stays open to its sender."""
         config = self.config
         needed = confirmations(len(self.topology.in_neighbours(self.name, self.round)),
                                config.byzantine_neighbours)
         target = min(r, math.floor(credited_steps / config.local_steps))
         claims = {sender: r}
         if needed:
-            # its older claim is superseded (not the round we jump to, if it is there)
-            for k in [k for k in self.inbox if k > max(horizon, self.catch_up) and sender in self.inbox[k]]:
-                self._retire({sender: self.inbox[k].pop(sender)}, "dropped_future")
-                if not self.inbox[k]:
-                    del self.inbox[k]
-            claims = {j: k for k in sorted(self.inbox) if k > horizon for j in self.inbox[k]}
-            claims[sender] = r
+            # its older claim is superseded; claims the window has reached are messages again
+            self.claims = {j: k for j, k in self.claims.items() if k > horizon and j != sender}
+            self.claims[sender] = r
+            claims = dict(self.claims)
             target = max(target, confirmed_round(claims, needed) or 0)
         if target > max(horizon, self.catch_up):
             if target < r:
-                self._count("catch_up_bounded")  # one sender's word, beyond what it could have trained
+                self._count("catch_up_bounded")  # beyond our pace since its sender was believed
             self.catch_up = target
             for j, k in claims.items():
-                if k == target:
-                    self.caught_up.add(j)  # ahead, not lagging: waited for in the round we jump to
-                elif k > target:
-                    # we jump short of its round: its messages for the rounds we land in were sent
-                    # while we were out of its reach, and are not coming
+                if j == sender and k == target:
+                    self.caught_up.add(j)  # ahead, not lagging: its message waits in the round we jump to
+                elif k >= target:
+                    # its message for the round we land in was sent while we were out of its reach
+                    # (or was a claim, not kept), and is not coming
                     self.laggards.add(j)
                     self.caught_up.discard(j)
         elif needed:
-            self._count("catch_up_unconfirmed")  # kept as its claim until enough others confirm it
+            self._count("catch_up_unconfirmed")  # its claim counts once enough others confirm it
         else:
-            self._count("catch_up_refused")  # beyond its reach, and nobody can confirm it
-        return bool(needed) or r <= self.catch_up + config.max_rounds_ahead
+            self._count("catch_up_refused")  # beyond our pace, and nobody can confirm it
+        return r <= self.catch_up + config.max_rounds_ahead
 
     def _close_round(self, now: float) -> list[Action]:
         t = self.round
@@ -418,9 +422,10 @@ class RoundMachine(MachineBase):
         if self.timer_set:
             actions.append(CancelTimer(self._timer_key()))
             self.timer_set = False
-        if self.round_began_s is not None and self.catch_up <= t and self._complete():
+        complete = self._complete()
+        if self.round_began_s is not None and self.catch_up <= t and complete:
             # our pace in company: not a round its deadline closed (a member cut off waits out one
-            # per deadline, and would never catch up at twice that), nor one left for a jump
+            # per deadline), nor one left for a jump
             self.reach.worked(self.round_steps, now - self.round_began_s)
         elif self.work_s is not None and self.catch_up <= t and not self.inbox.get(t):
             # closed by its deadline with no message for it at all: our compute rate, the reach until a
@@ -428,6 +433,7 @@ class RoundMachine(MachineBase):
             # catchup.py). Not a round one neighbour's message was in: the one missing may be a liar's,
             # withheld to buy that reach (tests/test_catchup_withheld.py)
             self.reach.worked_alone(self.round_steps, self.work_s)
+        self.reach.advanced(self.round_steps, 0.0 if complete or self.catch_up > t else self._waited(now))
         self.round_began_s, self.work_s = None, None
         box = self.inbox.pop(t, {})
         missing = {j for j in self._live(t) if j not in box}
@@ -472,6 +478,13 @@ class RoundMachine(MachineBase):
         actions.append(Metric("round", float(self.round)))
         return actions + self._begin_round(now)  # _settle closes it too if it is already complete
 
+    def _waited(self, now: float) -> float:
+        """Seconds this round, closed by its deadline, waited after its work (0 when unknown: a round
+        restored from a checkpoint)."""
+        if self.round_began_s is None:
+            return 0.0
+        return max(0.0, now - self.round_began_s - (self.work_s or 0.0))
+
     # ------------------------------------------------------------ checkpoints
 
     def export_state(self) -> ProtocolState:
@@ -483,6 +496,7 @@ class RoundMachine(MachineBase):
             "caught_up": sorted(self.caught_up),
             "seen": {j: sorted(rounds) for j, rounds in sorted(self.seen.items())},
             "catch_up": self.catch_up,
+            "claims": dict(sorted(self.claims.items())),
             "step_norm": self.step_norm,
             "pace": self.reach.export(),  # our step rate, a duration: kept across lives (catchup.py)
             # the round being timed (on this clock: a Start forgets them; a restore without one, on
@@ -508,6 +522,7 @@ class RoundMachine(MachineBase):
         self.caught_up = set(meta["caught_up"])
         self.seen = {str(j): {int(r) for r in rounds} for j, rounds in meta["seen"].items()}
         self.catch_up = int(meta.get("catch_up", 0))
+        self.claims = {str(j): int(k) for j, k in meta.get("claims", {}).items()}
         self.step_norm = float(meta.get("step_norm", 0.0))
         self.reach.restore(meta.get("pace", {}))
         began, work = meta.get("round_began_s"), meta.get("work_s")
