@@ -269,6 +269,7 @@ class ScheduleFiles:
         fired = set(json.loads(fired_file.read_text())) if fired_file.exists() else set()
         self.faults = MemberFaults(schedule, name, reached=lambda member: read_round(progress, member),
                                    fired=fired)
+        self._recorded = set(fired)
 
     def reached(self, round_index: int) -> None:
         """Say how far we are: at a work point of ``round_index`` (first, before heals and faults)."""
@@ -277,11 +278,15 @@ class ScheduleFiles:
 
     def work_point(self, round_index: int) -> list[Any]:
         """What fires (recorded, for a restarted life)."""
-        before = set(self.faults.fired)
         fired = self.faults.work_point(round_index)
-        if self.faults.fired != before:
-            _write(self.progress / f"{self.name}.fired", json.dumps(sorted(self.faults.fired)))
+        self.record(self.faults.fired)
         return fired
+
+    def record(self, fired: set[int]) -> None:
+        """The faults fired so far (the member's: a restarted life fires none of them again)."""
+        if fired != self._recorded:
+            self._recorded = set(fired)
+            _write(self.progress / f"{self.name}.fired", json.dumps(sorted(fired)))
 
 
 def schedule_from_environment(name: str) -> ScheduleFiles | None:
