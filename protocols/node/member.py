@@ -288,6 +288,11 @@ class Member(Generic[N]):
             return math.inf
         return min(self.node.next_beat_s, self._sync_deadline_s)
 
+    def heal_due(self) -> bool:
+        """Whether a ``Heal`` now brings a neighbour up (the host waits for its sends in flight first:
+        the machine may mix)."""
+        return bool(self.schedule.faults) and self.alive and self.faults.heal_due()
+
     def drops(self, recipient: str, message: Message) -> bool:
         """Whether a schedule's cut keeps ``message`` from ``recipient``."""
         return bool(self.schedule.faults) and self.faults.drops(recipient, message)
@@ -448,7 +453,7 @@ class Member(Generic[N]):
                 case Connect(neighbours=neighbours):
                     self.neighbour_names = neighbours
                 case Finished():
-                    if self.phase is Phase.TRAINING:
+                    if self.phase is Phase.TRAINING and self.node.finished:  # not a role's (a server's) end
                         out += self._enter(Phase.FINISHED)
             out.append(action)
         if self.config.checkpoint_jumps_at_once and self.config.keeps_checkpoints and self.saves.jumped:
