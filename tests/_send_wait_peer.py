@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from peer.net.transport import Transport, TransportConfig
-from peer.runtime.daemon import transport_config
+from peer.runtime.links import transport_config
 
 FRAME_BYTES = 1 << 20
 

@@ -19,8 +19,9 @@ from peer.runtime.peerconfig import load_peer_config
 from protocols.messages import StateSyncResponse
 from protocols.node import Adoption
 from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
+from protocols.node.member import WorkPoint
 from tests._daemon_support import make_network
-from tests.test_daemon_limits import RecordingTransport, deliver
+from tests.test_daemon_limits import RecordingTransport, deliver, launch
 
 torch.set_num_threads(1)
 
@@ -68,21 +69,22 @@ def test_an_adopted_state_sync_is_checkpointed_at_once_and_counts_from_there(net
     every = 5
     peer = daemon(network)
     try:
-        peer._carry_out(peer.node.begin_sync(resumed=False))
-        local = peer.config.gossip.local_steps
+        launch(peer, sync=True)
         for name in ("p01", "p03"):
             peer.neighbours[name].up = True
+        peer._beat()        # both heard: it asks them
+        local = peer.config.gossip.local_steps
+        for name in ("p01", "p03"):
             answer = StateSyncResponse(round=JUMP // local, tensors={"params": peer.trainer.mixed.clone()},
                                        meta={"round": JUMP // local, "steps_done": JUMP})
             deliver(peer, name, answer)
         assert peer.node.adoption is Adoption.ADOPTED and peer.trainer.step == JUMP
         assert peer._snapshot()["checkpoint_step"] == JUMP      # before any training or periodic save
         reached = JUMP
-        for _ in range(every + 2):     # trains on; its periodic saves, as the loop makes them
+        for _ in range(every + 2):     # trains on; its checkpoints, as its work points make them
+            peer._feed(WorkPoint(1))
             peer.trainer.run_steps(1)
             reached = peer.trainer.step
-            if peer.schedule.should_save(reached, peer.now()):
-                peer._checkpoint(final=False)
     finally:
         peer.parts.lock.release()
     again = daemon(network)           # the process killed at `reached` (nothing more written)
@@ -90,7 +92,8 @@ def test_an_adopted_state_sync_is_checkpointed_at_once_and_counts_from_there(net
         assert again._restore()
         assert again.trainer.step > JUMP and reached - again.trainer.step <= every
         resumed = again.trainer.step
-        assert not again.schedule.should_save(resumed + every - 1, again.now())
-        assert again.schedule.should_save(resumed + every, again.now())    # its first decision counts
+        launch(again, sync=False, resumed=True)
+        assert not again.member.saves.should_save(resumed + every - 1, again.now())
+        assert again.member.saves.should_save(resumed + every, again.now())    # its first decision counts
     finally:
         again.parts.lock.release()

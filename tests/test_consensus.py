@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from peer.cli.main import main
 from peer.files.statefiles import write_json_atomic
-from peer.runtime.daemon import NeighbourInfo, PeerDaemon
+from peer.runtime.daemon_parts import NeighbourInfo
+from peer.runtime.daemon_status import consensus_estimate
 from protocols.consensus import max_relative_distance, rms_distance
 
 # mean (1, 1), |mean| = sqrt 2; distances to it sqrt 2, sqrt 2 and 2. Each plausible slip gives another
@@ -64,12 +64,10 @@ def test_edge_cases() -> None:
 
 def test_the_daemon_uses_its_own_parameters_and_only_neighbours_it_has_heard() -> None:
     own, heard, other = THREE
-    fake = SimpleNamespace(trainer=SimpleNamespace(flat_params=own),
-                           neighbours={"a": NeighbourInfo(params=heard), "b": NeighbourInfo(params=other),
-                                       "c": NeighbourInfo()})     # c: no full parameters heard yet
-    assert PeerDaemon._consensus_estimate(fake) == pytest.approx(MAX_RELATIVE)  # type: ignore[arg-type]
-    fake.neighbours = {"c": NeighbourInfo()}
-    assert math.isnan(PeerDaemon._consensus_estimate(fake))  # type: ignore[arg-type]  # unknown, not 0
+    neighbours = [NeighbourInfo(params=heard), NeighbourInfo(params=other),
+                  NeighbourInfo()]     # the last: no full parameters heard yet
+    assert consensus_estimate(own, neighbours) == pytest.approx(MAX_RELATIVE)
+    assert math.isnan(consensus_estimate(own, [NeighbourInfo()]))  # unknown, not 0
 
 
 def _status_folder(tmp_path: Path, estimate: float) -> Path:

@@ -4,6 +4,7 @@ a real daemon's dispatch is driven directly, its transport replaced by a recorde
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, cast
@@ -11,11 +12,14 @@ from typing import Any, cast
 import pytest
 import torch
 
-from peer.runtime.daemon import CLOCK_SKEW_MS, MAX_LATENCY_MS, PeerDaemon, heartbeat_latency_ms
+from peer.runtime.daemon import PeerDaemon
+from peer.runtime.links import CLOCK_SKEW_MS, MAX_LATENCY_MS, heartbeat_latency_ms
 from peer.runtime.netinit import NetworkFiles
 from peer.runtime.peerconfig import PeerSection, load_peer_config
+from protocols.events import Send, TimerFired
 from protocols.messages import Heartbeat, Message, ParamPush, StateSyncRequest, StateSyncResponse
 from protocols.node import Adoption
+from protocols.node.member import SYNC_TIMER, Launch, Phase
 from protocols.wire import Opened
 from tests._daemon_support import make_network
 
@@ -59,11 +63,20 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkFiles:
 
 @pytest.fixture
 def fresh(network: NetworkFiles) -> Iterator[PeerDaemon]:
-    """A new daemon for each test (no state carried from one test to the next), its transport a recorder."""
+    """A new daemon for each test (no state carried from one test to the next), its transport a recorder,
+    its member launched as a late joiner: it waits for its neighbours, then asks their state."""
     found = PeerDaemon(load_peer_config(network.configs["p00"]))
     found.transport = RecordingTransport()  # type: ignore[assignment]
+    launch(found, sync=True)
     yield found
     found.parts.lock.release()      # the next test's daemon takes the same data directory
+
+
+def launch(daemon: PeerDaemon, *, sync: bool, resumed: bool = False) -> None:
+    """The member's process is up (``sync``: it asks its neighbours' state once it heard them;
+    ``resumed``: from its checkpoint); the recorder forgets its first heartbeats."""
+    daemon._feed(Launch(step=daemon.trainer.step, sync=sync, resumed=resumed, stamp_s=time.time()))
+    cast(RecordingTransport, daemon.transport).sent.clear()
 
 
 def deliver(daemon: PeerDaemon, sender: str, message: Message) -> None:
@@ -104,25 +117,47 @@ def test_a_neighbour_heard_is_up_only_once_we_can_reach_it(fresh: PeerDaemon) ->
     assert fresh.neighbours["p01"].up and transport.sent == ["p01"]     # the heartbeat that tried
 
 
-def test_state_sync_requests_are_answered_at_most_once_per_interval(fresh: PeerDaemon) -> None:
-    fresh.node.started = True
-    for info in fresh.neighbours.values():
-        info.up = True      # heard and reachable: sends below are the answers only
-    transport: RecordingTransport = fresh.transport  # type: ignore[assignment]
-    sent = fresh.counters.messages_sent_by_kind
+def test_state_sync_requests_are_answered_at_most_once_per_interval(network: NetworkFiles) -> None:
+    fresh = PeerDaemon(load_peer_config(network.configs["p00"]))
+    fresh.transport = RecordingTransport()  # type: ignore[assignment]
+    try:
+        for info in fresh.neighbours.values():
+            info.up = True      # heard and reachable: it starts at once, and sends below are answers only
+        launch(fresh, sync=False)
+        assert fresh.member.phase is Phase.TRAINING
+        for name in ("p01", "p03"):   # heard: up for its machine too (which resends them its round)
+            deliver(fresh, name, Heartbeat(step=0, loss=0.0, sent_at_s=time.time()))
+        fresh.transport.sent.clear()  # type: ignore[attr-defined]  # its first round's messages
+        fresh.host.counters.messages_by_kind.clear()
+        answered_at_most_once_per_interval(fresh)
+    finally:
+        fresh.parts.lock.release()
+
+
+def answered_at_most_once_per_interval(fresh: PeerDaemon) -> None:
+    sent = fresh.host.counters.messages_by_kind
+    answers: list[str] = []     # the recipients of answers and refusals (its machine resends rounds too)
+    port_send = fresh.host.port.send
+
+    def send(action: Send) -> None:
+        if action.message.KIND in ("state_sync_response", "error"):
+            answers.extend(action.recipients)
+        port_send(action)
+
+    fresh.host.port.send = send  # type: ignore[method-assign]
     for _ in range(20):
         deliver(fresh, "p01", StateSyncRequest())
     deliver(fresh, "p03", StateSyncRequest())     # another requester has its own allowance
     # one answer each (the whole model); every refusal is a small "sync_refused" reply, so the
     # asker's sync does not wait for us
     assert sent["state_sync_response"] == 2 and sent["error"] == 19
-    assert transport.sent == ["p01"] * 20 + ["p03"]
+    assert answers == ["p01"] * 20 + ["p03"]
     assert fresh._snapshot()["rejections"]["sync_request_too_often"] == 19
     fresh._t0 -= fresh.config.peer.sync_answer_interval_s     # the daemon's clock: the interval passes
     deliver(fresh, "p01", StateSyncRequest())
     assert sent["state_sync_response"] == 3
     deliver(fresh, "p02", StateSyncRequest())     # not a neighbour: never answered, nor told
-    assert sent["state_sync_response"] == 3 and sent["error"] == 19 and transport.sent[-1] == "p01"
+    assert sent["state_sync_response"] == 3 and sent["error"] == 19 and answers[-1] == "p01"
     assert fresh._snapshot()["rejections"]["sync_request_not_neighbour"] == 1
     assert fresh._snapshot()["sync_answers_sent"] == 3
 
@@ -133,9 +168,10 @@ def sync_answer(numel: int, *, value: float = 0.5) -> StateSyncResponse:
 
 
 def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaemon) -> None:
-    fresh._carry_out(fresh.node.begin_sync(resumed=False))     # asks (the recorder takes the request)
     numel = fresh.trainer.flat_params.numel()
     fresh.neighbours["p01"].up = fresh.neighbours["p03"].up = True   # both asked and up: both awaited
+    fresh._beat()                                                   # the wait is over: it asks both
+    assert fresh.member.phase is Phase.SYNCING and fresh.node.syncing
     deliver(fresh, "p01", sync_answer(numel + 1))
     assert fresh.node.syncing and fresh.node.adoption is None      # p03 has not answered yet
     assert fresh.node.sync.rejected["sync_answer_wrong_length"] == 1
@@ -144,7 +180,7 @@ def test_an_unusable_sync_answer_is_counted_and_the_wait_goes_on(fresh: PeerDaem
     deliver(fresh, "p03", sync_answer(numel, value=math.nan))
     assert fresh.node.sync.rejected["sync_answer_nonfinite"] == 1
     assert fresh.node.syncing and fresh.node.adoption is None      # no usable answer: the wait goes on
-    fresh._carry_out(fresh.node.sync_timed_out())                  # the next attempt
+    fresh._feed(TimerFired(SYNC_TIMER))                            # the next attempt
     deliver(fresh, "p03", sync_answer(numel))
     assert fresh.node.syncing                                      # p01, up, is waited for
     deliver(fresh, "p01", sync_answer(numel))

@@ -22,10 +22,12 @@ import torch
 from peer.cli.init import default_network
 from peer.cli.status import render
 from peer.files.statefiles import STATUS_FILE
-from peer.runtime.daemon import ROUNDS_FILE, PeerDaemon
+from peer.runtime.daemon import PeerDaemon
+from peer.runtime.gateway import ROUNDS_FILE
 from peer.runtime.netinit import create_federation
 from peer.runtime.peerconfig import load_peer_config
 from protocols.messages import ClientUpdate, Heartbeat
+from protocols.node.member import Phase
 from protocols.wire import Opened
 from tests.test_daemon_limits import RecordingTransport
 
@@ -72,8 +74,8 @@ def deliver(daemon: PeerDaemon, sender: str, message: Any) -> None:
 def run_round(daemon: PeerDaemon, *, hostile: bool) -> str:
     """One FedAvg round: the asked edges answer with a small delta; with ``hostile``, the first of
     them scales its update's qsgd norms by HOSTILE_SCALE (its name is returned)."""
-    while daemon._work:
-        daemon._do_work(daemon._work.pop(0))
+    while daemon.host.work:
+        daemon._work_point(daemon.host.work.popleft())
     assert daemon.gateway_work is not None
     server = daemon.gateway_work.server
     round_index, asked = server.round, server.asked
@@ -89,8 +91,8 @@ def run_round(daemon: PeerDaemon, *, hostile: bool) -> str:
 def test_a_taken_update_scaled_by_1e30_does_not_end_the_gateway(gateway: PeerDaemon) -> None:
     # Prepare: the gateway trains (its gossip machine asks for its first round's work); every edge heard
     edges = sorted(gateway.node.clients.names())
-    gateway._train_start_s = gateway.now()
-    gateway._carry_out(gateway.node.start(gateway.now()))
+    gateway.launch(resumed=False)     # no gossip neighbour to wait for: it trains at once
+    assert gateway.member.phase is Phase.TRAINING
     for name in edges:
         deliver(gateway, name, Heartbeat(step=0, loss=0.0))
     # Execute: round 0 with one hostile edge, then the checkpoint and status that follow it
@@ -120,7 +122,7 @@ def test_a_taken_update_scaled_by_1e30_does_not_end_the_gateway(gateway: PeerDae
 
 def test_the_gateway_restarts_from_a_checkpoint_an_overflow_reached(gateway: PeerDaemon) -> None:
     # Prepare: round 0 taken with the hostile update, checkpointed
-    gateway._carry_out(gateway.node.start(gateway.now()))
+    gateway.launch(resumed=False)
     for name in sorted(gateway.node.clients.names()):
         deliver(gateway, name, Heartbeat(step=0, loss=0.0))
     run_round(gateway, hostile=True)

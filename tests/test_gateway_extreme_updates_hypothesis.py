@@ -19,7 +19,6 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from peer.files.statefiles import CheckpointStore, StatusWriter
-from peer.runtime.daemon import ROUNDS_FILE, PeerDaemon
+from peer.runtime.gateway import ROUNDS_FILE, protocol_state, restore_server
 from peer.runtime.peerconfig import PeerFederationSection
 from protocols.events import Metric, StartWork, TimerFired, WorkDone
 from protocols.federation import FedAvgServer, ServerOptConfig, make_server
@@ -59,12 +58,6 @@ class Gateway:
     server: FedAvgServer
     work: GatewayWork
     metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def parts(self) -> SimpleNamespace:
-        """What PeerDaemon's checkpoint helpers read of a daemon."""
-        return SimpleNamespace(machine=self.node.machine, gateway_work=self.work,
-                               config=SimpleNamespace(data_dir=Path("unused")))
 
     def carry_out(self, actions: list[Any], now: float) -> None:
         """The daemon's loop, for what matters here: work, metrics, and WorkDone once a round closed."""
@@ -172,7 +165,7 @@ def test_extreme_updates_leave_the_gateway_usable(spec: str, downlink: str, aggr
         store, status = CheckpointStore(data_dir, keep=1), StatusWriter(data_dir, name="gw0", progress=False)
         # Execute: round 0 with the extreme updates, then what the daemon writes after it
         run_round(gw, 1.0, factors=factors, num_samples=num_samples, delta=delta)
-        state = PeerDaemon._protocol_state(gw.parts)  # type: ignore[arg-type]
+        state = protocol_state(gw.node.machine, gw.work)
         trainer_state = {"tensors": {"mixed": gw.server.params}, "meta": {"step": 0}}
         failed = store.save(trainer_state, state, {"epoch": 1}, step=1)
         reports = [report_row(gw.server.reports[r]) for r in sorted(gw.server.reports)]
@@ -191,7 +184,7 @@ def test_extreme_updates_leave_the_gateway_usable(spec: str, downlink: str, aggr
         assert [strict_json(line)["round"] for line in rounds] == [0]
         # Execute: a fresh gateway restored from the checkpoint, as a restarted daemon
         again = gateway(config)
-        machine_state = PeerDaemon._restore_server(again.parts, loaded[1])  # type: ignore[arg-type]
+        machine_state = restore_server(again.work, loaded[1], data_dir)
         again.node.machine.restore_state(machine_state)
         again.work.restarted()
         again.server.forget_registrations()

@@ -147,11 +147,11 @@ def test_a_fedbuff_gateway_counts_its_model_versions_for_its_checkpoints(tmp_pat
     try:
         assert gateway.gateway_work is not None
         now = gateway.now()
-        assert not gateway.schedule.should_save(gateway._work_done(), now)
+        assert gateway.gateway is not None and not gateway.gateway.due(gateway._work_done(), now)
         gateway.gateway_work.server.version = 3     # type: ignore[union-attr]
         # Execute, Assert: its checkpoints follow the versions (one a version, as init sets), and are
         # named by them
-        assert gateway.schedule.should_save(gateway._work_done(), now)
+        assert gateway.gateway.due(gateway._work_done(), now)
         assert gateway._checkpoint(final=False) and gateway.store.step == 3
     finally:
         gateway.parts.lock.release()

@@ -1,10 +1,11 @@
 """Acceptance c of issue 28: one lifecycle, one interpreter; a host that grows its own copy fails here.
 
 An AST scan of the host modules. The hosts ported onto protocols/node/member.py's ``Member`` and
-protocols/node/host.py's ``Host`` (the simulator's gossip driver, the tests' driver) may neither
-keep a timer heap nor decide what the lifecycle decides (the start wait, the state sync's course,
-the stranded verdict, when a checkpoint is due, the fault schedule's work points). The daemon and
-the edge client share the timer table so far (their lifecycles are still their own): no heap there.
+protocols/node/host.py's ``Host`` (the simulator's gossip driver, the tests' driver, the daemon and
+its port) may neither keep a timer heap nor decide what the lifecycle decides (the start wait, the
+state sync's course, the stranded verdict, when a checkpoint is due, the fault schedule's work
+points). A gateway's checkpoints by rounds are still its own (peer/runtime/gateway.py). The edge
+client shares the timer table so far (its lifecycle is still its own): no heap there.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ON_MEMBER = ("sim/gossip_driver.py", "tests/gossip_driver.py")
-ON_TIMER_TABLE = ("peer/runtime/daemon.py", "peer/runtime/edge.py")
+ON_MEMBER = ("sim/gossip_driver.py", "tests/gossip_driver.py", "peer/runtime/daemon.py",
+             "peer/runtime/daemon_port.py", "peer/runtime/daemon_status.py", "peer/runtime/daemon_parts.py",
+             "peer/runtime/inbox.py", "peer/runtime/dial.py")
+ON_TIMER_TABLE = ("peer/runtime/edge.py",)
 
 # what Member decides: the Node's lifecycle calls and the schedule's, and the classes that hold them
 LIFECYCLE_CALLS = {"start_wait", "judge", "begin_sync", "sync_timed_out", "should_save", "step_set",

@@ -166,6 +166,7 @@ def test_a_version_the_node_refused_is_not_reported_held_and_a_corrected_one_is_
     peer.transport = RecordingTransport()  # type: ignore[assignment]
     peer._connect = lambda connect: None  # type: ignore[method-assign]  # (no sockets to dial or drop)
     try:
+        peer.launch(resumed=False)
         v1 = roster_file.read(files.roster)
         stolen = dataclasses.replace(v1.member("p01"), public_id=Identity.generate().public_id)
         roster_file.write(files.roster, dataclasses.replace(

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from peer.net.transport import Transport, TransportConfig, listener_address, reserve_listeners
-from peer.runtime.daemon import transport_config
+from peer.runtime.links import transport_config
 
 pytestmark = pytest.mark.processes
 

@@ -33,24 +33,24 @@ from protocols.errors import HivemeshError
 def test_a_hold_fires_at_its_step_marks_it_and_lasts_until_the_gate_exists(tmp_path: Path) -> None:
     gate, mark = tmp_path / "gate", tmp_path / "mark"
     hooks = Hooks([Hook(at_step=5, action="hold", gate=str(gate), mark=str(mark))])
-    assert [hooks.holding(step) for step in range(5)] == [False] * 5
+    assert [hooks.holds(step) for step in range(5)] == [False] * 5
     assert not mark.exists()
-    assert hooks.holding(5) and hooks.holding(5) and mark.exists()
+    assert hooks.holds(5) and hooks.holds(5) and mark.exists()
     gate.touch()
-    assert not hooks.holding(5)
-    assert not hooks.holding(6)       # fired once: passing the step again holds nothing
+    assert not hooks.holds(5)
+    assert not hooks.holds(6)       # fired once: passing the step again holds nothing
 
 
 def test_hooks_fire_in_step_order_and_a_later_one_due_at_the_same_step_follows(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     hooks = Hooks([Hook(at_step=9, action="hold", gate=str(second), mark=str(tmp_path / "m9")),
                    Hook(at_step=3, action="hold", gate=str(first), mark=str(tmp_path / "m3"))])
-    assert hooks.holding(10)           # a jump past both steps: the earlier hook holds first
+    assert hooks.holds(10)           # a jump past both steps: the earlier hook holds first
     assert (tmp_path / "m3").exists() and not (tmp_path / "m9").exists()
     first.touch()
-    assert hooks.holding(10) and (tmp_path / "m9").exists()
+    assert hooks.holds(10) and (tmp_path / "m9").exists()
     second.touch()
-    assert not hooks.holding(10)
+    assert not hooks.holds(10)
 
 
 def test_a_stop_hook_sends_sigterm_to_its_own_process(tmp_path: Path) -> None:
@@ -60,8 +60,8 @@ def test_a_stop_hook_sends_sigterm_to_its_own_process(tmp_path: Path) -> None:
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
         hooks = Hooks([Hook(at_step=2, action="stop", mark=str(tmp_path / "stopped"))])
-        assert not hooks.holding(1) and received == []
-        assert not hooks.holding(2)
+        assert not hooks.holds(1) and received == []
+        assert not hooks.holds(2)
         assert received == [signal.SIGTERM] and (tmp_path / "stopped").exists()
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -125,13 +125,13 @@ def test_a_schedule_without_its_faults_says_which_key(monkeypatch: pytest.Monkey
 def test_signflip_and_pace_hooks_turn_an_edge_into_an_attacker_or_a_slow_device() -> None:
     hooks = Hooks([Hook(at_step=3, action="signflip", scale=10.0),
                    Hook(at_step=0, action="pace", seconds=0.05)])
-    assert not hooks.holding(0)
+    assert not hooks.holds(0)
     assert hooks.step_pace_s == 0.05 and hooks.attack == Attack()
-    assert not hooks.holding(3) and hooks.attack == Attack(flip_scale=10.0)
+    assert not hooks.holds(3) and hooks.attack == Attack(flip_scale=10.0)
     both = (Hook(at_step=1, action="signflip", scale=2.5), Hook(at_step=2, action="attack", spec="claim:5"))
     assert parse_hooks(hooks_json(both)) == both      # every field crosses the environment
     attack = Hooks(both)
-    assert not attack.holding(2) and attack.attack == Attack(claim_samples=5)
+    assert not attack.holds(2) and attack.attack == Attack(claim_samples=5)
     for bad in ({"action": "signflip"}, {"action": "pace"}, {"action": "pace", "seconds": -1.0}):
         with pytest.raises(HivemeshError):
             parse_hooks(json.dumps([{"at_step": 0, **bad}]))

@@ -25,6 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peer.runtime.daemon import run_peer
+    from peer.runtime.peerprocess import run_peer
 
     return run_peer(args.config, quiet=args.quiet, overrides=args.overrides, metrics_port=args.metrics_port)

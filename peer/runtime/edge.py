@@ -204,7 +204,7 @@ class EdgeClient:
             self.state = "waiting for a round"
             gave_up = False
             while not self._finished and self._stop_signal is None:
-                held = bool(self._work) and self.hooks.holding(self.trainer.step, self.now())
+                held = bool(self._work) and self.hooks.holds(self.trainer.step, self.now())
                 if self._work and not held and self._trained is None:
                     self._train(self._work.pop(0))
                 self._work_done()

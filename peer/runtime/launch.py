@@ -57,7 +57,7 @@ def _peer_main(config_path: str, log_path: str, quiet: bool, listener: socket.so
     import torch
 
     torch.set_num_threads(1)
-    from peer.runtime.daemon import run_peer
+    from peer.runtime.peerprocess import run_peer
 
     os.environ[ENVIRONMENT_VARIABLE] = hooks
     if schedule:

@@ -19,6 +19,7 @@ starting (after it read its roster, before the watch began) is not missed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,19 @@ class RosterWatch:
         return Unusable(f"roster file {self.path} changed but holds version {roster.version}, not later than "
                         f"ours ({self.roster.version}): ignored (an edit is a new version: `hivemesh roster "
                         "add|remove|rotate|revoke`)")
+
+
+def reread(watch: RosterWatch, now: float, *, forced: bool, name: str, say: Callable[[str], None],
+           warn: Callable[[str], None]) -> NewVersion | None:
+    """The periodic look at the roster file: a new version to hand to the Node, if any. What cannot be
+    used is warned about; ``forced`` (SIGHUP): read now, and say what was found."""
+    found = watch.poll(now, force=forced)
+    if forced:
+        what = (f"version {found.roster.version} (effective from round {found.roster.effective_round})"
+                if isinstance(found, NewVersion) else
+                "cannot be used" if isinstance(found, Unusable) else
+                f"nothing new (version {watch.roster.version})")
+        say(f"{name}: SIGHUP: roster {watch.path} re-read: {what}")
+    if isinstance(found, Unusable):
+        warn(found.reason)
+    return found if isinstance(found, NewVersion) else None

@@ -136,7 +136,7 @@ def protocol_version_from_environment() -> int | None:
 
 
 class Hooks:
-    """The hooks of one run; ``holding(step)`` is asked before each piece of training."""
+    """The hooks of one run; ``holds(step)`` is asked before each piece of training."""
 
     def __init__(self, hooks: Sequence[Hook] = ()) -> None:
         self._pending = sorted(hooks, key=lambda h: h.at_step)
@@ -158,7 +158,7 @@ class Hooks:
             Path(healed).touch()
         return False
 
-    def holding(self, step: int, now: float = 0.0) -> bool:
+    def holds(self, step: int, now: float = 0.0) -> bool:
         """Fire every hook due at ``step`` (``now``: the peer's clock, which a cut is timed on);
         True while a hold's gate is still closed."""
         while self._holding is None and self._pending and self._pending[0].at_step <= step:
@@ -182,7 +182,7 @@ class Hooks:
                     self.step_pace_s = hook.seconds
         if self._holding is not None and Path(self._holding.gate).exists():
             self._holding = None
-            return self.holding(step, now)     # a later hook may be due at the same step
+            return self.holds(step, now)     # a later hook may be due at the same step
         return self._holding is not None
 
 
@@ -269,6 +269,7 @@ class ScheduleFiles:
         fired = set(json.loads(fired_file.read_text())) if fired_file.exists() else set()
         self.faults = MemberFaults(schedule, name, reached=lambda member: read_round(progress, member),
                                    fired=fired)
+        self._recorded = set(fired)
 
     def reached(self, round_index: int) -> None:
         """Say how far we are: at a work point of ``round_index`` (first, before heals and faults)."""
@@ -277,11 +278,15 @@ class ScheduleFiles:
 
     def work_point(self, round_index: int) -> list[Any]:
         """What fires (recorded, for a restarted life)."""
-        before = set(self.faults.fired)
         fired = self.faults.work_point(round_index)
-        if self.faults.fired != before:
-            _write(self.progress / f"{self.name}.fired", json.dumps(sorted(self.faults.fired)))
+        self.record(self.faults.fired)
         return fired
+
+    def record(self, fired: set[int]) -> None:
+        """The faults fired so far (the member's: a restarted life fires none of them again)."""
+        if fired != self._recorded:
+            self._recorded = set(fired)
+            _write(self.progress / f"{self.name}.fired", json.dumps(sorted(fired)))
 
 
 def schedule_from_environment(name: str) -> ScheduleFiles | None:

@@ -31,7 +31,7 @@ processes and links stay the host's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -52,7 +52,7 @@ from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 from protocols.node.liveness import Wait
 from protocols.node.membership import Connect
 from protocols.node.neighbours import Neighbour
-from protocols.node.node import Node, NodeAction
+from protocols.node.node import Node, NodeAction, Note
 from protocols.node.schedule import Condition, Cut, Flood, Hold, MemberFaults, Schedule, Stop
 from protocols.roster import Roster
 from topology.membership import RoundGraph
@@ -85,6 +85,9 @@ class MemberConfig:
     ahead_steps: float  # see :func:`ahead_steps`
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     keeps_checkpoints: bool = True  # writes them when due (a simulated member no crash brings back: no)
+    checkpoint_at_launch: bool = True  # the first at launch (a process finds none on disk: it starts fresh)
+    checkpoint_jumps_at_once: bool = False  # a forward ``SetTrainerStep`` at once, not at the next work point
+    work_is_steps: bool = True  # ``Train`` moves the step (a gateway's work is a FedAvg round: it does not)
 
 
 # ------------------------------------------------------------ events in
@@ -99,11 +102,17 @@ class Launch:
     step: int
     sync: bool = False
     resumed: bool = False
+    stamp_s: float = 0.0  # its first heartbeat's (``Beat``)
 
 
 @dataclass(frozen=True)
 class Beat:
-    """The heartbeat's time (``Member.next_beat_s``); while waiting: whether the wait is over."""
+    """The heartbeat's time (``Member.next_beat_s``); while waiting: whether the wait is over.
+    ``all_reachable``: whether the host reaches every neighbour it waits for; ``stamp_s``: its wall
+    clock, for the receivers' latency estimate (a simulator leaves it 0)."""
+
+    all_reachable: bool = True
+    stamp_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -217,6 +226,13 @@ class ScheduleMoved:
 
 
 @dataclass(frozen=True)
+class Silent:
+    """The failure detector found ``names`` silent (now down)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Entered:
     """The member entered ``phase`` (from ``was``)."""
 
@@ -224,22 +240,24 @@ class Entered:
     was: Phase
 
 
-MemberAction = NodeAction | Train | Checkpoint | Exit | Crash | Reached | ScheduleMoved | Entered
+MemberAction = NodeAction | Train | Checkpoint | Exit | Crash | Reached | ScheduleMoved | Silent | Entered
 
 
 class Member(Generic[N]):
     """One member's lifecycle around ``node``; it outlives restarts (its schedule, its progress)."""
 
     def __init__(self, node: Node[N], config: MemberConfig, *, schedule: Schedule | None = None,
-                 reached: Callable[[str], int] = lambda name: -1) -> None:
+                 reached: Callable[[str], int] = lambda name: -1, fired: Collection[int] = (),
+                 reached_round: int = -1) -> None:
         """``schedule``: a test's faults; ``reached``: the other members' highest work-point rounds,
-        as the host learns them (-1 before their first)."""
+        as the host learns them (-1 before their first); ``fired`` and ``reached_round``: this
+        member's, from an earlier life (a process restarted)."""
         self.node = node
         self.name = node.name
         self.config = config
         self.schedule = schedule or Schedule()
-        self.reached_round = -1
-        self.faults = MemberFaults(self.schedule, self.name,
+        self.reached_round = reached_round
+        self.faults = MemberFaults(self.schedule, self.name, fired=set(fired),
                                    reached=lambda m: self.reached_round if m == self.name else reached(m))
         self.phase = Phase.IDLE
         self.step = 0           # the trainer's: set at launch, moved by training and SetTrainerStep
@@ -254,6 +272,7 @@ class Member(Generic[N]):
         self.armed: list[int] = []  # crashes placed on progress, by trainer step, in arming order
         self.neighbour_names = tuple(node.neighbourhood.names())
         self._sync_deadline_s = math.inf
+        self._all_reachable = True
 
     @property
     def alive(self) -> bool:
@@ -268,6 +287,11 @@ class Member(Generic[N]):
         if not self.alive:
             return math.inf
         return min(self.node.next_beat_s, self._sync_deadline_s)
+
+    def heal_due(self) -> bool:
+        """Whether a ``Heal`` now brings a neighbour up (the host waits for its sends in flight first:
+        the machine may mix)."""
+        return bool(self.schedule.faults) and self.alive and self.faults.heal_due()
 
     def drops(self, recipient: str, message: Message) -> bool:
         """Whether a schedule's cut keeps ``message`` from ``recipient``."""
@@ -289,8 +313,10 @@ class Member(Generic[N]):
         if not self.alive:
             return []
         match event:
-            case Beat():
-                actions = self._pass(now, self.node.tick(now, step=self.step, loss=self.loss))
+            case Beat(all_reachable=all_reachable, stamp_s=stamp_s):
+                self._all_reachable = all_reachable
+                beat = self.node.tick(now, step=self.step, loss=self.loss, stamp_s=stamp_s)
+                actions = self._pass(now, beat)
                 return actions + self._check_wait(now) if self.phase is Phase.WAITING else actions
             case Arrived(sender=sender, message=message, reachable=reachable):
                 return self._arrived(now, sender, message, reachable)
@@ -330,20 +356,26 @@ class Member(Generic[N]):
         self.waiting_since_s = now
         self.stranded = ""
         actions = self._enter(Phase.WAITING)
-        if self.config.keeps_checkpoints and not self.saved_once:
+        if self.config.keeps_checkpoints and self.config.checkpoint_at_launch and not self.saved_once:
             actions += self._checkpoint(now)  # none yet: a crash restarts it from here
-        return actions + self.handle(now, Beat())
+        return actions + self.handle(now, Beat(stamp_s=launch.stamp_s))
 
     def _check_wait(self, now: float) -> list[MemberAction]:
         """Whether the wait for the neighbours is over (``Node.start_wait``); then sync or start."""
         outcome = self.node.start_wait(waited_s=now - self.waiting_since_s, resumed=self.resumed,
-                                       ahead_steps=self.config.ahead_steps,
+                                       ahead_steps=self.config.ahead_steps, all_reachable=self._all_reachable,
                                        later=self.schedule.joins_later())
         if outcome is Wait.WAIT:
             return []
+        said: list[MemberAction] = []
+        if outcome is Wait.TIMED_OUT:
+            absent = ", ".join(self.node.neighbourhood.absent())
+            said.append(Note(f"neighbours not heard within {self.node.config.start_timeout_s:g} s: {absent}; "
+                             "starting without them (their rounds will be left out)", warning=True))
         if self.sync_at_start or outcome is Wait.JOIN:
-            return self._enter(Phase.SYNCING) + self._asked(now, self.node.begin_sync(resumed=self.resumed))
-        return self._begin(now)
+            asked = self.node.begin_sync(resumed=self.resumed)
+            return said + self._enter(Phase.SYNCING) + self._asked(now, asked)
+        return said + self._begin(now)
 
     def _asked(self, now: float, actions: list[NodeAction]) -> list[MemberAction]:
         """One state-sync attempt made (its deadline set), or, synced or none left, start."""
@@ -356,21 +388,26 @@ class Member(Generic[N]):
     def _sync_timer(self, now: float) -> list[MemberAction]:
         if self.phase is not Phase.SYNCING or not self.node.syncing:
             return []
-        return self._asked(now, self.node.sync_timed_out())
+        sync = self.node.sync
+        said = Note(f"state-sync attempt {sync.attempts_made}/{sync.attempts} timed out", warning=True)
+        return [said, *self._asked(now, self.node.sync_timed_out())]
 
     def _synced(self, now: float, *, unanswered: bool) -> list[MemberAction]:
         """The sync is over: start, unless the Node finds nobody left to train with."""
         self._sync_deadline_s = math.inf
         why = self.node.judge(resumed=self.resumed, start_wait_over=unanswered)
-        return self._strand(now, why) if why else self._begin(now)
+        if why:
+            return self._strand(now, why)
+        alone = Note("training on without state sync", warning=True)
+        return ([alone] if unanswered else []) + self._begin(now)
 
     def _begin(self, now: float) -> list[MemberAction]:
         """Start the machine (the Node hands it what arrived before)."""
         return self._enter(Phase.TRAINING) + self._pass(now, self.node.start(now))
 
     def _strand(self, now: float, why: str) -> list[MemberAction]:
-        """Stop short of the end, its state kept."""
-        actions = self._checkpoint(now)
+        """Stop short of the end, what it trained kept."""
+        actions = self._checkpoint(now) if self.node.started else []
         self.stranded, was = why, self.phase
         self._halt(Phase.STRANDED)
         return [*actions, Entered(Phase.STRANDED, was), Exit(EXIT_STRANDED, why)]
@@ -393,7 +430,8 @@ class Member(Generic[N]):
     def _expire(self, now: float) -> list[MemberAction]:
         syncing = self.node.syncing
         silent, found = self.node.expire(now)
-        actions = self._pass(now, found)
+        actions: list[MemberAction] = [Silent(tuple(silent))] if silent else []
+        actions += self._pass(now, found)
         if syncing and not self.node.syncing:  # a silent neighbour was all it still waited for
             return actions + self._synced(now, unanswered=False)
         if silent and self.node.started and not self.node.finished:
@@ -415,9 +453,11 @@ class Member(Generic[N]):
                 case Connect(neighbours=neighbours):
                     self.neighbour_names = neighbours
                 case Finished():
-                    if self.phase is Phase.TRAINING:
+                    if self.phase is Phase.TRAINING and self.node.finished:  # not a role's (a server's) end
                         out += self._enter(Phase.FINISHED)
             out.append(action)
+        if self.config.checkpoint_jumps_at_once and self.config.keeps_checkpoints and self.saves.jumped:
+            out += self._checkpoint(now)  # a kill before the next work point would lose the jump
         return out
 
     def _checkpoint(self, now: float, *, final: bool = False) -> list[MemberAction]:
@@ -426,7 +466,8 @@ class Member(Generic[N]):
         return [Checkpoint(final)]
 
     def _train(self, steps: int) -> list[MemberAction]:
-        self.step += steps
+        if self.config.work_is_steps:
+            self.step += steps
         return [Train(steps)]
 
     def _work_point(self, now: float, steps: int) -> list[MemberAction]:

@@ -178,6 +178,11 @@ class MemberFaults:
                 names |= fault.across(self.name)
         return sorted(names)
 
+    def heal_due(self) -> bool:
+        """Whether :meth:`heals` would bring a member up now (nothing is marked healed here)."""
+        return any(isinstance(fault, Cut) and index in self.fired and index not in self.healed
+                   and met(fault.heal_when, self.reached) for index, fault in enumerate(self.schedule.faults))
+
     def drops(self, recipient: str, message: Message) -> bool:
         """Whether a cut in force here keeps ``message`` from ``recipient``: a cut not healed here
         between us, and the message of its ``from_round`` or later (a kind without a round, such as
