@@ -6,6 +6,7 @@ deadline), writes what the wait did and stays up until told to stop (a ``.stop``
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,12 +17,19 @@ from peer.runtime.links import transport_config
 FRAME_BYTES = 1 << 20
 
 
+def publish(path: Path, text: str) -> None:
+    """Write ``text`` whole before ``path`` exists: the test waits on the path, then reads it."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def receive(listen: str, out: Path, expect_bytes: int) -> None:
     with Transport(listen=listen, neighbours={}) as transport:
         got = 0
         while got < expect_bytes:
             got += sum(len(arrival.frame) for arrival in transport.poll(0.5))
-        out.write_text(str(got))
+        publish(out, str(got))
 
 
 def send(listen: str, to: str, out: Path, frames: int, deadline_s: float) -> None:
@@ -34,9 +42,9 @@ def send(listen: str, to: str, out: Path, frames: int, deadline_s: float) -> Non
         out.with_suffix(".queued").write_text("queued")
         began = time.monotonic()
         transport.wait_sent()
-        out.write_text(json.dumps({"waited_s": time.monotonic() - began,
-                                   "abandoned": sum(transport.abandoned.values()),
-                                   "send_timeout_s": config.send_timeout_s}))
+        publish(out, json.dumps({"waited_s": time.monotonic() - began,
+                                 "abandoned": sum(transport.abandoned.values()),
+                                 "send_timeout_s": config.send_timeout_s}))
         # a peer lives on: what the kernel and ZeroMQ still hold goes out (closing would drop it)
         stop = out.with_suffix(".stop")
         while not stop.exists():
