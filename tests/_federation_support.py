@@ -85,7 +85,7 @@ def init_federation(folder: Path, *, edges: int, rounds: int, **federation: Any)
     every edge (``min_registered``: which edges a round asks then does not depend on start-up
     timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS."""
     network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
-                              steps=300, seed=0)
+                              steps=300, seed=0, federated=True)
     table = {**default_federation(rounds=rounds, gateways=1, edges=edges, seed=0), "min_registered": edges,
              **federation}
     return create_federation(folder, gateways=1, edges=edges, network=network, federation=table,

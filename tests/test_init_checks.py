@@ -88,3 +88,23 @@ def test_a_task_file_that_is_not_there_is_one_line_naming_task(
     err = capsys.readouterr().err
     assert err.startswith("hivemesh: error: --task: ") and "no such file" in err and err.count("\n") == 1, err
     assert not (tmp_path / "net").exists()
+
+
+def test_init_reads_back_what_it_wrote_and_a_task_the_configs_cannot_load_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: the old bug put back (the task written as given, checked from the working folder)
+    import peer.cli.init as init
+
+    (tmp_path / "some" / "dir").mkdir(parents=True)
+    (tmp_path / "some" / "dir" / "file.py").write_text(TASK_FILE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(init, "task_as_written", lambda task: task)
+    monkeypatch.setattr(init, "check_network", lambda *args, **kwargs: None)
+    # Execute
+    code = main(["init", "--gateways", "1", "--edges", "2", "--task", "some/dir/file.py:make",
+                 "--out", "net"])
+    # Assert: no success reported; one line naming the written file, the key and what is missing
+    out, err = capsys.readouterr()
+    assert code == 2 and "created" not in out, out
+    opening = "hivemesh: error: init wrote a config that does not load: net/gw0.toml: key 'network.task': "
+    assert err.startswith(opening) and "no such file" in err and err.count("\n") == 1, err

@@ -144,6 +144,7 @@ def test_a_gossip_peer_whose_learning_rate_reaches_zero_early_warns_once_in_stat
     for name in files.configs:
         found = [w for w in status(files, name)["warnings"] if "learning rate reached 0" in w]
         assert len(found) == 1 and "at step 10 " in found[0], status(files, name)["warnings"]
+        assert status(files, name)["lr"] == 0.0
         log = (files.out / "data" / name / "peer.log").read_text()
         assert log.count("learning rate reached 0") == 1, log
 
@@ -170,5 +171,35 @@ def test_an_edge_whose_learning_rate_reaches_zero_early_warns_once_in_status_and
         warnings = federation_support.status(files, name)["warnings"]
         found = [w for w in warnings if "learning rate reached 0" in w]
         assert len(found) == 1 and "at step 3 " in found[0], warnings
+        edge = federation_support.status(files, name)
+        assert (edge["lr"], edge["schedule_step"]) == (0.0, 2 * 2 + 1), edge   # round 2's last step
         log = (files.network.out / "data" / name / "peer.log").read_text()
         assert log.count("learning rate reached 0") == 1, log
+
+
+@pytest.mark.processes
+def test_edges_train_the_last_round_at_the_schedules_global_step_whatever_rounds_they_were_asked_into(
+        tmp_path: Path) -> None:
+    # Prepare: init's federation (cosine, no written horizon), 3 edges of which each round asks 2,
+    # 30 rounds of 2 local epochs
+    files = federation_support.init_federation(tmp_path / "fed", edges=3, rounds=ROUNDS, fraction=0.5,
+                                               min_clients=2, local_epochs=LOCAL_EPOCHS)
+    # Execute
+    with federation_support.processes(files) as run:
+        run.start_all()
+        finished = run.wait(CEILING_S)
+        codes = run.exitcodes()
+    # Assert: each edge's last step sat at round * w + w - 1 of a schedule of ROUNDS * w steps (w: its
+    # local steps a round), at that point's rate, whatever rounds it skipped; the last round's is > 0
+    assert finished and all(code == 0 for code in codes.values()), \
+        f"{codes}\n{federation_support.describe(files)}"
+    edges = {name: federation_support.status(files, name) for name in files.edge_configs}
+    for name, edge in edges.items():
+        work = math.ceil(edge["num_samples"] / 32) * LOCAL_EPOCHS     # init's batch_size: 32
+        assert edge["schedule_step"] == edge["round"] * work + work - 1, (name, edge["round"], work)
+        assert edge["lr"] == pytest.approx(_cosine(edge["schedule_step"], ROUNDS * work), rel=1e-12), name
+        assert edge["step"] == edge["rounds_trained"] * work and edge["warnings"] == [], edge
+    last = [edge for edge in edges.values() if edge["round"] == ROUNDS - 1]
+    assert last and all(edge["lr"] > 0.0 for edge in last), edges
+    skipped = [name for name, edge in edges.items() if edge["rounds_trained"] < ROUNDS]
+    assert skipped, {name: edge["rounds_trained"] for name, edge in edges.items()}   # sampling did its part

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -134,6 +134,22 @@ def check_network(network: dict[str, Any], *, peers: int, out: str, federated: b
                                                params=torch.zeros(1)))
 
 
+def check_written(configs: Iterable[Path]) -> None:
+    """Each config ``init`` wrote, read back and checked as ``hivemesh config check`` checks it (its
+    task loaded from the file as the peer or edge client will load it), so that ``init`` never
+    reports a network one of its members cannot start; one line naming the file otherwise."""
+    from peer.cli.config import check_file
+    from protocols.errors import HivemeshError
+
+    for path in configs:
+        try:
+            check_file(path)
+        except HivemeshError as error:
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise HivemeshError(f"init wrote a config that does not load: {text} (fix the option and run "
+                                f"init again into an empty folder)") from None
+
+
 def hosts_given(args: argparse.Namespace) -> list[str] | None:
     """The per-member addresses of ``--hosts`` or ``--hosts-file`` (None: one ``--host`` for all)."""
     from protocols.errors import HivemeshError
@@ -169,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     files = create_network(args.out, peers=args.peers, network=network, host=args.host or "127.0.0.1",
                            base_port=args.base_port, peer_options={"curve": args.curve},
                            hosts=hosts_given(args))
+    check_written(files.configs.values())
     print(f"created a network of {args.peers} peers in {files.out}")
     print(f"  roster:  {files.roster}")
     print(f"  keys:    {files.out / 'keys'}/ (mode 0600; give each machine only its own)")
@@ -199,6 +216,7 @@ def _federation(args: argparse.Namespace) -> int:
                               federation=federation, host=args.host or "127.0.0.1",
                               base_port=args.base_port, peer_options=curve, edge_options=curve,
                               hosts=hosts_given(args))
+    check_written([*files.network.configs.values(), *files.edge_configs.values()])
     print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
           f"{files.network.out}")
     print(f"  roster:  {files.network.roster}")

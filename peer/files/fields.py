@@ -38,6 +38,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("uptime_s", "s", "gauge", "seconds since this start of the peer"),
     Field("step", "steps", "gauge", "local training steps taken (the learning-rate schedule's step)"),
     Field("steps_done", "steps", "gauge", "training steps the gossip schedule has counted"),
+    Field("lr", "", "gauge", "learning rate of the last local step, from the schedule (`warmup_steps`, "
+                             "`lr_decay`, `total_steps`; null before this start's first step)"),
     Field("loss", "", "gauge", "training loss of the last local step (mean over its batch)"),
     Field("train_s", "s", "gauge", "seconds spent training (from the first round to finishing, or to now)"),
     Field("work_s", "s", "counter", "of `train_s`, seconds in the trainer's steps (the rest: sealing, "

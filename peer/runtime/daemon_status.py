@@ -49,7 +49,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
     evaluated = daemon.last_eval
     return {
         "name": daemon.name, "state": daemon.state, "epoch": daemon.parts.epoch, "uptime_s": round(now, 3),
-        "step": daemon.trainer.step, "steps_done": daemon.machine.position[1],
+        "step": daemon.trainer.step, "steps_done": daemon.machine.position[1], "lr": daemon.trainer.last_lr,
         "loss": daemon.last_loss,
         "train_s": (daemon.train_end_s if node.finished else now) - daemon.train_start_s,
         "work_s": counters.work_s,

@@ -364,6 +364,8 @@ class EdgeClient:
                 "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
                 "gateway_up": gateway.up, "round": self.client.round, "rounds_trained": self.rounds_trained,
                 "updates_sent": self.updates_sent, "unsent": dict(self.unsent), "step": self.trainer.step,
+                # what the last local step used: the rate, and its place on the federation's schedule
+                "lr": self.trainer.last_lr, "schedule_step": self.trainer.last_schedule_step,
                 "loss": self._last_loss, "num_samples": len(self.trainer.shard),
                 "bytes_sent": self.transport.bytes_sent, "bytes_received": self.transport.bytes_received,
                 "listening": list(self.transport.listening()),

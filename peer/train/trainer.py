@@ -242,6 +242,8 @@ class Trainer:
         self._optimizer = FlatOptimizer(config, self.flat_params)
         self.step = 0
         self.lr_zero_at: SchedulePoint | None = None   # the first step trained at lr 0, and its horizon
+        self.last_lr: float | None = None       # the rate of the last step trained (None: none since start)
+        self.last_schedule_step = -1            # that step's place on the schedule (-1: none since start)
         self.epoch = 0
         self.offset = 0
         self._order: torch.Tensor | None = None
@@ -353,6 +355,7 @@ class Trainer:
                 if lr == 0.0 and self.lr_zero_at is None:
                     self.lr_zero_at = SchedulePoint(point.step + i, point.total_steps)
                 total += self._one_step(pull, lr)
+                self.last_lr, self.last_schedule_step = lr, point.step + i
         return float(total) / n
 
     def warnings(self) -> list[str]:
