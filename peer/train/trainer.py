@@ -54,7 +54,7 @@ class TrainerConfig:
     warmup_steps: int = 0  # linear warm-up from lr/warmup_steps to lr
     lr_decay: Literal["none", "cosine", "step"] = "none"  # constant lr unless asked
     # the horizon of "cosine"/"step" decay, in schedule steps ("step": x0.1 at 50% and 75%);
-    # 0 in a federation: its rounds x each round's local steps (peer/train/federated.py)
+    # 0 in a federation: its rounds x a round's local steps; reaching 0 before the end warns once
     total_steps: int = 0
     grad_clip: float = 0.0  # max global gradient L2 norm; 0 = no clipping
     dtype: Literal["float32", "float64"] = "float32"  # float64 for exact checks against numpy
