@@ -162,6 +162,7 @@ class BaselineRun:
             result.peers[name] = {
                 "behaviour": "honest", "running": True, "finished": True,
                 "steps": self.world.trainers[name].step, "restarts": 0,
+                "warnings": self.world.trainers[name].warnings(),
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": self.bytes_sent[name], "payload_bytes_sent": self.bytes_sent[name],
                 "messages_sent": 0, "rejections": {}, "metrics": {},

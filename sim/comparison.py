@@ -57,7 +57,19 @@ def run_warnings(result: ScenarioResult) -> list[str]:
     nonfinite = int(result.metrics.get("nonfinite_params", 0.0))
     if nonfinite:
         warnings.append(f"{nonfinite} round(s) with non-finite parameters (not sent)")
-    return warnings
+    return warnings + trainer_warnings(result)
+
+
+def trainer_warnings(result: ScenarioResult) -> list[str]:
+    """The members' trainers' warnings (a learning rate at 0 before the end) as one line: how many
+    members warned, and the first one's words (each trainer's are alike but for its step)."""
+    said = [f"{name}: {text}" for name, peer in sorted(result.peers.items())
+            for text in peer.get("warnings", [])]
+    if not said:
+        return []
+    members = sum(1 for peer in result.peers.values() if "warnings" in peer)
+    warned = sum(1 for peer in result.peers.values() if peer.get("warnings"))
+    return [f"{warned} of {members} members' trainers warned; the first: {said[0]}"]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

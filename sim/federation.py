@@ -612,6 +612,8 @@ class FederationRun:
                 counters = {f"client.{k}": float(v) for k, v in sorted(member.client.counters.items())}
             result.peers[name] = {"role": "gateway" if member.server is not None else "client",
                                   "bytes_sent": member.bytes_sent, **counters}
+            if member.trainer is not None:      # a client: what its trainer would warn (sim/comparison.py)
+                result.peers[name]["warnings"] = member.trainer.warnings()
             if member.server is not None:
                 result.peers[name]["restarts_detail"] = [r.as_dict() for r in member.restarts]
             for reason, count in sorted(member.node.all_rejections().items()):

@@ -304,6 +304,7 @@ class GossipRun:
             result.peers[name] = {
                 "behaviour": peer.behaviour, "running": peer.alive, "finished": peer.node.finished,
                 "steps": self.world.trainers[name].step, "restarts": peer.restarts,
+                "warnings": self.world.trainers[name].warnings(),
                 "restarts_detail": [r.as_dict() for r in peer.restarts_detail],
                 "final_loss": metrics.get("loss"), "final_accuracy": metrics.get("accuracy"),
                 "bytes_sent": counters.wire_bytes_sent, "payload_bytes_sent": counters.payload_bytes_sent,

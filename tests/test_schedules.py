@@ -24,6 +24,7 @@ from peer.runtime.netinit import create_federation
 from peer.train.federated import round_schedule
 from peer.train.tasks import get_task
 from peer.train.trainer import FlatOptimizer, SchedulePoint, Trainer, TrainerConfig, lr_at
+from sim.comparison import run_warnings, trainer_warnings
 from sim.federation import FederationRun
 from sim.from_network import scenario_from_federation_files
 
@@ -48,11 +49,13 @@ def test_a_round_sits_after_the_federations_earlier_rounds_on_the_schedule() -> 
         lr_at(spanning, 0)
 
 
-def _init_federation(out: Path, mode: str) -> FederationRun:
-    """The federation `hivemesh init --gateways 1 --edges 5` writes, with 2 local epochs a round."""
+def _init_federation(out: Path, mode: str, trainer: str = "") -> FederationRun:
+    """The federation `hivemesh init --gateways 1 --edges 5` writes, with 2 local epochs a round
+    (and ``trainer``'s lines added to its [network.trainer])."""
     assert main(["init", "--gateways", "1", "--edges", "5", "--rounds", str(ROUNDS), "--out", str(out)]) == 0
     for config in out.glob("*.toml"):
         text = config.read_text().replace("local_epochs = 1", f"local_epochs = {LOCAL_EPOCHS}")
+        text = text.replace("[network.trainer]\n", f"[network.trainer]\n{trainer}")
         config.write_text(text.replace("[federation]\n", f'[federation]\nmode = "{mode}"\n')
                           if config.name != "roster.toml" else text)
     scenario = scenario_from_federation_files(out / "gw0.toml", sorted(out.glob("e*.toml")),
@@ -79,7 +82,7 @@ def test_a_federation_of_init_defaults_trains_its_last_round_at_the_schedules_gl
 
     monkeypatch.setattr(FlatOptimizer, "apply", recording)
     # Execute
-    run.run()
+    result = run.run()
     # Assert: each client's steps of round r sit at r * w ... r * w + w - 1 of a schedule of
     # ROUNDS * w steps (w: its local steps a round), whichever rounds it was asked into
     last = max(r for by_round in rates.values() for r in by_round)
@@ -94,6 +97,21 @@ def test_a_federation_of_init_defaults_trains_its_last_round_at_the_schedules_gl
             assert lrs == pytest.approx(expected * times, rel=1e-12, abs=0.0), (name, round_index)
     for name in in_last:
         assert min(rates[name][last]) > 0.0, (name, rates[name][last])
+    assert trainer_warnings(result) == []
+
+
+def test_a_simulated_federation_whose_learning_rate_reaches_zero_early_warns_in_one_line(
+        tmp_path: Path) -> None:
+    # Prepare: init's federation with a horizon of 20 schedule steps written (round 0 or 1 reaches it)
+    run = _init_federation(tmp_path / "fed", "sync", trainer="total_steps = 20\n")
+    # Execute
+    result = run.run()
+    # Assert: every client that trained warned; the run's warnings say it once, for all of them
+    clients = [name for name, peer in result.peers.items() if peer.get("role") == "client"]
+    assert len(clients) == 5 and all(len(result.peers[name]["warnings"]) == 1 for name in clients)
+    said = [line for line in run_warnings(result) if "learning rate reached 0" in line]
+    assert len(said) == 1 and said[0].startswith("5 of 5 members' trainers warned; the first: e000: "), said
+    assert "total_steps = 20" in said[0], said
 
 
 def _trainer(total_steps: int) -> Trainer:
