@@ -212,6 +212,9 @@ def test_edges_train_the_last_round_at_the_schedules_global_step_whatever_rounds
     assert finished and all(code == 0 for code in codes.values()), \
         f"{codes}\n{federation_support.describe(files)}"
     edges = {name: federation_support.status(files, name) for name in files.edge_configs}
+    print("\n" + "\n".join(f"{name}: rounds trained {edge['rounds_trained']}, last round {edge['round']}, "
+                            f"schedule step {edge['schedule_step']}, lr {edge['lr']:.3g}"
+                            for name, edge in edges.items()))
     for name, edge in edges.items():
         work = math.ceil(edge["num_samples"] / 32) * LOCAL_EPOCHS     # init's batch_size: 32
         assert edge["schedule_step"] == edge["round"] * work + work - 1, (name, edge["round"], work)
