@@ -19,6 +19,7 @@ from _daemon_support import CEILING_S, describe, make_network, peers, status
 
 from peer.cli.init import default_network
 from peer.cli.main import main
+from peer.cli.status import render
 from peer.files.statefiles import StatusWriter
 from peer.runtime.netinit import create_federation
 from peer.train.federated import round_schedule
@@ -163,6 +164,7 @@ def test_a_gossip_peer_whose_learning_rate_reaches_zero_early_warns_once_in_stat
         found = [w for w in status(files, name)["warnings"] if "learning rate reached 0" in w]
         assert len(found) == 1 and "at step 10 " in found[0], status(files, name)["warnings"]
         assert status(files, name)["lr"] == 0.0
+        assert render(status(files, name)).count(f"  warning: {found[0]}") == 1    # hivemesh status
         log = (files.out / "data" / name / "peer.log").read_text()
         assert log.count("learning rate reached 0") == 1, log
 
@@ -191,6 +193,8 @@ def test_an_edge_whose_learning_rate_reaches_zero_early_warns_once_in_status_and
         assert len(found) == 1 and "at step 3 " in found[0], warnings
         edge = federation_support.status(files, name)
         assert (edge["lr"], edge["schedule_step"]) == (0.0, 2 * 2 + 1), edge   # round 2's last step
+        shown = render(edge)                                                    # hivemesh status
+        assert "learning rate 0 at schedule step 5 " in shown and shown.count(f"  warning: {found[0]}") == 1
         log = (files.network.out / "data" / name / "peer.log").read_text()
         assert log.count("learning rate reached 0") == 1, log
 

@@ -188,11 +188,18 @@ def render_edge(status: dict[str, Any]) -> str:
         f"  round {status.get('round')}  rounds trained {status.get('rounds_trained')}  updates sent "
         f"{status.get('updates_sent')}  samples {status.get('num_samples')}  "
         f"training loss {_num(status.get('loss'), '.4f')}",
+        f"  learning rate {_num(status.get('lr'), '.3g')} at schedule step {status.get('schedule_step')} "
+        "(the federation's: round x local steps)", *_warning_lines(status),
         f"  bytes out {human_bytes(status.get('bytes_sent', 0))}"
         f"  in {human_bytes(status.get('bytes_received', 0))}",
         "  client events: " + (", ".join(f"{k} {v}" for k, v in sorted(client.items())) or "none"),
         "  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted((status.get("rejections") or {}).items()))
                             or "none"), *_internal_error_lines(status)])
+
+
+def _warning_lines(status: dict[str, Any]) -> list[str]:
+    """The member's warnings (its machine's and its trainer's, e.g. a learning rate at 0 early)."""
+    return [f"  warning: {text}" for text in status.get("warnings") or []]
 
 
 def _internal_error_lines(status: dict[str, Any]) -> list[str]:
@@ -285,7 +292,8 @@ def render(status: dict[str, Any]) -> str:
         f"  step {status.get('step')}"
         + (f" (gossip schedule at step {status['steps_done']})"
            if status.get("steps_done") not in (None, status.get("step")) else "")
-        + f"  training loss {_num(status.get('loss'), '.4f')}"
+        + f"  learning rate {_num(status.get('lr'), '.3g')}"
+        f"  training loss {_num(status.get('loss'), '.4f')}"
         f"  test loss {_num(status.get('test_loss'), '.4f')}"
         f"  test accuracy {_num(status.get('accuracy'), '.4f')}"
         + (f" (at step {status['eval_step']})" if _evaluated(status) else ""),
@@ -296,6 +304,7 @@ def render(status: dict[str, Any]) -> str:
         f"  in {human_bytes(status.get('bytes_received', 0))}"
         f"  (gossip payload out {human_bytes(status.get('payload_bytes_sent', 0))})",
     ]
+    lines += _warning_lines(status)
     if status.get("stranded"):
         lines.append(f"  stopped short: {status['stranded']}")
     if status.get("curve") is False:
