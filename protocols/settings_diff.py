@@ -1,15 +1,19 @@
 """Where two members' shared settings part: the first key whose values differ, in words.
 
 The run id (protocols.roster.run_id) digests what every member must agree on (``[network]`` and, in
-a federation, ``[federation]``); a digest says only *that* two differ. Given both sides' settings,
-``first_difference`` says where: the table, the first differing key (tables walked in sorted key
-order, nested tables followed down) and each side's value, which ``describe`` turns into one line an
-operator can act on, ``[federation] differs (fraction 0.5 != 0.3)``. A key one side leaves out is
-"unset" there (its default applies, so the two may still run alike: the line says which is which).
+a federation, ``[federation]``); a digest says only *that* two differ. ``flatten`` writes settings
+as dotted keys and the words an operator writes (``federation.fraction`` -> ``0.5``), which a
+member refused for its run id is sent (messages.SettingsRefusal, meta); ``first_difference`` of two
+such tables says where they part: the table, the first differing key in sorted order, and each
+side's value, which ``describe`` turns into one line an operator can act on,
+``[federation] differs (fraction 0.5 at gw0 != 0.3 here)``. A key one side leaves out is
+``unset`` there. ``MismatchAnswers`` says when to send a refused member our settings: at most once
+per interval each, so a member that keeps sending is answered, not flooded.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,44 +30,46 @@ class SettingsDifference:
     ours: str
     theirs: str
 
-    def describe(self) -> str:
-        """``[federation] differs (fraction 0.5 != 0.3)``: ours first."""
-        return f"[{self.table}] differs ({self.key} {self.ours} != {self.theirs})"
+    def describe(self, them: str = "theirs", us: str = "ours") -> str:
+        """``[federation] differs (fraction 0.5 at gw0 != 0.3 here)`` for ``them="at gw0", us="here"``:
+        theirs first."""
+        return f"[{self.table}] differs ({self.key} {self.theirs} {them} != {self.ours} {us})"
 
 
-def first_difference(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> SettingsDifference | None:
-    """The first key (sorted, depth first) whose value differs between the two settings, or None
-    when they are equal. The top level names the tables (``network``, ``federation``)."""
-    for table in sorted(set(ours) | set(theirs)):
-        found = _walk(ours.get(table), theirs.get(table), "")
-        if found is not None:
-            key, mine, other = found
-            return SettingsDifference(table=table, key=key or "(the whole table)", ours=mine, theirs=other)
+def flatten(settings: Mapping[str, Any]) -> dict[str, str]:
+    """Dotted key -> the value in words, nested tables followed down (an empty table: no key)."""
+    flat: dict[str, str] = {}
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, Mapping):
+            for name in value:
+                walk(value[name], f"{key}.{name}" if key else str(name))
+        else:
+            flat[key] = words(value)
+
+    walk(settings, "")
+    return flat
+
+
+def first_difference(ours: Mapping[str, str], theirs: Mapping[str, str]) -> SettingsDifference | None:
+    """The first dotted key (sorted) whose words differ between two :func:`flatten` tables (a key
+    missing on one side is ``unset`` there), or None when they agree. The first dot ends the table."""
+    for key in sorted(set(ours) | set(theirs)):
+        mine, other = ours.get(key, UNSET), theirs.get(key, UNSET)
+        if mine != other:
+            table, _, rest = key.partition(".")
+            return SettingsDifference(table=table, key=rest or table, ours=mine, theirs=other)
     return None
 
 
-def _walk(mine: Any, other: Any, key: str) -> tuple[str, str, str] | None:
-    if isinstance(mine, Mapping) and isinstance(other, Mapping):
-        for name in sorted(set(mine) | set(other), key=str):
-            found = _walk(mine.get(name), other.get(name), f"{key}.{name}" if key else str(name))
-            if found is not None:
-                return found
-        return None
-    if _same(mine, other):
-        return None
-    return key, words(mine), words(other)
-
-
-def _same(mine: Any, other: Any) -> bool:
-    if isinstance(mine, list | tuple) and isinstance(other, list | tuple):
-        return len(mine) == len(other) and all(_same(a, b) for a, b in zip(mine, other, strict=True))
-    if _is_number(mine) and _is_number(other):
-        return float(mine) == float(other)      # the run id digests 1 and 1.0 alike
-    return type(mine) is type(other) and bool(mine == other)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def refusal_line(refuser: str, ours: Mapping[str, Any], theirs: Mapping[str, str]) -> str:
+    """What a member refused by ``refuser`` says on receiving its settings ``theirs`` (flattened):
+    ``gw0 refuses us: [federation] differs (fraction 0.5 at gw0 != 0.3 here)``."""
+    found = first_difference(flatten(ours), theirs)
+    if found is None:   # equal settings and still refused: the run ids differ for another reason
+        return (f"{refuser} refuses us: our run ids differ, but not in the settings it sent (a member of "
+                "another version of hivemesh?)")
+    return f"{refuser} refuses us: {found.describe(them=f'at {refuser}', us='here')}"
 
 
 def words(value: Any) -> str:
@@ -81,4 +87,25 @@ def words(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["SettingsDifference", "first_difference", "words"]
+class MismatchAnswers:
+    """When to answer a member whose messages we refuse for its settings: at most once per
+    ``interval_s`` each (a gateway: its ``round_timeout_s``, the longest a client waits for a round).
+    Senders are roster members (the run id is checked after the signature), so the table is
+    bounded by the roster."""
+
+    def __init__(self, interval_s: float) -> None:
+        if not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s}")
+        self.interval_s = interval_s
+        self._answered: dict[str, float] = {}
+
+    def due(self, sender: str, now: float) -> bool:
+        """Whether to answer ``sender`` now (and, if so, the interval starts again)."""
+        last = self._answered.get(sender)
+        if last is not None and now - last < self.interval_s:
+            return False
+        self._answered[sender] = now
+        return True
+
+
+__all__ = ["MismatchAnswers", "SettingsDifference", "first_difference", "flatten", "refusal_line", "words"]

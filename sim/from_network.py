@@ -38,7 +38,7 @@ from peer.files.roster_file import read as read_roster
 from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
 from protocols.roster import GOSSIP_ROLES, Roster
-from protocols.settings_diff import first_difference
+from protocols.settings_diff import first_difference, flatten
 from sim.scenario import ScenarioConfig, ScenarioFederationSection, scenario_from_dict
 from topology import build
 
@@ -154,12 +154,11 @@ def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: Scen
         if own.get("data"):
             raise ConfigError(f"{edge}: key 'edge.data': the simulator trains clients on the task's shards, "
                               "not on their own files", key="edge.data")
-        difference = first_difference({key: table.get(key) for key in ("network", "federation")},
-                                      {key: data.get(key) for key in ("network", "federation")})
+        difference = first_difference(flatten({key: table.get(key, {}) for key in ("network", "federation")}),
+                                      flatten({key: data.get(key, {}) for key in ("network", "federation")}))
         if difference is not None:
-            raise ConfigError(f"{edge}: {difference.describe()} against the gateway's {path} (this file's "
-                              "value first; the run id would refuse it)",
-                              key=f"{difference.table}.{difference.key}")
+            raise ConfigError(f"{edge}: {difference.describe(them=f'in {path.name}', us='here')} "
+                              "(the run id would refuse it)", key=f"{difference.table}.{difference.key}")
         if name not in section.client_names():
             raise ConfigError(f"{edge}: key 'edge.name': {name!r} is not an edge client on the roster "
                               f"(members: {', '.join(roster.names)})", key="edge.name")

@@ -17,7 +17,6 @@ from peer.files.include import read_member
 from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.peerconfig import load_peer_config
 from protocols.roster import run_id
-from protocols.settings_diff import first_difference
 
 MEMBERS = ("gw0", "gw1", "e000", "e001", "e002", "e003")
 
@@ -147,16 +146,3 @@ def test_one_gateway_is_given_no_gossip_keys_and_refuses_gossip_options(
     network = tomllib.loads((out / "federation.toml").read_text())["network"]
     assert network["topology"] == "ring" and network["gossip"] == {"algorithm": "dpsgd"}
     assert load_peer_config(out / "gw0.toml").gossip.total_steps == 3
-
-
-def test_the_first_difference_names_the_table_the_key_and_both_values() -> None:
-    ours = {"network": {"seed": 0, "trainer": {"lr": 0.1}}, "federation": {"fraction": 0.5, "rounds": 3}}
-    theirs = {"network": {"seed": 0, "trainer": {"lr": 0.1}}, "federation": {"fraction": 0.3, "rounds": 3}}
-    found = first_difference(ours, theirs)
-    assert found is not None and found.describe() == "[federation] differs (fraction 0.5 != 0.3)"
-    nested = first_difference(ours, {**ours, "network": {"seed": 0, "trainer": {"lr": 0.2}}})
-    assert nested is not None and nested.describe() == "[network] differs (trainer.lr 0.1 != 0.2)"
-    missing = first_difference({"network": {"task": "x"}}, {"network": {}})
-    assert missing is not None and missing.describe() == '[network] differs (task "x" != unset)'
-    assert first_difference(ours, dict(ours)) is None
-    assert first_difference({"f": {"a": 1}}, {"f": {"a": 1.0}}) is None     # the run id's view

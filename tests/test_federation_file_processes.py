@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _federation_support import init_federation, status, wait_until
 
 from peer.cli.main import main
 from peer.files.statefiles import read_status
@@ -73,3 +74,31 @@ def test_the_key_changed_in_one_members_own_file_is_refused_at_its_start(tmp_pat
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert f"{member}.toml: key 'federation.rounds'" in lines[0] and "federation.toml" in lines[0]
     assert not (out / "data" / member / "status.json").exists()      # it never started
+
+
+def test_an_edge_whose_federation_table_differs_names_the_key_the_gateway_refuses(tmp_path: Path) -> None:
+    # Prepare: e000's device holds an older copy of the shared file (fraction 0.3, the gateway's 0.5)
+    files = init_federation(tmp_path / "fed", edges=2, rounds=30)
+    out = files.network.out
+    (out / "device.toml").write_text(files.shared.read_text().replace("fraction = 0.5\n", "fraction = 0.3\n"))
+    e000 = files.edge_configs["e000"]
+    e000.write_text(e000.read_text().replace('include = "federation.toml"', 'include = "device.toml"'))
+    refused = "e000: gw0 refuses us: [federation] differs (fraction 0.5 at gw0 != 0.3 here)"
+    logs = {name: out / "data" / name / "peer.log" for name in ("gw0", "e000")}
+
+    def logged(name: str, text: str) -> bool:
+        return logs[name].exists() and text in logs[name].read_text()
+
+    # Execute: the gateway and that edge, as real processes, until the edge names what differs
+    with PeerProcesses(files.network.configs, listeners=dict(files.network.listeners),
+                       edges={"e000": e000}) as run:
+        run.start_all()
+        wait_until("e000 names the key", lambda: logged("e000", refused), files)
+        wait_until("gw0 names the refusal", lambda: logged("gw0", "gw0 refused messages from e000"), files)
+        wait_until("e000's status holds it", lambda: bool(status(files, "e000").get("settings_refused")),
+                   files)
+        found = status(files, "e000")
+    # Assert: the edge says it once, in words; the gateway names the refusal; the edge's status holds it
+    assert logs["e000"].read_text().count("refuses us") == 1
+    assert "config_mismatch" in logs["gw0"].read_text()
+    assert found["settings_refused"] == refused.removeprefix("e000: ")
