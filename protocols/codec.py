@@ -96,7 +96,10 @@ REASONS = (
 _GOSSIP_KINDS = frozenset({
     "param_push", "param_pull", "state_sync_request", "state_sync_response", "heartbeat", "error",
     "client_update", "secagg",  # a peer may also train as a client of a gateway (secagg: securely)
+    "settings_refusal",         # a neighbour's or a client's run id is not ours: here is why
 })
+# accepted whatever run id they carry (every other check still applies): messages.SettingsRefusal
+RUN_FREE_KINDS = frozenset({"settings_refusal"})
 DEFAULT_ALLOWED_KINDS: Mapping[str, frozenset[str]] = types.MappingProxyType({
     "peer": _GOSSIP_KINDS,
     "gateway": _GOSSIP_KINDS | {"round_start", "round_result"},
@@ -464,11 +467,11 @@ def _verify_header(raw: Frame, signature: Frame, verifier: Verifier, windows: Re
         raise _Reject("bad_signature", f"from {sender.name}", sender.name)
 
     run = _need(header, "run", bytes)
-    if run != verifier.run_id:
+    if run != verifier.run_id and kind not in RUN_FREE_KINDS:
         # the run id digests the [network] table (not the member list, which changes by roster version)
         raise _Reject("config_mismatch",
                       f"their run id {run.hex()[:12]} != ours {verifier.run_id.hex()[:12]}: "
-                      "the [network] settings differ", sender.name)
+                      "the shared settings ([network], [federation]) differ", sender.name)
     epoch, seq = _counter(header, "e"), _counter(header, "q")
     if windows is not None:
         stale = windows.check(sender.name, epoch, seq, now_s)

@@ -171,6 +171,19 @@ class ErrorReply:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class SettingsRefusal:
+    """We refuse the recipient's messages: its run id is not ours. ``meta`` holds our shared settings,
+    flattened (protocols/settings_diff.py: dotted key -> words), so that it can name the first key
+    where we part. The one kind accepted whatever run id it carries (protocols/codec.py): its point
+    is that the two differ; it is still signed by a roster member and addressed to the receiver,
+    and it changes nothing but what the receiver says. ``tensors``: none (meta travels with them)."""
+
+    KIND: ClassVar[str] = "settings_refusal"
+    tensors: TensorMap = field(default_factory=_no_tensors)
+    meta: Meta = field(default_factory=_no_meta)
+
+
 Message = (
     ParamPush
     | ParamPull
@@ -182,10 +195,11 @@ Message = (
     | RoundResult
     | SecAggMessage
     | ErrorReply
+    | SettingsRefusal
 )
 
 MESSAGE_TYPES: tuple[type, ...] = (
     ParamPush, ParamPull, StateSyncRequest, StateSyncResponse, Heartbeat,
-    RoundStart, ClientUpdate, RoundResult, SecAggMessage, ErrorReply,
+    RoundStart, ClientUpdate, RoundResult, SecAggMessage, ErrorReply, SettingsRefusal,
 )
 KINDS: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}  # type: ignore[attr-defined]

@@ -31,12 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from peer.files.config import ConfigError, load, read_toml
+from peer.files.config import ConfigError, load
+from peer.files.include import MemberText, read_member
 from peer.files.paths import from_folder
 from peer.files.roster_file import read as read_roster
 from peer.files.schema import NetworkSection, resolve_network_paths
 from protocols.node.config import NodeConfig
 from protocols.roster import GOSSIP_ROLES, Roster
+from protocols.settings_diff import first_difference, flatten
 from sim.scenario import ScenarioConfig, ScenarioFederationSection, scenario_from_dict
 from topology import build
 
@@ -44,23 +46,26 @@ from topology import build
 def scenario_from_peer_file(path: str | Path, **overrides: Any) -> ScenarioConfig:
     """The scenario of the network ``path`` (a peer config file) belongs to; ``overrides`` add the rest."""
     path = Path(path)
-    data = read_toml(path)
+    text = read_member(path)
+    data = text.data
     peer = data.get("peer")
     if not isinstance(peer, dict) or not isinstance(peer.get("roster"), str):
         raise ConfigError(f"{path}: missing key 'peer.roster'")
     base = path.resolve().parent   # the peer file's relative paths are relative to its folder
     roster = read_roster(from_folder(base, peer["roster"]))
     names = tuple(member.name for member in roster.with_role(*GOSSIP_ROLES))  # gateways gossip too
-    return _with_overrides(_network_scenario(path, data, names), path, overrides)
+    return _with_overrides(_network_scenario(text, names), path, overrides)
 
 
-def _network_scenario(path: Path, data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+def _network_scenario(text: MemberText, names: tuple[str, ...]) -> dict[str, Any]:
     """The scenario tables of a peer file's ``[network]`` and ``[peer]`` (the gossip members ``names``)."""
+    path, data = text.source, text.data
     peer = data["peer"]
     # the peer file's own schema, defaults and checks (peer.files.schema), then its paths as the daemon
     # takes them
-    network = resolve_network_paths(load(NetworkSection, data.get("network", {}), source=str(path),
-                                         prefix="network"), path.resolve().parent)
+    network = resolve_network_paths(load(NetworkSection, data.get("network", {}),
+                                         source=str(text.file_of("network")), prefix="network"),
+                                    text.folder_of("network"))
     return {
         "name": path.stem,
         "seed": network.seed,
@@ -91,7 +96,8 @@ def scenario_from_federation_files(gateway: str | Path, edges: Sequence[str | Pa
     """The scenario of the federation whose gateway config is ``gateway`` and whose edge client
     configs are ``edges`` (every client of every gateway); ``overrides`` add the link and node model."""
     path = Path(gateway)
-    data = read_toml(path)
+    text = read_member(path)
+    data = text.data
     peer = data.get("peer")
     if not isinstance(peer, dict) or not isinstance(peer.get("roster"), str):
         raise ConfigError(f"{path}: missing key 'peer.roster'")
@@ -112,7 +118,7 @@ def scenario_from_federation_files(gateway: str | Path, edges: Sequence[str | Pa
                           f"the simulator's names {', '.join(simulated)}")
     _check_edges(path, data, roster, section, [Path(e) for e in edges])
     server = {k: v for k, v in federation.items() if k != "gossip_rounds"}
-    scenario = _network_scenario(path, data, gateways)
+    scenario = _network_scenario(text, gateways)
     _check_gateway_graph(path, scenario, tuple(sorted(gateways)))
     scenario["federation"] = {"gateways": len(gateways), "clients": per_gateway,
                               "gossip_rounds": federation.get("gossip_rounds", 0), "server": server}
@@ -141,17 +147,18 @@ def _check_edges(path: Path, data: dict[str, Any], roster: Roster, section: Scen
     gateway the simulator gives it, and agrees with the gateway's ``[network]`` and ``[federation]``."""
     found: dict[str, Path] = {}
     for edge in edges:
-        table = read_toml(edge)
+        table = read_member(edge).data
         own = table.get("edge", {})
         name = own.get("name", "")
         found[name] = edge
         if own.get("data"):
             raise ConfigError(f"{edge}: key 'edge.data': the simulator trains clients on the task's shards, "
                               "not on their own files", key="edge.data")
-        for key in ("network", "federation"):
-            if table.get(key) != data.get(key):
-                raise ConfigError(f"{edge}: [{key}] differs from the gateway's {path} (the run id would "
-                                  "refuse it)", key=key)
+        difference = first_difference(flatten({key: table.get(key, {}) for key in ("network", "federation")}),
+                                      flatten({key: data.get(key, {}) for key in ("network", "federation")}))
+        if difference is not None:
+            raise ConfigError(f"{edge}: {difference.describe(them=f'in {path.name}', us='here')} "
+                              "(the run id would refuse it)", key=f"{difference.table}.{difference.key}")
         if name not in section.client_names():
             raise ConfigError(f"{edge}: key 'edge.name': {name!r} is not an edge client on the roster "
                               f"(members: {', '.join(roster.names)})", key="edge.name")

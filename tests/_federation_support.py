@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peer.cli.init import default_federation, default_network
+from peer.cli.init import default_federation, federation_network
 from peer.files.statefiles import read_status
 from peer.runtime.launch import PeerProcesses
 from peer.runtime.netinit import FederationFiles, create_federation
@@ -35,8 +35,7 @@ def make_federation(folder: Path, *, edges: int = 10, gateways: int = 1, partiti
     """A digits-mlp federation in ``folder`` (Dirichlet(0.3) shards unless ``partition`` says
     otherwise); ``federation``: [federation] keys over :data:`FEDERATION`; ``edge_options``: [edge]
     keys over :data:`EDGE_OPTIONS`; ``gateway_options``: [peer] keys over :data:`GATEWAY_OPTIONS`."""
-    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
-                              steps=300, seed=3, partition=partition, alpha=0.3)
+    network = federation_network(task="digits-mlp", seed=3, gateways=gateways, partition=partition, alpha=0.3)
     network["trainer"] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 32, "lr_decay": "none"}
     return create_federation(folder, gateways=gateways, edges=edges, network=network,
                              federation={**FEDERATION, **federation}, reserve=True,
@@ -84,8 +83,7 @@ def init_federation(folder: Path, *, edges: int, rounds: int, **federation: Any)
     [federation] tables (its CLI defaults, seed 0), ``federation`` keys over them, round 0 waiting for
     every edge (``min_registered``: which edges a round asks then does not depend on start-up
     timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS."""
-    network = default_network(topology="ring", task="digits-mlp", algorithm="dpsgd", compression="identity",
-                              steps=300, seed=0, federated=True)
+    network = federation_network(task="digits-mlp", seed=0, gateways=1)
     table = {**default_federation(rounds=rounds, gateways=1, edges=edges, seed=0), "min_registered": edges,
              **federation}
     return create_federation(folder, gateways=1, edges=edges, network=network, federation=table,

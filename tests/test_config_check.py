@@ -14,9 +14,10 @@ import pytest
 
 from peer.cli.config import check_file
 from peer.cli.main import main
-from peer.cli.reference import peer_file_keys, render, scenario_keys
+from peer.cli.reference import edge_file_keys, peer_file_keys, render, scenario_keys
 from peer.files import tomlout
 from peer.files.config import ConfigError, read_toml
+from peer.runtime.edgeconfig import load_edge_config
 from peer.runtime.netinit import create_network
 from peer.runtime.peerconfig import load_peer_config
 from sim.scenario import load_scenario
@@ -110,6 +111,22 @@ def test_the_reference_lists_exactly_the_keys_the_peer_loader_accepts(tmp_path: 
     # the keys the issue found undocumented are among them
     assert {"peer.late_join", "peer.finish_grace_s", "peer.eval_every_steps", "network.task_options",
             "peer.neighbour_timeout_s"} <= listed
+
+
+def test_the_reference_lists_exactly_the_keys_the_edge_loader_accepts(tmp_path: Path) -> None:
+    own = {"name": "e000", "key": "k.key", "roster": "roster.toml", "data_dir": "d", "gateway": "gw0"}
+    base = {"edge": own, "federation": {}}
+    path = tmp_path / "e000.toml"
+
+    def load(data: dict[str, Any]) -> None:
+        load_edge_config(_write(path, data))
+
+    listed = {doc.key for doc in edge_file_keys()}
+    # less the gateways' gossip keys, which an edge client takes (from the shared file) for the run id only
+    assert listed == _accepted(load, base) - {"network.topology", "network.weights", "network.gossip"}
+    assert {"edge.gateway_timeout_s", "federation.fraction", "network.trainer.lr"} <= listed
+    # the one key read before the loaders, listed for both member files
+    assert render().count("\ninclude = ") == 2
 
 
 def test_the_reference_lists_exactly_the_keys_the_scenario_loader_accepts(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Acceptance (17a, third case) with real processes: a peer configured differently from its neighbour
-is named on the console, with the reason and what differs, within a heartbeat interval.
+is named on the console, with the reason and what differs, within a heartbeat interval; each answers
+the other with its settings, so both name the first differing key (issue 30).
 
 Before, the console said nothing: the refusals (``config_mismatch``) were only counted in status.json.
 """
@@ -53,14 +54,21 @@ def test_a_config_mismatch_is_said_once_naming_the_sender_within_a_heartbeat(tmp
         logs = {name: wait_for_log(files, name, f"{name} refused messages from {other}: config_mismatch")
                 for name, other in (("p00", "p01"), ("p01", "p00"))}
         refused = {name: _wait_for_refusals(files, name, 3) for name in logs}
+        # each answers the other with its settings (a SettingsRefusal), and each names the first
+        # key where they part, theirs first (issue 30: the refusal names the key on both sides)
+        said = {"p00": "p00: p01 refuses us: [network] differs (trainer.lr 0.05 at p01 != 0.1 here)",
+                "p01": "p01: p00 refuses us: [network] differs (trainer.lr 0.1 at p00 != 0.05 here)"}
+        for name, line in said.items():
+            wait_for_log(files, name, line)
         logs = {name: (files.out / "data" / name / "peer.log").read_text() for name in logs}
     # Assert: the line names the sender, the reason and both run ids, and says what they digest
     for name, other in (("p00", "p01"), ("p01", "p00")):
         line = next(x for x in logs[name].splitlines() if "refused messages" in x)
         expected = (rf"{name} refused messages from {other}: config_mismatch \(their run id [0-9a-f]{{12}}"
-                    rf" != ours [0-9a-f]{{12}}: the \[network\] settings differ\)")
+                    rf" != ours [0-9a-f]{{12}}: the shared settings \(\[network\], \[federation\]\) differ\)")
         assert re.search(expected, line), line
         assert logs[name].count("refused messages") == 1, logs[name]     # once, however many refusals
+        assert logs[name].count("refuses us") == 1, logs[name]           # once, however many answers
     # Assert: said within a heartbeat interval of the first message that could reach it: both peers
     # heartbeat first and then say whom they wait for, so the later of those lines marks the moment
     # both were up; the other's next heartbeat comes at most one interval later.

@@ -31,10 +31,14 @@ def test_init_writes_a_federation_whose_members_share_one_run_id(tmp_path: Path)
     gateway = load_peer_config(out / "gw0.toml")
     assert gateway.federation is not None and gateway.federation.rounds == 7
     assert gateway.federation.gossip_rounds == 1     # two gateways gossip after each round
-    # the influence bounds (issue 32) are in the files, for an operator to see and change
+    # the influence bounds (issue 32) and min_registered are in the shared file, for an operator to
+    # see and change; the members' own files include it and hold no table of it
+    written = tomllib.loads((out / "federation.toml").read_text())
+    fed = written["federation"]
+    assert (fed["samples_multiple"], fed["norm_multiple"], fed["min_registered"]) == (2.0, 2.0, 2)
     for path in (out / "gw0.toml", out / "e000.toml"):
-        written = tomllib.loads(path.read_text())["federation"]
-        assert (written["samples_multiple"], written["norm_multiple"]) == (2.0, 2.0), path
+        own = tomllib.loads(path.read_text())
+        assert own["include"] == "federation.toml" and not {"network", "federation"} & set(own), path
     assert gateway.gossip.total_steps == 7 and gateway.gossip.mixing == "after"
     assert gateway.peer.clients == ("e000", "e001", "e002")      # blocks: client i of 5 is gw(i*2//5)'s
     assert load_peer_config(out / "gw1.toml").peer.clients == ("e003", "e004")
@@ -59,10 +63,13 @@ def test_init_refuses_a_federation_and_peers_at_once(tmp_path: Path,
 def test_a_bad_federation_key_is_named(tmp_path: Path) -> None:
     out = tmp_path / "fed"
     assert main(["init", "--gateways", "1", "--edges", "2", "--out", str(out)]) == 0
-    text = (out / "gw0.toml").read_text().replace("fraction = 0.5", "fraction = 1.5")
-    (out / "gw0.toml").write_text(text)
-    with pytest.raises(HivemeshError, match=r"federation\.fraction"):
+    text = (out / "federation.toml").read_text().replace("fraction = 0.5", "fraction = 1.5")
+    (out / "federation.toml").write_text(text)
+    # the shared file is named, where the key is written
+    with pytest.raises(HivemeshError, match=r"federation\.toml: .*federation\.fraction"):
         load_peer_config(out / "gw0.toml")
+    with pytest.raises(HivemeshError, match=r"federation\.toml: .*federation\.fraction"):
+        load_edge_config(out / "e000.toml")
 
 
 def test_local_data_in_every_documented_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

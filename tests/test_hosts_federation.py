@@ -89,13 +89,15 @@ def edge_host(index: int) -> int:
 
 
 def tune(path: Path, section: str | None = None) -> None:
-    """The operator's edit of one config file: the run's [network] trainer and [federation] keys
-    (alike in every file: they are the run id), an edge's [edge] options."""
+    """The operator's edit of one config file: the run's [network] trainer and [federation] keys in
+    the shared federation.toml (every member includes it: they are the run id), an edge's [edge]
+    options in its own file."""
     table = tomllib.loads(path.read_text())
-    table["network"]["trainer"] = {**table["network"]["trainer"], **TRAINER}
-    table["federation"] = {**table["federation"], **FEDERATION}
     if section == "edge":
         table["edge"] = {**table["edge"], **EDGE_OPTIONS}
+    else:
+        table["network"]["trainer"] = {**table["network"]["trainer"], **TRAINER}
+        table["federation"] = {**table["federation"], **FEDERATION}
     path.write_text(tomlout.dumps(table))
 
 
@@ -153,7 +155,7 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
         assert main(["init", "--gateways", "1", "--edges", str(EDGES), "--rounds", str(ROUNDS),
                      "--out", str(out), "--hosts", hosts.addresses[0], "--base-port", str(PORT),
                      "--seed", "3", "--alpha", "0.3"]) == 0
-        tune(out / f"{GATEWAY}.toml")
+        tune(out / "federation.toml")
         for name in edges:
             tune(out / f"{name}.toml", "edge")
         began = time.monotonic()

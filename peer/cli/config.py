@@ -4,7 +4,9 @@
 roster, the topology over the roster's peers, the task, the compressor, the algorithm on that
 graph) or the checks ``hivemesh sim`` runs on a scenario, and says "ok" in one line; any mistake
 is one line naming the file and the key (exit 2). Which kind a file is comes from its tables: a
-peer file has ``[peer]`` (or ``[network]``), a scenario neither.
+peer file has ``[peer]`` (or ``[network]``), an edge client's ``[edge]``, a federation's shared
+file (``federation.toml``) ``[network]`` and ``[federation]`` alone (every member config beside it
+that includes it is checked), a scenario none of these.
 
 ``reference`` prints every key of both kinds, generated from the config classes
 (peer.cli.reference), so it lists what the loaders accept and nothing else.
@@ -66,9 +68,41 @@ def check_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
     data = read_toml(path)
     if "edge" in data:
         return check_edge_file(path, overrides)
+    if is_shared_file(data):
+        return check_shared_file(path, overrides)
     if is_peer_file(data):
         return check_peer_file(path, overrides)
     return check_scenario_file(path, overrides)
+
+
+def is_shared_file(data: dict[str, Any]) -> bool:
+    """A federation's shared file (peer/files/include.py) has ``[network]`` and ``[federation]`` and no
+    member's table (a scenario's [federation] comes without [network])."""
+    return {"network", "federation"} <= set(data) and "peer" not in data and "edge" not in data
+
+
+def check_shared_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
+    """Every member config in the shared file's folder that includes it, checked as its own kind:
+    an edit of the shared file is checked for the whole federation at once."""
+    from peer.files.config import ConfigError, read_toml
+    from peer.files.include import INCLUDE_KEY
+
+    path = Path(path)
+    if overrides:
+        raise _error(path, "--set", "check a member's config with --set, not the shared file")
+    members = []
+    for candidate in sorted(path.resolve().parent.glob("*.toml")):
+        try:
+            named = read_toml(candidate).get(INCLUDE_KEY)
+        except ConfigError:
+            continue        # not a config of this federation's: not ours to judge
+        if isinstance(named, str) and (candidate.parent / named).resolve() == path.resolve():
+            check_file(candidate)
+            members.append(candidate.stem)
+    if not members:
+        raise ConfigError(f"{path}: no config in {path.resolve().parent} includes it "
+                          f"({INCLUDE_KEY} = \"{path.name}\")")
+    return f"ok: shared file {path}: included by {len(members)} members, each checked: {', '.join(members)}"
 
 
 def check_peer_file(path: str | Path, overrides: Sequence[str] = ()) -> str:

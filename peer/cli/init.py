@@ -23,13 +23,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a federation: number of edge clients (in blocks: client i of E belongs to "
                              "gateway i*G//E)")
     parser.add_argument("--rounds", type=int, default=30, help="a federation: FedAvg rounds (default: 30)")
-    parser.add_argument("--topology", default="ring", help="topology spec or graph file (default: ring)")
+    parser.add_argument("--min-registered", type=int, default=None, metavar="N",
+                        help="a federation: no round opens before N edge clients registered with their "
+                             "gateway (default: min_clients, 2)")
+    parser.add_argument("--topology", default=None,
+                        help="topology spec or graph file (default: ring; a federation: the gateways' "
+                             "gossip graph, so only with two gateways or more)")
     parser.add_argument("--out", required=True, help="new (or empty) folder to write into")
     parser.add_argument("--task", default="digits-mlp", help="training task (default: digits-mlp)")
-    parser.add_argument("--algorithm", default="dpsgd",
-                        help="gossip algorithm: dpsgd, local, choco, pushsum, adpsgd (default: dpsgd)")
-    parser.add_argument("--compression", default="identity", help="compression spec (default: identity)")
-    parser.add_argument("--steps", type=int, default=300, help="local training steps per peer (default: 300)")
+    parser.add_argument("--algorithm", default=None,
+                        help="gossip algorithm: dpsgd, local, choco, pushsum, adpsgd (default: dpsgd; a "
+                             "federation: the gateways', so only with two gateways or more)")
+    parser.add_argument("--compression", default=None,
+                        help="compression spec (default: identity; a federation: only with two "
+                             "gateways or more)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="local training steps per peer (default: 300; not in a federation, "
+                             "which counts --rounds)")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                        help="set a key of the shared tables every member agrees on (network.KEY, in a "
+                             "federation also federation.KEY; repeatable): a federation writes them "
+                             "once, in federation.toml")
     parser.add_argument("--seed", type=int, default=0, help="network seed (default: 0)")
     parser.add_argument("--partition", default="dirichlet", choices=("iid", "dirichlet", "shards"),
                         help="how the data is split (default: dirichlet)")
@@ -51,10 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def default_network(*, topology: str, task: str, algorithm: str, compression: str, steps: int, seed: int,
-                    partition: str = "dirichlet", alpha: float = 0.5,
-                    federated: bool = False) -> dict[str, Any]:
-    """The [network] table of a new network (what every member agrees on). A federation's trainer
-    has no ``total_steps``: its schedule spans the federation's rounds (peer/train/federated.py)."""
+                    partition: str = "dirichlet", alpha: float = 0.5) -> dict[str, Any]:
+    """The [network] table of a new gossip network (what every member agrees on); a federation's is
+    :func:`federation_network`."""
     from peer.files.defaults import gossip_table, trainer_table
 
     return {
@@ -63,19 +76,45 @@ def default_network(*, topology: str, task: str, algorithm: str, compression: st
         "task": task,
         "partition": {"scheme": partition, "alpha": alpha},
         "gossip": gossip_table(algorithm=algorithm, compression=compression, steps=steps, seed=seed),
-        "trainer": trainer_table(task=task, steps=0 if federated else steps),
+        "trainer": trainer_table(task=task, steps=steps),
     }
 
 
-def default_federation(*, rounds: int, gateways: int, edges: int, seed: int) -> dict[str, Any]:
-    """The [federation] table of a new federation. The influence bounds are written out, so an
-    operator sees them to turn off (0) or change (protocols/federation/influence.py)."""
+def federation_network(*, task: str, seed: int, gateways: int, topology: str | None = None,
+                       algorithm: str | None = None, compression: str | None = None,
+                       partition: str = "dirichlet", alpha: float = 0.5) -> dict[str, Any]:
+    """The [network] table of a new federation: only keys that act in it. The task, seed, partition
+    and trainer act on every member; the gossip graph and algorithm only between two gateways or
+    more (written then, with the algorithm's steps left to the rounds: a gateway gossips once a
+    round). ``None``: the default (ring, dpsgd, identity)."""
+    from peer.files.defaults import trainer_table
+
+    network: dict[str, Any] = {"seed": seed, "task": task, "partition": {"scheme": partition, "alpha": alpha},
+                               "trainer": trainer_table(task=task, steps=0)}
+    if gateways > 1:
+        network["topology"] = topology or "ring"
+        network["gossip"] = {"algorithm": algorithm or "dpsgd"}
+        if compression not in (None, "identity"):
+            network["gossip"]["compression"] = compression
+    return network
+
+
+def default_federation(*, rounds: int, gateways: int, edges: int, seed: int,
+                       min_registered: int | None = None) -> dict[str, Any]:
+    """The [federation] table of a new federation. The influence bounds and ``min_registered``
+    (default: ``min_clients``) are written out, so an operator sees them to change
+    (protocols/federation/influence.py, config.py)."""
     from protocols.federation import FederationConfig
 
     defaults = FederationConfig()
-    return {"rounds": rounds, "fraction": 0.5, "min_clients": min(2, edges), "round_timeout_s": 30.0,
-            "local_epochs": 1, "seed": seed, "gossip_rounds": 1 if gateways > 1 else 0,
-            "samples_multiple": defaults.samples_multiple, "norm_multiple": defaults.norm_multiple}
+    min_clients = min(2, edges)
+    table: dict[str, Any] = {
+        "rounds": rounds, "fraction": 0.5, "min_clients": min_clients,
+        "min_registered": min_clients if min_registered is None else min_registered,
+        "round_timeout_s": 30.0, "local_epochs": 1, "seed": seed}
+    if gateways > 1:    # one gateway has no one to gossip with
+        table["gossip_rounds"] = 1
+    return {**table, "samples_multiple": defaults.samples_multiple, "norm_multiple": defaults.norm_multiple}
 
 
 def task_as_written(task: str) -> str:
@@ -114,7 +153,7 @@ def check_network(network: dict[str, Any], *, peers: int, out: str, federated: b
 
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
-    if int(network["gossip"].get("total_steps", 1)) < 1:
+    if int(network.get("gossip", {}).get("total_steps", 1)) < 1:
         raise HivemeshError("--steps must be at least 1")
     names = default_names(peers)
     section = _named("--partition/--alpha", lambda: load(NetworkSection, network, source="hivemesh init",
@@ -122,7 +161,7 @@ def check_network(network: dict[str, Any], *, peers: int, out: str, federated: b
     topology = _named("--topology", lambda: build(section.topology, names, seed=section.seed))
     task, options = resolve_task_paths(section.task, section.task_options, Path(out).resolve())
     _named("--task", lambda: get_task(task, **options))
-    only_algorithm = NetworkSection(gossip={"algorithm": section.gossip.get("algorithm")})
+    only_algorithm = NetworkSection(gossip={k: v for k, v in section.gossip.items() if k == "algorithm"})
     _named("--algorithm", lambda: gossip_config(only_algorithm, source="hivemesh init", prefix="gossip"))
     _named("--compression", lambda: from_spec(str(section.gossip.get("compression", "identity"))))
     gossip = _named("--compression", lambda: gossip_config(section, source="hivemesh init",
@@ -148,6 +187,26 @@ def check_written(configs: Iterable[Path]) -> None:
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise HivemeshError(f"init wrote a config that does not load: {text} (fix the option and run "
                                 f"init again into an empty folder)") from None
+
+
+def with_sets(tables: dict[str, dict[str, Any]], assignments: list[str], *,
+              allowed: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``tables`` with each ``--set KEY=VALUE`` applied (peer.files.config.apply_override); a key
+    outside the ``allowed`` tables is refused, naming it (a member's own keys are its own file's)."""
+    from peer.files.config import apply_override
+    from protocols.errors import HivemeshError
+
+    tables = dict(tables)
+    for assignment in assignments:
+        table = assignment.partition("=")[0].strip().split(".")[0]
+        if table not in allowed:
+            raise HivemeshError(f"--set {assignment}: init sets the shared tables only "
+                                f"({', '.join(name + '.KEY' for name in allowed)})")
+        try:
+            apply_override(tables, assignment, source="hivemesh init")
+        except HivemeshError as error:
+            raise HivemeshError(f"--set: {error}") from None
+    return tables
 
 
 def hosts_given(args: argparse.Namespace) -> list[str] | None:
@@ -177,10 +236,14 @@ def run(args: argparse.Namespace) -> int:
     if args.peers < 1:
         raise HivemeshError("--peers (or --gateways and --edges) is required")
 
+    if args.min_registered is not None:
+        raise HivemeshError("--min-registered: only in a federation (--gateways, --edges)")
     network = _named("--algorithm", lambda: default_network(
-        topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
-        compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,
+        topology=args.topology or "ring", task=task_as_written(args.task),
+        algorithm=args.algorithm or "dpsgd", compression=args.compression or "identity",
+        steps=300 if args.steps is None else args.steps, seed=args.seed, partition=args.partition,
         alpha=args.alpha))
+    network = with_sets({"network": network}, args.overrides, allowed=("network",))["network"]
     check_network(network, peers=args.peers, out=args.out)      # before any file is written
     files = create_network(args.out, peers=args.peers, network=network, host=args.host or "127.0.0.1",
                            base_port=args.base_port, peer_options={"curve": args.curve},
@@ -197,19 +260,33 @@ def run(args: argparse.Namespace) -> int:
 def _federation(args: argparse.Namespace) -> int:
     """``--gateways G --edges E``: the gateways gossip over ``--topology`` (one gossip exchange after
     each FedAvg round when G > 1) and run ``--rounds`` FedAvg rounds for their edge clients."""
+    from peer.files.config import load
     from peer.runtime.netinit import create_federation
     from peer.runtime.peerconfig import PeerFederationSection
     from protocols.errors import HivemeshError
 
     if args.gateways < 1 or args.edges < 1:
         raise HivemeshError("--gateways and --edges must both be at least 1")
+    if args.steps is not None:
+        raise HivemeshError("--steps: a federation counts --rounds (its clients' local work is "
+                            "federation.local_epochs or local_steps: --set federation.local_steps=N)")
+    if args.gateways == 1:
+        given = [option for option, value in (("--topology", args.topology), ("--algorithm", args.algorithm),
+                                              ("--compression", args.compression)) if value is not None]
+        if given:
+            raise HivemeshError(f"{given[0]}: one gateway gossips with no one (these set the gateways' "
+                                "gossip, with --gateways 2 or more)")
     federation = default_federation(rounds=args.rounds, gateways=args.gateways, edges=args.edges,
-                                    seed=args.seed)
-    _named("--rounds", lambda: PeerFederationSection(**federation))
-    network = _named("--algorithm", lambda: default_network(
-        topology=args.topology, task=task_as_written(args.task), algorithm=args.algorithm,
-        compression=args.compression, steps=args.steps, seed=args.seed, partition=args.partition,
-        alpha=args.alpha, federated=True))
+                                    seed=args.seed, min_registered=args.min_registered)
+    _named("--rounds/--min-registered", lambda: PeerFederationSection(**federation))
+    network = federation_network(task=task_as_written(args.task), seed=args.seed, gateways=args.gateways,
+                                 topology=args.topology, algorithm=args.algorithm,
+                                 compression=args.compression, partition=args.partition, alpha=args.alpha)
+    shared = with_sets({"network": network, "federation": federation}, args.overrides,
+                       allowed=("network", "federation"))
+    network, federation = shared["network"], shared["federation"]
+    _named("--set", lambda: load(PeerFederationSection, federation, source="hivemesh init --set",
+                                 prefix="federation"))
     check_network(network, peers=args.gateways, out=args.out, federated=True)
     curve = {"curve": args.curve}
     files = create_federation(args.out, gateways=args.gateways, edges=args.edges, network=network,
@@ -219,6 +296,8 @@ def _federation(args: argparse.Namespace) -> int:
     check_written([*files.network.configs.values(), *files.edge_configs.values()])
     print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
           f"{files.network.out}")
+    print(f"  shared:  {files.shared} ([network] and [federation]: every member includes it; edit "
+          f"them there)")
     print(f"  roster:  {files.network.roster}")
     print(f"  keys:    {files.network.out / 'keys'}/ (mode 0600; give each machine only its own)")
     for name, path in files.network.configs.items():

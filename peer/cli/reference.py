@@ -1,4 +1,5 @@
-"""``hivemesh config reference``: every key of a peer file and of a scenario, from the schema itself.
+"""``hivemesh config reference``: every key of a peer file, an edge client's file and a scenario, from
+the schema itself.
 
 The keys, types and defaults are read from the config dataclasses the loaders use
 (:func:`peer.files.config.accepted_fields`, plus the class a plain table is checked against,
@@ -48,6 +49,25 @@ def peer_file_keys() -> list[KeyDoc]:
     return list(_keys(PeerFile, ""))
 
 
+# [network] keys only gateways act on (their gossip): an edge client takes them from the shared file
+# for the run id alone, so its reference leaves them out
+GATEWAY_ONLY = ("network.topology", "network.weights", "network.gossip.")
+
+
+def edge_file_keys() -> list[KeyDoc]:
+    """Every key of an edge client's file (``hivemesh edge --config``) that acts on the client."""
+    from peer.runtime.edgeconfig import EdgeFile
+
+    return [doc for doc in _keys(EdgeFile, "") if not doc.key.startswith(GATEWAY_ONLY)]
+
+
+# read before the loaders see the file (peer/files/include.py): a key of every member's file
+INCLUDE_DOC = KeyDoc(key="include", type="str", default='""', unit="",
+                     meaning="a shared file (relative to this file) whose tables this member takes, word "
+                             "for word; this file may not set a key of them (hivemesh init writes a "
+                             "federation's [network] and [federation] in federation.toml)")
+
+
 def scenario_keys() -> list[KeyDoc]:
     """Every key of a scenario file (``hivemesh sim``)."""
     from sim.scenario import ScenarioConfig
@@ -59,7 +79,9 @@ def render() -> str:
     """The reference as text: per file kind, one entry per key (``key = default  (type, unit)``
     and its meaning on the next line)."""
     out = []
-    for title, keys in (("peer config (hivemesh peer --config FILE)", peer_file_keys()),
+    for title, keys in (("peer config (hivemesh peer --config FILE)", [INCLUDE_DOC, *peer_file_keys()]),
+                        ("edge client config (hivemesh edge --config FILE)",
+                         [INCLUDE_DOC, *edge_file_keys()]),
                         ("scenario (hivemesh sim FILE)", scenario_keys())):
         out.append(f"# {title}")
         for doc in keys:

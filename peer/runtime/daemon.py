@@ -48,13 +48,14 @@ from peer.runtime.inbox import Inbox
 from peer.runtime.links import heartbeat_latency_ms, transport_config
 from peer.runtime.membersetup import daemon_member, member_node
 from peer.runtime.peerconfig import PeerConfig
+from peer.runtime.refusals import SettingsRefusals
 from peer.runtime.rosterwatch import RosterWatch, reread
 from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, ParamsWriter, ScheduleFiles
 from peer.train.checkpoint import SavePoint
 from protocols.events import Event, Machine, TimerFired, WorkDone
 from protocols.federation.interleave import GatewayWork
-from protocols.messages import Heartbeat
+from protocols.messages import Heartbeat, SettingsRefusal
 from protocols.node import member as lifecycle
 from protocols.node import waiting_line
 from protocols.node.host import Host
@@ -106,6 +107,10 @@ class PeerDaemon:
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
                                    total_steps=config.gossip.total_steps)
         self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
+        # ... and answered with our settings, so it can name what differs (a gateway: once a round)
+        self.refusals = SettingsRefusals(self.endpoint, config.shared(), interval_s=(
+            config.federation.round_timeout_s if config.federation is not None
+            else config.peer.neighbour_timeout_s))
         self.transport: Transport | None = None
         self._listen_fd = listen_fd
         self._dialled = dict(self.parts.neighbours)   # name -> the address its socket dials
@@ -309,6 +314,9 @@ class PeerDaemon:
             notice = self.mismatches.first(opened.reason, opened.sender, opened.detail)  # is said once
             if notice:
                 self.status.warn(notice)
+            self._answer(opened, connection)
+        elif isinstance(opened.message, SettingsRefusal):
+            self.status.warn_once(f"{self.name}: {self.refusals.heard(opened.sender, opened.message)}")
         elif self.hooks.cutting(self.now()):
             self.counters.test_cut_dropped["received"] += 1
         else:
@@ -320,6 +328,19 @@ class PeerDaemon:
                 self.routes[opened.sender] = connection
                 self.counters.client_bytes_received[opened.sender] += opened.wire_bytes
             self._dispatch(opened)
+
+    def _answer(self, rejection: Rejection, connection: bytes | None) -> None:
+        """A member refused for its run id gets our settings (SettingsRefusal): a client on the
+        connection it dialled (never kept as its route: nothing of it was accepted), a neighbour on
+        ours to it."""
+        assert self.transport is not None
+        frames = self.refusals.answer(rejection, self.now())
+        if frames is None:
+            return
+        if rejection.sender in self.neighbours:
+            self.transport.send(rejection.sender, frames)
+        elif connection is not None:
+            self.transport.reply(connection, frames)
 
     def _dispatch(self, opened: Opened) -> None:
         """Hand a verified message to the member; what only a daemon shows (heartbeat latency, the

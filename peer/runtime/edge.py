@@ -71,6 +71,7 @@ from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, edge_identity_and_roster, load_edge_config
+from peer.runtime.refusals import heard
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.attack import forge, sign_flip
 from peer.train.federated import train_round
@@ -81,6 +82,7 @@ from protocols.federation import FedAvgClient, SecureClient
 from protocols.federation.edge_machine import EdgeMachine
 from protocols.federation.secure import roster_verify
 from protocols.identity import Identity
+from protocols.messages import SettingsRefusal
 from protocols.node import Neighbour, Node, NodeAction, Note
 from protocols.node.host import TimerTable
 from protocols.node.member import EXIT_STRANDED
@@ -165,6 +167,7 @@ class EdgeClient:
         self._last_loss = math.nan
         self._contact_s = 0.0        # last accepted message from the gateway, or send it took (now())
         self.rounds_trained = 0
+        self.refused = ""     # what the gateway's last refusal of our settings named (SettingsRefusal)
         self.updates_sent = 0
         self.unsent: Counter[str] = Counter()
         self.state = "starting"
@@ -266,6 +269,10 @@ class EdgeClient:
             if isinstance(opened, Opened):
                 if opened.sender == self.gateway:
                     self._contact_s = self.now()
+                if isinstance(opened.message, SettingsRefusal):   # our run id is not the gateway's
+                    self.refused = heard(opened.sender, self.config.shared(), opened.message)
+                    self.status.warn_once(f"{self.name}: {self.refused}")
+                    continue
                 if self.node.may_write_params(opened.message):
                     self.transport.wait_sent()   # a RoundStart overwrites the model our update reads
                 self._carry_out(self.node.receive(opened.sender, opened.message, self.now()))
@@ -363,6 +370,8 @@ class EdgeClient:
         return {"name": self.name, "role": "edge", "state": self.state, "epoch": self.epoch,
                 "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
                 "gateway_up": gateway.up, "round": self.client.round, "rounds_trained": self.rounds_trained,
+                # the gateway refuses our messages: the first of our settings that differs from its
+                "settings_refused": self.refused,
                 "updates_sent": self.updates_sent, "unsent": dict(self.unsent), "step": self.trainer.step,
                 # what the last local step used: the rate, and its place on the federation's schedule
                 "lr": self.trainer.last_lr, "schedule_step": self.trainer.last_schedule_step,

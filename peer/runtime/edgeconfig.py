@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from peer.files import roster_file
-from peer.files.config import load, read_toml
+from peer.files.config import load
+from peer.files.include import check_shared, read_member
 from peer.files.keyfile import load_identity
 from peer.files.paths import from_folder
 from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
@@ -99,14 +100,18 @@ class EdgeConfig:
 
 def load_edge_config(path: str | Path) -> EdgeConfig:
     path = Path(path)
-    parsed = load(EdgeFile, read_toml(path), source=str(path))
+    text = read_member(path)
+    check_shared(EdgeFile, text)
+    parsed = load(EdgeFile, text.data, source=str(path))
     base = path.resolve().parent
     data = parsed.edge.data
     if data and Path(data).suffix.lower() in (".npz", ".safetensors", ".csv"):
         data = from_folder(base, data)
-    trainer = trainer_config(parsed.network, source=str(path), prefix="network.trainer", federated=True)
+    trainer = trainer_config(parsed.network, source=str(text.file_of("network")), prefix="network.trainer",
+                             federated=True)
+    network = resolve_network_paths(parsed.network, text.folder_of("network"))
     return EdgeConfig(source=path, edge=parsed.edge, federation=parsed.federation,
-                      network=resolve_network_paths(parsed.network, base), network_as_written=parsed.network,
+                      network=network, network_as_written=parsed.network,
                       transport=parsed.transport, trainer=trainer,
                       key_path=Path(from_folder(base, parsed.edge.key)),
                       roster_path=Path(from_folder(base, parsed.edge.roster)),

@@ -10,11 +10,14 @@ The layout of ``out``::
 
 A federation (``create_federation``; ``hivemesh init --gateways G --edges E``)
 adds edge clients: role ``edge`` on the roster, no address (they dial out),
-one ``NAME.toml`` each for ``hivemesh edge``; the gateways' configs carry the
-``[federation]`` table.
+one ``NAME.toml`` each for ``hivemesh edge``; ``federation.toml`` holds the
+``[network]`` and ``[federation]`` tables, once, and every gateway's and edge
+client's config includes it (``include = "federation.toml"``) and keeps only
+its own tables.
 
 Only the key of a member ever needs to move to that member's machine; the
-roster and the [network] table are the same everywhere.
+roster and the [network] table (a federation's ``federation.toml``) are the
+same everywhere.
 
 Addresses: one ``host`` for every member (ports consecutive from ``base_port``,
 or free ports of that host chosen now), or ``hosts``, one entry per member in
@@ -36,6 +39,7 @@ from typing import Any
 from peer.files import roster_file, tomlout
 from peer.files.federation_layout import federation_names
 from peer.files.federation_layout import gateway_of as layout_gateway_of
+from peer.files.include import INCLUDE_KEY
 from peer.files.keyfile import save_identity
 from peer.net.transport import free_tcp_addresses, listener_address, reserve_listeners
 from protocols.errors import HivemeshError
@@ -61,7 +65,7 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
                    sections: Mapping[str, Mapping[str, Any]] | None = None,
                    reserve: bool = False,
                    own_options: Mapping[str, Mapping[str, Any]] | None = None,
-                   hosts: Sequence[str] | None = None) -> NetworkFiles:
+                   hosts: Sequence[str] | None = None, include: str = "") -> NetworkFiles:
     """Write keys, roster and configs for ``peers`` members into ``out`` (which must be empty).
 
     ``network`` is the [network] table (topology, seed, task, partition, gossip, trainer).
@@ -71,6 +75,8 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     ``peer_options`` are extra [peer] keys for every peer, ``own_options`` for one (by name: a
     gateway's ``clients``); ``sections`` extra tables (e.g. {"checkpoint": {"every_steps": 20}}).
     ``hosts``: one address per member instead of ``host`` (see :func:`host_addresses`).
+    ``include``: a shared file (in ``out``) that holds ``network`` and that each config includes
+    instead of a copy of its own (peer/files/include.py; the caller writes it).
     """
     if peers < 1:
         raise HivemeshError("--peers must be at least 1")
@@ -111,12 +117,12 @@ def create_network(out: str | Path, *, peers: int, network: Mapping[str, Any],
     roster_file.write(roster_path, roster)
     configs = {}
     for name in roster.names:
-        table: dict[str, Any] = {
-            "peer": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
-                     "data_dir": f"data/{name}", **dict(peer_options or {}),
-                     **dict((own_options or {}).get(name, {}))},
-            "network": dict(network),
-        }
+        table: dict[str, Any] = {INCLUDE_KEY: include} if include else {}
+        table["peer"] = {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
+                         "data_dir": f"data/{name}", **dict(peer_options or {}),
+                         **dict((own_options or {}).get(name, {}))}
+        if not include:
+            table["network"] = dict(network)
         for section, values in (sections or {}).items():
             table[section] = dict(values)
         configs[name] = out / f"{name}.toml"
@@ -198,6 +204,11 @@ class FederationFiles:
     network: NetworkFiles           # gateways: roster, keys, configs (with [federation]), listeners
     edge_configs: dict[str, Path]   # edge client name -> its config (edge.toml)
     gateway_of: dict[str, str]      # edge client name -> its gateway
+    shared: Path                    # SHARED_FILE: [network] and [federation], included by every member
+
+
+# the file of a federation's [network] and [federation] tables, in the federation's folder
+SHARED_FILE = "federation.toml"
 
 
 # a gateway's checkpoint interval, in rounds (its steps): a round is the clients' training, long
@@ -218,8 +229,9 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     ``edge.toml``-style config naming their gateway (peer/files/federation_layout.py: contiguous
     blocks, client i of E belongs to gateway i * G // E, as in a simulated federation; each
     gateway's ``[peer] clients`` lists its block, except a lone gateway's, which serves every
-    edge member of the roster, later ones included). The
-    ``[network]`` and ``[federation]`` tables are the same in every file (the run id).
+    edge member of the roster, later ones included). The ``[network]`` and ``[federation]``
+    tables (the run id) are written once, in :data:`SHARED_FILE`, which every member's config
+    includes (peer/files/include.py): an edit there changes every member.
     ``hosts``: one address per gateway instead of ``host`` (edge clients have none). A gateway
     checkpoints every :data:`GATEWAY_CHECKPOINT_ROUNDS` rounds unless ``sections``' ``checkpoint``
     table sets ``every_steps``.
@@ -237,8 +249,13 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     checkpoint = {"every_steps": GATEWAY_CHECKPOINT_ROUNDS, **dict((sections or {}).get("checkpoint", {}))}
     files = create_network(out, peers=gateways, network=network, names=gateway_names, host=host,
                            base_port=base_port, peer_options=peer_options, reserve=reserve,
-                           sections={**dict(sections or {}), "checkpoint": checkpoint,
-                                     "federation": dict(federation)}, own_options=own, hosts=hosts)
+                           sections={**dict(sections or {}), "checkpoint": checkpoint}, own_options=own,
+                           hosts=hosts, include=SHARED_FILE)
+    shared = files.out / SHARED_FILE
+    shared.write_text(f"# what every gateway and edge client of this federation agrees on (the run id): "
+                      f"each member's config includes it\n# (include = \"{SHARED_FILE}\"); change a key "
+                      f"here, never in one member's file\n"
+                      + tomlout.dumps({"network": dict(network), "federation": dict(federation)}))
     roster = roster_file.read(files.roster)
     members = [dataclass_replace(m, role="gateway") for m in roster.members]
     keys = dict(files.keys)
@@ -252,12 +269,13 @@ def create_federation(out: str | Path, *, gateways: int, edges: int, network: Ma
     edge_configs = {}
     for name in edge_names:
         table: dict[str, Any] = {
+            INCLUDE_KEY: SHARED_FILE,
             "edge": {"name": name, "key": f"keys/{name}.key", "roster": "roster.toml",
-                     "data_dir": f"data/{name}", "gateway": gateway_of[name], **dict(edge_options or {})},
-            "network": dict(network), "federation": dict(federation)}
+                     "data_dir": f"data/{name}", "gateway": gateway_of[name], **dict(edge_options or {})}}
         edge_configs[name] = files.out / f"{name}.toml"
         edge_configs[name].write_text(f"# hivemesh edge client config for {name}: "
                                       f"hivemesh edge --config {name}.toml\n" + tomlout.dumps(table))
     network_files = NetworkFiles(out=files.out, roster=files.roster, configs=files.configs, keys=keys,
                                  listeners=files.listeners)
-    return FederationFiles(network=network_files, edge_configs=edge_configs, gateway_of=gateway_of)
+    return FederationFiles(network=network_files, edge_configs=edge_configs, gateway_of=gateway_of,
+                           shared=shared)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.files.config import ConfigError, apply_override, load, read_toml
+from peer.files.config import ConfigError, apply_override, load
+from peer.files.include import check_shared, read_member
 from peer.files.paths import from_folder
 from peer.files.schema import (
     NetworkSection,
@@ -174,19 +175,22 @@ def load_peer_config(path: str | Path, overrides: Sequence[str] = ()) -> PeerCon
     the run id: every member must be given the same.
     """
     path = Path(path)
-    raw = read_toml(path)
+    text = read_member(path)
+    check_shared(PeerFile, text)
+    raw = text.data
     for assignment in overrides:
         apply_override(raw, assignment, source=str(path))
     parsed = load(PeerFile, raw, source=str(path))
-    network = parsed.network
-    gossip = gossip_config(network, source=str(path), prefix="network.gossip")
+    written = str(text.file_of("network"))
+    gossip = gossip_config(parsed.network, source=written, prefix="network.gossip")
     if parsed.federation is not None:
         gossip = parsed.federation.gateway_gossip(gossip)
-    trainer = trainer_config(network, source=str(path), prefix="network.trainer",
+    trainer = trainer_config(parsed.network, source=written, prefix="network.trainer",
                              federated=parsed.federation is not None)
     base = path.resolve().parent
+    network = resolve_network_paths(parsed.network, text.folder_of("network"))
     return PeerConfig(
-        source=path, peer=parsed.peer, network=resolve_network_paths(parsed.network, base),
+        source=path, peer=parsed.peer, network=network,
         network_as_written=parsed.network, transport=parsed.transport,
         checkpoint=parsed.checkpoint, gossip=gossip, trainer=trainer,
         key_path=_resolve(base, parsed.peer.key), roster_path=_resolve(base, parsed.peer.roster),
