@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 UNSET = "unset"
+SHOWN_CHARS = 80  # of a key or value another member sent, in one line
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,16 @@ def refusal_line(refuser: str, ours: Mapping[str, Any], theirs: Mapping[str, str
     if found is None:   # equal settings and still refused: the run ids differ for another reason
         return (f"{refuser} refuses us: our run ids differ, but not in the settings it sent (a member of "
                 "another version of hivemesh?)")
-    return f"{refuser} refuses us: {found.describe(them=f'at {refuser}', us='here')}"
+    shown = SettingsDifference(table=_shown(found.table), key=_shown(found.key), ours=_shown(found.ours),
+                               theirs=_shown(found.theirs))
+    return f"{refuser} refuses us: {shown.describe(them=f'at {refuser}', us='here')}"
+
+
+def _shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A member's words as one console line may carry them: printable characters only (no newline or
+    terminal escape reaches an operator's screen from another member), at most ``limit`` of them."""
+    printable = "".join(char if char.isprintable() else "?" for char in text)
+    return printable if len(printable) <= limit else printable[:limit - 3] + "..."
 
 
 def words(value: Any) -> str:

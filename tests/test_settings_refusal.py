@@ -65,3 +65,13 @@ def test_the_answer_is_sealed_for_the_refused_sender_only_for_a_run_id_mismatch(
     frames = refusals.answer(Rejection("config_mismatch", "", "phone"), 0.0)
     assert frames is not None and refusals.answer(Rejection("config_mismatch", "", "phone"), 5.0) is None
     assert refusals.answered == 1
+
+
+def test_a_refusals_words_reach_the_console_as_one_short_printable_line() -> None:
+    # a member's settings are its words: a newline or a terminal escape in them is not passed on
+    theirs = {"federation.fraction": "0.3\n[gw0] all good\x1b[2J", "federation.rounds": "9" * 500}
+    line = refusal_line("gw0", {"federation": {"fraction": 0.5, "rounds": 10}}, theirs)
+    assert "\n" not in line and "\x1b" not in line and line.isprintable()
+    assert line.startswith("gw0 refuses us: [federation] differs (fraction 0.3?[gw0] all good?[2J at gw0")
+    long = refusal_line("gw0", {"federation": {"rounds": 10}}, {"federation.rounds": "9" * 500})
+    assert len(long) < 200 and "..." in long
