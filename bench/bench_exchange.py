@@ -7,7 +7,7 @@ holding 2. Timed from a shared start to the end of the mix, median of
 run on the same bytes:
 
 - raw pyzmq: DEALER/ROUTER, the bytes as 4 MiB frames, no header, no mix;
-- ours unsigned: our framing (msgpack header + 16 MiB zero-copy frames, each
+- ours unsigned: our framing (msgpack header + 4 MiB zero-copy frames, each
   a single-frame ZeroMQ message as on the wire, tracked sends, gather into a
   reused buffer, mix) with the digests and the Ed25519 signature left out;
 - ours signed, serial digests: Endpoint.seal (BLAKE3 per frame + Ed25519 over
@@ -56,9 +56,10 @@ import zmq
 from peer.net.digests import DEFAULT_WORKERS, BufferPool, ThreadDigester
 from peer.net.transport import Arrival, CurveKeys, Transport, listener_address, reserve_listeners
 from peer.runtime.launch import context
+from protocols.codec import MAX_FRAME_BYTES
 
 RAW_FRAME_BYTES = 4 << 20
-WIRE_FRAME_BYTES = 16 << 20
+WIRE_FRAME_BYTES = MAX_FRAME_BYTES
 DIGEST_THREADS = DEFAULT_WORKERS     # as peer/runtime/daemon.py
 HERE = Path(__file__).resolve().parent
 PAIR_TIMEOUT_S = 900.0   # a generous ceiling for 6 exchanges of 100 MB on a loaded machine
@@ -372,8 +373,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed exchanges per row (default 5)")
     parser.add_argument("--hivemind-python", default="/tmp/hmvenv/bin/python",
                         help="python of a separate venv with hivemind installed ('' to skip)")
-    parser.add_argument("--frame-mib", type=int, default=16,
-                        help="payload frame size of our exchanges in MiB (default 16, the wire's limit)")
+    parser.add_argument("--frame-mib", type=int, default=MAX_FRAME_BYTES >> 20,
+                        help="payload frame size of our exchanges in MiB (default: the wire's limit)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, one exchange, no hivemind (a smoke run)")
     parser.add_argument("--no-baselines", action="store_true",

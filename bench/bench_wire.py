@@ -2,7 +2,7 @@
 
 Printed beside baselines measured in the same run on the same bytes: a plain
 copy (into a touched buffer, and into a fresh one) and one digest pass with
-SHA-256 and with BLAKE3. The 100 MB tensor crosses the wire as 16 MiB frames,
+SHA-256 and with BLAKE3. The 100 MB tensor crosses the wire as 4 MiB frames,
 so the receiver gathers it into one tensor: into fresh memory by default (page
 faults: see the clone row), or into a buffer the driver reuses. Goal: each
 side costs at most 2x one pass of the digest the codec uses (BLAKE3, chosen

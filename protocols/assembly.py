@@ -74,8 +74,8 @@ def header_message(header: Frame, signature: Frame) -> bytes:
 class AssemblyConfig:
     """How long and how much one sender may keep a receiver waiting."""
 
-    # a connection owing frames and silent this long releases its buffers; a 16 MiB frame takes
-    # 1.3 s at 100 Mbit/s, so this only ends a sender that stopped
+    # a connection owing frames and silent this long releases its buffers; a 4 MiB frame takes
+    # 0.3 s at 100 Mbit/s, so this only ends a sender that stopped
     idle_timeout_s: float = 30.0
     # announced payload bytes one sender may have pending over all its connections; the daemon
     # sets it from the model's size (protocols.assembly.model_message_bytes)

@@ -5,7 +5,7 @@ msgpack map (version, kind, sender's and recipients' Ed25519 public keys, run
 id, epoch and sequence, the scalar fields and ``meta``, the tensor manifest
 ``[name, dtype, shape, byte length, frame count]`` and a BLAKE3 digest per
 payload frame); the payload is each tensor's bytes, zero-copy, in frames of at
-most ``max_frame_bytes`` (16 MiB); the signature is Ed25519 over a domain tag
+most ``max_frame_bytes`` (4 MiB); the signature is Ed25519 over a domain tag
 and the header bytes, which bind the payload digests.
 
 ``decode`` checks, in this order and without raising: frame count, header size
@@ -52,7 +52,7 @@ from protocols.roster import ROLES, Member, Roster
 
 SIGNING_DOMAIN = b"hivemesh-message/1\x00"
 DIGEST_BYTES = 32
-MAX_FRAME_BYTES = 16 << 20
+MAX_FRAME_BYTES = 4 << 20  # what one connection can make a receiver hold per frame read ahead
 KEY_BYTES = 32
 
 Frame = bytes | bytearray | memoryview
@@ -113,7 +113,7 @@ class Policy:
     """What a receiver accepts, and how a sender cuts frames. Limits are per message."""
 
     max_header_bytes: int = 1 << 20  # a header is metadata only; 1 MiB holds ~30,000 frame digests
-    max_frames: int = 4096  # payload frames; a 100 MB model needs 7
+    max_frames: int = 4096  # payload frames; a 100 MB model needs 25
     max_frame_bytes: int = MAX_FRAME_BYTES  # larger frames page-fault on every message here (ANCHORS)
     max_message_bytes: int = 4 << 30  # 1 billion float32 parameters
     max_elements: int = 1 << 32  # all tensors together; bounds allocation before any frame is read

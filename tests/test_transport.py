@@ -77,20 +77,21 @@ def test_zero_copy_frames_arrive_intact_and_tracking_releases_them(pair: tuple[T
     x = torch.arange(3_000_000, dtype=torch.float32)
     view = memoryview(x.numpy()).cast("B")
     # a small last frame, like a signature: its tracker alone says nothing about the big ones
-    frames: list[bytes | memoryview] = [b"header", view[: 4 << 20], view[4 << 20:], b"signature"]
+    frames: list[bytes | memoryview] = [b"header", view[: 4 << 20], view[4 << 20: 8 << 20], view[8 << 20:],
+                                        b"signature"]    # each within the wire's frame limit
     arrivals: list[Arrival] = []
     for _ in range(20):
         _send_until_connected(a, "b", frames)
-        # drained as it comes, as a daemon does: 80 messages would fill the receiver's queue, and
+        # drained as it comes, as a daemon does: 100 messages would fill the receiver's queue, and
         # a sender whose bytes go unacknowledged for dead_link_s reconnects
-        arrivals += _arrivals(b, 4)
+        arrivals += _arrivals(b, len(frames))
         a.wait_sent(timeout_s=10)
         assert a.pending_sends() == 0
         x.add_(1.0)   # safe only now: ZeroMQ no longer holds the buffer
-    assert len(arrivals) == 20 * 4      # the single-frame wire: each frame is a message of its own
+    assert len(arrivals) == 20 * len(frames)      # the single-frame wire: each frame is a message of its own
     assert len({arrival.connection for arrival in arrivals}) == 1     # one connection, in order
     for sent_index in range(20):
-        message = [arrival.frame for arrival in arrivals[4 * sent_index:4 * sent_index + 4]]
+        message = [arrival.frame for arrival in arrivals[5 * sent_index:5 * sent_index + 5]]
         assert bytes(message[0]) == b"header" and bytes(message[-1]) == b"signature"
         received = torch.cat([torch.frombuffer(f.buffer, dtype=torch.float32) for f in message[1:-1]])
         assert torch.equal(received, torch.arange(3_000_000, dtype=torch.float32) + sent_index)

@@ -10,7 +10,7 @@ import torch
 from blake3 import blake3
 from wire_helpers import Network, flip, make_network, resign
 
-from protocols.codec import REASONS, Policy, encode
+from protocols.codec import MAX_FRAME_BYTES, REASONS, Policy, encode
 from protocols.messages import PROTOCOL_VERSION, ClientUpdate, Heartbeat, ParamPull, ParamPush, RoundStart
 from protocols.wire import Endpoint, Opened, Rejection, wire_size
 
@@ -226,7 +226,7 @@ def test_actual_frame_over_the_limit(net: Network) -> None:
 def test_trillion_elements_refused_before_allocation(net: Network) -> None:
     alice, bob = net.endpoint("alice"), net.endpoint("bob", policy=Policy(max_elements=10**13,
                                                                           max_message_bytes=10**14))
-    huge = ["huge", "float32", [10**6, 10**6], 4 * 10**12, 4 * 10**12 // (16 << 20) + 1]
+    huge = ["huge", "float32", [10**6, 10**6], 4 * 10**12, 4 * 10**12 // MAX_FRAME_BYTES + 1]
     forged = resign(list(alice.seal(["bob"], ParamPush(round=1))), net.identities["alice"],
                     lambda h: h["t"].append(huge))
     tracemalloc.start()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_helpers import Network, make_network
 
-from protocols.codec import DTYPES, Policy
+from protocols.codec import DTYPES, MAX_FRAME_BYTES, Policy
 from protocols.messages import MESSAGE_TYPES, Message, ParamPush
 from protocols.wire import Opened, Rejection
 
@@ -82,7 +82,7 @@ def assert_same(received: Message, sent: Message) -> None:
 
 
 @SETTINGS
-@given(message=messages(), frame_bytes=st.sampled_from([3, 64, 16 << 20]),
+@given(message=messages(), frame_bytes=st.sampled_from([3, 64, MAX_FRAME_BYTES]),
        recipients=st.lists(st.sampled_from(["alice", "bob", "gate"]), min_size=1, max_size=3, unique=True))
 def test_every_message_round_trips(message: Message, frame_bytes: int, recipients: list[str]) -> None:
     policy = Policy(max_frame_bytes=frame_bytes, max_frames=1 << 16)

@@ -4,7 +4,7 @@ protocols/ is single-threaded and allocation-agnostic; an Endpoint takes
 ``digest=`` and ``allocate=`` from its driver (protocols/codec.py). The
 daemon hands it these two:
 
-* :class:`ThreadDigester` hashes a message's payload frames (16 MiB each) on a
+* :class:`ThreadDigester` hashes a message's payload frames (4 MiB each) on a
   small thread pool. BLAKE3 releases the GIL, so on seal the frames hash in
   parallel, and on open the codec copies the frames into their tensors while
   the workers hash them; the caller then hashes what no worker has started

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
+from protocols.codec import MAX_FRAME_BYTES as WIRE_FRAME_LIMIT_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransportConfig:
     """Socket limits and timings; the defaults suit a LAN or loopback."""
 
-    # frames queued per outgoing connection; a 25M-parameter push is ~7 frames, so this is ~10 pushes
+    # frames queued per outgoing connection; a 25M-parameter push is 25 frames, so this is ~2.5 pushes
     high_water_mark: int = 64
     # frames libzmq reads ahead per incoming connection before we look at them: with up to
-    # max_frame_bytes each, this bounds what one member's connection pins (8 x 16 MiB)
+    # max_frame_bytes each, this bounds what one member's connection pins (8 x 4 MiB)
     receive_high_water_mark: int = 8
     # the wire's frame limit plus slack for a header; a larger frame disconnects its sender
     max_frame_bytes: int = WIRE_FRAME_LIMIT_BYTES + 64 * 1024
