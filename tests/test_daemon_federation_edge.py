@@ -45,7 +45,9 @@ def test_an_edge_whose_gateway_never_comes_gives_up_with_its_counters(tmp_path: 
     assert code == EXIT_STRANDED
     log = (files.network.out / "data" / "e000" / "peer.log").read_text()
     assert "gave up on gateway gw0" in log and "gateway_timeout_s" in log and "never heard" in log, log
-    assert "'rounds_trained': 0" in log and "'heartbeat':" in log, log    # the counters: unsent heartbeats
+    assert "with 0 rounds trained, 0 updates sent, no round trained; unsent: heartbeat" in log, log
+    # the reserved port's backlog takes the TCP connection, nothing answers the handshake
+    assert "connection: no answer to the handshake" in log, log
     found = status(files, "e000")
     assert found["state"] == "gave up" and found["rounds_trained"] == 0
     assert found["unsent"].get("heartbeat", 0) >= 2
