@@ -17,6 +17,7 @@ import zmq
 from _federation_support import CEILING_S, describe, make_federation, processes, status, wait_until
 from _operator_text import assert_operator_text
 
+from peer.files.statefiles import peer_reading
 from peer.net.reach import SLOW_S, Reach
 from peer.runtime.edgewait import REPEAT_MAX_S, GatewayWait
 from protocols.federation.config import FederationConfig
@@ -141,3 +142,13 @@ def test_an_edge_names_its_refusing_gateway_within_two_heartbeats(tmp_path: Path
     assert (log_time(outage) - log_time(dialed)).total_seconds() <= 2 * 1.0, log
     assert code == 0
     assert_operator_text(log, where="e000's log")
+
+
+def test_an_edges_console_line_shows_its_wait() -> None:
+    # Prepare: an edge's status between rounds (as peer/runtime/edge.py writes it)
+    status = {"name": "e000", "role": "edge", "state": "waiting for a round", "step": 40,
+              "waiting_for": "registered; not sampled since round 12 (fraction 0.2)", "rejections": {}}
+    # Execute
+    reading = peer_reading(status)
+    # Assert
+    assert reading.note == "registered; not sampled since round 12 (fraction 0.2)"
