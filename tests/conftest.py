@@ -43,7 +43,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(autouse=True)
-def _operator_text_is_words(request: pytest.FixtureRequest) -> Iterator[None]:
+def _operator_text_is_words(request: pytest.FixtureRequest,
+                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After a ``processes`` test: no Python repr in what its peers said (their logs) or in the status
     text of what they wrote (issue 30, acceptance b; tests/_operator_text.py). Each file is read
     once per change, a module's shared federation included."""
@@ -52,7 +53,7 @@ def _operator_text_is_words(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     from _operator_text import CHECKED, repr_leaks, run_texts
 
-    changed = CHECKED.changed(request.getfixturevalue("tmp_path_factory").getbasetemp())
+    changed = CHECKED.changed(tmp_path_factory.getbasetemp())
     leaks = [f"{where}:\n  " + "\n  ".join(found[:10])
              for where, text in run_texts(changed).items() if (found := repr_leaks(text))]
     if leaks:
