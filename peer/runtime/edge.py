@@ -38,7 +38,9 @@ whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
 that is up but samples other clients for a long while keeps it waiting, one
 that exited or never started does not. It then writes its checkpoint and
 status (state ``gave up``), says why with its counters, and exits
-:data:`protocols.node.member.EXIT_STRANDED` (3).
+:data:`protocols.node.member.EXIT_STRANDED` (3). Until then it says what it waits for, in words
+(peer/runtime/edgewait.py, its status's ``waiting_for``): no connection to its gateway and why
+(from the socket's monitor: peer/net/reach.py), no answer yet, or not sampled since a round.
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 SIGHUP is ignored from the start: an edge client reads its roster when it
