@@ -43,6 +43,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(autouse=True)
+def _operator_text_is_words(request: pytest.FixtureRequest,
+                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After a ``processes`` test: no Python repr in what its peers said (their logs) or in the status
+    text of what they wrote (issue 30, acceptance b; tests/_operator_text.py). Each file is read
+    once per change, a module's shared federation included."""
+    yield
+    if request.node.get_closest_marker("processes") is None:
+        return
+    from _operator_text import CHECKED, repr_leaks, run_texts
+
+    changed = CHECKED.changed(tmp_path_factory.getbasetemp())
+    leaks = [f"{where}:\n  " + "\n  ".join(found[:10])
+             for where, text in run_texts(changed).items() if (found := repr_leaks(text))]
+    if leaks:
+        pytest.fail("a Python repr where an operator reads words:\n" + "\n".join(leaks), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _zmq_contexts_terminated() -> Iterator[None]:
     """Every ZeroMQ context made during the test (and its function-scoped fixtures: this fixture is
     set up before them and torn down after them) is terminated by its end. A module-scoped

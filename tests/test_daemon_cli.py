@@ -21,6 +21,7 @@ from _daemon_support import (
     status,
     wait_for_step,
 )
+from _operator_text import assert_operator_text
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -68,6 +69,8 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
     out, outputs = run.out, run.outputs
     assert list(run.codes) == [0, 0], "\n".join(outputs)
     assert all("Traceback" not in output for output in outputs)
+    for index, output in enumerate(outputs):
+        assert_operator_text(output, where=f"p0{index}'s console")
     # the console progress line (not a terminal: timestamped lines), its final state once
     assert outputs[0].count(f" p00 {STEPS}/{STEPS} steps  finished ") == 1, outputs[0]
     assert "curve = true" in (out / "p00.toml").read_text()
@@ -80,6 +83,7 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
     assert main(["status", "--config", str(out / "p01.toml")]) == 0
     text = capsys.readouterr().out
     assert "peer p01: finished" in text and "rejections: none" in text and "latency" in text
+    assert_operator_text(text, where="hivemesh status")
 
     configs = [out / f"p0{i}.toml" for i in range(2)]
     checkpoints = [_checkpoint_as_model_state(config, index) for index, config in enumerate(configs)]

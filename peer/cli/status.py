@@ -220,10 +220,7 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
              f"{', '.join(federation.get('taken') or []) or '-'}",
              "  server: " + (", ".join(f"{k} {v}" for k, v in sorted(counters.items())) or "nothing yet")]
     for report in (federation.get("last_rounds") or [])[-1:]:
-        lines.append(f"  last closed round {report.get('round')}: by {report.get('closed_by')}, taken "
-                     f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
-                     f"{', '.join(report.get('missing') or []) or '-'}, late "
-                     f"{', '.join(report.get('late') or []) or '-'}")
+        lines.append(_last_report_line(report))
         lines += _bounds_lines(report.get("bounds") or {})
         lines += _secagg_lines(report.get("secagg_phases") or [])
     lines += _privacy_lines(federation.get("privacy") or {})
@@ -242,6 +239,20 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
     return lines
+
+
+def _last_report_line(report: dict[str, Any]) -> str:
+    """The last closed round (sync) or aggregation (FedBuff: its report has a model ``version``)."""
+    if "version" in report:
+        staleness = report.get("staleness") or []
+        return (f"  last aggregation: model version {report.get('version')} from "
+                f"{len(report.get('contributors') or [])} updates "
+                f"({', '.join(report.get('contributors') or []) or '-'}), staleness up to "
+                f"{max(staleness, default=0)}")
+    return (f"  last closed round {report.get('round')}: by {report.get('closed_by')}, taken "
+            f"{len(report.get('taken') or [])}/{len(report.get('asked') or [])}, missing "
+            f"{', '.join(report.get('missing') or []) or '-'}, late "
+            f"{', '.join(report.get('late') or []) or '-'}")
 
 
 def _privacy_lines(privacy: dict[str, Any]) -> list[str]:

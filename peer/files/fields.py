@@ -128,7 +128,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("roster_reloads", "reloads", "counter",
           "times the roster file was re-read on SIGHUP (`hivemesh roster reload`)"),
     Field("waiting_for", "", "text",
-          "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`)"),
+          "while waiting for neighbours at start: whom (`waiting for p01 (1/2 up)`); an edge client's, "
+          "between its rounds: `no connection to gw0 at tcp://10.0.0.5:7001 for 30 s (refused)` (or "
+          "`no route`, `no answer`, a refused handshake), `connected to gw0; waiting for its answer`, "
+          "`registered; not sampled since round 12 (fraction 0.2)`"),
     Field("absent_at_start", "events", "counter",
           "neighbours not up when training started", label="neighbour"),
     Field("abandoned_sends", "messages", "counter",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -19,3 +20,9 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} GB"
+
+
+def counts_in_words(counts: Mapping[str, int], empty: str = "none") -> str:
+    """Counters as an operator reads them: ``heartbeat 3, client_update 1``, sorted; ``empty`` when
+    there are none (never a dict's repr)."""
+    return ", ".join(f"{key} {value}" for key, value in sorted(counts.items()) if value) or empty

@@ -18,7 +18,9 @@ doubling with each refusal in a row up to ``reconnect_max_ms`` (a removed client
 knocks at most once per ``reconnect_max_ms``; a joiner whose gateway admits it
 a moment later is in within one backoff step, not after ZeroMQ's ceiling); a
 completed handshake resets it. Without any handshake event (nothing answers at the address), a send
-that finds no connection for ``reconnect_max_ms`` still dials afresh.
+that finds no connection for ``reconnect_max_ms`` still dials afresh. The same events say whether
+there is a connection, and if not since when and why (:attr:`DialTransport.reach`,
+peer/net/reach.py: refused, no route, no answer).
 
 The bounds are the peer transport's: single-frame wire messages (a
 multipart arrival is hostile, counted and dropped), ``MAXMSGSIZE`` per frame,
@@ -37,6 +39,7 @@ import zmq
 
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
+from peer.net.reach import DIAL_EVENTS, Reach
 from peer.net.transport import POLL_BYTES, Arrival, Frames, TransportError, link_options
 from peer.net.transport_config import TransportConfig
 
@@ -63,7 +66,9 @@ class DialTransport:
         self._curve = curve
         self.redialed = 0      # sockets replaced: after a refused handshake, or no connection for a while
         self.handshake_refused: Counter[str] = Counter()   # by reason (peer/net/handshakes.py)
-        self._handshakes = HandshakeWatch(self.config, self.handshake_refused)
+        self.reach = Reach(time.monotonic())   # whether it has a connection, and if not why, in words
+        self._handshakes = HandshakeWatch(self.config, self.handshake_refused, observe=self.reach.event,
+                                          also=DIAL_EVENTS)
         try:
             self._socket = self._dial()
         except BaseException:

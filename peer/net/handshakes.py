@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -63,11 +64,15 @@ def refusal_backoff_ms(config: TransportConfig, refusals_before: int) -> int:
 class HandshakeWatch:
     """The monitor of one dialing socket (and of each that replaces it). Single-threaded."""
 
-    def __init__(self, config: TransportConfig, refused: Counter[str]) -> None:
+    def __init__(self, config: TransportConfig, refused: Counter[str], *,
+                 observe: Callable[[int, float], None] | None = None, also: int = 0) -> None:
         """``refused``: where refusals are counted, by reason (a transport may share one among its
-        sockets)."""
+        sockets). ``observe(event, now_s)``: each event drained, ``also`` the events it needs
+        beyond those watched here (an edge's peer/net/reach.py)."""
         self.config = config
         self.refused = refused
+        self._observe = observe
+        self._events = WATCHED | also
         self.handshakes = 0     # completed (a listener's restart makes a new one)
         self.monitor: zmq.Socket | None = None   # for the owner's poller: readable when an event came
         self._watched: zmq.Socket | None = None  # the socket the monitor watches
@@ -80,7 +85,7 @@ class HandshakeWatch:
     def attach(self, sock: zmq.Socket) -> None:
         """Watch ``sock`` (a fresh one, not yet connected) in place of the socket before it."""
         self.detach()
-        self.monitor = sock.get_monitor_socket(WATCHED, addr=monitor_endpoint("dial"))
+        self.monitor = sock.get_monitor_socket(self._events, addr=monitor_endpoint("dial"))
         self._watched = sock
         self._redial_at_s = None
         self.fd = None
@@ -110,6 +115,8 @@ class HandshakeWatch:
         while self.monitor is not None and self.monitor.poll(0):
             message = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)
             event, value = message["event"], message["value"]
+            if self._observe is not None:
+                self._observe(event, now_s)
             if event == zmq.EVENT_CONNECTED:
                 self.fd = value
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):

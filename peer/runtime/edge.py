@@ -38,7 +38,9 @@ whose handshake (CurveZMQ, the gateway's admission) completed, so a gateway
 that is up but samples other clients for a long while keeps it waiting, one
 that exited or never started does not. It then writes its checkpoint and
 status (state ``gave up``), says why with its counters, and exits
-:data:`protocols.node.member.EXIT_STRANDED` (3).
+:data:`protocols.node.member.EXIT_STRANDED` (3). Until then it says what it waits for, in words
+(peer/runtime/edgewait.py, its status's ``waiting_for``): no connection to its gateway and why
+(from the socket's monitor: peer/net/reach.py), no answer yet, or not sampled since a round.
 
 SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
 SIGHUP is ignored from the start: an edge client reads its roster when it
@@ -67,10 +69,12 @@ from typing import Any
 
 from peer.files.console import ensure_logging
 from peer.files.statefiles import CheckpointStore, StatusWriter
+from peer.files.units import counts_in_words
 from peer.net.dial import DialTransport
 from peer.runtime.assemble import next_epoch, tcp_address
 from peer.runtime.datalock import DataDirLock
 from peer.runtime.edgeconfig import EdgeConfig, edge_identity_and_roster, load_edge_config
+from peer.runtime.edgewait import GatewayWait
 from peer.runtime.refusals import heard
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.attack import forge, sign_flip
@@ -158,6 +162,8 @@ class EdgeClient:
             config=edge.node_config(), early_per_neighbour=2,
             answer_source=lambda: (params.detach().clone(), self.trainer.step))
         self.transport: DialTransport | None = None
+        self.wait = GatewayWait(gateway=self.gateway, address=self.address, federation=config.federation,
+                                heartbeat_interval_s=edge.heartbeat_interval_s)
         self._t0 = time.monotonic()
         self.timers = TimerTable()
         self._work: list[int] = []
@@ -201,6 +207,7 @@ class EdgeClient:
         signal.signal(signal.SIGTERM, stop)
         self.transport = DialTransport(self.address, config=self.config.transport, curve=self.curve)
         self._contact_s = self.now()     # the give-up's clock starts with the dial
+        self.status.say(f"{self.name}: dials its gateway {self.gateway} at {self.address}")
         try:
             self.state = "registered" if self.resumed else "starting"
             self._carry_out(self.node.start(self.now()))
@@ -212,6 +219,7 @@ class EdgeClient:
                     self._train(self._work.pop(0))
                 self._work_done()
                 self._pump(0.05 if held else self._poll_timeout())
+                self._say_connection()
                 self._fire_timers()
                 self._carry_out(self.node.tick(self.now(), step=self.trainer.step, loss=self._last_loss))
                 self._carry_out(self.node.expire(self.now())[1])
@@ -243,16 +251,43 @@ class EdgeClient:
         assert self.transport is not None
         last_seen = self.node.neighbourhood.members[self.gateway].last_seen
         heard = f"last heard at {last_seen:.1f} s" if math.isfinite(last_seen) else "never heard"
-        counters = {"rounds_trained": self.rounds_trained, "updates_sent": self.updates_sent,
-                    "unsent": dict(self.unsent), "round": self.client.round,
-                    "rejections": dict(self.endpoint.rejections + self.node.all_rejections())}
+        reach = self.transport.reach
+        connection = reach.reason(time.monotonic()) or "connected, but silent"
+        trained = f"last trained round {self.client.round}" if self.client.round >= 0 else "no round trained"
+        rejections = self.endpoint.rejections + self.node.all_rejections()
         return (f"{self.name}: gave up on gateway {self.gateway} at {self.address}: no connection to it "
                 f"and no message from it for {self.config.edge.gateway_timeout_s:g} s "
-                f"([edge] gateway_timeout_s; {heard}; it may have finished while this client was away, "
-                f"or never started); exiting {EXIT_STRANDED} at {self.now():.1f} s with {counters}")
+                f"([edge] gateway_timeout_s; {heard}; connection: {connection}; it may have finished while "
+                f"this client was away, or never started); exiting {EXIT_STRANDED} at {self.now():.1f} s "
+                f"with {self.rounds_trained} rounds trained, {self.updates_sent} updates sent, {trained}; "
+                f"unsent: {counts_in_words(self.unsent)}; rejected: {counts_in_words(rejections)}")
+
+    def _say_connection(self) -> None:
+        """An outage of the connection to the gateway, said in the log as it lasts, and its end."""
+        assert self.transport is not None
+        reach, now_s = self.transport.reach, time.monotonic()
+        down_for_s = reach.last_outage_s if reach.up else reach.down_for_s(now_s)
+        line = self.wait.outage_line(up=reach.up, down_for_s=down_for_s, reason=reach.reason(now_s))
+        if line is not None:
+            (self.status.say if reach.up else self.status.warn)(f"{self.name}: {line}")
+
+    def _waiting_for(self) -> str:
+        """What the client waits for, in words (peer/runtime/edgewait.py); "" when it does not."""
+        if self.state != "waiting for a round" or self.transport is None:
+            return ""
+        if self.refused:     # the gateway said why it takes nothing of ours: that is the wait
+            return self.refused
+        reach = self.transport.reach
+        return self.wait.note(up=reach.up, reason=reach.reason(time.monotonic()),
+                              heard=self.node.neighbourhood.members[self.gateway].up,
+                              last_round=self.client.round)
 
     def _poll_timeout(self) -> float:
+        assert self.transport is not None
         deadlines = [self.node.next_beat_s, self.status.next_due]
+        reach = self.transport.reach
+        if not reach.up:     # the outage's next line (peer/runtime/edgewait.py) is said on time
+            deadlines.append(self.now() + reach.down_since_s + self.wait.next_line_s() - time.monotonic())
         timer_at = self.timers.next_at()
         if timer_at is not None:
             deadlines.append(timer_at)
@@ -367,7 +402,8 @@ class EdgeClient:
     def snapshot(self) -> dict[str, Any]:
         assert self.transport is not None
         gateway = self.node.neighbourhood.members[self.gateway]
-        return {"name": self.name, "role": "edge", "state": self.state, "epoch": self.epoch,
+        return {"name": self.name, "role": "edge", "state": self.state, "waiting_for": self._waiting_for(),
+                "epoch": self.epoch,
                 "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
                 "gateway_up": gateway.up, "round": self.client.round, "rounds_trained": self.rounds_trained,
                 # the gateway refuses our messages: the first of our settings that differs from its
