@@ -188,8 +188,9 @@ def render_edge(status: dict[str, Any]) -> str:
         f"  round {status.get('round')}  rounds trained {status.get('rounds_trained')}  updates sent "
         f"{status.get('updates_sent')}  samples {status.get('num_samples')}  "
         f"training loss {_num(status.get('loss'), '.4f')}",
-        f"  learning rate {_num(status.get('lr'), '.3g')} at schedule step {status.get('schedule_step')} "
-        "(the federation's: round x local steps)", *_warning_lines(status),
+        (f"  learning rate {_num(status.get('lr'), '.3g')} at schedule step {status['schedule_step']} "
+         "(the federation's: round x local steps)" if status.get("schedule_step") is not None
+         else "  learning rate: no step trained yet"), *_warning_lines(status),
         f"  bytes out {human_bytes(status.get('bytes_sent', 0))}"
         f"  in {human_bytes(status.get('bytes_received', 0))}",
         "  client events: " + (", ".join(f"{k} {v}" for k, v in sorted(client.items())) or "none"),
