@@ -1,12 +1,12 @@
 """One vocabulary of progress (issue 30, item 4; acceptance d) on a real two-gateway federation.
 
 Two gateways with two edge clients each run 10 FedAvg rounds with two gossip rounds after each
-(so their gossip machines count 20); gw0 is stopped (SIGTERM) after its third round's line and
-started again. Afterwards every view counts FedAvg rounds: the status table and text show
-``round 10/10`` and no client ``up``, ``--json`` says the same numbers, gw0's stop and restart
-lines name the same round, each edge's counters agree, ``export`` names the round, and the last
-line of each gateway's ``rounds.jsonl`` is ``hivemesh eval`` of its export (the model after the
-round's gossip) to 1e-6. The pure views: tests/test_status_federation.py.
+(so their gossip machines count 20); gw0 and its client e000 are stopped (SIGTERM) after gw0's
+third round's line and started again. Afterwards every view counts FedAvg rounds: the status
+table and text show ``round 10/10`` and no client ``up``, ``--json`` says the same numbers, gw0's
+stop and restart lines name the same round, as e000's do, each edge's counters agree, ``export``
+names the round, and the last line of each gateway's ``rounds.jsonl`` is ``hivemesh eval`` of its
+export (the model after the round's gossip) to 1e-6. The pure views: tests/test_status_federation.py.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def test_a_finished_two_gateway_federation_counts_fedavg_rounds_everywhere(
                    files)
         run.terminate("gw0")
         assert run.wait(60.0, ["gw0"]) and run.exitcodes()["gw0"] == 0, describe(files)
+        run.terminate("e000")
+        assert run.wait(60.0, ["e000"]) and run.exitcodes()["e000"] == 0, describe(files)
         run.start("gw0")
+        run.start("e000")
         assert run.wait(CEILING_S), describe(files)
         codes = run.exitcodes()
     capsys.readouterr()
@@ -88,6 +91,10 @@ def test_a_finished_two_gateway_federation_counts_fedavg_rounds_everywhere(
     stopped = re.search(r"gw0: SIGTERM: checkpoint written at round (\d+)/10; exiting", log)
     resumed = re.search(r"gw0: resumed from checkpoint at round (\d+)/10 \(epoch 1\)", log)
     assert stopped and resumed and stopped[1] == resumed[1] and int(stopped[1]) >= STOP_AFTER, log
+    log = (out / "data" / "e000" / "peer.log").read_text()
+    stopped = re.search(r"e000: SIGTERM: checkpoint written after training round (\d+) \((\d+) rounds", log)
+    resumed = re.search(r"e000: resumed from checkpoint after training round (\d+) \((\d+) rounds", log)
+    assert stopped and resumed and stopped.groups() == resumed.groups(), log
     # each edge's counters agree: no more rounds trained than run, an upload for each training
     for name in edges:
         found = status(files, name)

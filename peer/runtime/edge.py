@@ -360,9 +360,8 @@ class EdgeClient:
         windows = extra.get("endpoint")
         if isinstance(windows, dict):
             self.endpoint.restore_state(windows)
-        self.status.say(f"{self.name}: resumed from checkpoint: last trained round {self.client.round}, "
-                        f"{self.rounds_trained} rounds trained, {self.updates_sent} updates sent "
-                        f"(epoch {self.epoch})")
+        self.status.say(f"{self.name}: resumed from checkpoint {self._held()} ({self.rounds_trained} rounds "
+                        f"trained, {self.updates_sent} updates sent; epoch {self.epoch})")
         return True
 
     def _checkpoint(self) -> None:
@@ -375,13 +374,15 @@ class EdgeClient:
             self.status.warn(f"{self.name}: warning: cannot checkpoint: {reason}")
         self._saved = not reason
 
+    def _held(self) -> str:
+        """The round a checkpoint of now holds: ``after training round 5``, or ``before any round``."""
+        return f"after training round {self.client.round}" if self.client.round >= 0 else "before any round"
+
     def _checkpoint_words(self) -> str:
-        """What the last checkpoint holds, for the console: the round last trained and the counts."""
+        """What the checkpoint written at a stop holds, for the console."""
         if not self._saved:
             return "no checkpoint written"
-        trained = (f"last trained round {self.client.round}" if self.client.round >= 0
-                   else "no round trained yet")
-        return f"checkpoint written ({trained}, {self.rounds_trained} rounds trained)"
+        return f"checkpoint written {self._held()} ({self.rounds_trained} rounds trained)"
 
     def snapshot(self) -> dict[str, Any]:
         assert self.transport is not None

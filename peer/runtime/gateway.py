@@ -26,7 +26,7 @@ import torch
 from protocols.events import Machine
 from protocols.federation import report_row
 from protocols.federation.fedbuff import FedBuffServer
-from protocols.federation.interleave import GatewayWork
+from protocols.federation.interleave import GatewayWork, GossipedRounds
 from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 from topology.errors import HivemeshError
 
@@ -84,10 +84,7 @@ class GatewayRounds:
         self.work = work
         self.saves = CheckpointSchedule(checkpoint)
         self.evaluated = 0          # reports of this start seen (they are only added)
-        self.pending: dict[int, int] = {}   # closed round -> the gossip round its gossip ends at
-        # the gossip rounds after each FedAvg round (one with no gossip); FedBuff gossips only at its end
-        self.gossip_after = (0 if isinstance(work.server, FedBuffServer)
-                             else max(1, work.gossip_rounds))
+        self.gossiped = GossipedRounds(gossip_rounds=work.gossip_rounds, mode=work.server.MODE)
 
     def due(self, rounds_done: int, now: float) -> bool:
         """Whether a checkpoint is due (``rounds_done``: ``GatewayWork.rounds_done``)."""
@@ -105,14 +102,13 @@ class GatewayRounds:
         stop) are evaluated, once, and written. The evaluation, or None when none was written."""
         server = self.work.server
         for index in sorted(server.reports)[self.evaluated:]:
-            self.pending[index] = gossip_round + self.gossip_after
+            self.gossiped.closed(index, gossip_round)
         self.evaluated = len(server.reports)
-        ready = sorted(i for i, until in self.pending.items() if flush or gossip_round >= until)
+        ready = self.gossiped.ready(gossip_round, flush=flush)
         if not ready:
             return None
         found = evaluate()
         for index in ready:
-            del self.pending[index]
             append_line(ROUNDS_FILE, {**report_row(server.reports[index]),
                                       "accuracy": found.get("accuracy", math.nan),
                                       "test_loss": found.get("loss", math.nan)})
