@@ -578,7 +578,7 @@ class FederationRun:
                 member.restarts[-1].first_closed_at_s = self.engine.now_s
             for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
                 member.recorded += 1
-                gossiped.closed(index, gossip_round)
+                gossiped.closed(index, gossip_round, last=server.finished and index == max(server.reports))
         for index in gossiped.ready(gossip_round, flush=flush or member.node.finished):
             self.evaluator.flat_params.copy_(server.params)
             metrics = self.evaluator.evaluate("test")

@@ -127,6 +127,8 @@ def test_a_closed_round_is_recorded_once_the_gossip_after_it_is_over(
     assert gossiped.ready(9) == []
     gossiped.closed(3, gossip_round=9)
     assert gossiped.ready(9, flush=True) == [3]      # a stop: whatever waits
+    gossiped.closed(4, gossip_round=9, last=True)    # the last: the machine's final gossip may follow
+    assert gossiped.ready(100) == [] and gossiped.ready(100, flush=True) == [4]
 
 
 def test_a_direct_call_on_a_role_comes_back_prefixed() -> None:

@@ -102,7 +102,7 @@ class GatewayRounds:
         stop) are evaluated, once, and written. The evaluation, or None when none was written."""
         server = self.work.server
         for index in sorted(server.reports)[self.evaluated:]:
-            self.gossiped.closed(index, gossip_round)
+            self.gossiped.closed(index, gossip_round, last=server.finished and index == max(server.reports))
         self.evaluated = len(server.reports)
         ready = self.gossiped.ready(gossip_round, flush=flush)
         if not ready:
