@@ -65,7 +65,7 @@ from protocols.federation import (
     make_server,
 )
 from protocols.federation.edge_machine import EdgeMachine
-from protocols.federation.interleave import GatewayWork, gossip_total_rounds
+from protocols.federation.interleave import GatewayWork, GossipedRounds, gossip_total_rounds
 from protocols.federation.secure import unwrap
 from protocols.gossip import make_machine
 from protocols.messages import Message, RoundResult, SecAggMessage
@@ -132,7 +132,8 @@ class Member:
     work: GatewayWork | None = None          # a gateway: what its machine's work is (interleave.py)
     finished: bool = False
     bytes_sent: int = 0
-    recorded: int = 0                        # a gateway: its server's reports already in the result
+    recorded: int = 0                        # a gateway: its server's reports seen
+    gossiped: GossipedRounds | None = None   # a gateway: its closed rounds waiting for their gossip
     saves: CheckpointSchedule | None = None  # a gateway a crash brings back: when a checkpoint is due
     checkpoint: tuple[ProtocolState, ProtocolState, int] | None = None  # machine, server, its rounds
     restarts: list[GatewayRestart] = field(default_factory=list)
@@ -273,7 +274,8 @@ class FederationRun:
             roles={"fedavg": server}, clients=serving.clients(self.roster), serving=serving)
         node.set_membership(self.roster, self.topologies[name])
         return Member(name, node, server=server,
-                      work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds))
+                      work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds),
+                      gossiped=self._gossiped())
 
     def _client(self, name: str, gateway: str) -> Member:
         trainer = self.trainers[name]
@@ -442,6 +444,7 @@ class FederationRun:
         member.node.restart(machine, {n: Neighbour() for n in self._gossip_members(member.name)
                                       if n != member.name}, roles={"fedavg": server})
         member.server, member.work, member.recorded, member.on = server, work, 0, True
+        member.gossiped = self._gossiped()    # what waited for its gossip died with the process
         assert member.saves is not None
         member.saves = CheckpointSchedule(self.scenario.checkpoint, start_step=rounds)
         member.saves.saved(rounds, self.engine.now_s)
@@ -560,21 +563,28 @@ class FederationRun:
 
     # ------------------------------------------------------------ results
 
-    def _record(self, member: Member) -> None:
-        server = member.server
-        assert server is not None
-        if len(server.reports) == member.recorded:
-            return
-        if member.restarts and math.isnan(member.restarts[-1].first_closed_at_s) and member.on:
-            member.restarts[-1].first_closed_at_s = self.engine.now_s
-        for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
-            member.recorded += 1
-            report = server.reports[index]
+    def _gossiped(self) -> GossipedRounds:
+        return GossipedRounds(gossip_rounds=self.section.gossip_rounds, mode=self.config.mode)
+
+    def _record(self, member: Member, *, flush: bool = False) -> None:
+        """A gateway's closed rounds, each recorded (its global model evaluated) once the gossip after
+        it is over, as the daemon's rounds.jsonl (protocols/federation/interleave.py's GossipedRounds);
+        ``flush``: the run is over, what waits is recorded as it stands."""
+        server, gossiped = member.server, member.gossiped
+        assert server is not None and gossiped is not None
+        gossip_round = member.node.machine.position[0]
+        if len(server.reports) > member.recorded:
+            if member.restarts and math.isnan(member.restarts[-1].first_closed_at_s) and member.on:
+                member.restarts[-1].first_closed_at_s = self.engine.now_s
+            for index in sorted(server.reports)[member.recorded:]:  # reports are only ever added
+                member.recorded += 1
+                gossiped.closed(index, gossip_round, last=server.finished and index == max(server.reports))
+        for index in gossiped.ready(gossip_round, flush=flush or member.node.finished):
             self.evaluator.flat_params.copy_(server.params)
             metrics = self.evaluator.evaluate("test")
             self.accuracy[member.name] = float(metrics["accuracy"])
             self.loss[member.name] = float(metrics["loss"])
-            row = _round_row(member.name, index, report, self.engine.now_s, self.bytes_sent,
+            row = _round_row(member.name, index, server.reports[index], self.engine.now_s, self.bytes_sent,
                              self.accuracy[member.name])
             self.result.rounds.append(row)
             self._trace()
@@ -597,6 +607,9 @@ class FederationRun:
 
     def _finish(self) -> None:
         result = self.result
+        for name in self.gateways:      # a run cut by its duration: as a daemon's stop writes them
+            if self.members[name].on:
+                self._record(self.members[name], flush=True)
         if len(self.gateways) > 1:  # the models after the last gossip rounds: a last trace point
             for name in self.gateways:
                 self.evaluator.flat_params.copy_(self.members[name].node.machine.params)

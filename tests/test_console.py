@@ -112,6 +112,23 @@ def test_a_peer_s_final_status_is_shown_once(tmp_path: Path, capsys: pytest.Capt
     assert "300/300 steps  finished" in lines[1] and "rejected 2" in lines[1], lines[1]
 
 
+@pytest.mark.parametrize(("status", "shown"), [
+    # a gateway trains nothing (step 0): it counts FedAvg rounds, not its gossip machine's 12
+    ({"name": "gw0", "state": "training", "step": 0, "metrics": {"round": 12.0},
+      "federation": {"round": 6, "rounds": 10}}, "gw0 6/10 rounds"),
+    # an edge client: the federation's round as it last heard it, not its own 240 steps
+    ({"name": "e000", "role": "edge", "state": "waiting for a round", "step": 240, "round": 6, "rounds": 10},
+     "e000 6/10 rounds"),
+])
+def test_a_gateway_s_and_an_edge_s_bar_count_fedavg_rounds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], status: dict[str, object], shown: str) -> None:
+    writer = StatusWriter(tmp_path, name=str(status["name"]), progress=True, total_steps=10, unit="rounds")
+    writer.write(status, now=0.0, interval_s=1.0)
+    writer.close()
+    line = capsys.readouterr().out.splitlines()[0]
+    assert shown in line and "steps" not in line, line
+
+
 def test_a_mismatch_is_said_once_per_reason_and_sender_and_only_for_mismatches() -> None:
     notices = MismatchNotices("p02", per_reason=2)
     first = notices.first("config_mismatch", "p05", "their run id aa != ours bb")

@@ -90,7 +90,7 @@ def test_init_then_peers_started_by_hand_then_status_and_export(tmp_path: Path,
     for index, config in enumerate(configs):
         path = tmp_path / f"p0{index}.safetensors"
         assert main(["export", "--config", str(config), "--out", str(path)]) == 0
-        assert "averaged over 1 peer," in capsys.readouterr().out
+        assert f"averaged over 1 peer: p0{index} at step {STEPS})" in capsys.readouterr().out
         _assert_bitwise_equal(load_file(str(path)), checkpoints[index])
         found = _status_of(config)
         assert found["eval_step"] == STEPS     # the final evaluation, of the model the checkpoint holds

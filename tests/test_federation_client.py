@@ -183,3 +183,18 @@ def test_any_compression_operator_round_trips_to_the_server(spec: str) -> None:
     owed = c.feedback.residual()
     kept = random_vector(3) - (owed if owed is not None else torch.zeros(NUMEL))
     assert torch.allclose(server.params, kept, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sync", "fedbuff"])
+def test_a_round_asked_again_is_trained_again_but_counted_once(mode: str) -> None:
+    # Prepare: rounds 0 and 1, then round 1 again (a restarted gateway asks the round it was at)
+    c = client(uplink="identity", mode=mode, rounds=3)
+    # Execute
+    for round_index in (0, 1, 1):
+        assert StartWork(4) in c.handle(Received("gw", start(round_index, random_vector(round_index))), 0.0)
+        uploaded(c.handle(WorkDone(steps=4, loss=0.0), 1.0))
+    # Assert: sync: two rounds trained, one again, an upload for each training; FedBuff's dispatches
+    # at one model version are each new work
+    trained, again = (2, 1) if mode == "sync" else (3, 0)
+    assert (c.counters["rounds_trained"], c.counters["rounds_retrained"]) == (trained, again)
+    assert c.counters["updates_sent"] == trained + again == 3

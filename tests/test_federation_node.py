@@ -112,6 +112,25 @@ def test_fedavg_rounds_fall_on_every_gth_gossip_round() -> None:
         fedavg_round_due(-1, 2)
 
 
+@pytest.mark.parametrize(("gossip_rounds", "mode", "ready_at"),
+                         [(2, "sync", {4: [], 5: [], 6: [2]}), (0, "sync", {4: [], 5: [2]}),
+                          (0, "fedbuff", {4: [2]})])
+def test_a_closed_round_is_recorded_once_the_gossip_after_it_is_over(
+        gossip_rounds: int, mode: str, ready_at: dict[int, list[int]]) -> None:
+    from protocols.federation.interleave import GossipedRounds
+
+    # Prepare: FedAvg round 2 closes during gossip round 4 (its work)
+    gossiped = GossipedRounds(gossip_rounds=gossip_rounds, mode=mode)
+    gossiped.closed(2, gossip_round=4)
+    # Execute, Assert: given once, after its exchanges (two; one without gossip; none under FedBuff)
+    assert {g: gossiped.ready(g) for g in ready_at} == ready_at
+    assert gossiped.ready(9) == []
+    gossiped.closed(3, gossip_round=9)
+    assert gossiped.ready(9, flush=True) == [3]      # a stop: whatever waits
+    gossiped.closed(4, gossip_round=9, last=True)    # the last: the machine's final gossip may follow
+    assert gossiped.ready(100) == [] and gossiped.ready(100, flush=True) == [4]
+
+
 def test_a_direct_call_on_a_role_comes_back_prefixed() -> None:
     from protocols.events import SetTimer
 

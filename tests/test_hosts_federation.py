@@ -218,7 +218,7 @@ def test_a_federation_across_hosts_survives_a_gateway_kill_and_takes_a_new_edge(
     closed = rounds(out)
     by_round = {row["round"]: row for row in closed}
     repeated = len(closed) - len(by_round)
-    resumed = re.search(r"resumed from checkpoint at step (\d+)", log)
+    resumed = re.search(r"resumed from checkpoint at round (\d+)/", log)
     print(f"\n{JOINER} added from round {effective}; gateway killed after {reached} rounds, down "
           f"{down_s:.1f} s, then {recovery_s:.1f} s to its first round closed again ({again[:3]}...), "
           f"{repeated} rounds closed twice; {resumed and resumed[0]}; whole run {took_s:.1f} s")

@@ -183,7 +183,7 @@ def test_the_endpoint_serves_over_http_on_loopback() -> None:
     assert samples[("hivemesh_bytes_sent_total", (("neighbour", "p01"),))] == 1234
     assert samples[("hivemesh_rejections_total", (("reason", "bad_signature"),))] == 3
     assert samples[("hivemesh_neighbour_latency_seconds", (("neighbour", "p01"),))] == 0.0025
-    assert samples[("hivemesh_round", ())] == 4
+    assert samples[("hivemesh_gossip_round", ())] == 4      # named so: a gateway's FedAvg round is another
     assert samples[("hivemesh_protocol_events_total", (("event", "stale_message"),))] == 2
     assert ("hivemesh_protocol_events_total", (("event", "round"),)) not in samples
 
@@ -281,3 +281,15 @@ def test_tensorboard_without_its_package_is_an_error_naming_the_key(tmp_path: Pa
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)   # as if not installed
     with pytest.raises(HivemeshError, match=r"^p01.toml: \[peer\] tensorboard = true needs the tensorboard"):
         ScalarLog(tmp_path, key="p01.toml: [peer] tensorboard")
+
+
+def test_a_gateway_serves_its_fedavg_round_apart_from_its_gossip_round() -> None:
+    # a gateway 6 FedAvg rounds into 10, two gossip rounds after each: its gossip machine counted 12
+    snapshot = {"name": "gw0", "state": "training", "step": 0, "metrics": {"round": 12.0},
+                "federation": {"mode": "sync", "round": 6, "rounds": 10, "rounds_closed": 6}}
+    _, samples = _collected(snapshot)
+    assert samples[("hivemesh_federation_round", ())] == 6
+    assert samples[("hivemesh_federation_rounds", ())] == 10
+    assert samples[("hivemesh_federation_rounds_closed_total", ())] == 6
+    assert samples[("hivemesh_gossip_round", ())] == 12
+    assert not [name for name, _ in samples if name == "hivemesh_round"]

@@ -132,6 +132,9 @@ def test_gateways_gossip_between_fedavg_rounds_and_agree_after_the_last_gossip_r
     for gateway, own in (("gw0", {f"e00{i}" for i in range(5)}), ("gw1", {f"e00{i}" for i in range(5, 10)})):
         rows = [r for r in result.rounds if r["gateway"] == gateway]
         assert len(rows) == 20 and all(set(r["taken"]) == own for r in rows)
+        # a round's row is recorded after the gossip that follows it: the last is the final model's
+        assert [r["round"] for r in rows] == list(range(20))
+        assert rows[-1]["accuracy"] == result.peers[gateway]["accuracy"]
     last = result.trace[-1]
     assert last.consensus_rms < 1e-3 and last.mean_accuracy >= 0.90
     assert result.peers["gw0"]["fedavg.rounds_aggregated"] == 20

@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "state dict, parameters and buffers (BatchNorm statistics), keyed by the model's "
                     "names (load it with safetensors.torch.load_file and "
                     "model.load_state_dict(..., strict=True)). The file's metadata is a model card: "
-                    "task, its options, parameter count, the peers, their steps and last test "
+                    "task, its options, parameter count, the peers, their steps (a gateway's: its "
+                    "rounds) and last test "
                     "accuracy. Several --config: floating tensors are averaged, integer buffers take "
                     "the maximum. Reads each peer's latest checkpoint, so it works on a running or "
                     "stopped peer.")
@@ -28,5 +29,6 @@ def run(args: argparse.Namespace) -> int:
     written = export_model(args.config, args.out)
     print(f"wrote {written.tensors} tensors ({written.parameters:,} parameters, "
           f"{written.buffer_values:,} buffer values, averaged over "
-          f"{written.peers} peer{'s' if written.peers > 1 else ''}, steps {written.steps}) to {args.out}")
+          f"{written.peers} peer{'s' if written.peers > 1 else ''}: {', '.join(written.progress)}) "
+          f"to {args.out}")
     return 0

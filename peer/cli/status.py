@@ -22,6 +22,8 @@ from peer.files.units import human_bytes
 
 # states a peer (or an edge client: "gave up" on its gateway) leaves only by being started again
 ENDED = ("finished", "stopped", "stranded", "gave up")
+# an edge client's counts shown on their own line, not again among its client events
+EDGE_OWN_COUNTS = ("rounds_trained", "updates_sent")
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
@@ -180,13 +182,14 @@ def _machine_line(metrics: dict[str, Any]) -> str:
 
 def render_edge(status: dict[str, Any]) -> str:
     """One edge client in detail."""
-    client = status.get("client") or {}
+    client = {k: v for k, v in (status.get("client") or {}).items() if k not in EDGE_OWN_COUNTS}
     return "\n".join([
         _headline(status).replace("peer ", "edge client ", 1),
         f"  gateway {status.get('gateway')} at {status.get('gateway_address')} "
-        f"({'up' if status.get('gateway_up') else 'not heard'}); listening on nothing",
-        f"  round {status.get('round')}  rounds trained {status.get('rounds_trained')}  updates sent "
-        f"{status.get('updates_sent')}  samples {status.get('num_samples')}  "
+        f"({gateway_word(status)}); listening on nothing",
+        f"  {round_of(status.get('round'), status.get('rounds'))}  rounds trained "
+        f"{status.get('rounds_trained')}  updates sent {status.get('updates_sent')}  "
+        f"samples {status.get('num_samples')}  "
         f"training loss {_num(status.get('loss'), '.4f')}",
         (f"  learning rate {_num(status.get('lr'), '.3g')} at schedule step {status['schedule_step']} "
          "(the federation's: round x local steps)" if status.get("schedule_step") is not None
@@ -203,6 +206,31 @@ def _warning_lines(status: dict[str, Any]) -> list[str]:
     return [f"  warning: {text}" for text in status.get("warnings") or []]
 
 
+def round_of(round_index: Any, rounds: Any) -> str:
+    """``round 6/10``: a federation's FedAvg rounds closed (the 0-based index of the round open, or
+    next), of the rounds it runs; ``round -`` before any."""
+    if not isinstance(round_index, int) or round_index < 0:
+        return "round -"
+    return f"round {round_index}/{rounds}" if isinstance(rounds, int) else f"round {round_index}"
+
+
+def gateway_word(status: dict[str, Any]) -> str:
+    """An edge client's gateway in words: ``finished`` once the final model came, ``up at exit`` when
+    the client stopped while it heard it, else ``up`` or ``not heard``."""
+    if status.get("state") == "finished":
+        return "finished"
+    if not status.get("gateway_up"):
+        return "not heard"
+    return "up" if status.get("running") else "up at exit"
+
+
+def client_word(info: dict[str, Any], *, running: bool) -> str:
+    """A gateway's edge client in words (its ``presence``): ``finished`` once sent the final model,
+    and one up when a stopped gateway last wrote reads ``up at exit``."""
+    presence = str(info.get("presence") or ("up" if info.get("up") else "down"))
+    return "up at exit" if presence == "up" and not running else presence
+
+
 def _internal_error_lines(status: dict[str, Any]) -> list[str]:
     """Messages dropped because handling them raised (a bug their sender's input met), by sender."""
     errors = status.get("internal_errors") or {}
@@ -212,13 +240,15 @@ def _internal_error_lines(status: dict[str, Any]) -> list[str]:
             + ", ".join(f"{sender} {count}" for sender, count in sorted(errors.items()))]
 
 
-def _federation_lines(federation: dict[str, Any]) -> list[str]:
+def _federation_lines(federation: dict[str, Any], *, running: bool) -> list[str]:
     """A gateway's rounds and clients (status.json's ``federation``)."""
     counters = federation.get("counters") or {}
-    lines = [f"  federation ({federation.get('mode')}): round {federation.get('round')} "
-             f"({federation.get('phase')}), {federation.get('rounds_closed', 0)} closed; open round asked "
-             f"{', '.join(federation.get('asked') or []) or '-'}, taken "
-             f"{', '.join(federation.get('taken') or []) or '-'}",
+    progress = round_of(federation.get("round"), federation.get("rounds"))
+    head = f"  federation ({federation.get('mode')}): {progress} ({federation.get('phase')})"
+    if federation.get("phase") == "open":
+        head += (f"; open round asked {', '.join(federation.get('asked') or []) or '-'}, taken "
+                 f"{', '.join(federation.get('taken') or []) or '-'}")
+    lines = [head,
              "  server: " + (", ".join(f"{k} {v}" for k, v in sorted(counters.items())) or "nothing yet")]
     for report in (federation.get("last_rounds") or [])[-1:]:
         lines.append(_last_report_line(report))
@@ -235,7 +265,7 @@ def _federation_lines(federation: dict[str, Any]) -> list[str]:
     lines.append("  clients:")
     for name, info in sorted((federation.get("clients") or {}).items()):
         contact = info.get("last_contact_s")
-        lines.append(f"    {name:<12} {'up' if info.get('up') else 'down':<5} last update "
+        lines.append(f"    {name:<12} {client_word(info, running=running):<11} last update "
                      f"{_num(contact, '.1f', ' s ago') if contact is not None else 'never':<12} "
                      f"out {human_bytes(info.get('bytes_sent', 0))}"
                      f"  in {human_bytes(info.get('bytes_received', 0))}")
@@ -301,14 +331,7 @@ def render(status: dict[str, Any]) -> str:
     running = bool(status.get("running"))
     lines = [
         _headline(status),
-        f"  step {status.get('step')}"
-        + (f" (gossip schedule at step {status['steps_done']})"
-           if status.get("steps_done") not in (None, status.get("step")) else "")
-        + f"  learning rate {_num(status.get('lr'), '.3g')}"
-        f"  training loss {_num(status.get('loss'), '.4f')}"
-        f"  test loss {_num(status.get('test_loss'), '.4f')}"
-        f"  test accuracy {_num(status.get('accuracy'), '.4f')}"
-        + (f" (at step {status['eval_step']})" if _evaluated(status) else ""),
+        _progress_line(status),
         _machine_line(status.get("metrics") or {}),
         f"  distance to consensus {_num(status.get('consensus_max_relative'), '.2e')} "
         "(max ||x_i - mean|| / ||mean|| over this peer and its neighbours' last parameters)",
@@ -329,15 +352,35 @@ def render(status: dict[str, Any]) -> str:
     lines.append("  rejections: " + (", ".join(f"{k} {v}" for k, v in sorted(rejections.items())) or "none"))
     lines += _internal_error_lines(status)
     if status.get("federation"):
-        lines += _federation_lines(status["federation"])
+        lines += _federation_lines(status["federation"], running=running)
     lines.append("  neighbours:")
     age_s = float(status.get("age_s") or 0.0) if not running else 0.0
     for name, info in sorted((status.get("neighbours") or {}).items()):
         seen = info.get("last_seen_s")
         heard = _num(seen + age_s, '.1f', ' s ago') if seen is not None else "never"
+        # a gateway's neighbours are gateways, which train nothing: no step to show
+        step = "" if status.get("federation") else f"  step {info.get('step')}"
         lines.append(f"    {name:<12} {neighbour_word(info, running=running):<11} last heard {heard}  "
-                     f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}  step {info.get('step')}")
+                     f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}{step}")
     return "\n".join(lines)
+
+
+def _progress_line(status: dict[str, Any]) -> str:
+    """A peer's steps, losses and accuracy; a gateway (which trains nothing) counts FedAvg rounds."""
+    federation = status.get("federation") or {}
+    if federation:
+        head = round_of(federation.get("round"), federation.get("rounds"))
+        at = f" (at round {status['eval_step']})" if _evaluated(status) else ""
+        return (f"  {head}  test loss {_num(status.get('test_loss'), '.4f')}"
+                f"  test accuracy {_num(status.get('accuracy'), '.4f')}{at}")
+    return (f"  step {status.get('step')}"
+            + (f" (gossip schedule at step {status['steps_done']})"
+               if status.get("steps_done") not in (None, status.get("step")) else "")
+            + f"  learning rate {_num(status.get('lr'), '.3g')}"
+            f"  training loss {_num(status.get('loss'), '.4f')}"
+            f"  test loss {_num(status.get('test_loss'), '.4f')}"
+            f"  test accuracy {_num(status.get('accuracy'), '.4f')}"
+            + (f" (at step {status['eval_step']})" if _evaluated(status) else ""))
 
 
 def _evaluated(status: dict[str, Any]) -> bool:
@@ -357,9 +400,14 @@ def table_row(status: dict[str, Any]) -> tuple[str, ...]:
     counted = ", ".join(f"{words.count(w)} {w}" for w in sorted(set(words))) or "-"
     state = _row_state(status)
     age = status.get("age_s")
-    return (str(status.get("name")), state, str(status.get("step", "-")),
+    federation = status.get("federation") or {}
+    # a gateway trains nothing: its progress is FedAvg rounds, never its gossip machine's rounds
+    step = "-" if federation else str(status.get("step", "-"))
+    round_cell = (round_of(federation.get("round"), federation.get("rounds")).removeprefix("round ")
+                  if federation else _num((status.get("metrics") or {}).get("round"), ".0f"))
+    return (str(status.get("name")), state, step,
             _num(status.get("loss"), ".4f"), _num(status.get("test_loss"), ".4f"),
-            _num(status.get("accuracy"), ".4f"), _num((status.get("metrics") or {}).get("round"), ".0f"),
+            _num(status.get("accuracy"), ".4f"), round_cell,
             _num(status.get("consensus_max_relative"), ".2e"), counted,
             human_bytes(status.get("bytes_sent", 0)), human_bytes(status.get("bytes_received", 0)),
             str(sum((status.get("rejections") or {}).values())), _num(age, ".1f", " s ago"))
@@ -376,11 +424,9 @@ def _edge_row(status: dict[str, Any]) -> tuple[str, ...]:
     """An edge client's row: no test metrics or consensus of its own (its gateway's row has them); its
     round, and its gateway where a peer's neighbours go."""
     state = _row_state(status)
-    heard = "up" if status.get("gateway_up") else "not heard"
-    round_index = status.get("round")
     return (str(status.get("name")), state, str(status.get("step", "-")), _num(status.get("loss"), ".4f"),
-            "-", "-", str(round_index) if isinstance(round_index, int) and round_index >= 0 else "-", "-",
-            f"gateway {status.get('gateway', '-')} {heard}" if "gateway" in status else "-",
+            "-", "-", round_of(status.get("round"), status.get("rounds")).removeprefix("round "), "-",
+            f"gateway {status.get('gateway', '-')} {gateway_word(status)}" if "gateway" in status else "-",
             human_bytes(status.get("bytes_sent", 0)), human_bytes(status.get("bytes_received", 0)),
             str(sum((status.get("rejections") or {}).values())), _num(status.get("age_s"), ".1f", " s ago"))
 

@@ -140,7 +140,7 @@ class Progress:
         self.interactive = self.stream.isatty() if interactive is None else interactive
         self.interval_s = interval_s
         self._clock = clock or time.monotonic
-        self._whole = float(total).is_integer() and unit == "steps"
+        self._whole = float(total).is_integer() and unit in ("steps", "rounds")
         console = Console(file=self.stream, force_terminal=self.interactive or None,
                           force_interactive=self.interactive or None, highlight=False)
         # the rich task estimates the rate in both modes; it draws only on a terminal

@@ -46,7 +46,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "sending, waiting, receiving, mixing)"),
     Field("accuracy", "fraction", "gauge", "test-set accuracy (0 to 1) at `eval_step`"),
     Field("test_loss", "", "gauge", "mean test-set loss at `eval_step`"),
-    Field("eval_step", "steps", "gauge", "step of the last test-set evaluation (-1: none yet)"),
+    Field("eval_step", "steps", "gauge", "step of the last test-set evaluation (-1: none yet; a gateway's, "
+          "which trains nothing: its FedAvg rounds closed then, `federation.round`)"),
     Field("consensus_max_relative", "", "gauge",
           "estimated distance to consensus: max ‖x_i − mean‖ / ‖mean‖ over this peer and its neighbours' "
           "last parameters heard (null before any arrived)"),
@@ -107,7 +108,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("stranded", "", "text", "why the peer stopped short of the end (empty: it did not)"),
     Field("checkpoint_step", "steps", "gauge",
           "step of the newest checkpoint this start wrote or resumed from (-1: none yet; a gateway's "
-          "steps are its rounds, a FedBuff gateway's its rounds plus its model versions)"),
+          "checkpoints count its gossip rounds, a FedBuff gateway's those plus its model versions; its "
+          "lines say the FedAvg round a checkpoint holds)"),
     Field("checkpoints_written", "checkpoints", "counter", "checkpoints written (periodic, after a jump of "
           "the step by a state sync or a catch-up, and at the end)"),
     Field("checkpoint_failures", "checkpoints", "counter",
@@ -169,7 +171,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("receive_buffers.fresh", "buffers", "counter", "receive buffers allocated"),
     Field("receive_buffers.held", "buffers", "gauge", "receive buffers in the pool now"),
     Field("metrics", "", "nested", "the gossip machine's own numbers, the rows `metrics.*` below"),
-    Field("metrics.round", "rounds", "gauge", "gossip round the machine is in"),
+    Field("metrics.round", "rounds", "gauge", "gossip round the machine is in (a gateway's: its gossip "
+          "rounds, `gossip_rounds` per FedAvg round; its FedAvg round is `federation.round`)",
+          prometheus="gossip_round"),
     Field("metrics.consensus_step", "", "gauge", "CHOCO's consensus step size, as lowered by its guard"),
     Field("metrics.*", "events", "counter",
           "any other key: a count of the machine's events by name (e.g. `stale_message`, `missed_deadline`)"),
@@ -178,9 +182,14 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
     Field("federation.mode", "", "text", "sync (FedAvg rounds) or fedbuff (asynchronous, buffered)"),
     Field("federation.phase", "", "text", "the server's phase: idle, waiting (too few clients registered), "
           "open (a round collects updates), paused (gossip between rounds), finished"),
-    Field("federation.round", "rounds", "gauge", "the FedAvg round open now, or the next one"),
+    Field("federation.round", "rounds", "gauge", "the FedAvg rounds closed (FedBuff: model versions), "
+          "restarts included: the 0-based index of the round open now, or of the next one; `rounds` at "
+          "the end (`hivemesh status` shows `round 6/10`)"),
+    Field("federation.rounds", "rounds", "gauge", "the FedAvg rounds the federation runs "
+          "(`[federation] rounds`)"),
     Field("federation.rounds_closed", "rounds", "counter",
-          "rounds closed (each one's report is a line of `rounds.jsonl` in the data folder)"),
+          "the same number as `round` (each closed round's report is a line of `rounds.jsonl` in the data "
+          "folder, written once the gossip after it is over)"),
     Field("federation.registered", "", "text", "the edge clients registered now (heard within the timeout)"),
     Field("federation.asked", "", "text", "the clients sampled for the open round (over-selection included)"),
     Field("federation.wanted", "clients", "gauge", "updates the open round takes before it closes"),
@@ -217,6 +226,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "(status.json only)"),
     Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "
           "known connection", prometheus="-"),
+    Field("federation.clients.*.presence", "", "text", "up (registered), down, never heard, or finished "
+          "(sent the final model: it exits then)"),
     Field("federation.clients.*.last_contact_s", "s", "gauge",
           "seconds since its last update (null: none yet)", prometheus="-"),
     Field("federation.clients.*.bytes_sent", "bytes", "counter",

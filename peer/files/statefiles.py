@@ -98,12 +98,15 @@ def pid_alive(pid: int) -> bool:
 class StatusWriter:
     """status.json, metrics.jsonl and the console progress display of one peer."""
 
-    def __init__(self, data_dir: Path, *, name: str, progress: bool, total_steps: int = 0) -> None:
+    def __init__(self, data_dir: Path, *, name: str, progress: bool, total_steps: int = 0,
+                 unit: str = "steps") -> None:
+        """``total_steps`` in ``unit``: a peer's steps, a gateway's FedAvg rounds."""
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.progress = progress
         self.total_steps = total_steps
+        self.unit = unit
         self.display: Progress | None = None    # made at the first status: a bar only if there is one
         self.next_due = 0.0
         self.failures: Counter[str] = Counter()    # status or metrics lines not written, by errno name
@@ -117,7 +120,7 @@ class StatusWriter:
         self.guarded(STATUS_FILE, lambda: write_json_atomic(self.data_dir / STATUS_FILE, record))
         if self.progress:
             if self.display is None:
-                self.display = Progress(self.name, self.total_steps)
+                self.display = Progress(self.name, self.total_steps, unit=self.unit)
             self.display.update(peer_reading(record))
 
     def close(self) -> None:
@@ -166,17 +169,29 @@ class StatusWriter:
 
 
 def peer_reading(status: dict[str, Any]) -> Reading:
-    """What the progress display shows of one peer's status: its state when it is not training
-    (``waiting for p01, p03 (1/3 up)``, ``syncing``, ``finished``, ...)."""
+    """What the progress display shows of one peer's status: its steps (a gateway's: its FedAvg rounds
+    closed), and its state when it is not training (``waiting for p01, p03 (1/3 up)``, ``syncing``,
+    ``finished``, ...)."""
     neighbours = status.get("neighbours", {})
     up = sum(1 for n in neighbours.values() if n.get("up"))
     accuracy = status.get("accuracy")
     state = str(status.get("waiting_for") or status.get("state", ""))
-    return Reading(done=status.get("step", 0),
+    return Reading(done=_progress(status),
                    accuracy=accuracy if isinstance(accuracy, float) and math.isfinite(accuracy) else None,
                    bytes_sent=status.get("bytes_sent", 0), bytes_received=status.get("bytes_received", 0),
                    rejected=sum(status.get("rejections", {}).values()),
                    members=f"neighbours {up}/{len(neighbours)}", note="" if state == "training" else state)
+
+
+def _progress(status: dict[str, Any]) -> int:
+    """A peer's steps; a gateway's FedAvg rounds closed; an edge client's federation round as it last
+    heard it (-1 before any: 0)."""
+    federation = status.get("federation") or {}
+    if "round" in federation:
+        return int(federation["round"])
+    if status.get("role") == "edge":
+        return max(int(status.get("round", 0)), 0)
+    return int(status.get("step", 0))
 
 
 def os_error_reason(error: OSError) -> str:

@@ -104,8 +104,11 @@ class PeerDaemon:
         # first, now the data folder is ours: a dead writer's temporaries (a complete one is put into
         # place), before anything is loaded or written (they may be what fills the disk)
         self.recovered = self.store.recover()
+        # a gateway's bar counts its FedAvg rounds (peer_reading), a peer's its steps
+        total, unit = ((config.federation.rounds, "rounds") if config.federation is not None
+                       else (config.gossip.total_steps, "steps"))
         self.status = StatusWriter(config.data_dir, name=self.name, progress=config.peer.progress,
-                                   total_steps=config.gossip.total_steps)
+                                   total_steps=total, unit=unit)
         self.mismatches = MismatchNotices(self.name)     # a differently set-up member, said once
         # ... and answered with our settings, so it can name what differs (a gateway: once a round)
         self.refusals = SettingsRefusals(self.endpoint, config.shared(), interval_s=(
@@ -266,6 +269,7 @@ class PeerDaemon:
     def _shutdown(self) -> int:
         assert self.transport is not None
         self.transport.wait_sent(timeout_s=5.0)
+        self._gateway_rounds(flush=True)    # the end, or a stop: what closed, with the model held now
         if self.node.finished:
             self.state = "finished"
             self._evaluate()
@@ -281,7 +285,7 @@ class PeerDaemon:
         if self.exit is not None and self.exit.code == lifecycle.EXIT_STRANDED:
             self.state = "stranded"
             self._write_status(force=True)
-            self.status.say(f"{self.name}: {self.exit.why}; exiting at step {self.trainer.step} "
+            self.status.say(f"{self.name}: {self.exit.why}; exiting at {daemon_files.progress_words(self)} "
                             f"(status {self.exit.code})")
             return self.exit.code
         self.state = "stopped"
@@ -291,7 +295,7 @@ class PeerDaemon:
         why = (self.exit.why if self.exit is not None else
                signal.Signals(self._stop_signal).name if self._stop_signal else "stop")
         what = "checkpoint written" if self._saved else "no checkpoint written"
-        self.status.say(f"{self.name}: {why}: {what} at step {self.trainer.step}; exiting")
+        self.status.say(f"{self.name}: {why}: {what} at {daemon_files.progress_words(self)}; exiting")
         return self.exit.code if self.exit is not None else 0
 
     # ------------------------------------------------------------------ the loop's pieces
@@ -418,13 +422,21 @@ class PeerDaemon:
     def _gateway_progress(self) -> None:
         """After a gateway acted: closed rounds evaluated and written once; a FedAvg round closed is
         its gossip machine's work done."""
-        assert self.gateway is not None and self.gateway_work is not None
-        found = self.gateway.closed_rounds(self.trainer.evaluate, self.status.append_line)
-        if found is not None:
-            self.last_eval, self.last_eval_step = found, self.gateway.evaluated
-            self.status.metric_line(self._snapshot())
+        assert self.gateway_work is not None
+        self._gateway_rounds(flush=False)
         if self.gateway_work.closed():
             self._feed(WorkDone(1, 0.0), mixes=True)
+
+    def _gateway_rounds(self, *, flush: bool) -> None:
+        """A gateway's closed rounds whose gossip is over (all of them when ``flush``) evaluated and
+        written to rounds.jsonl, once."""
+        if self.gateway is None:
+            return
+        found = self.gateway.closed_rounds(self.machine.position[0], self.trainer.evaluate,
+                                           self.status.append_line, flush=flush)
+        if found is not None:
+            self.last_eval, self.last_eval_step = found, daemon_files.progress(self)
+            self.status.metric_line(self._snapshot())
 
     # ------------------------------------------------------------------ periodic duties
 
@@ -488,10 +500,11 @@ class PeerDaemon:
                      say=self.status.say, warn=self._warn)
 
     def _evaluate(self) -> None:
-        if self.last_eval_step == self.trainer.step:
+        at = daemon_files.progress(self)    # a gateway's is its rounds closed
+        if self.last_eval_step == at:
             return
         self.last_eval = self.trainer.evaluate()
-        self.last_eval_step = self.trainer.step
+        self.last_eval_step = at
         found = self._snapshot()
         self.status.metric_line(found)
         scalars = self.scalars

@@ -11,7 +11,7 @@ counted in the status, and the peer trains on.
 from __future__ import annotations
 
 from peer.runtime.daemon_parts import Daemon
-from peer.runtime.gateway import protocol_state, restore_server
+from peer.runtime.gateway import protocol_state, restore_server, round_words, rounds_closed
 
 
 def work_done(daemon: Daemon) -> int:
@@ -20,6 +20,21 @@ def work_done(daemon: Daemon) -> int:
     if daemon.gateway_work is not None:
         return daemon.gateway_work.rounds_done(daemon.machine.position[1])
     return int(daemon.trainer.step)
+
+
+def progress(daemon: Daemon) -> int:
+    """How far this member is, in its own unit: a peer's trainer steps, a gateway's FedAvg rounds
+    closed (``gateway.rounds_closed``)."""
+    if daemon.gateway_work is not None:
+        return rounds_closed(daemon.gateway_work)
+    return int(daemon.trainer.step)
+
+
+def progress_words(daemon: Daemon) -> str:
+    """``step 120`` (a peer), ``round 6/10`` (a gateway: what its checkpoint holds, its status shows)."""
+    if daemon.gateway_work is not None:
+        return round_words(daemon.gateway_work)
+    return f"step {daemon.trainer.step}"
 
 
 def restore(daemon: Daemon) -> bool:
@@ -40,7 +55,7 @@ def restore(daemon: Daemon) -> bool:
     endpoint_state = extra.get("endpoint")
     if isinstance(endpoint_state, dict):
         daemon.endpoint.restore_state(endpoint_state)
-    daemon.status.say(f"{daemon.name}: resumed from checkpoint at step {work_done(daemon)} "
+    daemon.status.say(f"{daemon.name}: resumed from checkpoint at {progress_words(daemon)} "
                       f"(epoch {daemon.parts.epoch})")
     if daemon.gateway is not None:
         daemon.gateway.saves.saved(work_done(daemon), daemon.now())  # counts from what is on disk
@@ -61,5 +76,5 @@ def checkpoint(daemon: Daemon, *, final: bool) -> bool:
     if reason and reason != failing:
         daemon._warn(f"cannot checkpoint: {reason}")
     elif not reason and failing:
-        daemon.status.say(f"{daemon.name}: checkpoint written again at step {daemon.trainer.step}")
+        daemon.status.say(f"{daemon.name}: checkpoint written again at {progress_words(daemon)}")
     return not reason

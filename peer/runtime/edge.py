@@ -154,8 +154,9 @@ class EdgeClient:
                                    secure=self._secure(config, identity))
         self.store = CheckpointStore(config.data_dir, keep=2)
         self._recovered = self.store.recover()     # a dead writer's temporaries, before any load
+        # its bar: the federation's round as it last heard it (the gateway decides which it trains)
         self.status = StatusWriter(config.data_dir, name=self.name, progress=edge.progress,
-                                   total_steps=0)   # no bar: the gateway decides how many rounds it trains
+                                   total_steps=config.federation.rounds, unit="rounds")
         self.resumed = self._restore()
         self.node: Node[Neighbour] = Node(
             self.name, EdgeMachine(self.client), neighbours={self.gateway: Neighbour()},
@@ -170,11 +171,10 @@ class EdgeClient:
         self._trained: tuple[float, int, float] | None = None   # (WorkDone due at, steps, loss)
         self._stop_signal: int | None = None
         self._finished = False
+        self._saved = True               # the last checkpoint attempt wrote one
         self._last_loss = math.nan
         self._contact_s = 0.0        # last accepted message from the gateway, or send it took (now())
-        self.rounds_trained = 0
         self.refused = ""     # what the gateway's last refusal of our settings named (SettingsRefusal)
-        self.updates_sent = 0
         self.unsent: Counter[str] = Counter()
         self.state = "starting"
 
@@ -190,6 +190,22 @@ class EdgeClient:
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    @property
+    def rounds_trained(self) -> int:
+        """Rounds this client trained for, over all its starts (a round asked again counts once)."""
+        return self.client.counters["rounds_trained"]
+
+    @property
+    def updates_sent(self) -> int:
+        """Updates this client uploaded, over all its starts (``unsent``: those no connection took)."""
+        return self.client.counters["updates_sent"]
+
+    def federation_round(self) -> int:
+        """The federation's round as this client last heard it: the rounds closed before the round it
+        was last asked to train (that round's 0-based index; -1: none yet), all of them once the final
+        model came."""
+        return self.config.federation.rounds if self._finished else self.client.round
 
     # ------------------------------------------------------------------ running
 
@@ -237,6 +253,9 @@ class EdgeClient:
             if self._finished:
                 self.status.say(f"{self.name}: the federation finished; "
                                 f"{self.rounds_trained} rounds trained here")
+            else:
+                self.status.say(f"{self.name}: {signal.Signals(self._stop_signal or signal.SIGTERM).name}: "
+                                f"{self._checkpoint_words()}; exiting")
             return 0
         finally:
             self.transport.close()
@@ -323,7 +342,6 @@ class EdgeClient:
             sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack.flip_scale)
         if self.client.secure is not None:    # a test's SecAgg insider, from the rounds after
             self.client.secure.insider = dict(self.hooks.attack.secagg)
-        self.rounds_trained += 1
         for text in self.trainer.warnings():
             self.status.warn_once(f"{self.name}: warning: {text}")
         self._trained = (began + steps * self.hooks.step_pace_s, steps, loss)
@@ -363,8 +381,6 @@ class EdgeClient:
         frames = wire_messages(self.endpoint.seal(action.recipients, message))
         if self.transport.send(frames):
             self._contact_s = self.now()    # a connection the gateway's handshake admitted
-            if action.message.KIND == "client_update":
-                self.updates_sent += 1
         else:
             self.unsent[action.message.KIND] += 1   # no connection now: the gateway asks again later
 
@@ -386,8 +402,8 @@ class EdgeClient:
         windows = extra.get("endpoint")
         if isinstance(windows, dict):
             self.endpoint.restore_state(windows)
-        self.status.say(f"{self.name}: resumed from checkpoint (round {self.client.round}, "
-                        f"epoch {self.epoch})")
+        self.status.say(f"{self.name}: resumed from checkpoint {self._held()} ({self.rounds_trained} rounds "
+                        f"trained, {self.updates_sent} updates sent; epoch {self.epoch})")
         return True
 
     def _checkpoint(self) -> None:
@@ -398,6 +414,17 @@ class EdgeClient:
                                  {"endpoint": self.endpoint.export_state(), "epoch": self.epoch})
         if reason and reason != failing:    # a full disk: the client trains on, the older ones stay
             self.status.warn(f"{self.name}: warning: cannot checkpoint: {reason}")
+        self._saved = not reason
+
+    def _held(self) -> str:
+        """The round a checkpoint of now holds: ``after training round 5``, or ``before any round``."""
+        return f"after training round {self.client.round}" if self.client.round >= 0 else "before any round"
+
+    def _checkpoint_words(self) -> str:
+        """What the checkpoint written at a stop holds, for the console."""
+        if not self._saved:
+            return "no checkpoint written"
+        return f"checkpoint written {self._held()} ({self.rounds_trained} rounds trained)"
 
     def snapshot(self) -> dict[str, Any]:
         assert self.transport is not None
@@ -405,7 +432,8 @@ class EdgeClient:
         return {"name": self.name, "role": "edge", "state": self.state, "waiting_for": self._waiting_for(),
                 "epoch": self.epoch,
                 "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
-                "gateway_up": gateway.up, "round": self.client.round, "rounds_trained": self.rounds_trained,
+                "gateway_up": gateway.up, "round": self.federation_round(),
+                "rounds": self.config.federation.rounds, "rounds_trained": self.rounds_trained,
                 # the gateway refuses our messages: the first of our settings that differs from its
                 "settings_refused": self.refused,
                 "updates_sent": self.updates_sent, "unsent": dict(self.unsent), "step": self.trainer.step,

@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -42,7 +43,7 @@ class Exported:
     parameters: int  # trainable parameter values
     buffer_values: int  # values in buffers (BatchNorm statistics), 0 for models without any
     peers: int
-    steps: tuple[int, ...]
+    progress: tuple[str, ...]   # each peer's ``PeerModel.progress``
 
 
 @dataclass(frozen=True)
@@ -53,17 +54,32 @@ class PeerModel:
     step: int
     state: dict[str, torch.Tensor]
     accuracy: float | None  # the peer's last test accuracy (None: never evaluated)
-    eval_step: int | None  # the step that accuracy was measured at
+    eval_step: int | None  # the step that accuracy was measured at (a gateway's: its rounds closed)
+    progress: str = ""     # "step 300", or a gateway's "round 10/10" (its FedAvg rounds closed)
 
 
-def latest_trainer_state(config: PeerConfig) -> tuple[dict[str, torch.Tensor], int]:
-    """The trainer tensors (flat params, buffers, optimizer) and step of a peer's latest checkpoint."""
+def _latest(config: PeerConfig) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     state = CheckpointStore(config.data_dir, keep=config.checkpoint.keep).load_latest()
     if state is None:
         raise HivemeshError(f"{config.source}: peer {config.peer.name} has no checkpoint "
                             f"in {config.data_dir}")
-    trainer_state = state[0]
+    return state
+
+
+def latest_trainer_state(config: PeerConfig) -> tuple[dict[str, torch.Tensor], int]:
+    """The trainer tensors (flat params, buffers, optimizer) and step of a peer's latest checkpoint."""
+    trainer_state = _latest(config)[0]
     return trainer_state["tensors"], int(trainer_state["meta"]["step"])
+
+
+def progress_words(config: PeerConfig, step: int, protocol_state: Any) -> str:
+    """How far a checkpoint is: ``step 300``, or a gateway's (which trains nothing) ``round 10/10``,
+    its FedAvg rounds closed (FedBuff: model versions) as its status says them."""
+    if config.federation is None:
+        return f"step {step}"
+    served = protocol_state[1].get("fedavg") or {}
+    closed = served.get("version", served.get("round", "-"))
+    return f"round {closed}/{config.federation.rounds}"
 
 
 def latest_params(config: PeerConfig) -> tuple[torch.Tensor, int]:
@@ -129,12 +145,14 @@ def last_accuracy(data_dir: Path) -> tuple[float | None, int | None]:
 
 
 def peer_model(config: PeerConfig) -> PeerModel:
-    tensors, step = latest_trainer_state(config)
+    trainer_state, protocol_state, _ = _latest(config)
+    tensors, step = trainer_state["tensors"], int(trainer_state["meta"]["step"])
     accuracy, eval_step = last_accuracy(config.data_dir)
     network = config.network
     task = get_task(network.task, **network.task_options)
     return PeerModel(name=config.peer.name, step=step, state=model_state(task, network.seed, tensors),
-                     accuracy=accuracy, eval_step=eval_step)
+                     accuracy=accuracy, eval_step=eval_step,
+                     progress=progress_words(config, step, protocol_state))
 
 
 def model_card(config: PeerConfig, peers: Sequence[PeerModel], parameters: int) -> dict[str, str]:
@@ -151,6 +169,7 @@ def model_card(config: PeerConfig, peers: Sequence[PeerModel], parameters: int) 
         "hivemesh_dtype": str(dtype).removeprefix("torch."),
         "hivemesh_peers": ",".join(p.name for p in peers),
         "hivemesh_steps": json.dumps({p.name: p.step for p in peers}),
+        "hivemesh_progress": json.dumps({p.name: p.progress for p in peers}),
         "hivemesh_test_accuracy": json.dumps({p.name: {"accuracy": p.accuracy, "at_step": p.eval_step}
                                               for p in peers if p.accuracy is not None}),
     }
@@ -174,4 +193,4 @@ def export_model(config_paths: Sequence[str | Path], out: str | Path) -> Exporte
     save_file(state, str(out), metadata=model_card(configs[0], peers, parameters))
     return Exported(tensors=len(state), parameters=parameters,
                     buffer_values=sum(b.numel() for b in model.buffers()),
-                    peers=len(peers), steps=tuple(p.step for p in peers))
+                    peers=len(peers), progress=tuple(f"{p.name} at {p.progress}" for p in peers))

@@ -4,7 +4,7 @@ The collector reads the daemon's latest status snapshot at each scrape, so the
 endpoint and ``status.json`` show the same numbers from one bookkeeping. Names,
 types, help texts and units come from ``peer.files.fields``; every number of
 the snapshot becomes a sample (``hivemesh_bytes_sent_total{neighbour="p01"}``,
-``hivemesh_rejections_total{reason="bad_signature"}``, ``hivemesh_round``, ...),
+``hivemesh_rejections_total{reason="bad_signature"}``, ``hivemesh_gossip_round``, ...),
 in base units (seconds, bytes) as Prometheus' conventions ask. The collector
 lives in its own registry, not the library's global one: two peers in one
 process (the tests, the simulator one day) never mix.
@@ -67,7 +67,7 @@ def sample_key(path: str) -> tuple[str, dict[str, str]] | None:
     if head == "metrics":
         if field.key == "metrics.*":
             return f"{PREFIX}_protocol_events_total", {"event": rest}
-        return f"{PREFIX}_{rest}", {}
+        return f"{PREFIX}_{field.prometheus or rest}", {}
     if field.label:
         return metric_name(field) + total, {field.label: rest}
     return metric_name(field) + total, {}
@@ -138,7 +138,8 @@ class SnapshotCollector(Collector):
                 events.add_metric([key], number)
         yield events
         for key in MACHINE_GAUGE_WORDS:
-            family = _family(FIELDS_BY_KEY[f"metrics.{key}"], f"{PREFIX}_{key}", [])
+            field = FIELDS_BY_KEY[f"metrics.{key}"]
+            family = _family(field, f"{PREFIX}_{field.prometheus or key}", [])
             if (number := _number(metrics.get(key))) is not None:
                 family.add_metric([], number)
             yield family

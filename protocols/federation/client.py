@@ -143,10 +143,18 @@ class FedAvgClient(Counted):
         self.params.copy_(model)
         self.anchor = model
         self.prox_mu = float(start.meta.get("prox_mu", 0.0))
+        self.counters[self._work_kind(start.round)] += 1
         self.round = start.round
         self.phase = ClientPhase.TRAINING
-        self.counters["rounds_trained"] += 1
         return [StartWork(steps), *(self._secure(self.secure.start(start, now)) if self.secure else [])]
+
+    def _work_kind(self, round_index: int) -> str:
+        """What training for ``round_index`` counts as: ``rounds_trained`` (a round not trained before:
+        so never more than the rounds run), or ``rounds_retrained`` (the same round asked again, as a
+        restarted gateway does). Under FedBuff every dispatch is new work, whatever its version."""
+        if round_index > self.round or self.config.mode == "fedbuff":
+            return "rounds_trained"
+        return "rounds_retrained"
 
     def _steps(self, start: RoundStart) -> int | None:
         """The local work as optimiser steps, or None when the server asked for nothing sensible."""

@@ -13,6 +13,8 @@ own graph, every round's work a FedAvg round).
 
 from __future__ import annotations
 
+import math
+
 from protocols.events import Action
 from protocols.federation.fedbuff import BuffPhase, FedBuffServer
 from protocols.federation.server import FedAvgServer, ServerPhase
@@ -32,6 +34,32 @@ def gossip_total_rounds(fedavg_rounds: int, gossip_rounds: int, *, mode: str = "
     if mode == "fedbuff":
         return 1
     return fedavg_rounds * max(1, gossip_rounds)
+
+
+class GossipedRounds:
+    """Which closed FedAvg rounds have had the gossip after them: what a gateway records of a round (its
+    global model's accuracy) is of the model it holds then, the one the next round sends and an
+    export writes. Both drivers' gateways hold one.
+
+    ``closed(index, gossip_round)`` when a round's report appears (``gossip_round``: the machine's
+    round then, the one whose work the FedAvg round is); ``ready(gossip_round)`` gives, once each, the
+    rounds whose ``gossip_rounds`` exchanges (one with no gossip) have mixed since; ``flush=True``
+    all that wait (the end, or a stop). The ``last`` round, which finishes the server, waits for the
+    end: the machine's final gossip rounds may mix after its exchanges, and the model it finishes
+    with is the one exported. FedBuff gossips only at its end: each version at once."""
+
+    def __init__(self, *, gossip_rounds: int, mode: str = "sync") -> None:
+        self.after = 0 if mode == "fedbuff" else max(1, gossip_rounds)
+        self.waiting: dict[int, float] = {}   # closed round -> the machine round its gossip ends at
+
+    def closed(self, round_index: int, gossip_round: int, *, last: bool = False) -> None:
+        self.waiting[round_index] = math.inf if last else gossip_round + self.after
+
+    def ready(self, gossip_round: int, *, flush: bool = False) -> list[int]:
+        done = sorted(i for i, until in self.waiting.items() if flush or gossip_round >= until)
+        for index in done:
+            del self.waiting[index]
+        return done
 
 
 class GatewayWork:

@@ -347,7 +347,8 @@ class FedAvgServer(FederationServer):
         self.counters[f"closed_by_{closed_by}"] += 1
         self.taken = {}
         self.round += 1
-        actions: list[Action] = [Metric("taken", float(len(taken)))]
+        # "round" is the rounds closed (the index of the next round), as at each opening and in status()
+        actions: list[Action] = [Metric("taken", float(len(taken))), Metric("round", float(self.round))]
         if self.round >= self.config.rounds:
             self.phase = ServerPhase.FINISHED
             model = self._model_message()
