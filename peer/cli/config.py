@@ -135,8 +135,7 @@ def check_peer_file(path: str | Path, overrides: Sequence[str] = ()) -> str:
               if federation.gossip_rounds and others else "no gossip between gateways")
     wait = (f"; no round opens until {opening - len(served)} more edge clients join (min_clients / "
             f"min_registered {opening})" if len(served) < opening else "")
-    short = federation.first_rounds_short(len(served))
-    wait += f"; warning: {short}" if short else ""
+    wait += "".join(f"; warning: {text}" for text in federation.warnings(len(served)))
     return (f"ok: gateway config {path}: {name!r} serving {len(served)} edge clients, "
             f"{'FedBuff' if federation.mode == 'fedbuff' else 'FedAvg'} {federation.rounds} rounds"
             f"{''.join(', ' + extra for extra in extras)}, {gossip}, task {config.network.task!r}{wait}")

@@ -126,6 +126,9 @@ class PeerDaemon:
                              if self.parts.server is not None and config.federation is not None else None)
         self.gateway = (GatewayRounds(self.gateway_work, config.checkpoint)
                         if self.gateway_work is not None else None)
+        # what the gateway's settings risk for the clients it serves (said once, kept in status)
+        self.config_warnings = ([] if self.gateway is None or config.federation is None
+                                else config.federation.warnings(len(self.parts.clients)))
         self.routes: dict[str, bytes] = {}
         self.roster_watch = RosterWatch(config.roster_path, self.parts.roster)  # picked up while running
         self.neighbours = self.node.neighbourhood.members
@@ -372,7 +375,7 @@ class PeerDaemon:
         self.host.handle(self.now(), event)
         if self.gateway is not None:
             self._gateway_progress()
-        for text in [*self.machine.warnings(), *self.trainer.warnings()]:   # each new one said once
+        for text in [*self.config_warnings, *self.machine.warnings(), *self.trainer.warnings()]:  # once each
             self.status.warn_once(f"{self.name}: warning: {text}")
 
     def _wait_sent(self) -> None:

@@ -83,6 +83,7 @@ class Daemon(Protocol):
     roster_watch: RosterWatch
     receive_buffers: BufferPool
     timeline: dict[str, float]
+    config_warnings: list[str]
     state: str
     to_train: int | None
     exit: Exit | None

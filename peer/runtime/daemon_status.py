@@ -108,6 +108,6 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "metrics": daemon.host.metrics,
         "federation": ({} if daemon.gateway is None else daemon.gateway.federation_status(
             now, routes=daemon.routes, clients=node.clients, counters=counters)),
-        "warnings": [*daemon.machine.warnings(), *daemon.trainer.warnings()],
+        "warnings": [*daemon.config_warnings, *daemon.machine.warnings(), *daemon.trainer.warnings()],
         "timeline": daemon.timeline,
     }

@@ -244,6 +244,28 @@ class FederationConfig:
         return (f"a round opened with {opening} registered clients asks {asked}, fewer than the {floor} "
                 f"secure aggregation needs, and fails: set min_registered = {enough}")
 
+    def noise_over_clip(self, served: int) -> str:
+        """Under DP, "" or one sentence when the noise on each coordinate of the released mean,
+        ``z C / (q N)`` (the noise multiplier times the clip norm over the expected cohort, with every
+        served client registered), exceeds the clip norm ``C`` itself: then the noise outweighs any
+        one round's mean update on every coordinate, and training learns little."""
+        dp = self.differential_privacy
+        if dp is None:
+            return ""
+        expected = dp.sampling_rate * max(self.opening_registered(), served)
+        noise = dp.noise_multiplier * dp.clip_norm / expected if expected > 0 else math.inf
+        if noise <= dp.clip_norm:
+            return ""
+        return (f"noise per coordinate {noise:.2g} (noise_multiplier {dp.noise_multiplier:g} x clip "
+                f"{dp.clip_norm:g} / expected cohort {expected:g}) > clip {dp.clip_norm:g}: expect low "
+                f"accuracy; raise sampling_rate or serve more clients (a cohort above "
+                f"{dp.noise_multiplier:g}), or lower noise_multiplier")
+
+    def warnings(self, served: int) -> list[str]:
+        """What a gateway serving ``served`` edge clients risks that is no error: rounds opened short
+        of SecAgg's floor, DP noise above the clip norm (said at start and by ``config check``)."""
+        return [text for text in (self.first_rounds_short(served), self.noise_over_clip(served)) if text]
+
     def local_work(self) -> dict[str, int | float]:
         """What RoundStart's meta says about the local work (the client turns epochs into steps)."""
         return {"local_epochs": self.local_epochs, "local_steps": self.local_steps, "prox_mu": self.prox_mu}
