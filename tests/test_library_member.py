@@ -17,14 +17,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _daemon_support import CEILING_S, TEST_PEER_OPTIONS, consensus_max_relative, set_peer_option
+from torch import nn
 
+import peer
 from peer.cli.main import main
 from peer.files.statefiles import read_status
 from peer.runtime.export import latest_params
@@ -47,11 +51,11 @@ DAEMON_TRAINER = {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01, "warmu
 CONSENSUS = 1e-3
 
 
-def make_network(out: Path) -> None:
+def make_network(out: Path, names: Sequence[str] = NAMES, steps: int = STEPS) -> None:
     """``hivemesh init`` as a user runs it, then the process tests' timings and checkpoint interval."""
-    assert main(["init", "--peers", str(len(NAMES)), "--out", str(out), "--steps", str(STEPS),
+    assert main(["init", "--peers", str(len(names)), "--out", str(out), "--steps", str(steps),
                  "--partition", "iid"]) == 0
-    for name in NAMES:
+    for name in names:
         config = out / f"{name}.toml"
         for key, value in {**TEST_PEER_OPTIONS, "status_interval_s": 0.2}.items():
             set_peer_option(config, key, str(value).lower() if isinstance(value, bool) else str(value))
@@ -154,3 +158,67 @@ def test_own_loop_members_match_daemons_and_resume_after_kill(tmp_path: Path) ->
         assert abs(accuracy - reference) <= ACCURACY_POINTS, (name, accuracy, reference, daemon_accuracy)
     assert library_consensus < CONSENSUS, (library_consensus, daemon_consensus)
     assert daemon_consensus < CONSENSUS, daemon_consensus
+
+
+def in_threads(work: Callable[[str], object], names: Sequence[str]) -> dict[str, object]:
+    """``work(name)`` for every member at once (``join`` waits for the neighbours); what each returned."""
+    results: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = work(name)
+        except BaseException as error:   # given to the test's thread
+            results[name] = error
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=CEILING_S)
+    assert all(not thread.is_alive() for thread in threads), f"members still running: {results}"
+    errors = {name: result for name, result in results.items() if isinstance(result, BaseException)}
+    assert not errors, errors
+    return results
+
+
+def test_two_members_in_one_process_close_rejoin_and_finish(tmp_path: Path) -> None:
+    """``close()`` mid-run checkpoints and leaves (the status says stopped); ``join`` again resumes
+    at that step with the optimizer's state, and the round it closed in is trained again (the
+    member's steps and its machine's rounds stay one count); the run then finishes (``done``, exit
+    0) at exactly its total."""
+    names, total, first = ("p00", "p01"), 30, 10
+    make_network(tmp_path, names, steps=total)
+    for name in names:   # both restarted at once: each asks the other, which is syncing too (no answer)
+        set_peer_option(tmp_path / f"{name}.toml", "sync_timeout_s", "1.0")
+        set_peer_option(tmp_path / f"{name}.toml", "sync_attempts", "1")
+
+    def member(name: str, until: int) -> tuple[int, int, bool, int, int]:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        with peer.join(tmp_path / f"{name}.toml", model, optimizer=optimizer) as m:
+            started, adam_steps = m.steps, len(optimizer.state)
+            while m.steps < until:
+                generator = torch.Generator().manual_seed(m.steps)
+                x, y = torch.randn(8, 4, generator=generator), torch.randint(2, (8,), generator=generator)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                m.step(loss)
+            done = m.done
+        assert m.exit_code is not None
+        return started, m.steps, done, m.exit_code, adam_steps
+
+    stopped = in_threads(lambda name: member(name, first), names)
+    for name in names:
+        assert stopped[name] == (0, first, False, 0, 0), stopped
+        found = read_status(tmp_path / "data" / name) or {}
+        assert (found.get("state"), found.get("step")) == ("stopped", first), found
+    finished = in_threads(lambda name: member(name, total), names)
+    for name in names:
+        # resumed at the step it closed at, the optimizer's moments restored (2 parameters' state)
+        assert finished[name] == (first, total, True, 0, 2), finished
+        found = read_status(tmp_path / "data" / name) or {}
+        assert (found.get("state"), found.get("step")) == ("finished", total), found
+        assert latest_params(load_peer_config(tmp_path / f"{name}.toml"))[1] == total

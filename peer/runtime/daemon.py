@@ -52,6 +52,7 @@ from peer.runtime.rosterwatch import RosterWatch, reread
 from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, ParamsWriter, ScheduleFiles
 from peer.train.checkpoint import SavePoint
+from peer.train.trainer import StepsStopped
 from protocols.events import Event, Machine, TimerFired, WorkDone
 from protocols.federation.interleave import GatewayWork
 from protocols.messages import Heartbeat
@@ -376,8 +377,12 @@ class PeerDaemon:
         if self.params_trace is not None:
             self.params_trace.at_work_point(self.trainer.step, self.trainer.flat_params)
         began = time.monotonic()
-        self.last_loss = self._run_steps(steps)
-        self.counters.work_s += time.monotonic() - began
+        try:
+            self.last_loss = self._run_steps(steps)
+        except StepsStopped:   # no WorkDone: stopped, as SIGTERM leaves a peer between rounds
+            return
+        finally:
+            self.counters.work_s += time.monotonic() - began
         self._feed(WorkDone(steps, self.last_loss), mixes=True)
 
     def _run_steps(self, steps: int) -> float:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from peer.train.trainer import HostStage, flatten_into
+from peer.train.trainer import HostStage, StepsStopped, flatten_into
 from protocols.errors import HivemeshError
 
 Evaluate = Callable[[nn.Module], dict[str, float]]
@@ -103,14 +103,19 @@ class OwnTrainer:
         self._step = step
 
     def run_steps(self, n: int) -> float:
-        """The daemon's worker: the user's loop makes ``n`` steps; their mean loss (nan: none given)."""
+        """The daemon's worker: the user's loop makes ``n`` steps; their mean loss (nan: none given).
+        StepsStopped when the run ends first (``close`` mid-round: the round is not done)."""
         with self._turn:
+            if self._ended:
+                raise StepsStopped
             self._allowed, self._losses = n, []
             self._turn.notify_all()
             while self._allowed and not self._ended:
                 self._turn.wait()
-            self._allowed = 0
+            stopped, self._allowed = self._allowed > 0, 0
             losses = self._losses
+        if stopped:
+            raise StepsStopped
         return sum(losses) / len(losses) if losses else math.nan
 
     def user_step(self, loss: float | None) -> None:

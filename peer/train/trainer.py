@@ -148,6 +148,11 @@ def flatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     assert offset == flat.numel()
 
 
+class StepsStopped(Exception):
+    """``run_steps`` ended by a stop before its steps were all made (a library member closed
+    mid-round, peer/train/own.py): the round is not done, and is trained again after a restart."""
+
+
 class HostStage:
     """Flat vectors (of at most ``numel`` elements) in host memory, ready to send: on CPU the vector
     itself (no copy); on CUDA a copy in one reused pinned buffer, complete when the call returns."""
