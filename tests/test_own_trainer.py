@@ -73,6 +73,7 @@ def test_a_checkpoint_brings_back_model_optimizer_and_scheduler_exactly(tmp_path
     assert found is not None
     restored.load_state_dict(found.trainer_state)
     assert restored.step == STEPS
+    assert restored.last_lr == pytest.approx(scheduler.get_last_lr()[0])   # the status's "lr" (main's)
     assert scheduler.last_epoch == STEPS and isinstance(optimizer.param_groups[0]["betas"], tuple)
     train(model, optimizer, scheduler, STEPS, TOTAL)
     assert torch.equal(restored.mixed, uninterrupted)   # bit for bit: the optimizer's moments came back

@@ -156,6 +156,12 @@ class OwnTrainer:
     def warnings(self) -> list[str]:
         return []
 
+    @property
+    def last_lr(self) -> float | None:
+        """The learning rate the user's optimizer is set to (its first parameter group's; None: no
+        optimizer given), as the status shows a built-in trainer's."""
+        return None if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
