@@ -12,7 +12,7 @@ import errno
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,8 +167,10 @@ def make_trainer(config: PeerConfig, *, members: Sequence[str] | None = None) ->
     return build_trainers(config.network, config.trainer, members=members, wanted=(name,))[1][name]
 
 
-def assemble(config: PeerConfig) -> Parts:
-    """All parts of the peer described by ``config`` (see the module docstring for errors)."""
+def assemble(config: PeerConfig, *, make: Callable[[Topology], Any] | None = None) -> Parts:
+    """All parts of the peer described by ``config`` (see the module docstring for errors);
+    ``make``: makes its trainer for the topology instead of the config's task (a member in the
+    user's own loop: peer/library.py)."""
     from protocols.gossip import make_machine
 
     identity, roster, name = identity_and_roster(config)
@@ -186,7 +188,7 @@ def assemble(config: PeerConfig) -> Parts:
     try:
         epoch = next_epoch(config.data_dir)
         endpoint = Endpoint(identity, roster, digest, epoch)
-        trainer = make_trainer(config, members=topology.names)
+        trainer = make_trainer(config, members=topology.names) if make is None else make(topology)
         graph: Any = topology    # satisfies the machine's GraphView (read-only attributes)
         # trainer.mixed: the parameters, and the floating buffers when trainer.buffers = "average"
         machine: Machine = make_machine(config.gossip, name=name, topology=graph, params=trainer.mixed,

@@ -53,6 +53,7 @@ from peer.runtime.rosterwatch import RosterWatch, reread
 from peer.runtime.tensorboard import ScalarLog
 from peer.runtime.testhooks import Hook, Hooks, ParamsWriter, ScheduleFiles
 from peer.train.checkpoint import SavePoint
+from peer.train.trainer import StepsStopped
 from protocols.events import Event, Machine, TimerFired, WorkDone
 from protocols.federation.interleave import GatewayWork
 from protocols.messages import Heartbeat, SettingsRefusal
@@ -76,12 +77,13 @@ class PeerDaemon:
                  hooks: Sequence[Hook] = (),
                  schedule_for: Callable[[str], ScheduleFiles | None] | None = None,
                  protocol_version: int | None = None, at_save_point: SavePoint | None = None,
-                 params_trace: ParamsWriter | None = None) -> None:
+                 params_trace: ParamsWriter | None = None, signals: bool = True) -> None:
         """``listen_fd``: a listening socket already bound to this peer's address (peer.runtime.launch);
         ``hooks``: test hooks, ``schedule_for``: this peer's side of a fault schedule, by its name,
         ``protocol_version``: the highest protocol version spoken, as by a member not yet upgraded,
         ``at_save_point``: a test hook inside checkpoint writes, ``params_trace``: a test's record of the
-        parameters over time (both peer.runtime.testhooks)."""
+        parameters over time (both peer.runtime.testhooks); ``signals``: False for a member hosted in
+        another program's process (peer/library.py), which stops it with :meth:`stop`, not a signal."""
         self.timeline: dict[str, float] = {"created": time.time()}   # wall-clock marks, for status
         self.config = config
         self.parts = parts or assemble(config)
@@ -137,7 +139,8 @@ class PeerDaemon:
         self.counters = Counters()
         self.to_train: int | None = None    # the steps the member's last work point asked for
         self.exit: lifecycle.Exit | None = None
-        self._stop_signal: int | None = None
+        self._stop_why: str | None = None   # a signal's name (SIGTERM), or why :meth:`stop` was called
+        self._signals = signals
         self._reload_asked = False     # SIGHUP: the roster file is read at the next periodic pass
         self._saved = True             # the last checkpoint attempt wrote one
         self._said_waiting = ""
@@ -168,7 +171,8 @@ class PeerDaemon:
             self.parts.lock.release()
 
     def _run(self) -> int:
-        self._install_signals()
+        if self._signals:
+            self._install_signals()
         resumed = self._restore()
         try:
             self.transport = Transport(listen=self._listen_address(), neighbours=self.parts.neighbours,
@@ -194,7 +198,7 @@ class PeerDaemon:
                 self.scalars = ScalarLog(self.config.data_dir,
                                          key=f"{self.config.source}: [peer] tensorboard")
             self.launch(resumed=resumed)
-            while self._stop_signal is None and self.exit is None and self.member.phase in LIVE:
+            while self._stop_why is None and self.exit is None and self.member.phase in LIVE:
                 self._turn()
             return self._shutdown()
         finally:
@@ -219,9 +223,13 @@ class PeerDaemon:
     def _curve_keys(self) -> Any:
         return dial.curve_keys(self.config, self.parts.identity, self.parts.roster, self.parts.neighbours)
 
+    def stop(self, why: str) -> None:
+        """End the run at the loop's next turn, as SIGTERM does (any thread; ``why`` is said)."""
+        self._stop_why = why
+
     def _install_signals(self) -> None:
         def stop(signum: int, frame: FrameType | None) -> None:
-            self._stop_signal = signum
+            self.stop(signal.Signals(signum).name)
 
         def reload(signum: int, frame: FrameType | None) -> None:
             self._reload_asked = True     # acted on between steps, never inside the handler
@@ -255,7 +263,7 @@ class PeerDaemon:
         if self.member.phase is not lifecycle.Phase.TRAINING:
             return None
         held = bool(self.host.work) and (self.hooks.holds(self._work_done(), self.now())
-                                         or self._stop_signal is not None)
+                                         or self._stop_why is not None)
         self.state = ("held by a test hook" if held or self.member.deferred_steps
                       else self.member.phase.value)
         return None if held else self.host.next_work()
@@ -279,7 +287,7 @@ class PeerDaemon:
             self._checkpoint(final=True)
             self._write_status(force=True)
             grace_end = self.now() + self.config.peer.finish_grace_s
-            while self.now() < grace_end and self._stop_signal is None:
+            while self.now() < grace_end and self._stop_why is None:
                 self._pump(0.05)
                 self._beat()
             self.transport.wait_sent(timeout_s=5.0)
@@ -295,8 +303,7 @@ class PeerDaemon:
         if self.exit is None:
             self._checkpoint(final=False)
         self._write_status(force=True)
-        why = (self.exit.why if self.exit is not None else
-               signal.Signals(self._stop_signal).name if self._stop_signal else "stop")
+        why = self.exit.why if self.exit is not None else self._stop_why or "stop"
         what = "checkpoint written" if self._saved else "no checkpoint written"
         self.status.say(f"{self.name}: {why}: {what} at {daemon_files.progress_words(self)}; exiting")
         return self.exit.code if self.exit is not None else 0
@@ -398,8 +405,12 @@ class PeerDaemon:
         if self.params_trace is not None:
             self.params_trace.at_work_point(self.trainer.step, self.trainer.flat_params)
         began = time.monotonic()
-        self.last_loss = self._run_steps(steps)
-        self.counters.work_s += time.monotonic() - began
+        try:
+            self.last_loss = self._run_steps(steps)
+        except StepsStopped:   # no WorkDone: stopped, as SIGTERM leaves a peer between rounds
+            return
+        finally:
+            self.counters.work_s += time.monotonic() - began
         self._feed(WorkDone(steps, self.last_loss), mixes=True)
 
     def _run_steps(self, steps: int) -> float:

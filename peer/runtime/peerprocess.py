@@ -1,8 +1,8 @@
 """``hivemesh peer``'s process: load the config, run the daemon, turn its end into an exit code.
 
-Test hooks (peer/runtime/testhooks.py) come from the environment here, and
-nowhere else in normal use; a configuration error is one line on stderr and
-status 2.
+Test hooks (peer/runtime/testhooks.py) come from the environment here (and
+for a library member, in peer/library.py), nowhere else in normal use; a
+configuration error is one line on stderr and status 2.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def lr_at(config: TrainerConfig, step: int, total_steps: int = 0) -> float:
     return config.lr * 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
 
 
-def _flatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+def flatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy ``tensors`` into ``flat`` end to end and re-point each at its slice (same autograd leaf)."""
     offset = 0
     for tensor in tensors:
@@ -146,6 +146,32 @@ def _flatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
         tensor.data = flat[offset:offset + size].view_as(tensor)
         offset += size
     assert offset == flat.numel()
+
+
+class StepsStopped(Exception):
+    """``run_steps`` ended by a stop before its steps were all made (a library member closed
+    mid-round, peer/train/own.py): the round is not done, and is trained again after a restart."""
+
+
+class HostStage:
+    """Flat vectors (of at most ``numel`` elements) in host memory, ready to send: on CPU the vector
+    itself (no copy); on CUDA a copy in one reused pinned buffer, complete when the call returns."""
+
+    def __init__(self, numel: int, dtype: torch.dtype) -> None:
+        self.numel, self.dtype = numel, dtype
+        self._pinned: torch.Tensor | None = None
+
+    def __call__(self, vector: torch.Tensor) -> torch.Tensor:
+        if vector.device.type == "cpu":
+            return vector
+        if self._pinned is None:
+            self._pinned = torch.empty(self.numel, dtype=self.dtype, pin_memory=True)
+        staged = self._pinned[:vector.numel()]
+        staged.copy_(vector, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(vector.device))
+        done.synchronize()
+        return staged
 
 
 class FlatOptimizer:
@@ -230,8 +256,8 @@ class Trainer:
                                      dtype=self.dtype, device=self.device)
         self.flat_params = self._flat_all[:n_params]
         self.flat_buffers = self._flat_all[n_params:]
-        _flatten_into(params, self.flat_params)
-        _flatten_into(float_buffers, self.flat_buffers)
+        flatten_into(params, self.flat_params)
+        flatten_into(float_buffers, self.flat_buffers)
         self.flat_grads = torch.zeros_like(self.flat_params)
         offset = 0
         for p in params:
@@ -247,7 +273,7 @@ class Trainer:
         self.epoch = 0
         self.offset = 0
         self._order: torch.Tensor | None = None
-        self._pinned: torch.Tensor | None = None
+        self._stage = HostStage(self._flat_all.numel(), self.dtype)
 
     # ------------------------------------------------------------------ properties
 
@@ -435,16 +461,7 @@ class Trainer:
         return self._host(self.mixed)
 
     def _host(self, vector: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return vector
-        if self._pinned is None:
-            self._pinned = torch.empty(self._flat_all.numel(), dtype=self.dtype, pin_memory=True)
-        staged = self._pinned[:vector.numel()]
-        staged.copy_(vector, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(self.device))
-        done.synchronize()
-        return staged
+        return self._stage(vector)
 
     # ------------------------------------------------------------------ state
 
