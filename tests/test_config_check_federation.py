@@ -153,13 +153,15 @@ def test_dp_noise_above_the_clip_norm_is_warned_by_config_check_and_at_start(fed
 
     assert config(3.0).noise_over_clip(6) == ""           # z C / (q N) = C: not above it
     assert config(4.0).noise_over_clip(6) == (
-        "noise per coordinate 0.67 (noise_multiplier 4 x clip 0.5 / expected cohort 3) > clip 0.5: expect "
-        "low accuracy; raise sampling_rate or serve more clients (a cohort above 4), or lower noise_multiplier")
+        "noise per coordinate 0.67 (noise_multiplier 4 x clip 0.5 / expected cohort 3) > clip 0.5: "
+        "expect low accuracy; raise sampling_rate or serve more clients (a cohort above 4), or lower "
+        "noise_multiplier")
     assert config(4.0).noise_over_clip(12) == ""          # twelve served: q N = 6
     assert config(4.0).warnings(6) == [config(4.0).noise_over_clip(6)]
-    sets = ("federation.uplink=\"identity\"", "federation.min_clients=3",
-            "federation.differential_privacy.sampling_rate=0.5", "federation.differential_privacy.clip_norm=0.5")
-    noisy = check_file(federation / "gw0.toml", (*sets, "federation.differential_privacy.noise_multiplier=4.0"))
+    dp = "federation.differential_privacy"
+    sets = ("federation.uplink=\"identity\"", "federation.min_clients=3", f"{dp}.sampling_rate=0.5",
+            f"{dp}.clip_norm=0.5")
+    noisy = check_file(federation / "gw0.toml", (*sets, f"{dp}.noise_multiplier=4.0"))
     assert noisy.startswith("ok: gateway config") and "warning: noise per coordinate 0.67" in noisy
-    quiet = check_file(federation / "gw0.toml", (*sets, "federation.differential_privacy.noise_multiplier=1.0"))
+    quiet = check_file(federation / "gw0.toml", (*sets, f"{dp}.noise_multiplier=1.0"))
     assert "warning" not in quiet
