@@ -216,15 +216,16 @@ def test_edges_train_the_last_round_at_the_schedules_global_step_whatever_rounds
     assert finished and all(code == 0 for code in codes.values()), \
         f"{codes}\n{federation_support.describe(files)}"
     edges = {name: federation_support.status(files, name) for name in files.edge_configs}
-    print("\n" + "\n".join(f"{name}: rounds trained {edge['rounds_trained']}, last round {edge['round']}, "
-                            f"schedule step {edge['schedule_step']}, lr {edge['lr']:.3g}"
+    print("\n" + "\n".join(f"{name}: rounds trained {edge['rounds_trained']}, last round "
+                            f"{edge['last_round_asked']}, schedule step {edge['schedule_step']}, "
+                            f"lr {edge['lr']:.3g}"
                             for name, edge in edges.items()))
     for name, edge in edges.items():
         work = math.ceil(edge["num_samples"] / 32) * LOCAL_EPOCHS     # init's batch_size: 32
-        assert edge["schedule_step"] == edge["round"] * work + work - 1, (name, edge["round"], work)
+        assert edge["schedule_step"] == edge["last_round_asked"] * work + work - 1, (name, edge, work)
         assert edge["lr"] == pytest.approx(_cosine(edge["schedule_step"], ROUNDS * work), rel=1e-12), name
         assert edge["step"] == edge["rounds_trained"] * work and edge["warnings"] == [], edge
-    last = [edge for edge in edges.values() if edge["round"] == ROUNDS - 1]
+    last = [edge for edge in edges.values() if edge["last_round_asked"] == ROUNDS - 1]
     assert last and all(edge["lr"] > 0.0 for edge in last), edges
     skipped = [name for name, edge in edges.items() if edge["rounds_trained"] < ROUNDS]
     assert skipped, {name: edge["rounds_trained"] for name, edge in edges.items()}   # sampling did its part

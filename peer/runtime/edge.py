@@ -434,6 +434,7 @@ class EdgeClient:
                 "uptime_s": round(self.now(), 3), "gateway": self.gateway, "gateway_address": self.address,
                 "gateway_up": gateway.up, "round": self.federation_round(),
                 "rounds": self.config.federation.rounds, "rounds_trained": self.rounds_trained,
+                "last_round_asked": self.client.round,     # the round (0-based) it was last asked to train
                 # the gateway refuses our messages: the first of our settings that differs from its
                 "settings_refused": self.refused,
                 "updates_sent": self.updates_sent, "unsent": dict(self.unsent), "step": self.trainer.step,
