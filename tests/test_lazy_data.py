@@ -3,6 +3,7 @@ step, memory independent of the dataset's size."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -93,3 +94,20 @@ def test_a_member_s_peak_memory_does_not_grow_with_the_dataset() -> None:
     assert runs[10_000_000]["shard"] > 600 * runs[10_000]["shard"]  # the big shard is really big
     growth_mib = (runs[10_000_000]["peak_kib"] - runs[10_000]["peak_kib"]) / 1024
     assert growth_mib < 50, f"peak RSS grew by {growth_mib:.1f} MiB"
+
+
+def test_an_edge_client_s_own_data_file_cannot_replace_a_lazy_task_s_datasets(tmp_path: Path) -> None:
+    from peer.runtime.edge import edge_trainer
+    from peer.runtime.edgeconfig import load_edge_config
+    from peer.runtime.netinit import load_roster
+    from protocols.errors import HivemeshError
+    from tests._federation_support import init_federation
+
+    files = init_federation(tmp_path / "fed", edges=2, rounds=1)
+    config = load_edge_config(files.edge_configs["e000"])
+    roster = load_roster(files.network.roster)
+    lazy = dataclasses.replace(config.network, task="tests._lazy_task:lazy_task",
+                               task_options={"n_samples": 100, "labelled": True})  # init: dirichlet
+    with pytest.raises(HivemeshError, match=r"^\[edge\] data: task tests._lazy_task:lazy_task holds Data"):
+        edge_trainer(dataclasses.replace(config, network=lazy, data="mydata:load"), roster)
+    assert edge_trainer(dataclasses.replace(config, network=lazy), roster).task.lazy
