@@ -26,7 +26,9 @@ The function returns either a :class:`peer.train.tasks.Task` or, as here, a plai
 - ``"model"``: a function ``seed -> torch.nn.Module``; the same seed must give the
   same initial weights (every member starts from the same model);
 - ``"train"`` and ``"test"``: ``(inputs, targets)`` tensors (a fixed split: the run's
-  seed must not change it); ``labels`` for partitioning are the training targets;
+  seed must not change it); ``labels`` for partitioning are the training targets; or
+  map-style ``torch.utils.data.Dataset``s of ``(input, target)``, read per batch, for data too
+  big to hold (docs/operations.md#tasks);
 - ``"loss"`` (optional): ``loss(output, target) -> scalar mean loss``; default cross-entropy;
 - ``"evaluate"`` (optional): ``evaluate(model, inputs, targets) -> {"loss": ..., ...}``,
   called without gradients on the test split; default: loss and accuracy;

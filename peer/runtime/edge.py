@@ -109,8 +109,11 @@ def edge_trainer(config: EdgeConfig, roster: Roster) -> Trainer:
     from peer.train.local_data import load_local_data
     from peer.train.tasks import get_task
 
-    x, y = load_local_data(config.data, label_column=config.edge.label_column)
     task = get_task(config.network.task, **config.network.task_options)
+    if task.lazy:
+        raise HivemeshError(f"[edge] data: task {config.network.task} holds Datasets; an edge client's "
+                            "own data file cannot stand in for them yet (leave data out)")
+    x, y = load_local_data(config.data, label_column=config.edge.label_column)
     own = dataclasses.replace(task, train_x=x, train_y=y, _cast_cache={})
     return Trainer(own, config.trainer, np.arange(len(x)), seed=config.network.seed,
                    member_index=sorted(edges).index(config.edge.name))

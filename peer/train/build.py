@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from peer.files.schema import NetworkSection
-from peer.train.partition import partition
+from peer.train.partition import iid_shard, partition
 from peer.train.tasks import Task, get_task
 from peer.train.trainer import Trainer, TrainerConfig
 
@@ -26,9 +26,13 @@ def build_trainers(network: NetworkSection, config: TrainerConfig, *, members: S
     task = get_task(network.task, **network.task_options)
     part = network.partition
     names = sorted(members)
-    # every member's shard comes from one assignment over all members: the same whoever asks
-    shards = partition(task.labels, names, scheme=part.scheme, seed=network.seed, alpha=part.alpha,
-                       shards_per_member=part.shards_per_member, path=part.path or None)
     chosen = names if wanted is None else list(wanted)
+    # every member's shard comes from one assignment over all members: the same whoever asks;
+    # iid needs only the count, one member's shard at a time (a Dataset of any size, unread)
+    if part.scheme == "iid" and task.lazy:
+        shards = {name: iid_shard(task.n_train, names, name, seed=network.seed) for name in chosen}
+    else:
+        shards = partition(task.labels, names, scheme=part.scheme, seed=network.seed, alpha=part.alpha,
+                           shards_per_member=part.shards_per_member, path=part.path or None)
     return task, {name: Trainer(task, config, shards[name], seed=network.seed, member_index=names.index(name))
                   for name in chosen}

@@ -22,6 +22,10 @@ Schemes (``iid``: the winner of each sample is uniform over the members):
 
 An empty shard is repaired deterministically, in name order: only a repair moves
 samples between members that did not join or leave. Details: docs/design/training.md.
+
+``iid_shard(n, names, name, seed=...)`` is one member's ``iid`` shard, equal to
+``partition(...)[name]``, from the count ``n`` alone, in chunks: its memory is that shard plus
+a chunk (a lazy dataset of any size: no labels, no owner array of every sample).
 """
 
 from __future__ import annotations
@@ -72,6 +76,39 @@ def partition(labels: Sequence[int] | np.ndarray, names: Sequence[str], *, schem
     owner = scores.winners(n)
     _repair_empty(owner, scores)
     return {name: np.flatnonzero(owner == m).astype(np.int64) for m, name in enumerate(names)}
+
+
+IID_CHUNK = 1 << 18  # samples scored at a time by iid_shard: a few MiB whatever the dataset's size
+
+
+def iid_shard(n: int, names: Sequence[str], name: str, *, seed: int = 0,
+              chunk: int = IID_CHUNK) -> np.ndarray:
+    """Member ``name``'s shard of ``partition(range(n), names, scheme="iid", seed=seed)``, from ``n``
+    alone, scored ``chunk`` samples at a time (each member's draws are one keyed stream, drawn on)."""
+    names = list(names)
+    if name not in names:
+        raise PartitionError(f"member {name} is not among the members to partition for")
+    if not names or len(set(names)) != len(names) or n < len(names):
+        return partition(np.zeros(n, dtype=np.int64), names, seed=seed)[name]  # its error
+    order = sorted(range(len(names)), key=names.__getitem__)  # ties go to the smaller name
+    streams = [numpy_generator(seed, names[m], 0, "partition-iid") for m in order]
+    me = order.index(names.index(name))
+    counts = np.zeros(len(names), dtype=np.int64)
+    pieces = []
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        best = np.full(size, np.inf)
+        owner = np.full(size, -1, dtype=np.int64)
+        for rank, stream in enumerate(streams):
+            score = -(1.0 - stream.random(size))
+            better = score < best
+            best[better] = score[better]
+            owner[better] = rank
+        counts += np.bincount(owner, minlength=len(names))
+        pieces.append(start + np.flatnonzero(owner == me))
+    if (counts == 0).any():  # a repair needs every owner: only when n is small enough to hold them
+        return partition(np.zeros(n, dtype=np.int64), names, seed=seed)[name]
+    return np.concatenate(pieces).astype(np.int64)
 
 
 class _Scores:

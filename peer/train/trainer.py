@@ -12,7 +12,9 @@ vector when ``TrainerConfig.buffers == "average"``, only ``flat_params`` when
 
 Data order: each epoch visits the shard in a permutation keyed by (seed,
 "member-<index>", epoch, "data-order"), so a resumed run continues exactly;
-batches are ``batch_size`` consecutive positions (0: the whole shard).
+batches are ``batch_size`` consecutive positions (0: the whole shard). A task of Datasets
+(``Task.lazy``) has each batch's samples fetched and collated as a DataLoader would
+(``tasks.base.fetch``), the same order: memory is the shard's indices and one batch.
 
 FedProx (Li et al. 2020): ``run_steps(n, proximal=(anchor, mu))`` adds the
 gradient of ``mu/2 ||params - anchor||^2`` to every step's gradient before
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peer.train.tasks.base import EVAL_BATCH, Task, autocast_to
+from peer.train.tasks.base import EVAL_BATCH, Task, autocast_to, fetch
 from protocols.errors import HivemeshError
 from protocols.federation.server_opt import proximal_gradient
 from protocols.rng import derive_seed, torch_generator
@@ -238,7 +240,10 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
         self.shard = torch.from_numpy(shard.astype(np.int64)).to(self.device)
-        self._x, self._y = task.data("train", self.dtype, self.device)
+        self._x: torch.Tensor | None = None  # None (both): a lazy task, fetched per batch
+        self._y: torch.Tensor | None = None
+        if not task.lazy:
+            self._x, self._y = task.data("train", self.dtype, self.device)
         self.autocast = task.autocast_dtype(self.device, self.dtype)  # None: the forward pass in self.dtype
 
         self.model: nn.Module = task.build_model(seed).to(device=self.device, dtype=self.dtype)
@@ -327,7 +332,13 @@ class Trainer:
             self.epoch += 1
             self.offset = 0
             self._order = None
-        indices = self.shard.index_select(0, positions)
+        return self._samples(self.shard.index_select(0, positions))
+
+    def _samples(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training samples ``indices``: rows of the task's tensors, or fetched from its Dataset."""
+        if self._x is None or self._y is None:
+            assert self.task.train_set is not None
+            return fetch(self.task.train_set, indices.tolist(), self.dtype, self.device)
         return self._x.index_select(0, indices), self._y.index_select(0, indices)
 
     def _one_step(self, proximal: tuple[torch.Tensor, float] | None, lr: float) -> torch.Tensor:
@@ -429,7 +440,7 @@ class Trainer:
         size = len(self.shard)
         for start in range(0, size, EVAL_BATCH):
             indices = self.shard[start:start + EVAL_BATCH]
-            loss = self._loss(self._x.index_select(0, indices), self._y.index_select(0, indices))
+            loss = self._loss(*self._samples(indices))
             (loss * (len(indices) / size)).backward()
         self.flat_buffers.copy_(saved_buffers)
         return self.flat_grads.clone()

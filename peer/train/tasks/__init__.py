@@ -20,7 +20,9 @@ simulator's hundreds of peers share one copy of the data):
   function is called with the options as keyword arguments and returns a Task, or
   a mapping ``{"model": build(seed) -> nn.Module, "train": (x, y), "test": (x, y),
   "loss": fn (optional, default cross-entropy), "evaluate": fn(model, x, y) -> dict
-  (optional)}``. See ``examples/custom_task.py``.
+  (optional)}``; ``train``/``test`` may be map-style ``torch.utils.data.Dataset``s of
+  ``(input, target)`` instead, fetched per batch (then no ``evaluate``). See ``examples/custom_task.py``
+  and docs/operations.md#tasks.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from torch.utils.data import Dataset
 
 from peer.files.paths import from_folder
 from peer.train.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
@@ -156,6 +159,12 @@ def _as_task(name: str, made: Any) -> Task:
         build = made["model"]
         if isinstance(build, nn.Module):
             raise TaskError(f"task {name!r}: 'model' must be a function seed -> nn.Module, not a module")
+        common = {"name": name, "build_model": build, "loss_fn": made.get("loss", cross_entropy),
+                  "evaluate_fn": made.get("evaluate"), "bar": dict(made.get("bar", {}))}
+        if isinstance(made["train"], Dataset) or isinstance(made["test"], Dataset):
+            if not (isinstance(made["train"], Dataset) and isinstance(made["test"], Dataset)):
+                raise TaskError(f"task {name!r}: 'train' and 'test' must both be Datasets or both (x, y)")
+            return Task(train_set=made["train"], test_set=made["test"], **common)
         (train_x, train_y), (test_x, test_y) = made["train"], made["test"]
         return Task(name=name, build_model=build, train_x=train_x, train_y=train_y,
                     test_x=test_x, test_y=test_y, loss_fn=made.get("loss", cross_entropy),
