@@ -79,13 +79,13 @@ def closed_rounds(files: FederationFiles) -> dict[int, dict[str, Any]]:
 
 
 def init_federation(folder: Path, *, edges: int, rounds: int, edge_options: dict[str, Any] | None = None,
-                    **federation: Any) -> FederationFiles:
+                    partition: str = "dirichlet", **federation: Any) -> FederationFiles:
     """`hivemesh init --gateways 1 --edges N`'s federation in ``folder``: its [network] and
     [federation] tables (its CLI defaults, seed 0), ``federation`` keys over them, round 0 waiting for
     every edge (``min_registered``: which edges a round asks then does not depend on start-up
     timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS (``edge_options``: [edge] keys
-    over them)."""
-    network = federation_network(task="digits-mlp", seed=0, gateways=1)
+    over them; ``partition``: init's ``--partition``)."""
+    network = federation_network(task="digits-mlp", seed=0, gateways=1, partition=partition)
     table = {**default_federation(rounds=rounds, gateways=1, edges=edges, seed=0), "min_registered": edges,
              **federation}
     return create_federation(folder, gateways=1, edges=edges, network=network, federation=table,

@@ -5,14 +5,22 @@ round's report holds each metric's mean over the updates taken, weighted by thei
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_federation_server import config, round_start, server, update
+from torch import nn
 
-from protocols.events import Received, Start
+from peer.train.federated import fit_round
+from peer.train.tasks import get_task
+from peer.train.trainer import Trainer, TrainerConfig, lr_at
+from protocols.errors import HivemeshError
+from protocols.events import Received, Send, Start, WorkDone
+from protocols.federation import FedAvgClient, FederationConfig
 from protocols.federation.client_metrics import MAX_METRICS, from_meta, to_meta, weighted_means
-from protocols.messages import ClientUpdate
+from protocols.messages import ClientUpdate, RoundStart
 
 
 def with_meta(round_index: int, num_samples: int, meta: dict[str, float | str | bool]) -> ClientUpdate:
@@ -63,3 +71,47 @@ def test_a_round_without_metrics_reports_none() -> None:
     for client in round_start(s.handle(Start(), 0.0)).recipients:
         s.handle(Received(client, update(0, [1, 0, 0, 0])), 1.0)
     assert s.reports[0].client_metrics == {}
+
+
+# ---------------------------------------------------------------- the edge's round through the user's fit
+
+
+def fit_setup() -> tuple[Trainer, FedAvgClient]:
+    settings = TrainerConfig(lr=0.1, lr_decay="cosine", device="cpu")
+    trainer = Trainer(get_task("logreg"), settings, np.arange(64), seed=0, member_index=0)
+    fed = FederationConfig(rounds=4, uplink="identity")
+    client = FedAvgClient(fed, name="e000", server="gw", params=trainer.flat_params, num_samples=64,
+                          steps_per_epoch=trainer.steps_per_epoch)
+    model = trainer.flat_params.detach().clone()
+    meta = {"local_epochs": 0, "local_steps": 3, "prox_mu": 0.0}
+    client.handle(Received("gw", RoundStart(round=1, tensors={"x": model}, meta=meta, deadline_s=10.0)), 0.0)
+    return trainer, client
+
+
+def test_fit_trains_the_model_in_place_and_its_metrics_and_samples_go_with_the_update() -> None:
+    trainer, client = fit_setup()
+    seen: list[dict[str, Any]] = []
+
+    def fit(model: nn.Module, round_config: dict[str, Any]) -> tuple[int, dict[str, float]]:
+        seen.append(dict(round_config))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        return 7, {"loss": 0.25}
+
+    loss = fit_round(trainer, client, 3, fit, member_index=1, members=3)
+    sent = [a.message for a in client.handle(WorkDone(3, loss), 1.0) if isinstance(a, Send)]
+    assert seen == [{"round": 1, "local_steps": 3, "lr": lr_at(trainer.config, 3, 12), "schedule_step": 3,
+                     "total_steps": 12, "client_index": 1, "clients": 3}]
+    (update,) = sent
+    assert isinstance(update, ClientUpdate) and update.num_samples == 7 and loss == 0.25
+    assert update.meta["metric.loss"] == 0.25
+    assert torch.equal(update.tensors["x"], torch.ones(trainer.flat_params.numel()))
+    assert trainer.step == 3
+
+
+@pytest.mark.parametrize("answer", [None, (0, {}), (5, {"loss": math.nan}), (True, {}), (5, [1.0])])
+def test_fit_returning_anything_but_samples_and_good_metrics_is_one_clear_error(answer: object) -> None:
+    trainer, client = fit_setup()
+    with pytest.raises(HivemeshError, match=r"^fit"):
+        fit_round(trainer, client, 3, lambda model, config: answer, member_index=0, members=1)
