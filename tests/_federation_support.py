@@ -78,16 +78,19 @@ def closed_rounds(files: FederationFiles) -> dict[int, dict[str, Any]]:
     return {row["round"]: row for row in map(json.loads, path.read_text().splitlines())}
 
 
-def init_federation(folder: Path, *, edges: int, rounds: int, **federation: Any) -> FederationFiles:
+def init_federation(folder: Path, *, edges: int, rounds: int, edge_options: dict[str, Any] | None = None,
+                    partition: str = "dirichlet", **federation: Any) -> FederationFiles:
     """`hivemesh init --gateways 1 --edges N`'s federation in ``folder``: its [network] and
     [federation] tables (its CLI defaults, seed 0), ``federation`` keys over them, round 0 waiting for
     every edge (``min_registered``: which edges a round asks then does not depend on start-up
-    timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS."""
-    network = federation_network(task="digits-mlp", seed=0, gateways=1)
+    timing), the test timings of GATEWAY_OPTIONS and EDGE_OPTIONS (``edge_options``: [edge] keys
+    over them; ``partition``: init's ``--partition``)."""
+    network = federation_network(task="digits-mlp", seed=0, gateways=1, partition=partition)
     table = {**default_federation(rounds=rounds, gateways=1, edges=edges, seed=0), "min_registered": edges,
              **federation}
     return create_federation(folder, gateways=1, edges=edges, network=network, federation=table,
-                             reserve=True, peer_options=GATEWAY_OPTIONS, edge_options=EDGE_OPTIONS)
+                             reserve=True, peer_options=GATEWAY_OPTIONS,
+                             edge_options={**EDGE_OPTIONS, **(edge_options or {})})
 
 
 def simulated_accuracy(files: FederationFiles, last_rounds: int) -> float:

@@ -78,7 +78,8 @@ from peer.runtime.edgewait import GatewayWait
 from peer.runtime.refusals import heard
 from peer.runtime.testhooks import Hook, Hooks, hooks_from_environment
 from peer.train.attack import forge, sign_flip
-from peer.train.federated import train_round
+from peer.train.federated import Fit, fit_round, train_round
+from peer.train.tasks import load_function
 from peer.train.trainer import Trainer
 from protocols.assembly import AssemblyConfig, model_message_bytes
 from protocols.events import CancelTimer, Finished, Metric, Send, SetTimer, StartWork, TimerFired, WorkDone
@@ -142,6 +143,8 @@ class EdgeClient:
             self.epoch = next_epoch(config.data_dir)
             self.endpoint = Endpoint(identity, roster, run_id(config.shared()), self.epoch)
             self.trainer = edge_trainer(config, roster)
+            self.fit: Fit | None = load_function(config.fit) if config.fit else None
+            self.edge_names = sorted(m.name for m in roster.with_role("edge"))
         except BaseException:
             self.lock.release()
             raise
@@ -340,7 +343,11 @@ class EdgeClient:
         self.state = "training"
         self.transport.wait_sent()       # training changes the parameters in place
         began = self.now()
-        loss = train_round(self.trainer, self.client, steps)
+        if self.fit is None:
+            loss = train_round(self.trainer, self.client, steps)
+        else:
+            loss = fit_round(self.trainer, self.client, steps, self.fit,
+                             member_index=self.edge_names.index(self.name), members=len(self.edge_names))
         if self.hooks.attack.flip_scale > 0 and self.client.anchor is not None:   # a test's attacker
             sign_flip(self.trainer.flat_params, self.client.anchor, self.hooks.attack.flip_scale)
         if self.client.secure is not None:    # a test's SecAgg insider, from the rounds after

@@ -29,6 +29,7 @@ from peer.files.paths import from_folder
 from peer.files.schema import NetworkSection, resolve_network_paths, trainer_config
 from peer.net.transport_config import TransportConfig
 from peer.runtime.peerconfig import PeerFederationSection, shared_settings
+from peer.train.tasks import resolve_task_paths
 from protocols.errors import HivemeshError
 from protocols.identity import Identity
 from protocols.node.config import NodeConfig
@@ -51,6 +52,10 @@ class EdgeSection(NodeConfig):
     # for this client among the roster's edge clients (demos and tests)
     data: str = ""
     label_column: str = "label"   # a .csv's label column
+    # the user's training: "module:function" or "file.py:function", fit(model, round_config) ->
+    # (num_samples, metrics), run on the task's model in each round this client is asked into
+    # (docs/federation.md, "Your own fit"); empty: the built-in trainer's steps
+    fit: str = ""
     # CurveZMQ encryption to the gateway (its roster curve_key): set as the gateway's [peer] curve
     curve: bool = True
     status_interval_s: float = 1.0
@@ -93,6 +98,7 @@ class EdgeConfig:
     roster_path: Path
     data_dir: Path
     data: str                          # resolved path, or module:function, or ""
+    fit: str = ""                      # [edge] fit, a file.py's path resolved; "": the built-in steps
 
     def shared(self) -> dict[str, Any]:
         return shared_settings(self.network_as_written, self.federation)
@@ -115,7 +121,8 @@ def load_edge_config(path: str | Path) -> EdgeConfig:
                       transport=parsed.transport, trainer=trainer,
                       key_path=Path(from_folder(base, parsed.edge.key)),
                       roster_path=Path(from_folder(base, parsed.edge.roster)),
-                      data_dir=Path(from_folder(base, parsed.edge.data_dir)), data=data)
+                      data_dir=Path(from_folder(base, parsed.edge.data_dir)), data=data,
+                      fit=resolve_task_paths(parsed.edge.fit, {}, base)[0] if parsed.edge.fit else "")
 
 
 def edge_identity_and_roster(config: EdgeConfig) -> tuple[Identity, Roster, RosterMember]:

@@ -40,6 +40,7 @@ import torch
 
 from protocols.compress import BadParts, ErrorFeedback, RngKey, from_spec, pack
 from protocols.events import Action, Event, Finished, ProtocolState, Received, Send, StartWork, WorkDone
+from protocols.federation import client_metrics
 from protocols.federation.common import Counted, payload
 from protocols.federation.config import FederationConfig
 from protocols.federation.secure import SecureClient
@@ -81,6 +82,8 @@ class FedAvgClient(Counted):
         self.server = server
         self.params = params
         self.num_samples = num_samples
+        # the round's metrics from the user's fit (client_metrics.py), sent with the update (not under SecAgg)
+        self.metrics: dict[str, float] = {}
         self.steps_per_epoch = steps_per_epoch
         self.downlink = payload(config.downlink, params, seed=config.seed, name=server, shapes=shapes)
         self.compress_uplink = config.uplink.strip() != "identity"
@@ -185,6 +188,7 @@ class FedAvgClient(Counted):
                 payload = {k: t.to("cpu") for k, t in tensors.items()}
             else:
                 payload, meta = {"x": delta.to("cpu")}, {}
+            meta = {**meta, **client_metrics.to_meta(self.metrics)}
             update = ClientUpdate(round=self.round, num_samples=self.num_samples, tensors=payload, meta=meta)
             actions.append(Send((self.server,), update))
             self.counters["updates_sent"] += 1

@@ -47,7 +47,7 @@ from protocols.events import (
     SetTimer,
     TimerFired,
 )
-from protocols.federation import distributed_dp, privacy
+from protocols.federation import client_metrics, distributed_dp, privacy
 from protocols.federation.accountant import DistributedRoundAccountant, RoundAccountant, epsilon_json
 from protocols.federation.common import sample
 from protocols.federation.config import FederationConfig
@@ -93,6 +93,9 @@ class RoundReport:
     # SecAgg on: the clients proven to have cheated in this round's SecAgg (secagg/blame.py), by
     # offence; they are out of ``taken``, and barred from later rounds after ``blame_limit`` rounds
     blamed: dict[str, str] = dataclasses.field(default_factory=dict)
+    # the clients' fit metrics (client_metrics.py): each one's mean over the updates taken that carry
+    # it, weighted by num_samples; {} when none carried any (SecAgg's updates carry none)
+    client_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def report_row(report: Any) -> dict[str, Any]:
@@ -128,6 +131,7 @@ class FedAvgServer(FederationServer):
         self.wanted = 0
         self.asked: tuple[str, ...] = ()
         self.taken: dict[str, tuple[torch.Tensor, int]] = {}
+        self.taken_metrics: dict[str, tuple[dict[str, float], int]] = {}   # (fit's metrics, num_samples)
         self.refused_now: Counter[str] = Counter()
         self.opened_at_s = 0.0
         # differential privacy (None: off)
@@ -272,7 +276,7 @@ class FedAvgServer(FederationServer):
             self.wanted = self.config.clients_per_round(registered)
             asking = self.config.asked_per_round(registered)
             self.asked = sample(self.config.seed, self.round, self._eligible(), asking)
-        self.taken = {}
+        self.taken, self.taken_metrics = {}, {}
         self.refused_now = Counter()
         self.opened_at_s = now
 
@@ -295,6 +299,10 @@ class FedAvgServer(FederationServer):
             return self._refuse_open("bad_update")
         self.taken[sender] = (delta, update.num_samples)
         self.counters["updates_taken"] += 1
+        metrics, dropped = client_metrics.from_meta(update.meta)
+        self.taken_metrics[sender] = (metrics, update.num_samples)
+        if dropped:
+            self.counters["client_metrics_dropped"] += dropped
         if len(self.taken) >= self.wanted:
             return [CancelTimer(self._timer_key()), *self._close(now, "quota")]
         return []
@@ -343,9 +351,11 @@ class FedAvgServer(FederationServer):
             epsilon=None if self.accountant is None else self.accountant.epsilon(self.round + 1),
             clip_norm=clip_norm,
             secagg_phases=self.secure.phase_costs(self.round) if self.secure is not None else [],
-            bounds=bounds, blamed=dict(blamed or {}))
+            bounds=bounds, blamed=dict(blamed or {}),
+            client_metrics=client_metrics.weighted_means(self.taken_metrics[c] for c in taken
+                                                         if c in self.taken_metrics))
         self.counters[f"closed_by_{closed_by}"] += 1
-        self.taken = {}
+        self.taken, self.taken_metrics = {}, {}
         self.round += 1
         # "round" is the rounds closed (the index of the next round), as at each opening and in status()
         actions: list[Action] = [Metric("taken", float(len(taken))), Metric("round", float(self.round))]

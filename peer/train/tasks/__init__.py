@@ -42,7 +42,7 @@ from peer.files.paths import from_folder
 from peer.train.tasks.base import Task, TaskError, classification_metrics, cross_entropy, seeded
 
 __all__ = ["BUILTIN_TASKS", "Task", "TaskError", "classification_metrics", "cross_entropy",
-           "get_task", "resolve_task_paths", "seeded"]
+           "get_task", "load_function", "resolve_task_paths", "seeded"]
 
 BUILTIN_TASKS = ("digits-mlp", "digits-cnn", "logreg", "charlm", "gpt")
 
@@ -74,7 +74,7 @@ def _build(name: str, options: dict[str, Any]) -> Task:
         if ":" not in name:
             raise TaskError(f"unknown task {name!r}: expected one of {', '.join(BUILTIN_TASKS)} "
                             "or 'module:function' / 'path/to/file.py:function'")
-        builder = _load_custom(name)
+        builder = load_function(name)
     try:
         made = builder(**options)
     except TypeError as error:
@@ -121,7 +121,7 @@ def _builtin(name: str) -> Callable[..., Any] | None:
     return None
 
 
-def _load_custom(spec: str) -> Callable[..., Any]:
+def load_function(spec: str) -> Callable[..., Any]:
     """Import ``module:function`` (module on sys.path) or ``file.py:function`` (by path)."""
     module_part, _, function_name = spec.rpartition(":")
     if not module_part or not function_name:
