@@ -27,7 +27,7 @@ def imports_of(path: Path, module: str) -> set[str]:
     """Absolute names ``module`` (in ``path``) imports, relative imports resolved against it."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_executed(ast.parse(path.read_text()))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -38,6 +38,18 @@ def imports_of(path: Path, module: str) -> set[str]:
                 names.add(base)
             names.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
     return names
+
+
+def _executed(tree: ast.Module) -> ast.Module:
+    """``tree`` less what importing the module never runs: ``if TYPE_CHECKING:`` blocks and a
+    module ``__getattr__`` (PEP 562: it runs when that attribute is asked for, as ``peer.join``)."""
+    def runs(node: ast.stmt) -> bool:
+        checking = (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                    and node.test.id == "TYPE_CHECKING")
+        lazy = isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+        return not (checking or lazy)
+
+    return ast.Module(body=[node for node in tree.body if runs(node)], type_ignores=[])
 
 
 def reachable(root_module: str, root: Path = ROOT, project: tuple[str, ...] = PROJECT) -> set[str]:

@@ -240,7 +240,7 @@ def _internal_error_lines(status: dict[str, Any]) -> list[str]:
             + ", ".join(f"{sender} {count}" for sender, count in sorted(errors.items()))]
 
 
-def _federation_lines(federation: dict[str, Any], *, running: bool) -> list[str]:
+def _federation_lines(federation: dict[str, Any], *, running: bool = True) -> list[str]:
     """A gateway's rounds and clients (status.json's ``federation``)."""
     counters = federation.get("counters") or {}
     progress = round_of(federation.get("round"), federation.get("rounds"))
