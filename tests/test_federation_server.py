@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from peer.cli.status import _federation_lines
 from protocols.events import (
     Action,
     CancelTimer,
@@ -230,6 +231,10 @@ def test_finish_sends_the_final_model_and_refuses_what_follows() -> None:
 def test_no_round_before_enough_clients_register() -> None:
     s = server(config(min_registered=3), clients=("a", "b"))
     assert s.handle(Start(), 0.0) == [] and s.phase is ServerPhase.WAITING
+    # the status says what the wait is for, in words (hivemesh status)
+    (head, *_) = _federation_lines({**s.status(), "rounds": 3})
+    assert head.endswith("(waiting); a round opens with 3 registered clients (min_clients, min_registered), "
+                         "2 now: a, b"), head
     actions = s.register("c", 1.0)
     assert round_start(actions).recipients and s.phase is ServerPhase.OPEN
 

@@ -245,6 +245,10 @@ def _federation_lines(federation: dict[str, Any], *, running: bool = True) -> li
     counters = federation.get("counters") or {}
     progress = round_of(federation.get("round"), federation.get("rounds"))
     head = f"  federation ({federation.get('mode')}): {progress} ({federation.get('phase')})"
+    if federation.get("phase") == "waiting" and "needed" in federation:   # no round opens: say why
+        registered = federation.get("registered") or []
+        head += (f"; a round opens with {federation['needed']} registered clients (min_clients, "
+                 f"min_registered), {len(registered)} now: {', '.join(registered) or 'none'}")
     if federation.get("phase") == "open":
         head += (f"; open round asked {', '.join(federation.get('asked') or []) or '-'}, taken "
                  f"{', '.join(federation.get('taken') or []) or '-'}")

@@ -192,7 +192,9 @@ class FedAvgServer(FederationServer):
 
     def _extra_status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"asked": list(self.asked), "wanted": self.wanted,
-                                  "taken": sorted(self.taken)}
+                                  "taken": sorted(self.taken),
+                                  # registered clients a round opens with (the wait of phase "waiting")
+                                  "needed": max(self.config.min_clients, self.config.min_registered)}
         if self.secure is not None:  # the open round's SecAgg phase, and what its phases cost so far
             status["secagg"] = self.secure.status()
         return status
