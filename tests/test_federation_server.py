@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from peer.cli.status import _federation_lines
+from peer.runtime.gateway import failed_round_line
 from protocols.events import (
     Action,
     CancelTimer,
@@ -286,3 +287,16 @@ def test_a_gateway_node_hosts_the_server_beside_its_gossip_machine() -> None:
     closed = node.handle(TimerFired("fedavg/deadline/0"), 10.0)
     assert fed.reports[0].closed_by == "deadline" and fed.reports[0].taken == (asked[0],)
     assert SetTimer("fedavg/deadline/1", 20.0) in closed
+
+
+def test_a_failed_round_is_one_line_naming_why_and_who_was_missing() -> None:
+    # the gateway's console says it as the round closes (peer/runtime/gateway.py), not only its status
+    s = server(config(min_clients=2, fraction=0.2, min_updates=2))
+    asked = round_start(s.handle(Start(), 0.0)).recipients
+    s.handle(Received(asked[0], update(0, [1, 1, 1, 1])), 1.0)
+    s.handle(TimerFired(key="deadline/0"), 11.0)
+    (report,) = s.reports.values()
+    assert not report.aggregated
+    assert failed_round_line(report) == (f"round 0 failed (deadline): 1 of 2 asked taken, missing "
+                                         f"{asked[1]}; the model did not change")
+    assert all(failed_round_line(r) == "" for r in s.reports.values() if r.aggregated)

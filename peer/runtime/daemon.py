@@ -447,7 +447,8 @@ class PeerDaemon:
         if self.gateway is None:
             return
         found = self.gateway.closed_rounds(self.machine.position[0], self.trainer.evaluate,
-                                           self.status.append_line, flush=flush)
+                                           self.status.append_line, flush=flush,
+                                           warn=lambda line: self.status.warn(f"{self.name}: {line}"))
         if found is not None:
             self.last_eval, self.last_eval_step = found, daemon_files.progress(self)
             self.status.metric_line(self._snapshot())

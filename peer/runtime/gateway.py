@@ -96,12 +96,16 @@ class GatewayRounds:
 
     def closed_rounds(self, gossip_round: int, evaluate: Callable[[], dict[str, float]],
                       append_line: Callable[[str, dict[str, Any]], None], *,
-                      flush: bool = False) -> dict[str, float] | None:
+                      flush: bool = False,
+                      warn: Callable[[str], None] | None = None) -> dict[str, float] | None:
         """Rounds closed since the last call wait for the gossip after them (``gossip_round``: the
         machine's round now); those whose gossip is over (all of them when ``flush``: the end, or a
         stop) are evaluated, once, and written. The evaluation, or None when none was written."""
         server = self.work.server
         for index in sorted(server.reports)[self.evaluated:]:
+            failed = failed_round_line(server.reports[index])
+            if failed and warn is not None:     # said as it closes, not after its gossip
+                warn(failed)
             self.gossiped.closed(index, gossip_round, last=server.finished and index == max(server.reports))
         self.evaluated = len(server.reports)
         ready = self.gossiped.ready(gossip_round, flush=flush)
@@ -132,6 +136,16 @@ class GatewayRounds:
                                    "bytes_received": counters.client_bytes_received[name],
                                    "unreachable": counters.client_unreachable[name]}
                             for name in clients.names()}}
+
+
+def failed_round_line(report: Any) -> str:
+    """One line for a round that closed without changing the model ("" for one that aggregated, and
+    for a FedBuff version, which is only made of updates taken)."""
+    if getattr(report, "aggregated", True):
+        return ""
+    missing = ", ".join(report.missing) or "none"
+    return (f"round {report.round} failed ({report.closed_by.replace('_', ' ')}): {len(report.taken)} of "
+            f"{len(report.asked)} asked taken, missing {missing}; the model did not change")
 
 
 def client_presence(name: str, server: Any, routes: dict[str, bytes], clients: Any) -> str:
