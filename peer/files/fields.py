@@ -201,7 +201,9 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
           "rounds_aggregated, rounds_failed, bounded_<reason> (updates capped or clipped: samples_median, "
           "samples_max, norm_median, norm_fixed), final_answers (the final model sent again to a client "
-          "heard after the end), final_answer_limited (at most one per client per round_timeout_s)",
+          "heard after the end), final_answer_limited (at most one per client per round_timeout_s), "
+          "client_metrics_dropped (an update's fit metrics not finite numbers, or past 16: dropped, the "
+          "update kept)",
           label="event"),
     Field("federation.privacy", "", "nested", "with `[federation.differential_privacy]`: the rows "
           "`federation.privacy.*` below (absent when off)"),
