@@ -144,6 +144,30 @@ def test_an_edge_names_its_refusing_gateway_within_two_heartbeats(tmp_path: Path
     assert_operator_text(log, where="e000's log")
 
 
+@pytest.mark.processes
+def test_an_edge_registered_but_not_asked_says_so_while_its_gateway_waits_for_more(tmp_path: Path) -> None:
+    """Issue 30 item 3: a client the gateway has registered and not asked into a round hears its
+    gateway's heartbeats, so it says "registered; not sampled yet", not "waiting for its answer"
+    (a gateway that beat only to its gossip neighbours left it there for the whole run)."""
+    # Prepare: rounds open with 2 registered clients; only e000 of 2 runs, so none opens
+    files = make_federation(tmp_path / "fed", edges=2, rounds=1, min_clients=1, min_registered=2,
+                            fraction=0.5)
+    with processes(files) as run:
+        # Execute: the gateway and one edge, until the gateway has registered it and its status says so
+        run.start("gw0")
+        run.start("e000")
+        wait_until("the gateway registers e000",
+                   lambda: status(files, "gw0").get("federation", {}).get("registered") == ["e000"], files)
+        wait_until("e000 says it is registered",
+                   lambda: status(files, "e000").get("waiting_for", "").startswith("registered"), files)
+        waiting_for = status(files, "e000")["waiting_for"]
+        run.terminate("e000")
+        run.terminate("gw0")
+        assert run.wait(CEILING_S, ["e000", "gw0"]), describe(files)
+    # Assert: the words of the wait it is in
+    assert waiting_for == "registered; not sampled yet (fraction 0.5)"
+
+
 def test_an_edges_console_line_shows_its_wait() -> None:
     # Prepare: an edge's status between rounds (as peer/runtime/edge.py writes it)
     status = {"name": "e000", "role": "edge", "state": "waiting for a round", "step": 40,

@@ -92,6 +92,23 @@ def test_a_silent_client_is_unregistered_and_registered_again_when_heard() -> No
     assert server.registered == {"e0", "e2"}
 
 
+def test_a_gateway_beats_to_the_clients_it_hears_so_one_not_asked_knows_it_is_registered() -> None:
+    # Prepare: three clients known, e0 and e1 heard, e2 never
+    node, _ = gateway(("e0", "e1", "e2"))
+    e0 = edge("e0")[0]
+    node.start(0.0)
+    for name in ("e0", "e1"):
+        node.receive(name, Heartbeat(step=0, loss=0.0), 0.5)
+    # Execute: the gateway's next heartbeat, and e0 hearing it
+    beats = [s for s in sends(node.tick(1.0, step=0, loss=0.0)) if isinstance(s.message, Heartbeat)]
+    e0.start(1.0)
+    e0.receive("p00", beats[0].message, 1.1)
+    # Assert: the gossip neighbours and the clients heard get it, not one never heard; the client
+    # counts its gateway up (what its wait's words read: registered, not asked yet)
+    assert len(beats) == 1 and beats[0].recipients == ("p01", "p02", "e0", "e1")
+    assert e0.neighbourhood["p00"].up and e0.all_rejections() == {}
+
+
 def test_the_gossip_machine_never_hears_of_clients_and_an_unknown_sender_is_counted() -> None:
     node, server = gateway(("e0",))
     node.start(0.0)

@@ -113,6 +113,10 @@ class Neighbourhood(Generic[N]):
         neighbour.up = False
         return True
 
+    def up_names(self) -> tuple[str, ...]:
+        """The neighbours up now."""
+        return tuple(name for name, n in self.members.items() if n.up)
+
     def absent(self) -> list[str]:
         """The neighbours not up: what the machine is told is down when it starts."""
         return [name for name, n in self.members.items() if not n.up]

@@ -211,13 +211,15 @@ class Node(Generic[N]):
     def tick(self, now: float, *, step: int, loss: float, stamp_s: float = 0.0) -> list[NodeAction]:
         """The heartbeat to every neighbour, when due (every ``heartbeat_interval_s``): liveness,
         the trainer's ``step`` and ``loss``, whether we finished. ``stamp_s``: the sender's wall
-        clock, for the receiver's latency estimate (a simulator leaves it 0)."""
+        clock, for the receiver's latency estimate (a simulator leaves it 0). A gateway beats to
+        its clients up too: a client not asked into a round hears from it that it is registered."""
         if now < self.next_beat_s:
             return []
         self.next_beat_s = now + self.config.heartbeat_interval_s
-        if not self.neighbourhood.names():
+        to = self.neighbourhood.names() + self.clients.up_names()
+        if not to:
             return []
-        return [Send(self.neighbourhood.names(), self.heartbeat(step=step, loss=loss, stamp_s=stamp_s))]
+        return [Send(to, self.heartbeat(step=step, loss=loss, stamp_s=stamp_s))]
 
     def heartbeat(self, *, step: int, loss: float, stamp_s: float = 0.0) -> Heartbeat:
         """What our heartbeat says now (the daemon also sends one to try a connection)."""
