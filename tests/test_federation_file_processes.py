@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,10 @@ pytestmark = [pytest.mark.processes, pytest.mark.slow]
 GATEWAYS, EDGES = ("gw0", "gw1"), ("e000", "e001", "e002", "e003")
 ROUNDS = 2          # the edit: init writes 30
 CEILING_S = 300.0   # a healthy run of 2 rounds takes seconds; this only ends a hung one
+
+
+def log_time(line: str) -> datetime:
+    return datetime.fromisoformat(line.split(" ", 1)[0])
 
 
 def closed_rounds(out: Path, gateway: str) -> list[dict[str, object]]:
@@ -89,16 +94,24 @@ def test_an_edge_whose_federation_table_differs_names_the_key_the_gateway_refuse
     def logged(name: str, text: str) -> bool:
         return logs[name].exists() and text in logs[name].read_text()
 
-    # Execute: the gateway and that edge, as real processes, until the edge names what differs
+    # Execute: the gateway, then (once it serves) that edge, as real processes, until the edge names
+    # what differs
     with PeerProcesses(files.network.configs, listeners=dict(files.network.listeners),
                        edges={"e000": e000}) as run:
-        run.start_all()
+        run.start("gw0")
+        wait_until("gw0 serves", lambda: bool(status(files, "gw0").get("state")), files)
+        run.start("e000")
         wait_until("e000 names the key", lambda: logged("e000", refused), files)
         wait_until("gw0 names the refusal", lambda: logged("gw0", "gw0 refused messages from e000"), files)
         wait_until("e000's status holds it", lambda: bool(status(files, "e000").get("settings_refused")),
                    files)
         found = status(files, "e000")
-    # Assert: the edge says it once, in words; the gateway names the refusal; the edge's status holds it
+    # Assert: the edge says it once, in words, within 2 heartbeat intervals (init's 1 s) of its dial by
+    # its own log clock; the gateway names the refusal; the edge's status holds it
+    lines = logs["e000"].read_text().splitlines()
+    dialed = next(line for line in lines if "e000: dials its gateway gw0" in line)
+    said = next(line for line in lines if refused in line)
+    assert (log_time(said) - log_time(dialed)).total_seconds() <= 2 * 1.0, lines
     assert logs["e000"].read_text().count("refuses us") == 1
     assert "config_mismatch" in logs["gw0"].read_text()
     assert found["settings_refused"] == refused.removeprefix("e000: ")
