@@ -58,6 +58,7 @@ class NeighbourUp:
 @dataclass(frozen=True)
 class NeighbourDown:
     name: str
+    left: bool = False  # it said it leaves (a goodbye), rather than fell silent
 
 
 Event = Start | Received | TimerFired | WorkDone | NeighbourUp | NeighbourDown

@@ -109,6 +109,34 @@ def test_a_gateway_beats_to_the_clients_it_hears_so_one_not_asked_knows_it_is_re
     assert e0.neighbourhood["p00"].up and e0.all_rejections() == {}
 
 
+def test_a_client_that_says_it_leaves_is_waited_for_no_more_and_shown_as_left() -> None:
+    """An edge stopping sends its farewell (a heartbeat saying finished): the gateway's open round
+    closes once the others answered ("answered"), not at its deadline; heard again, it registers."""
+    # Prepare: a round open for e0 and e1; e0's update taken
+    node, server = gateway(("e0", "e1"))
+    (e0, _), (e1, _) = edge("e0"), edge("e1")
+    node.start(0.0)
+    node.receive("e0", Heartbeat(step=0, loss=0.0), 0.1)
+    start = next(s for s in sends(node.receive("e1", Heartbeat(step=0, loss=0.0), 0.2))
+                 if isinstance(s.message, RoundStart))
+    e0.start(0.2)
+    e0.receive("p00", start.message, 0.3)
+    e0.machine.params.add_(1.0)
+    node.receive("e0", sends(e0.handle(WorkDone(steps=1, loss=0.0), 0.4))[0].message, 0.5)
+    # Execute: e1, asked, says it leaves (it has heard its gateway, so it has a neighbour to tell)
+    e1.start(0.2)
+    e1.receive("p00", Heartbeat(step=0, loss=0.0), 0.3)
+    farewell = sends(e1.farewell(step=0, loss=0.0))
+    node.receive("e1", farewell[0].message, 0.6)
+    left = (server.round, server.reports[0].closed_by, server.reports[0].missing, set(server.registered))
+    node.receive("e1", Heartbeat(step=0, loss=0.0), 0.7)
+    # Assert: round 0 closed at 0.6 s (its deadline: 60 s) with e0's update; e1 back on its next beat
+    assert farewell[0].recipients == ("p00",) and farewell[0].message.finished
+    assert left == (1, "answered", ("e1",), {"e0"})
+    assert server.reports[0].closed_at_s == 0.6 and torch.allclose(server.params, torch.ones(4))
+    assert server.registered == {"e0", "e1"} and not node.clients["e1"].finished
+
+
 def test_the_gossip_machine_never_hears_of_clients_and_an_unknown_sender_is_counted() -> None:
     node, server = gateway(("e0",))
     node.start(0.0)

@@ -127,3 +127,35 @@ def test_three_edges_killed_after_sharing_keys_leave_every_round_to_the_others(t
     counters = status(files, GATEWAY)["federation"]["counters"]
     assert counters["secagg_taken_ShareKeys"] >= 10   # round 0: the victims' shares too
     assert counters["secagg_deadline_masked_input"] >= 1
+
+
+def test_an_edge_stopped_after_sharing_keys_says_so_and_no_phase_waits_for_it(tmp_path: Path) -> None:
+    """SIGTERM on an edge sends its gateway a farewell (a heartbeat saying finished): the masked-input
+    phase it will never answer closes as soon as the others' inputs are in, not at its deadline
+    (600 s here, past this test's ceiling: a gateway that waited fails it)."""
+    # Prepare: 5 clients, one round of all 5; e004 holds before training: it advertises and shares
+    # its keys, and never has an input to mask
+    long = {f"{phase}_timeout_s": 600.0 for phase in ("advertise", "share", "masked_input", "consistency",
+                                                       "unmask")}
+    secure = {"clip_value": 0.5, "bits": 16, "min_roster": 4, **long}
+    files = make_federation(tmp_path / "fed", edges=5, rounds=1, fraction=1.0, min_clients=4,
+                            min_registered=5, local_epochs=1, uplink="identity", round_timeout_s=3000.0,
+                            secure_aggregation=secure)
+    gate = tmp_path / "never"
+    with processes(files) as run:
+        # Execute: e004 is stopped (SIGTERM) once its status shows its shares sent
+        run.start_all({"e004": [Hook(at_step=0, action="hold", gate=str(gate))]})
+        wait_until("e004 shared its keys", lambda: shared(files, "e004"), files)
+        run.terminate("e004")
+        assert run.wait(CEILING_S), describe(files)
+        codes = run.exitcodes()
+    # Assert: everyone ended cleanly; the round was summed over the 4 with no SecAgg deadline passed;
+    # the gateway counts e004's leaving and shows it as left
+    assert codes == {name: 0 for name in codes}, codes
+    row = closed_rounds(files)[0]
+    assert row["closed_by"] == "secagg" and row["aggregated"], row
+    assert row["taken"] == ["e000", "e001", "e002", "e003"] and row["missing"] == ["e004"], row
+    gateway = status(files, GATEWAY)["federation"]
+    assert gateway["counters"]["secagg_left"] == 1, gateway["counters"]
+    assert not any(key.startswith("secagg_deadline") for key in gateway["counters"]), gateway["counters"]
+    assert gateway["clients"]["e004"]["presence"] == "left"

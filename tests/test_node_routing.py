@@ -252,7 +252,7 @@ def test_a_silent_neighbour_goes_down_for_the_machine_and_a_goodbye_at_once() ->
     assert silent == ["p01"] and n.fed() == [NeighbourDown("p01")]
     assert n.expire(3.0)[0] == []                            # down once
     n.goodbye("p03", 3.0)
-    assert n.fed() == [NeighbourDown("p03")] and not n.neighbourhood["p03"].up
+    assert n.fed() == [NeighbourDown("p03", left=True)] and not n.neighbourhood["p03"].up
     n.goodbye("p03", 3.5)
     assert n.fed() == []
 

@@ -106,3 +106,29 @@ def test_too_many_drops_fail_the_round_with_a_reason() -> None:
     assert local.run(drop_before=drop_before) is None
     assert local.server.phase is ServerPhase.FAILED
     assert local.server.failure == "too_few_inputs"
+
+
+@pytest.mark.parametrize(("scenario", "drop_before"), [
+    ("one leaves before it advertises", {"client05": 0}),
+    ("two leave after key sharing", {"client01": 2, "client04": 2}),
+    ("one leaves after its masked input", {"client07": 3}),
+    ("one leaves at every other stage", {"client00": 0, "client02": 1, "client05": 3, "client09": 4}),
+])
+def test_a_client_that_says_it_leaves_is_a_dropout_no_deadline_waits_for(
+        scenario: str, drop_before: dict[str, int]) -> None:
+    """SecAggServer.gone: the same survivors and sum as when the deadlines pass, at time 0."""
+    # Prepare: the same round twice, the dropouts silent in one and saying goodbye in the other
+    config = CONFIGS["secagg+ k=8"]
+    inputs = _inputs(seed=len(scenario))
+    silent = LocalRound(config, inputs, run_id="leave", round_index=2, seed=5)
+    said = LocalRound(config, inputs, run_id="leave", round_index=2, seed=5)
+    # Execute
+    waited = silent.run(drop_before=drop_before)
+    told = said.run(drop_before=drop_before, goodbye=True)
+    # Assert: the same outcome, with no deadline in the told round (its clock never moved)
+    assert waited is not None and told is not None, (silent.server.failure, said.server.failure)
+    assert told.survivors == waited.survivors and told.dropped == waited.dropped
+    assert np.array_equal(told.ring_sum, waited.ring_sum)
+    assert silent.now_s > 0 and said.now_s == 0.0
+    assert not [key for key in said.server.counters if key.startswith("deadline_")]
+    assert said.server.counters["left"] == len(drop_before)

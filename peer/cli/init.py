@@ -285,7 +285,7 @@ def _federation(args: argparse.Namespace) -> int:
     shared = with_sets({"network": network, "federation": federation}, args.overrides,
                        allowed=("network", "federation"))
     network, federation = shared["network"], shared["federation"]
-    _named("--set", lambda: load(PeerFederationSection, federation, source="hivemesh init --set",
+    _named("--set", lambda: load(PeerFederationSection, federation, source="federation.toml",
                                  prefix="federation"))
     check_network(network, peers=args.gateways, out=args.out, federated=True)
     curve = {"curve": args.curve}
@@ -294,7 +294,9 @@ def _federation(args: argparse.Namespace) -> int:
                               base_port=args.base_port, peer_options=curve, edge_options=curve,
                               hosts=hosts_given(args))
     check_written([*files.network.configs.values(), *files.edge_configs.values()])
-    print(f"created a federation of {args.gateways} gateways and {args.edges} edge clients in "
+    gateways = "1 gateway" if args.gateways == 1 else f"{args.gateways} gateways"
+    edges = "1 edge client" if args.edges == 1 else f"{args.edges} edge clients"
+    print(f"created a federation of {gateways} and {edges} in "
           f"{files.network.out}")
     print(f"  shared:  {files.shared} ([network] and [federation]: every member includes it; edit "
           f"them there)")

@@ -198,7 +198,10 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "missing, late, refused, closed_by, aggregated, bounds (the influence bounds applied: "
           "samples_cap, norm_bound, bounded by reason) (a list; status.json only)"),
     Field("federation.counters", "events", "counter", "the server's counts: updates_taken, refused_update, "
-          "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), closed_by_<quota|deadline>, "
+          "refused_<reason> (not_sampled, wrong_round, late, duplicate, ...), "
+          "closed_by_<quota|deadline|answered|left|secagg> "
+          "(answered: every asked client that did not leave sent its update), secagg_left (asked "
+          "clients that said they leave: no SecAgg phase waits for them), "
           "rounds_aggregated, rounds_failed, bounded_<reason> (updates capped or clipped: samples_median, "
           "samples_max, norm_median, norm_fixed), final_answers (the final model sent again to a client "
           "heard after the end), final_answer_limited (at most one per client per round_timeout_s), "
@@ -228,8 +231,8 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "(status.json only)"),
     Field("federation.clients.*.up", "", "gauge", "1 while registered (heard within the timeout) on a "
           "known connection", prometheus="-"),
-    Field("federation.clients.*.presence", "", "text", "up (registered), down, never heard, or finished "
-          "(sent the final model: it exits then)"),
+    Field("federation.clients.*.presence", "", "text", "up (registered), down, never heard, left (it "
+          "said so as it stopped), or finished (sent the final model: it exits then)"),
     Field("federation.clients.*.last_contact_s", "s", "gauge",
           "seconds since its last update (null: none yet)", prometheus="-"),
     Field("federation.clients.*.bytes_sent", "bytes", "counter",

@@ -42,7 +42,9 @@ status (state ``gave up``), says why with its counters, and exits
 (peer/runtime/edgewait.py, its status's ``waiting_for``): no connection to its gateway and why
 (from the socket's monitor: peer/net/reach.py), no answer yet, or not sampled since a round.
 
-SIGINT/SIGTERM: the loop ends at its next turn, a checkpoint is written, exit 0.
+SIGINT/SIGTERM: the loop ends at its next turn, the gateway is told we leave (a heartbeat
+saying ``finished``: no round of it waits for us to its deadline), a checkpoint is written,
+exit 0.
 SIGHUP is ignored from the start: an edge client reads its roster when it
 starts, and a `hivemesh roster reload` aimed at its folder must not end it.
 Test hooks (peer/runtime/testhooks.py, from the environment) fire on the
@@ -250,6 +252,8 @@ class EdgeClient:
                     gave_up = True
                     break
             self.state = "finished" if self._finished else "gave up" if gave_up else "stopped"
+            if self.state == "stopped":  # said, so the gateway's round waits for us no more
+                self._carry_out(self.node.farewell(step=self.trainer.step, loss=self._last_loss))
             self.transport.wait_sent(timeout_s=5.0)
             self._checkpoint()
             self._write_status(force=True)

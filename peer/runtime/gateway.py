@@ -150,11 +150,13 @@ def failed_round_line(report: Any) -> str:
 
 def client_presence(name: str, server: Any, routes: dict[str, bytes], clients: Any) -> str:
     """An edge client in words: ``finished`` once the final model was sent to it (it exits then),
-    else ``up`` (registered: heard within the timeout on a known connection), ``down`` or ``never
-    heard``."""
+    else ``up`` (registered: heard within the timeout on a known connection), ``left`` (it said so
+    as it stopped), ``down`` or ``never heard``."""
     if name in server.final_sent_s:
         return "finished"
     member = clients.members[name]
     if name in routes and member.up:
         return "up"
+    if member.finished:
+        return "left"
     return "down" if name in routes or math.isfinite(member.last_seen) else "never heard"

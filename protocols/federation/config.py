@@ -178,7 +178,8 @@ class FederationConfig:
         if self.round_timeout_s < secure.total_timeout_s():
             raise ValueError(f"federation.round_timeout_s = {self.round_timeout_s} is shorter than the five "
                              f"secure_aggregation.*_timeout_s together ({secure.total_timeout_s()}): the "
-                             "round would close before its sum is formed")
+                             f"round would close before its sum is formed (set round_timeout_s = "
+                             f"{secure.total_timeout_s()} or more)")
 
     def clients_per_round(self, registered: int) -> int:
         """m (DP off): the updates a round takes, ``max(min_clients, ceil(fraction * registered))``,

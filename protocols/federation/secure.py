@@ -293,6 +293,14 @@ class SecureServer:
             sends += self._after(group, machine.phase, machine.tick(now_s), now_s)
         return self._outcome(sends)
 
+    def gone(self, client: str, now_s: float) -> tuple[list[Action], SecureOutcome | None]:
+        """``client`` said it leaves: its group's phases wait for it no more (SecAggServer.gone)."""
+        group = self.group_of.get(client, -1)
+        machine = self.machines.get(group)
+        if machine is None:
+            return [], None
+        return self._outcome(self._after(group, machine.phase, machine.gone(client, now_s), now_s))
+
     def _after(self, group: int, phase: ServerPhase, deliveries: list[Deliver], now_s: float) -> list[Action]:
         """Group ``group``'s sends; ``phase``: its machine's before the message or tick that gave
         ``deliveries``. A machine that ended leaves ``machines`` for ``results``."""

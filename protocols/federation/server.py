@@ -133,6 +133,7 @@ class FedAvgServer(FederationServer):
         self.taken: dict[str, tuple[torch.Tensor, int]] = {}
         self.taken_metrics: dict[str, tuple[dict[str, float], int]] = {}   # (fit's metrics, num_samples)
         self.refused_now: Counter[str] = Counter()
+        self.left_now: set[str] = set()  # the open round's asked clients that said they leave
         self.opened_at_s = 0.0
         # differential privacy (None: off)
         self.privacy = config.differential_privacy
@@ -279,6 +280,7 @@ class FedAvgServer(FederationServer):
             asking = self.config.asked_per_round(registered)
             self.asked = sample(self.config.seed, self.round, self._eligible(), asking)
         self.taken, self.taken_metrics = {}, {}
+        self.left_now = set()
         self.refused_now = Counter()
         self.opened_at_s = now
 
@@ -307,6 +309,19 @@ class FedAvgServer(FederationServer):
             self.counters["client_metrics_dropped"] += dropped
         if len(self.taken) >= self.wanted:
             return [CancelTimer(self._timer_key()), *self._close(now, "quota")]
+        return []
+
+    def _left(self, client: str, now: float) -> list[Action]:
+        """An asked client that left is waited for no more: with SecAgg its phases close once the
+        rest answered; else the round closes (``answered``) once every other asked client's update
+        is in, rather than at its deadline (``left``: none is, all asked left)."""
+        if self.phase is not ServerPhase.OPEN or client not in self.asked or client in self.taken:
+            return []
+        self.left_now.add(client)
+        if self.secure is not None and self.secure.machines:
+            return self._secure_step(*self.secure.gone(client, now), now)
+        if set(self.asked) <= set(self.taken) | self.left_now:
+            return [CancelTimer(self._timer_key()), *self._close(now, "answered" if self.taken else "left")]
         return []
 
     def _refuse_open(self, reason: str) -> list[Action]:

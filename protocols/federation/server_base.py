@@ -123,9 +123,9 @@ class FederationServer(Counted):
                 return self._timer(key, now)
             case NeighbourUp(name=client):
                 return self.register(client, now)
-            case NeighbourDown(name=client):
+            case NeighbourDown(name=client, left=left):
                 self.unregister(client)
-                return []
+                return self._left(client, now) if left and not self.finished else []
             case _:
                 return []
 
@@ -235,6 +235,11 @@ class FederationServer(Counted):
     def _update(self, sender: str, update: ClientUpdate, now: float) -> list[Action]:
         """A ``ClientUpdate`` while not finished."""
         raise NotImplementedError
+
+    def _left(self, client: str, now: float) -> list[Action]:
+        """``client`` said it leaves (it stopped) while not finished: what that changes now (work it
+        holds runs out at its deadline unless the server says otherwise)."""
+        return []
 
     def _extra_status(self) -> dict[str, Any]:
         return {}

@@ -25,6 +25,7 @@ driver through ``answer_source``. The routing table in full: docs/design/node.md
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
 from collections import Counter
@@ -221,6 +222,13 @@ class Node(Generic[N]):
             return []
         return [Send(to, self.heartbeat(step=step, loss=loss, stamp_s=stamp_s))]
 
+    def farewell(self, *, step: int, loss: float, stamp_s: float = 0.0) -> list[NodeAction]:
+        """The heartbeat that says we leave (``finished``), to every neighbour up: what an edge client
+        sends its gateway as it stops, so no round waits for it."""
+        to = self.neighbourhood.up_names()
+        beat = dataclasses.replace(self.heartbeat(step=step, loss=loss, stamp_s=stamp_s), finished=True)
+        return [Send(to, beat)] if to else []
+
     def heartbeat(self, *, step: int, loss: float, stamp_s: float = 0.0) -> Heartbeat:
         """What our heartbeat says now (the daemon also sends one to try a connection)."""
         return Heartbeat(step=step, loss=loss, sent_at_s=stamp_s, finished=self.finished,
@@ -301,8 +309,10 @@ class Node(Generic[N]):
             # also once the machine finished: a finished server answers a late client with the end
             actions += self._roles(NeighbourUp(sender), now)
         match message:
-            case Heartbeat() if sender in self.clients:
-                pass  # liveness only
+            case Heartbeat() if sender in self.clients:  # liveness, and an edge client's goodbye
+                self.clients.beat(sender, step=message.step, finished=message.finished)
+                if message.finished:
+                    actions += self.goodbye(sender, now)
             case Heartbeat() if sender not in self.neighbourhood:
                 self.rejected["client_not_served_yet" if self._serves_later(sender)
                               else "heartbeat_not_neighbour"] += 1
@@ -350,11 +360,12 @@ class Node(Generic[N]):
         return silent, actions
 
     def goodbye(self, name: str, now: float) -> list[NodeAction]:
-        """``name`` said it leaves."""
+        """``name`` said it leaves (an edge client: a heartbeat saying ``finished`` as it stops), so
+        nothing waits for it until it is heard again."""
         if self.neighbourhood.goodbye(name) and self._live():
-            return self._machine(NeighbourDown(name), now)
+            return self._machine(NeighbourDown(name, left=True), now)
         if self.clients.goodbye(name) and self._live():
-            return self._roles(NeighbourDown(name), now)
+            return self._roles(NeighbourDown(name, left=True), now)
         return []
 
     # ------------------------------------------------------------ state sync

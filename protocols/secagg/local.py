@@ -126,19 +126,30 @@ class LocalRound:
             self.cpu_s[party] = self.cpu_s.get(party, 0.0) + self.clock() - started
 
     def run(self, drop_before: Mapping[str, int] | None = None,
-            tamper: Callable[[list[Deliver]], list[Deliver]] | None = None) -> SecAggResult | None:
-        """Run the round to its end (or until nothing moves); the gateway's result, if any."""
+            tamper: Callable[[list[Deliver]], list[Deliver]] | None = None,
+            goodbye: bool = False) -> SecAggResult | None:
+        """Run the round to its end (or until nothing moves); the gateway's result, if any.
+        ``goodbye``: a client that drops says it leaves (``SecAggServer.gone``) instead of going
+        silent, when it would first have answered."""
         drops = drop_before or {}
         alive = {name: drops.get(name, 6) for name in self.clients}  # first round it misses
         outbox: deque[tuple[str, ClientMessage]] = deque()
+        pending: list[Deliver] = []  # what a goodbye made the gateway send
+
+        def leave(name: str) -> None:
+            if goodbye and name not in self.server.left:
+                pending.extend(self.server.gone(name, self.now_s))
+
         for name, client in self.clients.items():
             if alive[name] > 0:
                 started = self._start()
                 outbox.extend((name, m) for m in client.start(self.now_s))
                 client.provide_input(self.inputs[name], self.now_s)
                 self._charge(name, started)
+            else:
+                leave(name)
         while not self.server.finished:
-            deliveries: list[Deliver] = []
+            deliveries, pending = pending, []
             while outbox:
                 sender, message = outbox.popleft()
                 self.sent[sender].append(message)
@@ -158,6 +169,7 @@ class LocalRound:
             for delivery in deliveries:
                 self.bytes_down[delivery.recipient] += wire_bytes(delivery.message)
                 if alive[delivery.recipient] <= _REPLY_ROUND[type(delivery.message)]:
+                    leave(delivery.recipient)
                     continue  # gone before it could answer
                 started = self._start()
                 replies = self.clients[delivery.recipient].receive(delivery.message, self.now_s)

@@ -151,6 +151,7 @@ class SecAggServer:
         self.recovering: dict[str, UnmaskShares] = {}  # RECOVER: the holders' answers
         self._partial: np.ndarray | None = None  # RECOVER: the sum still holding the culprits' masks
         self._honest: frozenset[str] = frozenset()  # RECOVER: the survivors the sum will hold
+        self.left: set[str] = set()  # members that said they leave: expected in no later phase
 
     # ------------------------------------------------------------------ driver interface
 
@@ -186,6 +187,17 @@ class SecAggServer:
         self.counters[f"deadline_{self.phase.name.lower()}"] += 1
         return self._close(now_s)
 
+    def gone(self, name: str, now_s: float) -> list[Deliver]:
+        """``name`` said it leaves: the open phase, and every later one, waits for it no more, so
+        the phase closes now if the rest answered (a dropout, as at the deadline, only sooner)."""
+        if self.finished or name not in self.cohort or name in self.left:
+            return []
+        self.left.add(name)
+        self.counters["left"] += 1
+        if self._collected().keys() >= self._expected():
+            return self._close(now_s)
+        return []
+
     @property
     def finished(self) -> bool:
         return self.phase in (ServerPhase.DONE, ServerPhase.FAILED)
@@ -206,12 +218,12 @@ class SecAggServer:
         return offence
 
     def _expected(self) -> frozenset[str]:
-        """Who may send in the open round: whoever completed the one before."""
+        """Who may send in the open round: whoever completed the one before, and did not leave."""
         previous = {ServerPhase.ADVERTISE: self.cohort, ServerPhase.SHARE: self.adverts.keys(),
                     ServerPhase.MASKED_INPUT: self.shares.keys() - self.blamed.keys(),
                     ServerPhase.CONSISTENCY: self.survivors, ServerPhase.UNMASK: self.signatures.keys(),
                     ServerPhase.RECOVER: self._recovery_holders()}.get(self.phase, frozenset())
-        return frozenset(previous)
+        return frozenset(previous) - self.left
 
     def _collected(self) -> dict[str, object]:
         return {ServerPhase.ADVERTISE: self.adverts, ServerPhase.SHARE: self.shares,
