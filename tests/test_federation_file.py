@@ -108,6 +108,22 @@ def test_init_set_and_min_registered_write_the_shared_file(tmp_path: Path) -> No
     assert load_edge_config(out / "e003.toml").trainer.lr == 0.2
 
 
+@pytest.mark.parametrize(("extra", "uplink", "round_timeout_s"), [
+    ([], "identity", 180.0),                                           # what it needs, written
+    (["--set", "federation.secure_aggregation.share_timeout_s=90"], "identity", 240.0),
+    (["--set", "federation.uplink=fp16", "--set", "federation.round_timeout_s=500"], "fp16", 500.0),
+])
+def test_init_that_turns_on_secure_aggregation_writes_what_it_needs_unless_told(
+        tmp_path: Path, extra: list[str], uplink: str, round_timeout_s: float) -> None:
+    # Prepare / Execute: SecAgg on for 4 clients a round, with init's other defaults (qsgd, 30 s)
+    out = init(tmp_path / "fed", "--set", "federation.secure_aggregation.min_roster=4", "--set",
+               "federation.fraction=1.0", "--set", "federation.min_clients=4", *extra)
+    # Assert: an uplink it can sum and a round that outlasts its five phases; what --set says, kept
+    written = tomllib.loads((out / "federation.toml").read_text())["federation"]
+    assert (written["uplink"], written["round_timeout_s"]) == (uplink, round_timeout_s)
+    check_file(out / "federation.toml")
+
+
 def test_init_writes_min_registered_as_min_clients_by_default(tmp_path: Path) -> None:
     written = tomllib.loads((init(tmp_path / "fed") / "federation.toml").read_text())["federation"]
     assert written["min_registered"] == written["min_clients"] == 2

@@ -209,6 +209,31 @@ def with_sets(tables: dict[str, dict[str, Any]], assignments: list[str], *,
     return tables
 
 
+def secure_defaults(federation: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """[federation] with what secure aggregation needs where ``--set`` turned it on and said nothing
+    of it: an uplink it can sum (identity: qsgd's per-client scales cannot be), and a round timeout
+    that outlasts its five phase deadlines."""
+    from dataclasses import fields
+
+    from protocols.federation.secure_config import SecureAggregationConfig
+
+    secure = federation.get("secure_aggregation")
+    if not isinstance(secure, dict):
+        return federation
+    given = {assignment.partition("=")[0].strip() for assignment in assignments}
+    defaults = {field.name: field.default for field in fields(SecureAggregationConfig)}
+    phases_s = 0.0
+    for name in ("advertise", "share", "masked_input", "consistency", "unmask"):
+        value = secure.get(f"{name}_timeout_s", defaults[f"{name}_timeout_s"])
+        phases_s += value if isinstance(value, int | float) else 0.0   # a wrong type: load names it
+    federation = dict(federation)
+    if "federation.uplink" not in given:
+        federation["uplink"] = "identity"
+    if "federation.round_timeout_s" not in given:
+        federation["round_timeout_s"] = max(float(federation.get("round_timeout_s", 0.0)), phases_s)
+    return federation
+
+
 def hosts_given(args: argparse.Namespace) -> list[str] | None:
     """The per-member addresses of ``--hosts`` or ``--hosts-file`` (None: one ``--host`` for all)."""
     from protocols.errors import HivemeshError
@@ -285,6 +310,7 @@ def _federation(args: argparse.Namespace) -> int:
     shared = with_sets({"network": network, "federation": federation}, args.overrides,
                        allowed=("network", "federation"))
     network, federation = shared["network"], shared["federation"]
+    federation = secure_defaults(federation, args.overrides)
     _named("--set", lambda: load(PeerFederationSection, federation, source="federation.toml",
                                  prefix="federation"))
     check_network(network, peers=args.gateways, out=args.out, federated=True)
