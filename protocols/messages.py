@@ -95,7 +95,8 @@ class Heartbeat:
     """Liveness plus a little progress, so neighbours can show last-seen and latency.
 
     ``finished``: the sender has finished its run (sent during its finish grace), so its
-    neighbours record it as finished, not down, once it goes silent. ``roster_version``: the
+    neighbours record it as finished, not down, once it goes silent; from an edge client that
+    stops, its farewell: its gateway waits for it no more (``Node.farewell``). ``roster_version``: the
     newest roster version the sender knows, so a member that has not yet read a later roster
     file (a key rotated or revoked there) is told, by a neighbour that has."""
 

@@ -56,6 +56,7 @@ from protocols.events import (
     WorkDone,
 )
 from protocols.federation import (
+    SERVER_ROLE,
     FedAvgClient,
     FedAvgServer,
     FedBuffServer,
@@ -203,7 +204,7 @@ class FederationRun:
 
     def _gossip_members(self, name: str) -> tuple[str, ...]:
         """The gateways ``name`` gossips with (itself included)."""
-        gossip = self.config.mode == "sync" and self.section.gossip_rounds > 0 and len(self.gateways) > 1
+        gossip = self.config.has_rounds and self.section.gossip_rounds > 0 and len(self.gateways) > 1
         return self.gateways if gossip else (name,)
 
     def _roster(self) -> Roster:
@@ -254,9 +255,8 @@ class FederationRun:
         if self.config.secure_aggregation is not None and self.secagg_roster is not None:
             secure = SecureServer(self.config.secure_aggregation, run_id=self._run_id(),
                                   verify=self.secagg_roster.verify, like=params)
-        sync = self.config.mode == "sync"
-        server = make_server(self.config, name=name, params=params, pause_between_rounds=sync,
-                             secret_seed=secret, secure=secure)
+        server = make_server(self.config, name=name, params=params,
+                             pause_between_rounds=self.config.has_rounds, secret_seed=secret, secure=secure)
         return machine, server, topology
 
     def _gateway(self, name: str) -> Member:
@@ -271,7 +271,7 @@ class FederationRun:
         node: Node[Neighbour] = Node(
             name, machine, neighbours={n: Neighbour() for n in self._gossip_members(name) if n != name},
             config=self.node_config, early_per_neighbour=4, answer_source=lambda: (params.clone(), 0),
-            roles={"fedavg": server}, clients=serving.clients(self.roster), serving=serving)
+            roles={SERVER_ROLE: server}, clients=serving.clients(self.roster), serving=serving)
         node.set_membership(self.roster, self.topologies[name])
         return Member(name, node, server=server,
                       work=GatewayWork(server, gossip_rounds=self.section.gossip_rounds),
@@ -442,7 +442,7 @@ class FederationRun:
         work = GatewayWork(server, gossip_rounds=self.section.gossip_rounds)
         work.restarted()
         member.node.restart(machine, {n: Neighbour() for n in self._gossip_members(member.name)
-                                      if n != member.name}, roles={"fedavg": server})
+                                      if n != member.name}, roles={SERVER_ROLE: server})
         member.server, member.work, member.recorded, member.on = server, work, 0, True
         member.gossiped = self._gossiped()    # what waited for its gossip died with the process
         assert member.saves is not None
@@ -550,7 +550,7 @@ class FederationRun:
         self._record(member)
         if member.work is not None and member.work.closed():
             self.engine.after(0.0, lambda: self._feed(member, WorkDone(steps=1, loss=0.0)))
-        gossip_done = member.node.finished or self.config.mode != "sync"  # its last gossip rounds too
+        gossip_done = member.node.finished or not self.config.has_rounds  # its last gossip rounds too
         if server.phase.value == "finished" and gossip_done and not member.finished:
             member.finished = True
             self._maybe_end()

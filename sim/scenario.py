@@ -322,7 +322,7 @@ class ScenarioConfig:
         """Check the tables other components own, as a peer file's loader does (errors name the key)."""
         if self.federation.gateways > 0:
             config = self.federation_config()
-            if config.mode != "sync" and self.federation.gossip_rounds > 0 and self.federation.gateways > 1:
+            if not config.has_rounds and self.federation.gossip_rounds > 0 and self.federation.gateways > 1:
                 raise ConfigError(f"{self.source}: key 'federation.gossip_rounds': gateways gossip between "
                                   "FedAvg rounds, and federation mode 'fedbuff' has none (set 0)",
                                   key="federation.gossip_rounds")

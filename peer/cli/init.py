@@ -213,19 +213,16 @@ def secure_defaults(federation: dict[str, Any], assignments: list[str]) -> dict[
     """[federation] with what secure aggregation needs where ``--set`` turned it on and said nothing
     of it: an uplink it can sum (identity: qsgd's per-client scales cannot be), and a round timeout
     that outlasts its five phase deadlines."""
-    from dataclasses import fields
-
     from protocols.federation.secure_config import SecureAggregationConfig
 
     secure = federation.get("secure_aggregation")
     if not isinstance(secure, dict):
         return federation
+    try:
+        phases_s = SecureAggregationConfig(**secure).total_timeout_s()
+    except (TypeError, ValueError):
+        return federation       # the table's own error: the load after this names it
     given = {assignment.partition("=")[0].strip() for assignment in assignments}
-    defaults = {field.name: field.default for field in fields(SecureAggregationConfig)}
-    phases_s = 0.0
-    for name in ("advertise", "share", "masked_input", "consistency", "unmask"):
-        value = secure.get(f"{name}_timeout_s", defaults[f"{name}_timeout_s"])
-        phases_s += value if isinstance(value, int | float) else 0.0   # a wrong type: load names it
     federation = dict(federation)
     if "federation.uplink" not in given:
         federation["uplink"] = "identity"

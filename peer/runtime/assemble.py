@@ -258,6 +258,6 @@ def gateway_server(config: PeerConfig, roster: Roster, name: str,
         secure = SecureServer(federation.secure_aggregation, run_id=wire.run_id.hex(),
                               verify=roster_verify(lambda: wire.roster), like=trainer.mixed)
     server = make_server(federation, name=name, params=trainer.mixed, secret_seed=secret_seed,
-                         pause_between_rounds=federation.mode == "sync", shapes=trainer.mixed_shapes,
+                         pause_between_rounds=federation.has_rounds, shapes=trainer.mixed_shapes,
                          secure=secure)
     return server, clients

@@ -56,6 +56,7 @@ from peer.train.checkpoint import SavePoint
 from peer.train.trainer import StepsStopped
 from protocols.events import Event, Machine, TimerFired, WorkDone
 from protocols.federation.interleave import GatewayWork
+from protocols.federation.server_base import SERVER_ROLE
 from protocols.messages import Heartbeat, SettingsRefusal
 from protocols.node import member as lifecycle
 from protocols.node import waiting_line
@@ -396,7 +397,7 @@ class PeerDaemon:
     def _do_work(self, steps: int) -> None:
         if self.gateway_work is not None:   # a gateway trains nothing: its work is a FedAvg round
             begun, done = self.gateway_work.begin(self.now(), self.machine.position[0])
-            self.host.carry_out(self.node.role_actions("fedavg", begun))
+            self.host.carry_out(self.node.role_actions(SERVER_ROLE, begun))
             self._gateway_progress()
             if done:
                 self._feed(WorkDone(steps, 0.0), mixes=True)

@@ -71,7 +71,7 @@ class GatewayWait:
 
     def unsampled(self, last_round: int) -> str:
         """``registered; not sampled since round 12 (fraction 0.2)``; ``last_round`` -1: never."""
-        if self.federation.mode == "sync":
+        if self.federation.has_rounds:
             since = "yet" if last_round < 0 else f"since round {last_round}"
             return f"registered; not sampled {since} (fraction {self.federation.fraction:g})"
         since = "yet" if last_round < 0 else f"since model version {last_round}"

@@ -35,6 +35,7 @@ from peer.files.statefiles import CheckpointStore, read_status
 from peer.runtime.peerconfig import PeerConfig, load_peer_config
 from peer.train.tasks import Task, get_task
 from protocols.errors import HivemeshError
+from protocols.federation.server_base import SERVER_ROLE
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def progress_words(config: PeerConfig, step: int, protocol_state: Any) -> str:
     its FedAvg rounds closed (FedBuff: model versions) as its status says them."""
     if config.federation is None:
         return f"step {step}"
-    served = protocol_state[1].get("fedavg") or {}
+    served = protocol_state[1].get(SERVER_ROLE) or {}
     closed = served.get("version", served.get("round", "-"))
     return f"round {closed}/{config.federation.rounds}"
 

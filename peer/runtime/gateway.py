@@ -27,10 +27,11 @@ from protocols.events import Machine
 from protocols.federation import report_row
 from protocols.federation.fedbuff import FedBuffServer
 from protocols.federation.interleave import GatewayWork, GossipedRounds
+from protocols.federation.server_base import SERVER_ROLE
 from protocols.node.checkpoints import CheckpointConfig, CheckpointSchedule
 from topology.errors import HivemeshError
 
-SERVER_PREFIX = "fedavg/"     # a gateway's checkpoint: its server's tensors beside the machine's
+SERVER_PREFIX = f"{SERVER_ROLE}/"  # a gateway's checkpoint: its server's tensors beside the machine's
 ROUNDS_FILE = "rounds.jsonl"  # one line per closed round: its report, the global accuracy and test loss
 
 ProtocolState = tuple[dict[str, torch.Tensor], dict[str, Any]]
@@ -44,7 +45,7 @@ def protocol_state(machine: Machine, work: GatewayWork | None) -> ProtocolState:
         return tensors, meta
     server_tensors, server_meta = work.server.export_state()
     return ({**tensors, **{f"{SERVER_PREFIX}{k}": v for k, v in server_tensors.items()}},
-            {**meta, "fedavg": server_meta})
+            {**meta, SERVER_ROLE: server_meta})
 
 
 def restore_server(work: GatewayWork | None, state: Any, data_dir: Path) -> Any:
@@ -53,14 +54,14 @@ def restore_server(work: GatewayWork | None, state: Any, data_dir: Path) -> Any:
     tensors, meta = state
     if work is None:
         return state
-    if "fedavg" not in meta:
+    if SERVER_ROLE not in meta:
         raise HivemeshError(f"{data_dir}: the checkpoint is a plain peer's, not this "
                             "gateway's (no server state): use a new data_dir for a gateway")
     own = {k: v for k, v in tensors.items() if not k.startswith(SERVER_PREFIX)}
     served = {k[len(SERVER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SERVER_PREFIX)}
-    work.server.restore_state((served, meta["fedavg"]))
+    work.server.restore_state((served, meta[SERVER_ROLE]))
     work.server.forget_registrations()   # its clients register again as they are heard
-    return own, {k: v for k, v in meta.items() if k != "fedavg"}
+    return own, {k: v for k, v in meta.items() if k != SERVER_ROLE}
 
 
 def rounds_closed(work: GatewayWork) -> int:

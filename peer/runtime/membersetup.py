@@ -16,6 +16,7 @@ from peer.runtime.assemble import Parts, gateway_serving
 from peer.runtime.daemon_parts import NeighbourInfo
 from peer.runtime.peerconfig import PeerConfig
 from peer.runtime.testhooks import ScheduleFiles
+from protocols.federation.server_base import SERVER_ROLE
 from protocols.node import Node
 from protocols.node import member as lifecycle
 
@@ -27,7 +28,7 @@ def member_node(config: PeerConfig, parts: Parts) -> Node[NeighbourInfo]:
         config=config.peer.node_config(),
         early_per_neighbour=config.gossip.max_rounds_ahead + 1,  # the machine buffers that many rounds
         answer_source=lambda: (trainer.host_mixed().detach().clone(), trainer.step),
-        roles={"fedavg": parts.server} if gateway else None, clients=parts.clients,
+        roles={SERVER_ROLE: parts.server} if gateway else None, clients=parts.clients,
         serving=gateway_serving(config, parts.name) if gateway else None)
     node.set_membership(parts.roster, parts.topology)
     return node

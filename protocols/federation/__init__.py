@@ -58,6 +58,7 @@ from protocols.federation.privacy import DifferentialPrivacyConfig
 from protocols.federation.secure import SecureClient, SecureServer
 from protocols.federation.secure_config import SecureAggregationConfig
 from protocols.federation.server import FedAvgServer, RoundReport, ServerPhase, report_row
+from protocols.federation.server_base import SERVER_ROLE
 from protocols.federation.server_opt import (
     SERVER_OPTIMIZERS,
     ServerOptConfig,
@@ -69,6 +70,7 @@ from protocols.federation.server_opt import (
 __all__ = [
     "AGGREGATORS",
     "SERVER_OPTIMIZERS",
+    "SERVER_ROLE",
     "BuffPhase",
     "BufferReport",
     "ClientPhase",

@@ -44,6 +44,7 @@ from protocols.federation.config import FederationConfig
 from protocols.federation.server_opt import OptState
 from protocols.messages import ClientUpdate, Message, RoundResult, Scalar
 
+SERVER_ROLE = "fedavg"  # the role a gateway's server (either mode) holds on its Node and in its checkpoint
 OPT_PREFIX = "opt/"  # the server optimiser's tensors in a checkpoint, beside "params"
 
 
