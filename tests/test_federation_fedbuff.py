@@ -18,10 +18,11 @@ CLIENTS = ("a", "b", "c", "d", "e")
 
 
 def server(clients: Sequence[str] = CLIENTS, **overrides: object) -> FedBuffServer:
-    # exact FedAvg arithmetic below: the influence bounds off (tests/test_federation_influence.py)
+    # exact FedAvg arithmetic below: the influence bounds off, and a buffer may be one client's
+    # (min_clients 1; tests/test_federation_influence.py)
     settings: dict[str, object] = {"mode": "fedbuff", "concurrency": 3, "buffer_size": 2, "rounds": 10,
                                    "max_staleness": 3, "round_timeout_s": 10.0, "uplink": "identity",
-                                   "samples_multiple": 0, "norm_multiple": 0}
+                                   "samples_multiple": 0, "norm_multiple": 0, "min_clients": 1}
     settings.update(overrides)
     made = make_server(FederationConfig(**settings), name="gw",  # type: ignore[arg-type]
                        params=torch.zeros(2, dtype=torch.float64), clients=clients)

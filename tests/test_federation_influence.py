@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from peer.cli.status import _federation_lines
 from peer.train.attack import Attack, forge, parse_attack
-from protocols.events import Received, Start, TimerFired
+from protocols.events import Received, Send, Start, TimerFired
 from protocols.federation import (
     DifferentialPrivacyConfig,
     FederationConfig,
@@ -290,18 +290,33 @@ def test_a_huge_multiple_times_a_huge_claim_is_no_cap_not_an_error_that_ends_the
     assert server.reports[0].bounds["samples_cap"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="open: a FedBuff buffer that holds one client's updates only is "
-                   "that client's round of one (docs/federation.md, Influence bounds); one vote per client "
-                   "does not "
-                   "reach it, and asking no client twice per buffer lets one withholder stall the buffer")
-def test_one_fast_client_alone_in_a_fedbuff_buffer_moves_the_model_at_most_the_honest_multiple() -> None:
+def test_one_fast_client_cannot_make_a_fedbuff_buffer_its_round_of_one() -> None:
+    """A client that answers at once, while ``concurrency`` keeps every other one training, is asked
+    again at once and fills the buffer: the buffer then waits for ``min_clients`` (2) distinct
+    clients, asks the fast one no more meanwhile, and the first honest update sets its bounds."""
     # Prepare: four clients all training (default concurrency 10, buffer 5); the honest ones are slow
     config = FederationConfig(mode="fedbuff", rounds=1, uplink="identity")
     server = make_server(config, name="gw", params=torch.zeros(2), clients=["a", "b", "c", "evil"])
     server.handle(Start(), 0.0)
     # Execute: evil answers five times (asked again each time) before anyone else answers
     for i in range(5):
-        server.handle(Received("evil", _update(t(-1e30, 0.0), 10**9)), 1.0 + i)
-    # Assert: the model moved no further than twice an honest update (norm 2 at most here)
-    assert server.reports[1].contributors == ("evil",) * 5
-    assert delta_norm(server.params) <= 4.0
+        sent = server.handle(Received("evil", _update(t(-1e30, 0.0), 10**9)), 1.0 + i)
+    # Assert: a full buffer of one client is not aggregated, and that client is not asked again
+    assert server.version == 0 and len(server.buffer) == 5 and "evil" not in server.busy
+    assert not any(isinstance(a, Send) for a in sent)
+    # Execute: one honest update (norm 1, 100 samples)
+    server.handle(Received("a", _update(t(0.0, 1.0), 100)), 10.0)
+    # Assert: aggregated now, and the model moved no further than twice the honest update
+    assert server.reports[1].contributors == ("evil",) * 5 + ("a",)
+    assert server.reports[1].bounds["norm_bound"] == 2.0 and server.reports[1].bounds["samples_cap"] == 200
+    assert delta_norm(server.params) <= 2.0
+
+
+def test_a_fedbuff_buffer_with_min_clients_1_is_any_client_s() -> None:
+    """``min_clients = 1`` keeps FedBuff's plain rule: every ``buffer_size`` updates, whoever sent them."""
+    config = FederationConfig(mode="fedbuff", rounds=1, uplink="identity", min_clients=1, buffer_size=2)
+    server = make_server(config, name="gw", params=torch.zeros(2), clients=["a", "b"])
+    server.handle(Start(), 0.0)
+    server.handle(Received("a", _update(t(1.0, 0.0), 10)), 1.0)
+    server.handle(Received("a", _update(t(1.0, 0.0), 10)), 2.0)
+    assert server.reports[1].contributors == ("a", "a")

@@ -86,12 +86,13 @@ def test_sync_server_counts_every_update_once_and_keeps_its_records(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(step, min_size=20, max_size=80), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2))
+@given(st.lists(step, min_size=20, max_size=80), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2),
+       st.integers(1, 3))
 def test_fedbuff_server_counts_every_update_once_and_keeps_its_records(
         steps: list[tuple[str, str, int, str]], concurrency: int, buffer_size: int,
-        max_staleness: int) -> None:
+        max_staleness: int, min_clients: int) -> None:
     config = FederationConfig(mode="fedbuff", rounds=4, concurrency=concurrency, buffer_size=buffer_size,
-                              max_staleness=max_staleness, uplink="identity")
+                              max_staleness=max_staleness, uplink="identity", min_clients=min_clients)
     server = make_server(config, name="gw", params=torch.zeros(4), clients=CLIENTS)
     assert isinstance(server, FedBuffServer)
 
@@ -106,8 +107,16 @@ def test_fedbuff_server_counts_every_update_once_and_keeps_its_records(
     assert server.counters["updates_taken"] + server.counters["refused_update"] == fed
     assert len(server.busy) <= concurrency and set(server.busy) <= set(NAMES)
     assert server.counters["aggregations"] == server.version == len(server.reports)
-    assert len(server.buffer) < buffer_size
+    # a buffer is held while short of buffer_size updates or of min_clients distinct clients; a full one
+    # asks none of its clients again, so each client adds at most one update to it once full
+    held = {client for client, _, _, _ in server.buffer}
+    assert len(server.buffer) < buffer_size or len(held) < min_clients
+    assert len(server.buffer) < buffer_size + len(NAMES)
     for report in server.reports.values():
-        assert len(report.contributors) == buffer_size
+        assert len(report.contributors) >= buffer_size and len(set(report.contributors)) >= min_clients
+        assert len(report.contributors) < buffer_size + len(NAMES)
+        # aggregated as soon as both held: the last update is the one that completed them
+        before = report.contributors[:-1]
+        assert len(before) < buffer_size or len(set(before)) < min_clients
         assert all(0 <= s <= max_staleness for s in report.staleness)
     assert bool(torch.isfinite(server.params).all())

@@ -30,7 +30,9 @@ class FederationConfig:
     rounds: int = 30  # sync: rounds to run; fedbuff: server model versions (aggregations) to make
     # --- sampling (sync) and concurrency (fedbuff)
     fraction: float = 0.1  # share of the registered clients asked each round (McMahan et al.'s C)
-    min_clients: int = 2  # at least this many per round, and no round opens with fewer registered
+    # at least this many per round (fedbuff: distinct clients per buffer), and no round opens with fewer
+    # registered
+    min_clients: int = 2
     min_registered: int = 0  # no round opens before this many clients registered (0: min_clients)
     over_selection: float = 0.0  # ask ceil(m (1 + this)), take the first m (Bonawitz et al. 2019: 0.3)
     round_timeout_s: float = 60.0  # a round closes at this deadline with whatever answered (s)

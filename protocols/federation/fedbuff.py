@@ -4,11 +4,13 @@ Aggregation") as a pure Role: no rounds to wait for, a model version every K upd
 The server keeps ``concurrency`` clients training at once. Each is sent the current
 global model in a ``RoundStart`` whose ``round`` is the model's *version*, and answers
 with a ``ClientUpdate`` for that version. An update ``s`` versions old is weighed
-``(1 + s)^-staleness_exponent`` and buffered; at ``buffer_size`` (K) buffered updates
-the server aggregates them (common.combine: bounded against the buffer, influence.py,
-then weighted), steps its optimiser, and the version advances. A client whose update
-arrived is free, and a free client is asked by a counter-based draw keyed by (seed,
-client, dispatch number), so a slow client never holds up the others.
+``(1 + s)^-staleness_exponent`` and buffered; once at least ``buffer_size`` (K) updates
+from at least ``min_clients`` distinct clients are buffered, the server aggregates them
+(common.combine: bounded against the buffer, influence.py, then weighted), steps its
+optimiser, and the version advances. A client whose update arrived is free, and a free
+client is asked by a counter-based draw keyed by (seed, client, dispatch number), so a slow
+client never holds up the others; only a full buffer that still waits for distinct clients
+asks none of those already in it (a fast client cannot make a buffer its round of one).
 
 What a ``ClientUpdate`` meets (counted ``refused_<reason>``): after the end,
 ``after_finish`` (answered with the final ``RoundResult``, at most once per client
@@ -128,8 +130,11 @@ class FedBuffServer(FederationServer):
         if model is None:
             return []
         chosen: list[str] = []
+        # a full buffer still short of min_clients distinct clients waits for the others: who is in it
+        # already is not asked again until it is aggregated
+        waiting = self._buffered_clients() if self._buffer_full() else set()
         while len(self.busy) < self.config.concurrency:
-            free = self.registered - set(self.busy)
+            free = self.registered - set(self.busy) - waiting
             if not free:
                 break
             (client,) = sample(self.config.seed, self.dispatches, free, 1, "fedbuff-dispatch")
@@ -144,6 +149,12 @@ class FedBuffServer(FederationServer):
         deadline = now + self.config.round_timeout_s
         timers: list[Action] = [SetTimer(self._timer_key(c), deadline) for c in chosen]
         return [Send(tuple(sorted(chosen)), start), *timers]
+
+    def _buffer_full(self) -> bool:
+        return len(self.buffer) >= self.config.buffer_size
+
+    def _buffered_clients(self) -> set[str]:
+        return {client for client, _, _, _ in self.buffer}
 
     def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]] | None:
         """The current version as sent (encoded once per version); None when it cannot be."""
@@ -194,7 +205,7 @@ class FedBuffServer(FederationServer):
         else:
             self.buffer.append((sender, delta, update.num_samples, staleness))
             self.counters["updates_taken"] += 1
-            if len(self.buffer) >= self.config.buffer_size:
+            if self._buffer_full() and len(self._buffered_clients()) >= self.config.min_clients:
                 actions.extend(self._aggregate(now))
                 if self.phase is BuffPhase.FINISHED:
                     return actions
