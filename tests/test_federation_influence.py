@@ -304,12 +304,15 @@ def test_one_fast_client_cannot_make_a_fedbuff_buffer_its_round_of_one() -> None
     # Assert: a full buffer of one client is not aggregated, and that client is not asked again
     assert server.version == 0 and len(server.buffer) == 5 and "evil" not in server.busy
     assert not any(isinstance(a, Send) for a in sent)
+    head = _federation_lines(server.status())[0]
+    assert "waits for updates of 2 distinct clients (min_clients), 1 now: evil" in head
     # Execute: one honest update (norm 1, 100 samples)
     server.handle(Received("a", _update(t(0.0, 1.0), 100)), 10.0)
     # Assert: aggregated now, and the model moved no further than twice the honest update
     assert server.reports[1].contributors == ("evil",) * 5 + ("a",)
     assert server.reports[1].bounds["norm_bound"] == 2.0 and server.reports[1].bounds["samples_cap"] == 200
     assert delta_norm(server.params) <= 2.0
+    assert "buffer_clients" not in server.status()
 
 
 def test_a_fedbuff_buffer_with_min_clients_1_is_any_client_s() -> None:

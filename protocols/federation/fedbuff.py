@@ -106,8 +106,12 @@ class FedBuffServer(FederationServer):
         return self.version
 
     def _extra_status(self) -> dict[str, Any]:
+        held = sorted(self._buffered_clients())
+        short = self._buffer_full() and len(held) < self.config.min_clients
         return {"training": {c: d.version for c, d in sorted(self.busy.items())},
-                "buffered": len(self.buffer)}
+                "buffered": len(self.buffer),
+                # a full buffer that waits for more distinct clients: who is in it (else absent)
+                **({"buffer_clients": held, "needed": self.config.min_clients} if short else {})}
 
     # ------------------------------------------------------------ events
 
