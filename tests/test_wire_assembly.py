@@ -201,6 +201,23 @@ def test_a_sender_may_not_announce_more_than_its_bound(net: Network) -> None:
     assert not bob.assembler.in_flight
 
 
+def test_a_closed_connection_releases_what_it_was_assembling_at_once(net: Network) -> None:
+    """A connection that closes half way through a message (its sender cut, or punished) frees its
+    sender's bytes in flight when the transport reports the close, not at the idle timeout: the same
+    sender's next message, on a new connection, fits the bound again."""
+    alice, bob = net.endpoint("alice", policy=SMALL_FRAMES), net.endpoint("bob", policy=SMALL_FRAMES)
+    wire_one = wire_messages(alice.seal(["bob"], push(3000)))
+    wire_two = wire_messages(alice.seal(["bob"], push(3001)))
+    bob.use(assembly=AssemblyConfig(max_in_flight_bytes=3000 * 4 + 6 * 8 + 100))
+    assert feed(bob, wire_one[:2], connection=b"first", now_s=1.0) == []
+    assert bob.forget(b"other") is None                 # a connection that held nothing: nothing to say
+    released = bob.forget(b"first")
+    assert released is not None and released.reason == "incomplete" and released.sender == "alice"
+    assert bob.rejections == {"incomplete": 1} and not bob.assembler.in_flight
+    assert bob.assembler.pending == 0 and bob.expire(100.0) == []    # nothing left to time out
+    assert _reasons(bob, feed(bob, wire_two, connection=b"second", now_s=2.0)) == ["accepted"]
+
+
 def test_the_message_limit_follows_the_model() -> None:
     assert model_message_bytes(1000, header_bytes=1 << 20) == 16_000 + (1 << 20)
     alice_push = push(3000)
