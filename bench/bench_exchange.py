@@ -19,6 +19,8 @@ run on the same bytes:
   into its receive-buffer pool (BufferPool), as it arrives;
 - ours signed + CurveZMQ: the same over CurveZMQ-encrypted connections (the
   daemon's default), to show what transport encryption costs;
+- raw pyzmq + CurveZMQ: the raw row over CurveZMQ, to show where that cost lies
+  (libzmq's encryption on its one I/O thread, or our path around it);
 - torch.distributed gloo all_reduce of the same tensor between two processes
   (+ the division that makes it an average);
 - hivemind's DecentralizedAverager, when it installs: run from its own venv
@@ -65,6 +67,7 @@ HERE = Path(__file__).resolve().parent
 PAIR_TIMEOUT_S = 900.0   # a generous ceiling for 6 exchanges of 100 MB on a loaded machine
 SIGNED = f"ours signed (caller + {DIGEST_THREADS} digest thread(s), buffer pool; as the daemon)"
 CURVE = "ours signed + CurveZMQ (the daemon's default)"
+RAW_CURVE = "raw pyzmq + CurveZMQ (libzmq's encryption alone)"
 
 
 # ------------------------------------------------------------------ helpers shared by both sides
@@ -98,15 +101,23 @@ def adopt(index: int, listeners: list[socket.socket]) -> tuple[list[str], int]:
     return [listener_address(listener) for listener in listeners], listeners[index].detach()
 
 
-def _raw_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, results: Queue) -> None:
-    """Plain pyzmq DEALER -> ROUTER both ways, 4 MiB frames: the floor for moving the bytes."""
+def _raw_side(index: int, listeners: list[socket.socket], numel: int, repeat: int, curve: bool,
+              results: Queue) -> None:
+    """Plain pyzmq DEALER -> ROUTER both ways, 4 MiB frames: the floor for moving the bytes; with
+    ``curve``, over libzmq's CurveZMQ alone (what its encryption costs, without anything of ours)."""
     torch.set_num_threads(1)
     addresses, listen_fd = adopt(index, listeners)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.ROUTER)
+    outbox = ctx.socket(zmq.DEALER)
+    if curve:
+        keys = _curve_keys(index)
+        inbox.curve_server = True
+        inbox.curve_publickey, inbox.curve_secretkey = keys.public_key, keys.secret_key
+        (outbox.curve_serverkey,) = keys.server_keys.values()
+        outbox.curve_publickey, outbox.curve_secretkey = keys.public_key, keys.secret_key
     inbox.setsockopt(zmq.USE_FD, listen_fd)
     inbox.bind(addresses[index])
-    outbox = ctx.socket(zmq.DEALER)
     outbox.connect(addresses[1 - index])
     x = torch.full((numel,), float(1 + 2 * index))
     frames = _byte_frames(x, RAW_FRAME_BYTES)
@@ -389,7 +400,9 @@ def main() -> int:
     print(f"one push-pull exchange of {numel:,} float32 ({numel * 4 / 1e6:.0f} MB each way) between two "
           f"processes on 127.0.0.1; median of {repeat} after a warm-up", flush=True)
     rows: dict[str, float | None] = {}
-    rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, reserve_listeners(2), numel, repeat)
+    rows["raw pyzmq DEALER/ROUTER, 4 MiB frames"] = run_pair(_raw_side, reserve_listeners(2), numel, repeat,
+                                                             False)
+    rows[RAW_CURVE] = run_pair(_raw_side, reserve_listeners(2), numel, repeat, True)
     rows["ours unsigned (framing, tracked send, gather, mix)"] = run_pair(
         _wire_side, reserve_listeners(2), numel, repeat, "unsigned", frame_bytes)
     rows["ours signed, serial digests"] = run_pair(
@@ -423,6 +436,12 @@ def main() -> int:
     curve = rows[CURVE]
     assert curve
     goals.append(("CurveZMQ on / off (what transport encryption adds)", curve / signed, "(report)", True))
+    raw_curve = rows[RAW_CURVE]
+    assert raw_curve
+    # where the encryption's time goes: libzmq's CurveZMQ on bare sockets against the same without it,
+    # and what our exchange adds on top of it
+    goals.append(("raw CurveZMQ / raw pyzmq (libzmq's own cost)", raw_curve / raw, "(report)", True))
+    goals.append(("ours + CurveZMQ / raw CurveZMQ", curve / raw_curve, "(report)", True))
     if gloo is not None:
         goals.append(("signed / gloo all_reduce", signed / gloo, "<= 2.5", signed / gloo <= 2.5))
     if hivemind_s is not None:
