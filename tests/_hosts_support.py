@@ -105,6 +105,9 @@ def describe(out: Path, names: Sequence[str]) -> str:
         found = read_status(out / "data" / name) or {}
         links = {key: found.get(key) for key in ("transport_refused", "transport_connections", "redialed",
                                                   "unreachable", "abandoned_sends", "neighbour_down")}
+        # our sockets to neighbours with no connection at its last status: for how long and why
+        links["dial_down"] = {n: f"{i.get('dial_down_s')} s ({i.get('dial_reason')})"
+                              for n, i in (found.get("neighbours") or {}).items() if i.get("dial_reason")}
         parts.append(f"{name}: step {found.get('step')} accuracy {found.get('accuracy')} "
                      f"metrics {found.get('metrics')} rejections {found.get('rejections')} {links}\n{tail}")
     return "\n".join(parts)

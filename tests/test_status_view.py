@@ -82,6 +82,21 @@ def test_a_peer_waiting_at_start_says_whom_it_waits_for(tmp_path: Path,
     assert "p01          never heard last heard never" in shown
 
 
+def test_a_running_peer_says_why_its_socket_to_a_neighbour_has_no_connection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    running = _finished("p00", "p01") | {"state": "training", "pid": os.getpid(), "updated_at": time.time()}
+    running["neighbours"]["p01"] |= {"up": False, "presence": "down", "finished": False,
+                                     "dial_down_s": 12.3, "dial_reason": "no answer"}
+    _write(tmp_path, running)
+    assert main(["status", "--data-dir", str(tmp_path)]) == 0
+    neighbour = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("p01"))
+    assert neighbour.endswith("no connection from us for 12.3 s (no answer)"), neighbour
+    running["neighbours"]["p01"] |= {"dial_down_s": 0.0, "dial_reason": ""}     # connected again
+    _write(tmp_path, running)
+    assert main(["status", "--data-dir", str(tmp_path)]) == 0
+    assert "no connection" not in capsys.readouterr().out
+
+
 def test_a_network_shows_as_one_table_a_row_per_peer(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = _network(tmp_path / "net")

@@ -84,3 +84,28 @@ def test_a_full_queue_behind_a_slow_receiver_is_not_redialed_and_loses_nothing()
         assert a.redialed["b"] == 0, "a full queue on a live connection was taken for a stale dial"
         _poll_until([a, b], lambda: b.messages_received >= taken, f"b got {b.messages_received} of {taken}")
         assert b.messages_received == taken
+
+
+def test_an_outbox_says_why_it_has_no_connection_and_stops_once_it_has_one() -> None:
+    """``Transport.dial_down``: a neighbour's port that nothing listens on is ``refused`` (and how
+    long for); a key the neighbour does not admit is a refused handshake; once admitted, the
+    neighbour is no longer listed."""
+    la, lb, lc = reserve_listeners(3)
+    (pa, sa), (pb, sb) = zmq.curve_keypair(), zmq.curve_keypair()
+    config = TransportConfig(reconnect_ms=50, reconnect_max_ms=200)
+    nobody = listener_address(lc)
+    lc.close()      # its port is free: a connect there is refused
+    b = Transport(listen=listener_address(lb), neighbours={}, config=config, listen_fd=lb.detach(),
+                  curve=CurveKeys(public_key=pb, secret_key=sb, server_keys={},
+                                  allowed_client_keys=frozenset({pb})))     # a not admitted yet
+    a = Transport(listen=listener_address(la), neighbours={"b": b.listen, "c": nobody}, config=config,
+                  listen_fd=la.detach(),
+                  curve=CurveKeys(public_key=pa, secret_key=sa, server_keys={"b": pb, "c": pb}))
+    with a, b:
+        _poll_until([a], lambda: a.dial_down().get("c", (0.0, ""))[1] == "refused", "c was never refused")
+        _poll_until([a], lambda: a.dial_down()["b"][1].startswith("handshake refused"),
+                    f"b's refusal was not said: {a.dial_down()}")
+        b.allow(frozenset({pa, pb}))
+        _poll_until([a, b], lambda: "b" not in a.dial_down(), f"b still listed: {a.dial_down()}")
+        down_for_s, reason = a.dial_down()["c"]
+        assert reason == "refused" and down_for_s > 0.0

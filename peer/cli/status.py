@@ -368,8 +368,11 @@ def render(status: dict[str, Any]) -> str:
         heard = _num(seen + age_s, '.1f', ' s ago') if seen is not None else "never"
         # a gateway's neighbours are gateways, which train nothing: no step to show
         step = "" if status.get("federation") else f"  step {info.get('step')}"
+        # our socket to it, while it has no connection: for how long and why (peer/net/reach.py)
+        dial = (f"  no connection from us for {float(info.get('dial_down_s') or 0.0):.1f} s "
+                f"({info['dial_reason']})" if running and info.get("dial_reason") else "")
         lines.append(f"    {name:<12} {neighbour_word(info, running=running):<11} last heard {heard}  "
-                     f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}{step}")
+                     f"latency {_num(info.get('latency_ms'), '.2f', ' ms')}{step}{dial}")
     return "\n".join(lines)
 
 

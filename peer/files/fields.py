@@ -60,6 +60,12 @@ SNAPSHOT_FIELDS: tuple[Field, ...] = (
           "seconds from its last accepted message to this snapshot"),
     Field("neighbours.*.latency_ms", "ms", "gauge", "one-way latency of its last heartbeat"),
     Field("neighbours.*.step", "steps", "gauge", "its step, from its last heartbeat (-1: none yet)"),
+    Field("neighbours.*.dial_down_s", "s", "gauge",
+          "how long our socket dialing it has had no connection (0 while it has one)"),
+    Field("neighbours.*.dial_reason", "", "text",
+          "why our socket dialing it has no connection, in words: dialing, refused, no route, no answer, no "
+          "answer to the handshake, handshake refused, connection lost (peer/net/reach.py); empty while "
+          "connected"),
     Field("bytes_sent", "bytes", "counter", "bytes of every message sent (gossip, heartbeats, state sync); "
           "the sum of `bytes_sent_to` (Prometheus: `sum(hivemesh_bytes_sent_total)`)", prometheus="-"),
     Field("bytes_received", "bytes", "counter", "bytes of every message received, accepted or not"),

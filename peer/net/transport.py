@@ -42,6 +42,7 @@ from peer.net.admission import ConnectionMonitor, Gate, shut_down
 from peer.net.contexts import new_context, terminate
 from peer.net.handshakes import HandshakeWatch
 from peer.net.progress import acked_bytes, peer_of
+from peer.net.reach import DIAL_EVENTS, Reach
 from peer.net.transport_config import WIRE_FRAME_LIMIT_BYTES, TransportConfig
 from protocols.errors import HivemeshError
 
@@ -92,6 +93,7 @@ class _Outbox:
     address: str
     socket: zmq.Socket
     watch: HandshakeWatch      # the socket's handshakes, and those of each socket that replaces it
+    reach: Reach               # whether it has a connection, and if not since when and why (fed by watch)
     pending: list[zmq.MessageTracker] = field(default_factory=list)
     dialed_s: float = field(default_factory=time.monotonic)   # when this socket was connected
 
@@ -252,8 +254,9 @@ class Transport:
             sock.setsockopt(option, value)
 
     def _open_outbox(self, name: str, address: str) -> _Outbox:
-        watch = HandshakeWatch(self.config, self.handshake_refused)
-        return _Outbox(address, self._connect(name, address, watch), watch)
+        reach = Reach(time.monotonic())
+        watch = HandshakeWatch(self.config, self.handshake_refused, observe=reach.event, also=DIAL_EVENTS)
+        return _Outbox(address, self._connect(name, address, watch), watch, reach)
 
     @staticmethod
     def _close_outbox(outbox: _Outbox) -> None:
@@ -557,6 +560,17 @@ class Transport:
             else:
                 wake_s = redial_at_s if wake_s is None else min(wake_s, redial_at_s)
         return wake_s
+
+    def dial_down(self) -> dict[str, tuple[float, str]]:
+        """The neighbours we have no connection to now: for how long (s) and why, in words
+        (peer/net/reach.py: "no answer", "refused", "no answer to the handshake", ...)."""
+        now_s = time.monotonic()
+        down: dict[str, tuple[float, str]] = {}
+        for name, outbox in self._outboxes.items():
+            outbox.watch.drain(now_s)
+            if not outbox.reach.up:
+                down[name] = (outbox.reach.down_for_s(now_s), outbox.reach.reason(now_s))
+        return down
 
     @property
     def handshakes(self) -> Counter[str]:

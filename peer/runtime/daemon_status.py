@@ -47,6 +47,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
     sent = daemon.host.counters
     now = daemon.now()
     evaluated = daemon.last_eval
+    dial_down = transport.dial_down()
     return {
         "name": daemon.name, "state": daemon.state, "epoch": daemon.parts.epoch, "uptime_s": round(now, 3),
         "step": daemon.trainer.step, "steps_done": daemon.machine.position[1], "lr": daemon.trainer.last_lr,
@@ -59,7 +60,9 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "neighbours": {
             name: {"up": info.up, "presence": info.presence().value, "finished": info.finished,
                    "last_seen_s": (now - info.last_seen) if info.last_seen > -math.inf
-                   else None, "latency_ms": info.latency_ms, "step": info.step}
+                   else None, "latency_ms": info.latency_ms, "step": info.step,
+                   "dial_down_s": round(dial_down.get(name, (0.0, ""))[0], 1),
+                   "dial_reason": dial_down.get(name, (0.0, ""))[1]}
             for name, info in daemon.neighbours.items()},
         "bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received,
         "bytes_sent_to": dict(transport.bytes_sent_to),

@@ -31,6 +31,9 @@ TO_BASE_UNIT: dict[str, tuple[str, float]] = {"s": ("seconds", 1.0), "ms": ("sec
 NO_SNAPSHOT: Mapping[str, Any] = {}
 # stamps of the files, not numbers of the peer
 SNAPSHOT_ONLY = ("time", "updated_at")
+# the numbers each neighbour's entry carries, one family each, labelled by neighbour
+NEIGHBOUR_NUMBERS = tuple(field for field in SNAPSHOT_FIELDS if field.key.startswith("neighbours.*.")
+                          and field.kind not in ("text", "nested"))
 
 
 def _number(value: Any) -> float | None:
@@ -118,8 +121,8 @@ class SnapshotCollector(Collector):
 
     def _neighbours(self, snapshot: Mapping[str, Any]) -> Iterator[Metric]:
         neighbours = snapshot.get("neighbours") or {}
-        for part in ("up", "finished", "last_seen_s", "latency_ms", "step"):
-            field = FIELDS_BY_KEY[f"neighbours.*.{part}"]
+        for field in NEIGHBOUR_NUMBERS:
+            part = field.key.rpartition(".")[2]
             scale = TO_BASE_UNIT.get(field.unit, ("", 1.0))[1]
             family = _family(field, metric_name(field, f"neighbour_{part}"), ["neighbour"])
             for neighbour, info in sorted(neighbours.items()):
