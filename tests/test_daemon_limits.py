@@ -52,6 +52,9 @@ class RecordingTransport:
     def pending_sends(self) -> bool:
         return False
 
+    def dial_down(self) -> dict[str, tuple[float, str]]:
+        return {name: (0.0, "no route") for name in sorted(self.unreachable)}
+
     def wait_sent(self, timeout_s: float | None = None) -> bool:
         return True
 
