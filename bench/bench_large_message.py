@@ -87,7 +87,7 @@ def main() -> int:
     a, b = statuses["p00"], statuses["p01"]
     message = model_bytes(a)
     numel = message // 4
-    raw_s = run_pair(_raw_side, reserve_listeners(2), numel, args.repeat)
+    raw_s = run_pair(_raw_side, reserve_listeners(2), numel, args.repeat, False)   # no CurveZMQ
     curve_s = run_pair(_wire_side, reserve_listeners(2), numel, args.repeat, "curve", WIRE_FRAME_BYTES)
 
     print(f"2 peers, charlm width {args.width} x {args.layers} layers, {args.steps} steps, init defaults: "
