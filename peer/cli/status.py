@@ -250,8 +250,8 @@ def _federation_lines(federation: dict[str, Any], *, running: bool = True) -> li
         head += (f"; a round opens with {federation['needed']} registered clients (min_clients, "
                  f"min_registered), {len(registered)} now: {', '.join(registered) or 'none'}")
     if "buffer_clients" in federation:     # FedBuff: a full buffer waits for more distinct clients
-        head += (f"; the buffer is full and waits for updates of {federation['needed']} distinct clients "
-                 f"(min_clients), {len(federation['buffer_clients'])} now: "
+        head += (f"; the buffer is full and waits for updates of {federation['buffer_needs_clients']} "
+                 f"distinct clients (min_clients), {len(federation['buffer_clients'])} now: "
                  f"{', '.join(federation['buffer_clients'])}")
     if federation.get("phase") == "open":
         head += (f"; open round asked {', '.join(federation.get('asked') or []) or '-'}, taken "

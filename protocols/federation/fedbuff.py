@@ -106,12 +106,11 @@ class FedBuffServer(FederationServer):
         return self.version
 
     def _extra_status(self) -> dict[str, Any]:
-        held = sorted(self._buffered_clients())
-        short = self._buffer_full() and len(held) < self.config.min_clients
         return {"training": {c: d.version for c, d in sorted(self.busy.items())},
                 "buffered": len(self.buffer),
                 # a full buffer that waits for more distinct clients: who is in it (else absent)
-                **({"buffer_clients": held, "needed": self.config.min_clients} if short else {})}
+                **({"buffer_clients": sorted(self._buffered_clients()),
+                    "buffer_needs_clients": self.config.min_clients} if self._short_of_clients() else {})}
 
     # ------------------------------------------------------------ events
 
@@ -134,9 +133,8 @@ class FedBuffServer(FederationServer):
         if model is None:
             return []
         chosen: list[str] = []
-        # a full buffer still short of min_clients distinct clients waits for the others: who is in it
-        # already is not asked again until it is aggregated
-        waiting = self._buffered_clients() if self._buffer_full() else set()
+        # who is in a buffer that waits for other clients is not asked again until it is aggregated
+        waiting = self._buffered_clients() if self._short_of_clients() else set()
         while len(self.busy) < self.config.concurrency:
             free = self.registered - set(self.busy) - waiting
             if not free:
@@ -159,6 +157,10 @@ class FedBuffServer(FederationServer):
 
     def _buffered_clients(self) -> set[str]:
         return {client for client, _, _, _ in self.buffer}
+
+    def _short_of_clients(self) -> bool:
+        """A full buffer still short of ``min_clients`` distinct clients: it waits for the others."""
+        return self._buffer_full() and len(self._buffered_clients()) < self.config.min_clients
 
     def _model(self) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]] | None:
         """The current version as sent (encoded once per version); None when it cannot be."""
@@ -209,7 +211,7 @@ class FedBuffServer(FederationServer):
         else:
             self.buffer.append((sender, delta, update.num_samples, staleness))
             self.counters["updates_taken"] += 1
-            if self._buffer_full() and len(self._buffered_clients()) >= self.config.min_clients:
+            if self._buffer_full() and not self._short_of_clients():
                 actions.extend(self._aggregate(now))
                 if self.phase is BuffPhase.FINISHED:
                     return actions
